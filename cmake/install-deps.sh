@@ -1,0 +1,37 @@
+#!/usr/bin/env sh
+# Installs doorman's build and test dependencies on Debian/Ubuntu when any is missing.
+# Quick (a dpkg query, no network) when everything is already present.
+# Runs apt-get as root, or through sudo otherwise.
+set -eu
+
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev"
+
+missing=""
+for p in $packages; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+
+[ -z "$missing" ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-deps: missing packages:$missing, and apt-get is not available;" \
+       "install them with your package manager" >&2
+  exit 1
+fi
+
+if [ "$(id -u)" = 0 ]; then
+  sudo=""
+elif command -v sudo >/dev/null 2>&1; then
+  sudo="sudo"
+else
+  echo "install-deps: missing packages:$missing; run as root or install sudo" >&2
+  exit 1
+fi
+
+echo "install-deps: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+# shellcheck disable=SC2086
+$sudo apt-get install -y -qq --no-install-recommends $missing

@@ -1,0 +1,15 @@
+#pragma once
+
+/// \file
+/// The sans-I/O core: time, leases, configuration, algorithms, lease store and engine.
+
+#include "doorman/core/algorithm.hpp"
+#include "doorman/core/config.hpp"
+#include "doorman/core/engine.hpp"
+#include "doorman/core/error.hpp"
+#include "doorman/core/glob.hpp"
+#include "doorman/core/lease.hpp"
+#include "doorman/core/lease_store.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/core/share_index.hpp"
+#include "doorman/core/time.hpp"

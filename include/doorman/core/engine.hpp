@@ -1,0 +1,366 @@
+#pragma once
+
+/// \file
+/// The server engine: a node's capacity decisions as plain calls taking `now` (sans-I/O).
+///
+///     doorman::basic_engine<doorman::manual_clock> engine(repo);
+///     engine.set_mastership(true, "127.0.0.1:7700", clock.now());
+///     auto r = engine.get_capacity({"client-1", {{"mysql-17", 0, 40.0, std::nullopt}}},
+///     clock.now());
+///     // r.value().resources[0].gets.capacity
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "doorman/core/algorithm.hpp"
+#include "doorman/core/config.hpp"
+#include "doorman/core/error.hpp"
+#include "doorman/core/lease.hpp"
+#include "doorman/core/lease_store.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/core/time.hpp"
+
+namespace doorman {
+
+/// Options of an engine, with their defaults.
+struct engine_options {
+  /// A client that asks again for a resource sooner than this gets its current lease back
+  /// without the algorithm being rerun (its new wants are still recorded). 0 disables.
+  seconds minimum_refresh_interval{5};
+
+  /// Root: capacities come from the configuration. Otherwise (an intermediate node) a
+  /// resource's capacity is the lease set by `set_parent_lease`, 0 without one, and no grant
+  /// outlives that lease.
+  bool is_root = true;
+
+  /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
+  /// know). Null: silent.
+  std::function<void(std::string_view)> log;
+};
+
+/// The capacity server of one tree position, deciding one requester at a time.
+///
+/// Time comes in as `now` on every call; `Clock` only fixes the time types. Not thread-safe:
+/// one owner (a strand) calls it. Cost per decision: O(log n) in the resource's clients.
+template <clock Clock, class Algorithms = default_algorithms>
+class basic_engine {
+ public:
+  using clock_type = Clock;
+  using time_point = typename Clock::time_point;
+  using duration = typename Clock::duration;
+  using lease_type = basic_lease<time_point>;
+  using store_type = basic_lease_store<time_point>;
+  using algorithms = Algorithms;
+
+  /// An engine that is not master until `set_mastership` says so.
+  explicit basic_engine(resource_repository config, engine_options options = {})
+      : config_(std::move(config)), options_(std::move(options)) {}
+
+  /// Parses a configuration accepting exactly this engine's algorithm kinds. Throws
+  /// `config_error`.
+  [[nodiscard]] static resource_repository parse_config(std::string_view text) {
+    return resource_repository::parse(text, Algorithms::kinds);
+  }
+
+  /// Replaces the configuration; every lease and demand is kept and each resource resolves its
+  /// template again (new capacity, algorithm and lease parameters apply from the next decision).
+  void set_config(resource_repository config) {
+    config_ = std::move(config);
+    for (auto& [id, r] : resources_)
+      configure(r);
+  }
+
+  [[nodiscard]] const resource_repository& config() const noexcept { return config_; }
+  [[nodiscard]] const engine_options& options() const noexcept { return options_; }
+
+  /// Becoming master forgets every lease and starts learning mode at `now`; losing mastership
+  /// forgets every lease too (the new master owns them). `master` is where to redirect.
+  void set_mastership(bool is_master, std::optional<std::string> master, time_point now) {
+    if (is_master != mastership_.is_master) {
+      resources_.clear();
+      if (is_master) master_since_ = now;
+    }
+    mastership_ = {is_master, std::move(master)};
+  }
+
+  [[nodiscard]] const mastership_info& mastership() const noexcept { return mastership_; }
+
+  /// For an intermediate: the lease this node holds from its parent for `resource_id`.
+  void set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now) {
+    if (!mastership_.is_master) return;
+    resource_for(resource_id, now).parent_lease = lease;
+  }
+
+  /// Whether `resource_id` is in learning mode at `now`.
+  [[nodiscard]] bool learning(std::string_view resource_id, time_point now) const {
+    if (!mastership_.is_master) return false;
+    return now < learning_until(config_.find(resource_id));
+  }
+
+  /// The capacity this engine has for `resource_id` at `now`.
+  [[nodiscard]] double capacity(std::string_view resource_id, time_point now) const {
+    if (options_.is_root) return config_.find(resource_id).capacity;
+    const auto it = resources_.find(resource_id);
+    if (it == resources_.end()) return 0;
+    return own_capacity(it->second, now);
+  }
+
+  /// The lease store of `resource_id`, or null when it has no state.
+  [[nodiscard]] const store_type* store(std::string_view resource_id) const {
+    const auto it = resources_.find(resource_id);
+    return it == resources_.end() ? nullptr : &it->second.store;
+  }
+
+  /// Calls `f(resource_id, const store_type&)` for every resource with state.
+  template <class F>
+  void for_each_resource(F&& f) const {
+    for (const auto& [id, r] : resources_)
+      f(std::string_view(r.id), r.store);
+  }
+
+  /// `get_capacity`: decides every listed resource for one client.
+  [[nodiscard]] result<capacity_response> get_capacity(const capacity_request& req,
+                                                       time_point now) {
+    if (auto e = validate(req)) return *e;
+    capacity_response out;
+    out.mastership = mastership_;
+    if (!mastership_.is_master) return out;
+    out.resources.reserve(req.resources.size());
+    for (const auto& x : req.resources) {
+      const band_demand band{x.priority, x.wants, 1};
+      resource& r = resource_for(x.resource_id, now);
+      const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, now);
+      out.resources.push_back({x.resource_id, to_lease_info(l, now), safe_capacity(r, now)});
+    }
+    return out;
+  }
+
+  /// `get_server_capacity`: decides every listed resource for a server child, which counts as
+  /// as many subclients as it reports clients, per priority band.
+  [[nodiscard]] result<server_capacity_response> get_server_capacity(
+      const server_capacity_request& req, time_point now) {
+    if (auto e = validate(req)) return *e;
+    server_capacity_response out;
+    out.mastership = mastership_;
+    if (!mastership_.is_master) return out;
+    out.resources.reserve(req.resources.size());
+    std::vector<band_demand> bands;
+    for (const auto& x : req.resources) {
+      bands.clear();
+      for (const auto& b : x.wants) {
+        bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
+      }
+      resource& r = resource_for(x.resource_id, now);
+      const lease_type l = decide(r, req.server_id, bands, x.has, now);
+      r.store.set_server_info(req.server_id, x.outstanding);
+      out.resources.push_back(
+          {x.resource_id, to_lease_info(l, now), safe_capacity(r, now), r.tmpl.algorithm});
+    }
+    return out;
+  }
+
+  /// `release_capacity`: forgets the client's leases (and demand) on the listed resources.
+  [[nodiscard]] result<release_response> release_capacity(const release_request& req,
+                                                          time_point now) {
+    if (auto e = validate(req)) return *e;
+    if (mastership_.is_master) {
+      for (const auto& id : req.resources) {
+        const auto it = resources_.find(id);
+        if (it == resources_.end()) continue;
+        it->second.store.erase(req.client_id);
+        it->second.store.expire(now);
+      }
+    }
+    return release_response{mastership_};
+  }
+
+  /// `discovery`: who is master.
+  [[nodiscard]] discovery_response discovery() const { return {mastership_}; }
+
+  /// `status`: every resource with state; with a resource id, that resource and its leases.
+  [[nodiscard]] result<status_response> status(const status_request& req, time_point now) {
+    if (auto e = validate(req)) return *e;
+    expire(now);
+    status_response out;
+    out.mastership = mastership_;
+    if (req.resource_id) {
+      out.resources.push_back(describe(*req.resource_id, now));
+      if (const auto it = resources_.find(*req.resource_id); it != resources_.end()) {
+        it->second.store.for_each([&](const typename store_type::client& c) {
+          out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
+                                c.is_server, c.outstanding, c.bands});
+        });
+        std::sort(out.leases.begin(), out.leases.end(),
+                  [](const auto& a, const auto& b) { return a.client_id < b.client_id; });
+      }
+      return out;
+    }
+    for (const auto& [id, r] : resources_)
+      out.resources.push_back(describe(r.id, now));
+    std::sort(out.resources.begin(), out.resources.end(),
+              [](const auto& a, const auto& b) { return a.resource_id < b.resource_id; });
+    return out;
+  }
+
+  /// Removes expired leases of every resource, and resources left with no state. O(resources +
+  /// expired leases); the decision path only expires the resource it touches.
+  void expire(time_point now) {
+    for (auto it = resources_.begin(); it != resources_.end();) {
+      resource& r = it->second;
+      r.store.expire(now);
+      const bool parent_lease_live = r.parent_lease && !r.parent_lease->expired(now);
+      if (r.store.size() == 0 && !parent_lease_live) {
+        it = resources_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+ private:
+  struct resource {
+    std::string id;
+    resource_template tmpl;
+    typename Algorithms::variant algorithm;
+    store_type store;
+    std::optional<lease_type> parent_lease;
+  };
+
+  void configure(resource& r) const {
+    r.tmpl = config_.find(r.id);
+    r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
+  }
+
+  resource& resource_for(std::string_view id, time_point) {
+    auto it = resources_.find(id);
+    if (it == resources_.end()) {
+      it = resources_.emplace(std::string(id), resource{}).first;
+      it->second.id.assign(id);
+      configure(it->second);
+    }
+    return it->second;
+  }
+
+  [[nodiscard]] time_point learning_until(const resource_template& t) const {
+    return master_since_ + to_duration<duration>(t.algorithm.learning_mode_duration.count());
+  }
+
+  [[nodiscard]] double own_capacity(const resource& r, time_point now) const {
+    if (options_.is_root) return r.tmpl.capacity;
+    return r.parent_lease && !r.parent_lease->expired(now) ? r.parent_lease->capacity : 0.0;
+  }
+
+  [[nodiscard]] double safe_capacity(const resource& r, time_point now) const {
+    if (r.tmpl.safe_capacity) return *r.tmpl.safe_capacity;
+    const double subclients = r.store.totals().subclients;
+    return own_capacity(r, now) / std::max(1.0, subclients);
+  }
+
+  [[nodiscard]] bool shares_capacity(const resource& r) const {
+    return std::visit(
+        [](const auto& a) { return static_cast<bool>(std::decay_t<decltype(a)>::shares_capacity); },
+        r.algorithm);
+  }
+
+  // One decision: record the demand, run the algorithm (unless learning or refreshing too
+  // soon), cap by what is available and by this node's own lease, store the lease.
+  lease_type decide(resource& r, std::string_view client_id, std::span<const band_demand> bands,
+                    const std::optional<lease_info>& has, time_point now) {
+    r.store.expire(now);
+    const double capacity = own_capacity(r, now);
+    const auto* known = r.store.find(client_id);
+    const bool sharing = shares_capacity(r);
+
+    if (known && !known->lease.expired(now) && options_.minimum_refresh_interval.count() > 0 &&
+        now - known->last_decision <
+            to_duration<duration>(options_.minimum_refresh_interval.count())) {
+      const lease_type current = known->lease;
+      r.store.set_demand(client_id, bands);
+      return current;
+    }
+
+    double gets = 0;
+    if (now < learning_until(r.tmpl)) {
+      // Learning mode: the engine does not know who holds what yet, so it confirms what the
+      // client says it has (0 for a newcomer) and learns the demand.
+      if (has && has->expires_in > 0) gets = has->capacity;
+      if (sharing) gets = std::min(gets, capacity);
+      r.store.set_demand(client_id, bands);
+    } else {
+      if (!known && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
+        options_.log("resource " + r.id + ": client " + std::string(client_id) +
+                     " reports a lease of " + std::to_string(has->capacity) +
+                     " this engine does not know; treated as a newcomer");
+      }
+      const auto& c = r.store.set_demand(client_id, bands);
+      double entitled = 0;
+      std::visit(
+          [&](const auto& alg) {
+            for (const auto& b : c.bands) {
+              const share_index& idx = *r.store.band(b.priority);
+              const band_context ctx{idx, capacity, r.store.band_capacity(b.priority, capacity)};
+              entitled += alg.share(ctx, demand{b.wants, b.subclients});
+            }
+          },
+          r.algorithm);
+      gets = entitled;
+      if (sharing) {
+        const double others = r.store.sum_has() - c.lease.capacity;
+        gets = std::min(gets, capacity - others);
+      }
+    }
+
+    lease_type l;
+    l.capacity = std::max(0.0, gets);
+    l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
+    l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count());
+    if (!options_.is_root) {
+      // Never outlive our own lease; come back before it ends.
+      const time_point own_expiry = r.parent_lease ? r.parent_lease->expiry : now;
+      l.expiry = std::min(l.expiry, std::max(now, own_expiry));
+      l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
+    }
+    r.store.set_lease(client_id, l, now);
+    return l;
+  }
+
+  [[nodiscard]] resource_status describe(const std::string& id, time_point now) const {
+    resource_status s;
+    s.resource_id = id;
+    s.capacity = capacity(id, now);
+    s.learning = learning(id, now);
+    const auto it = resources_.find(id);
+    if (it == resources_.end()) {
+      s.algorithm = config_.find(id).algorithm.kind;
+      return s;
+    }
+    const resource& r = it->second;
+    s.algorithm = std::string(Algorithms::kind_of(r.algorithm));
+    s.sum_has = r.store.sum_has();
+    const auto totals = r.store.totals();
+    s.sum_wants = totals.wants;
+    s.subclients = totals.subclients;
+    s.clients = r.store.size();
+    return s;
+  }
+
+  resource_repository config_;
+  engine_options options_;
+  mastership_info mastership_;
+  time_point master_since_{};
+  std::unordered_map<std::string, resource, detail::string_hash, std::equal_to<>> resources_;
+};
+
+/// The engine on the steady clock.
+using engine = basic_engine<std::chrono::steady_clock>;
+
+}  // namespace doorman

@@ -1,0 +1,306 @@
+#pragma once
+
+/// \file
+/// The per-resource lease store: every client's demand (wants and subclients per priority
+/// band), its lease, running sums, an order-statistics index per priority, and an
+/// expiry-ordered queue so that expired leases are removed without scanning.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <queue>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "doorman/core/lease.hpp"
+#include "doorman/core/share_index.hpp"
+
+namespace doorman {
+
+/// A demand at one priority: `wants` on behalf of `subclients` end clients (1 for a client,
+/// the number of clients a server child aggregates).
+struct band_demand {
+  std::int64_t priority = 0;
+  double wants = 0;
+  double subclients = 1;
+
+  friend bool operator==(const band_demand&, const band_demand&) = default;
+};
+
+namespace detail {
+
+/// A running sum whose rounding error does not grow with the number of additions (Neumaier).
+class compensated_sum {
+ public:
+  void add(double x) noexcept {
+    const double t = sum_ + x;
+    if ((sum_ >= 0 ? sum_ : -sum_) >= (x >= 0 ? x : -x)) {
+      compensation_ += (sum_ - t) + x;
+    } else {
+      compensation_ += (x - t) + sum_;
+    }
+    sum_ = t;
+  }
+  [[nodiscard]] double value() const noexcept { return sum_ + compensation_; }
+  void reset() noexcept { sum_ = compensation_ = 0; }
+
+ private:
+  double sum_ = 0;
+  double compensation_ = 0;
+};
+
+struct string_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+}  // namespace detail
+
+/// The leases and demands of one resource's clients.
+///
+/// Cost: lookups O(1); a demand or lease change O(log n); `expire(now)` O(k log n) for k
+/// expired leases. Sums of `has` are compensated so that they do not drift over millions of
+/// updates.
+template <class TimePoint>
+class basic_lease_store {
+ public:
+  using time_point = TimePoint;
+  using lease_type = basic_lease<TimePoint>;
+
+  /// What the store knows of one client.
+  struct client {
+    std::string id;
+    lease_type lease;            ///< what the client has (capacity 0 until assigned)
+    time_point last_decision{};  ///< when the algorithm last ran for this client
+    double outstanding = 0;      ///< a server child's own grants, as it reported them
+    bool is_server = false;      ///< asked through get_server_capacity
+    std::vector<band_demand> bands;
+    // Private to the store:
+    std::vector<share_index::handle> handles_;
+    std::uint32_t generation_ = 0;
+
+    /// Sum of wants over the bands.
+    [[nodiscard]] double wants() const noexcept {
+      double w = 0;
+      for (const auto& b : bands)
+        w += b.wants;
+      return w;
+    }
+    /// Sum of subclients over the bands.
+    [[nodiscard]] double subclients() const noexcept {
+      double s = 0;
+      for (const auto& b : bands)
+        s += b.subclients;
+      return s;
+    }
+  };
+
+  basic_lease_store() = default;
+  basic_lease_store(const basic_lease_store&) = delete;  // handles point into this store
+  basic_lease_store& operator=(const basic_lease_store&) = delete;
+  basic_lease_store(basic_lease_store&&) noexcept = default;
+  basic_lease_store& operator=(basic_lease_store&&) noexcept = default;
+
+  /// The client `id`, or null.
+  [[nodiscard]] const client* find(std::string_view id) const {
+    const auto it = slots_.find(id);
+    return it == slots_.end() ? nullptr : &clients_[it->second];
+  }
+
+  /// Records `id`'s demand, creating the client (with an empty lease) when new. Bands must
+  /// have distinct priorities and subclients > 0. Returns the client.
+  const client& set_demand(std::string_view id, std::span<const band_demand> bands) {
+    auto it = slots_.find(id);
+    if (it == slots_.end()) {
+      std::uint32_t slot;
+      if (!free_slots_.empty()) {
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+      } else {
+        slot = static_cast<std::uint32_t>(clients_.size());
+        clients_.emplace_back();
+      }
+      clients_[slot].id.assign(id);
+      it = slots_.emplace(clients_[slot].id, slot).first;
+      ++size_;
+    }
+    client& c = clients_[it->second];
+    // Keep handles where the priority is unchanged (the common refresh), move the rest.
+    if (c.bands.size() == bands.size() &&
+        std::equal(
+            bands.begin(), bands.end(), c.bands.begin(),
+            [](const band_demand& a, const band_demand& b) { return a.priority == b.priority; })) {
+      for (std::size_t i = 0; i < bands.size(); ++i) {
+        index_for(bands[i].priority).update(c.handles_[i], bands[i].wants, bands[i].subclients);
+        c.bands[i] = bands[i];
+      }
+    } else {
+      remove_bands(c);
+      for (const auto& b : bands) {
+        c.handles_.push_back(index_for(b.priority).insert(b.wants, b.subclients));
+        c.bands.push_back(b);
+      }
+    }
+    return c;
+  }
+
+  /// Gives `id` (which must exist) the lease `l`, decided at `now`.
+  void set_lease(std::string_view id, const lease_type& l, time_point now) {
+    client& c = clients_[slots_.find(id)->second];
+    sum_has_.add(l.capacity - c.lease.capacity);
+    c.lease = l;
+    c.last_decision = now;
+    ++c.generation_;
+    push_expiry({l.expiry, slots_.find(id)->second, c.generation_});
+  }
+
+  /// Records what a server child reports as granted to its own clients.
+  void set_server_info(std::string_view id, double outstanding) {
+    client& c = clients_[slots_.find(id)->second];
+    c.is_server = true;
+    c.outstanding = outstanding;
+  }
+
+  /// Forgets `id`, freeing its capacity and demand. Returns whether it was known.
+  bool erase(std::string_view id) {
+    const auto it = slots_.find(id);
+    if (it == slots_.end()) return false;
+    remove_slot(it);
+    return true;
+  }
+
+  /// Removes every client whose lease has expired at `now`. Returns how many were removed.
+  std::size_t expire(time_point now) {
+    std::size_t removed = 0;
+    for (;;) {
+      expiry_entry e;
+      if (!in_order_.empty() &&
+          (out_of_order_.empty() || in_order_.front().expiry <= out_of_order_.top().expiry)) {
+        e = in_order_.front();
+        if (e.expiry > now) break;
+        in_order_.pop_front();
+      } else if (!out_of_order_.empty()) {
+        e = out_of_order_.top();
+        if (e.expiry > now) break;
+        out_of_order_.pop();
+      } else {
+        break;
+      }
+      client& c = clients_[e.slot];
+      // Only the entry of the client's current lease counts; older ones are stale.
+      if (c.generation_ == e.generation && !c.id.empty()) {
+        remove_slot(slots_.find(c.id));
+        ++removed;
+      }
+    }
+    return removed;
+  }
+
+  /// Number of clients.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  /// Sum of the capacity of every lease held.
+  [[nodiscard]] double sum_has() const noexcept { return size_ == 0 ? 0.0 : sum_has_.value(); }
+
+  /// Sums of wants and subclients over every band of every client.
+  [[nodiscard]] demand_sums totals() const noexcept {
+    demand_sums t;
+    for (const auto& [priority, idx] : bands_) {
+      const auto s = idx.totals();
+      t.wants += s.wants;
+      t.subclients += s.subclients;
+    }
+    return t;
+  }
+
+  /// The index of the demands at `priority`, or null when there are none.
+  [[nodiscard]] const share_index* band(std::int64_t priority) const {
+    const auto it = bands_.find(priority);
+    return it == bands_.end() ? nullptr : &it->second;
+  }
+
+  /// What is left of `capacity` for `priority` after every higher priority's wants.
+  [[nodiscard]] double band_capacity(std::int64_t priority, double capacity) const noexcept {
+    double left = capacity;
+    for (const auto& [p, idx] : bands_) {
+      if (p <= priority) break;
+      left -= idx.totals().wants;
+    }
+    return std::max(0.0, left);
+  }
+
+  /// Calls `f(const client&)` for every client (for status pages; O(n)).
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [id, slot] : slots_)
+      f(clients_[slot]);
+  }
+
+ private:
+  struct expiry_entry {
+    time_point expiry{};
+    std::uint32_t slot = 0;
+    std::uint32_t generation = 0;
+  };
+  struct later {
+    bool operator()(const expiry_entry& a, const expiry_entry& b) const noexcept {
+      return a.expiry > b.expiry;
+    }
+  };
+
+  // Leases of one resource mostly expire in the order they were granted (same lease length),
+  // so a FIFO holds them; the rare earlier expiry (a capped lease, a config change) goes to a
+  // heap. Both are ordered, so expire() pops only what has expired.
+  void push_expiry(const expiry_entry& e) {
+    if (in_order_.empty() || in_order_.back().expiry <= e.expiry) {
+      in_order_.push_back(e);
+    } else {
+      out_of_order_.push(e);
+    }
+  }
+
+  share_index& index_for(std::int64_t priority) { return bands_[priority]; }
+
+  void remove_bands(client& c) {
+    for (std::size_t i = 0; i < c.bands.size(); ++i) {
+      const auto it = bands_.find(c.bands[i].priority);
+      it->second.erase(c.handles_[i]);
+      if (it->second.empty()) bands_.erase(it);
+    }
+    c.bands.clear();
+    c.handles_.clear();
+  }
+
+  void remove_slot(typename std::unordered_map<std::string_view, std::uint32_t, detail::string_hash,
+                                               std::equal_to<>>::iterator it) {
+    const std::uint32_t slot = it->second;
+    client& c = clients_[slot];
+    sum_has_.add(-c.lease.capacity);
+    remove_bands(c);
+    slots_.erase(it);
+    const auto generation = c.generation_ + 1;  // invalidates queued expiry entries
+    c = client{};
+    c.generation_ = generation;
+    free_slots_.push_back(slot);
+    if (--size_ == 0) sum_has_.reset();
+  }
+
+  std::deque<client> clients_;  // a deque: references stay valid as it grows
+  std::vector<std::uint32_t> free_slots_;
+  std::unordered_map<std::string_view, std::uint32_t, detail::string_hash, std::equal_to<>> slots_;
+  std::map<std::int64_t, share_index, std::greater<>> bands_;  // highest priority first
+  std::deque<expiry_entry> in_order_;
+  std::priority_queue<expiry_entry, std::vector<expiry_entry>, later> out_of_order_;
+  detail::compensated_sum sum_has_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace doorman

@@ -1,0 +1,267 @@
+#pragma once
+
+/// \file
+/// The requests and responses of the engine (DESIGN §5) as plain values, in the wire's terms
+/// (relative seconds), and their validation. The protocol layer maps them to and from JSON;
+/// the engine validates again, so that an embedding that calls it directly is as safe.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "doorman/core/config.hpp"
+#include "doorman/core/error.hpp"
+#include "doorman/core/lease.hpp"
+#include "doorman/core/lease_store.hpp"
+
+namespace doorman {
+
+/// Limits on what one request may hold (DESIGN §5).
+struct request_limits {
+  static constexpr std::size_t max_id_bytes = 256;
+  static constexpr std::size_t max_resources = 10'000;
+  static constexpr std::int64_t max_num_clients = 1'000'000'000;
+};
+
+/// Who is master: `{"is_master": true, "master": "10.0.0.7:7700"}`.
+struct mastership_info {
+  bool is_master = false;
+  std::optional<std::string> master;  ///< address of the master, when known
+
+  friend bool operator==(const mastership_info&, const mastership_info&) = default;
+};
+
+/// One resource of a client's `get_capacity`.
+struct resource_request {
+  std::string resource_id;
+  std::int64_t priority = 0;
+  double wants = 0;
+  std::optional<lease_info> has;
+};
+
+/// `get_capacity`: a client asks for capacity on one or more resources.
+struct capacity_request {
+  std::string client_id;
+  std::vector<resource_request> resources;
+};
+
+/// One resource of a `get_capacity` answer.
+struct resource_grant {
+  std::string resource_id;
+  lease_info gets;
+  double safe_capacity = 0;  ///< -1: unlimited
+};
+
+struct capacity_response {
+  std::vector<resource_grant> resources;  ///< empty when not master
+  mastership_info mastership;
+};
+
+/// One priority band of a server child's demand.
+struct priority_band {
+  std::int64_t priority = 0;
+  std::int64_t num_clients = 1;
+  double wants = 0;
+};
+
+/// One resource of a `get_server_capacity`.
+struct server_resource_request {
+  std::string resource_id;
+  std::optional<lease_info> has;
+  double outstanding = 0;  ///< what the child has granted to its own clients
+  std::vector<priority_band> wants;
+};
+
+/// `get_server_capacity`: a server child asks on behalf of its clients.
+struct server_capacity_request {
+  std::string server_id;
+  std::vector<server_resource_request> resources;
+};
+
+struct server_resource_grant {
+  std::string resource_id;
+  lease_info gets;
+  double safe_capacity = 0;
+  algorithm_config algorithm;  ///< so that a child learns the template's parameters
+};
+
+struct server_capacity_response {
+  std::vector<server_resource_grant> resources;
+  mastership_info mastership;
+};
+
+/// `release_capacity`: a client gives back its leases on the listed resources.
+struct release_request {
+  std::string client_id;
+  std::vector<std::string> resources;
+};
+
+struct release_response {
+  mastership_info mastership;
+};
+
+struct discovery_response {
+  mastership_info mastership;
+};
+
+/// `status`: all resources, or one with every lease.
+struct status_request {
+  std::optional<std::string> resource_id;
+};
+
+struct resource_status {
+  std::string resource_id;
+  double capacity = 0;
+  double sum_has = 0;
+  double sum_wants = 0;
+  std::size_t clients = 0;
+  double subclients = 0;
+  bool learning = false;
+  std::string algorithm;
+};
+
+struct lease_status {
+  std::string client_id;
+  lease_info has;
+  double wants = 0;
+  double subclients = 0;
+  bool is_server = false;
+  double outstanding = 0;
+  std::vector<band_demand> bands;
+};
+
+struct status_response {
+  mastership_info mastership;
+  std::vector<resource_status> resources;
+  std::vector<lease_status> leases;  ///< only when a resource_id was asked for
+};
+
+namespace detail {
+
+inline request_error invalid(std::string path, std::string_view reason) {
+  return {errc::invalid_params, std::move(path) + ": " + std::string(reason)};
+}
+
+inline std::optional<request_error> check_id(std::string_view id, const std::string& path) {
+  if (id.empty()) return invalid(path, "must be a non-empty string");
+  if (id.size() > request_limits::max_id_bytes) return invalid(path, "must be at most 256 bytes");
+  return std::nullopt;
+}
+
+inline bool finite_non_negative(double v) noexcept {
+  return std::isfinite(v) && v >= 0;
+}
+
+inline std::optional<request_error> check_lease(const lease_info& l, const std::string& path) {
+  if (!finite_non_negative(l.capacity)) {
+    return invalid(path + ".capacity", "must be a finite number >= 0");
+  }
+  if (!std::isfinite(l.expires_in)) return invalid(path + ".expires_in", "must be a finite number");
+  if (!finite_non_negative(l.refresh_interval)) {
+    return invalid(path + ".refresh_interval", "must be a finite number >= 0");
+  }
+  return std::nullopt;
+}
+
+// Checks count, each id (at `params.resources[i]` + `suffix`) and uniqueness.
+template <class Range, class IdOf>
+std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_of,
+                                                std::string_view suffix) {
+  if (resources.size() > request_limits::max_resources) {
+    return invalid("params.resources", "must hold at most 10000 resources");
+  }
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(resources.size());
+  for (std::size_t i = 0; i < resources.size(); ++i) {
+    const std::string path = "params.resources[" + std::to_string(i) + "]";
+    const std::string_view id = id_of(resources[i]);
+    if (auto e = check_id(id, path + std::string(suffix))) return e;
+    if (!seen.insert(id).second) {
+      return invalid(path, "duplicate resource id \"" + std::string(id) + "\"");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+
+/// Why `r` is invalid (the message names the field), or nothing.
+[[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
+  if (auto e = detail::check_id(r.client_id, "params.client_id")) return e;
+  if (auto e = detail::check_resource_ids(
+          r.resources, [](const resource_request& x) -> std::string_view { return x.resource_id; },
+          ".resource_id")) {
+    return e;
+  }
+  for (std::size_t i = 0; i < r.resources.size(); ++i) {
+    const auto& x = r.resources[i];
+    const std::string path = "params.resources[" + std::to_string(i) + "]";
+    if (!detail::finite_non_negative(x.wants)) {
+      return detail::invalid(path + ".wants", "must be a finite number >= 0");
+    }
+    if (x.has) {
+      if (auto e = detail::check_lease(*x.has, path + ".has")) return e;
+    }
+  }
+  return std::nullopt;
+}
+
+/// Why `r` is invalid (the message names the field), or nothing.
+[[nodiscard]] inline std::optional<request_error> validate(const server_capacity_request& r) {
+  if (auto e = detail::check_id(r.server_id, "params.server_id")) return e;
+  if (auto e = detail::check_resource_ids(
+          r.resources,
+          [](const server_resource_request& x) -> std::string_view { return x.resource_id; },
+          ".resource_id")) {
+    return e;
+  }
+  for (std::size_t i = 0; i < r.resources.size(); ++i) {
+    const auto& x = r.resources[i];
+    const std::string path = "params.resources[" + std::to_string(i) + "]";
+    if (x.has) {
+      if (auto e = detail::check_lease(*x.has, path + ".has")) return e;
+    }
+    if (!detail::finite_non_negative(x.outstanding)) {
+      return detail::invalid(path + ".outstanding", "must be a finite number >= 0");
+    }
+    if (x.wants.empty()) return detail::invalid(path + ".wants", "must hold at least one band");
+    for (std::size_t j = 0; j < x.wants.size(); ++j) {
+      const auto& b = x.wants[j];
+      const std::string bpath = path + ".wants[" + std::to_string(j) + "]";
+      if (b.num_clients < 1 || b.num_clients > request_limits::max_num_clients) {
+        return detail::invalid(bpath + ".num_clients",
+                               "must be an integer between 1 and 1000000000");
+      }
+      if (!detail::finite_non_negative(b.wants)) {
+        return detail::invalid(bpath + ".wants", "must be a finite number >= 0");
+      }
+      for (std::size_t k = 0; k < j; ++k) {
+        if (x.wants[k].priority == b.priority) {
+          return detail::invalid(bpath + ".priority",
+                                 "duplicates wants[" + std::to_string(k) + "].priority");
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+/// Why `r` is invalid (the message names the field), or nothing.
+[[nodiscard]] inline std::optional<request_error> validate(const release_request& r) {
+  if (auto e = detail::check_id(r.client_id, "params.client_id")) return e;
+  return detail::check_resource_ids(
+      r.resources, [](const std::string& x) -> std::string_view { return x; }, "");
+}
+
+/// Why `r` is invalid (the message names the field), or nothing.
+[[nodiscard]] inline std::optional<request_error> validate(const status_request& r) {
+  if (r.resource_id) return detail::check_id(*r.resource_id, "params.resource_id");
+  return std::nullopt;
+}
+
+}  // namespace doorman

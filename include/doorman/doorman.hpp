@@ -1,0 +1,6 @@
+#pragma once
+
+/// \file
+/// Everything doorman offers.
+
+#include "doorman/core.hpp"

@@ -1,0 +1,781 @@
+// Tests of the sans-I/O core: time, glob, config, share index, algorithms, lease store, engine.
+// Manual clock only; no sockets, threads or sleeps.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/core.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using doorman::manual_clock;
+using engine_t = doorman::basic_engine<manual_clock>;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A one-template repository (plus the final "*") for tests.
+doorman::resource_repository repo_for(const std::string& kind, double capacity, double learning = 0,
+                                      const std::string& extra = "") {
+  return doorman::resource_repository::parse(R"({"resources": [
+    {"identifier_glob": "res*", "capacity": )" +
+                                             std::to_string(capacity) + extra + R"(,
+     "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": )" +
+                                             std::to_string(learning) + R"(}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})");
+}
+
+struct fixture {
+  manual_clock clock;
+  engine_t engine;
+
+  explicit fixture(doorman::resource_repository repo, doorman::engine_options opts = {})
+      : engine(std::move(repo), std::move(opts)) {
+    engine.set_mastership(true, "self:7700", clock.now());
+  }
+
+  double ask(const std::string& client, double wants, const std::string& resource = "res",
+             std::int64_t priority = 0) {
+    auto r =
+        engine.get_capacity({client, {{resource, priority, wants, std::nullopt}}}, clock.now());
+    REQUIRE(r);
+    REQUIRE(r.value().resources.size() == 1);
+    return r.value().resources[0].gets.capacity;
+  }
+
+  double ask_server(const std::string& server, std::vector<doorman::priority_band> bands,
+                    const std::string& resource = "res") {
+    auto r = engine.get_server_capacity({server, {{resource, std::nullopt, 0, std::move(bands)}}},
+                                        clock.now());
+    REQUIRE(r);
+    REQUIRE(r.value().resources.size() == 1);
+    return r.value().resources[0].gets.capacity;
+  }
+};
+
+struct reference_client {
+  double wants;
+  double subclients;
+};
+
+// Weighted max-min fairness by the textbook fixpoint: repeatedly give the unsatisfied clients
+// an equal level per subclient, satisfy those who want less, until nothing changes.
+std::vector<double> brute_fair(const std::vector<reference_client>& cs, double capacity) {
+  std::vector<double> out(cs.size(), -1);
+  double left = capacity;
+  for (bool changed = true; changed;) {
+    changed = false;
+    double subclients = 0;
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      if (out[i] < 0) subclients += cs[i].subclients;
+    }
+    if (subclients == 0) break;
+    const double level = left / subclients;
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      if (out[i] < 0 && cs[i].wants <= level * cs[i].subclients) {
+        out[i] = cs[i].wants;
+        left -= cs[i].wants;
+        changed = true;
+      }
+    }
+    if (!changed) {
+      for (std::size_t i = 0; i < cs.size(); ++i) {
+        if (out[i] < 0) out[i] = level * cs[i].subclients;
+      }
+    }
+  }
+  return out;
+}
+
+// Proportional share by direct sums over every client.
+std::vector<double> brute_proportional(const std::vector<reference_client>& cs, double capacity) {
+  double wants = 0;
+  double subclients = 0;
+  for (const auto& c : cs) {
+    wants += c.wants;
+    subclients += c.subclients;
+  }
+  std::vector<double> out;
+  if (wants <= capacity) {
+    for (const auto& c : cs)
+      out.push_back(c.wants);
+    return out;
+  }
+  const double equal = capacity / subclients;
+  double left_over = 0;
+  double excess = 0;
+  for (const auto& c : cs) {
+    const double e = equal * c.subclients;
+    if (c.wants < e) left_over += e - c.wants;
+    if (c.wants > e) excess += c.wants - e;
+  }
+  for (const auto& c : cs) {
+    const double e = equal * c.subclients;
+    out.push_back(c.wants <= e ? c.wants : e + (c.wants - e) * left_over / excess);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- time -------------------------------------------------------------------------------
+
+TEST_CASE("manual clock moves only when told", "[core][time]") {
+  manual_clock clock;
+  const auto t0 = clock.now();
+  clock.advance(1500ms);
+  CHECK(clock.now() - t0 == 1500ms);
+  clock.advance(doorman::seconds{0.25});
+  CHECK(doorman::to_seconds(clock.now() - t0) == Approx(1.75));
+}
+
+TEST_CASE("relative seconds convert to durations without overflow", "[core][time]") {
+  using ns = std::chrono::nanoseconds;
+  CHECK(doorman::to_duration<ns>(1.5) == 1500ms);
+  CHECK(doorman::to_duration<ns>(1e300) > 100'000h);
+  CHECK(doorman::to_duration<ns>(-1e300) < -100'000h);
+  CHECK(doorman::to_duration<ns>(std::nan("")) == ns::zero());
+}
+
+// ---- glob -------------------------------------------------------------------------------
+
+TEST_CASE("globs match like a shell, on opaque ids", "[core][glob]") {
+  using doorman::glob_match;
+  CHECK(glob_match("*", ""));
+  CHECK(glob_match("*", "anything/at all"));
+  CHECK(glob_match("mysql-*", "mysql-shard-17"));
+  CHECK_FALSE(glob_match("mysql-*", "pg-shard-1"));
+  CHECK(glob_match("shard-?", "shard-7"));
+  CHECK_FALSE(glob_match("shard-?", "shard-17"));
+  CHECK(glob_match("shard-[0-9][0-9]", "shard-17"));
+  CHECK_FALSE(glob_match("shard-[!0-9]", "shard-1"));
+  CHECK(glob_match("a*b*c", "aXXbYYbZc"));
+  CHECK(glob_match("lit\\*", "lit*"));
+  CHECK_FALSE(glob_match("lit\\*", "litX"));
+  // A pathological pattern stays linear-ish rather than exponential.
+  CHECK_FALSE(glob_match("*a*a*a*a*a*a*a*b", std::string(5000, 'a')));
+}
+
+TEST_CASE("invalid globs are explained", "[core][glob]") {
+  CHECK(doorman::glob_error("ok-*") == std::nullopt);
+  CHECK_THAT(*doorman::glob_error("x[ab"), Contains("never closed"));
+  CHECK_THAT(*doorman::glob_error("x\\"), Contains("unescaped"));
+  CHECK_THAT(*doorman::glob_error("x[z-a]"), Contains("reversed range"));
+  CHECK_THAT(*doorman::glob_error("x[!]"), Contains("never closed"));
+}
+
+// ---- config -----------------------------------------------------------------------------
+
+TEST_CASE("a Doorman-style configuration parses, with comments and defaults", "[core][config]") {
+  const auto repo = doorman::resource_repository::parse(R"({
+    // MySQL replicas
+    "resources": [
+      { "identifier_glob": "mysql-*", "capacity": 500, "safe_capacity": 10,
+        "description": "MySQL replica shards, queries per second",
+        "algorithm": { "kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16,
+                       "learning_mode_duration": 30, "parameters": {"x": 1} } },
+      { "identifier_glob": "mysql-shard-17", "capacity": 5,
+        "algorithm": { "kind": "static", "lease_length": 20, "refresh_interval": 5 } },
+      /* everything else */
+      { "identifier_glob": "*", "capacity": 0,
+        "algorithm": { "kind": "no_algorithm", "lease_length": 60, "refresh_interval": 16 } }
+    ]})");
+  REQUIRE(repo.templates().size() == 3);
+  const auto& mysql = repo.templates()[0];
+  CHECK(mysql.safe_capacity == 10);
+  CHECK(mysql.algorithm.kind == "FAIR_SHARE");
+  CHECK(mysql.algorithm.learning_mode_duration.count() == 30);
+  CHECK(mysql.algorithm.parameters["x"] == 1);
+  CHECK(repo.templates()[1].algorithm.kind == "STATIC");
+  CHECK(repo.templates()[1].algorithm.learning_mode_duration.count() == 20);  // = lease_length
+  CHECK(repo.templates()[2].algorithm.kind == "NO_ALGORITHM");
+
+  SECTION("lookup: exact match first, then the first matching glob") {
+    CHECK(repo.find("mysql-shard-17").capacity == 5);
+    CHECK(repo.find("mysql-shard-18").capacity == 500);
+    CHECK(repo.find("redis").capacity == 0);
+  }
+  SECTION("round trip through JSON") {
+    CHECK(doorman::resource_repository::from_json(repo.to_json()) == repo);
+  }
+}
+
+TEST_CASE("each invalid configuration gives an error naming the field", "[core][config]") {
+  const std::string good_alg =
+      R"("algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16})";
+  const std::string tail = R"({"identifier_glob": "*", "capacity": 0, )" + good_alg + "}";
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      (void)doorman::resource_repository::parse(text);
+    } catch (const doorman::config_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto with_first = [&](const std::string& first) {
+    return error_of(R"({"resources": [)" + first + "," + tail + "]}");
+  };
+  auto with_alg = [&](const std::string& alg) {
+    return with_first(R"({"identifier_glob": "a*", "capacity": 1, "algorithm": )" + alg + "}");
+  };
+
+  CHECK_THAT(error_of("{"), Contains("not valid JSON"));
+  CHECK(error_of("[]") == "must be an object");
+  CHECK(error_of("{}") == "resources: is required");
+  CHECK(error_of(R"({"resources": {}})") == "resources: must be an array");
+  CHECK(error_of(R"({"resources": []})") == "resources: must hold at least one template");
+  CHECK(error_of(R"({"resources": [], "extra": 1})") == "extra: unknown field");
+  CHECK(with_first(R"({"capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: is required");
+  CHECK(with_first(R"({"identifier_glob": 3, "capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: must be a string");
+  CHECK(with_first(R"({"identifier_glob": "", "capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: must not be empty");
+  CHECK_THAT(with_first(R"({"identifier_glob": "a[", "capacity": 1, )" + good_alg + "}"),
+             Contains("resources[0].identifier_glob: invalid glob"));
+  CHECK(with_first(R"({"identifier_glob": "a*", )" + good_alg + "}") ==
+        "resources[0].capacity: is required");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": "5", )" + good_alg + "}") ==
+        "resources[0].capacity: must be a number");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": -1, )" + good_alg + "}") ==
+        "resources[0].capacity: must be >= 0");
+  CHECK_THAT(with_first(R"({"identifier_glob": "a*", "capacity": 1e999, )" + good_alg + "}"),
+             Contains("not valid JSON") && Contains("number overflow"));
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "safe_capacity": -2, )" + good_alg +
+                   "}") == "resources[0].safe_capacity: must be >= 0, or -1 for unlimited");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "colour": 1, )" + good_alg + "}") ==
+        "resources[0].colour: unknown field");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1})") ==
+        "resources[0].algorithm: is required");
+  CHECK(with_alg(R"({"lease_length": 60, "refresh_interval": 16})") ==
+        "resources[0].algorithm.kind: is required");
+  CHECK(with_alg(R"({"kind": "BEST", "lease_length": 60, "refresh_interval": 16})") ==
+        "resources[0].algorithm.kind: unknown algorithm kind \"BEST\" (known: NO_ALGORITHM, "
+        "STATIC, PROPORTIONAL_SHARE, FAIR_SHARE)");
+  CHECK_THAT(with_alg(R"({"kind": "Fair_Share", "lease_length": 60, "refresh_interval": 16})"),
+             Contains("unknown algorithm kind"));
+  CHECK(with_alg(R"({"kind": "STATIC", "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: is required");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 10, "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: must be >= refresh_interval");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 100000, "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: must be between 0.1 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 0})") ==
+        "resources[0].algorithm.refresh_interval: must be between 0.1 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 16,
+                     "learning_mode_duration": -1})") ==
+        "resources[0].algorithm.learning_mode_duration: must be between 0 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 16,
+                     "parameters": {"p": [1]}})") ==
+        "resources[0].algorithm.parameters.p: must be a string, number or boolean");
+  CHECK(with_first(tail) ==
+        "resources[1].identifier_glob: duplicates "
+        "resources[0].identifier_glob \"*\"");
+  CHECK(
+      error_of(R"({"resources": [{"identifier_glob": "a*", "capacity": 1, )" + good_alg + "}]}") ==
+      "resources[0].identifier_glob: the last template must have identifier_glob \"*\" so "
+      "that every resource id resolves");
+}
+
+// ---- share index --------------------------------------------------------------------------
+
+TEST_CASE("the share index agrees with brute force under random updates", "[core][index]") {
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> wants(0, 100);
+  std::uniform_int_distribution<int> subclients(1, 5);
+  doorman::share_index idx;
+  std::map<doorman::share_index::handle, reference_client> live;
+  for (int step = 0; step < 3000; ++step) {
+    const int op = static_cast<int>(rng() % 4);
+    if (op < 2 || live.empty()) {
+      const reference_client c{wants(rng), static_cast<double>(subclients(rng))};
+      live[idx.insert(c.wants, c.subclients)] = c;
+    } else {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      if (op == 2) {
+        idx.erase(it->first);
+        live.erase(it);
+      } else {
+        it->second = {wants(rng), static_cast<double>(subclients(rng))};
+        idx.update(it->first, it->second.wants, it->second.subclients);
+      }
+    }
+    std::vector<reference_client> cs;
+    double total = 0;
+    for (const auto& [h, c] : live) {
+      cs.push_back(c);
+      total += c.wants;
+    }
+    REQUIRE(idx.size() == live.size());
+    REQUIRE(idx.totals().wants == Approx(total).margin(1e-9));
+    const double threshold = wants(rng) / 3;
+    doorman::demand_sums below;
+    for (const auto& c : cs) {
+      if (c.wants / c.subclients < threshold) {
+        below.wants += c.wants;
+        below.subclients += c.subclients;
+      }
+    }
+    REQUIRE(idx.below(threshold).wants == Approx(below.wants).margin(1e-9));
+    REQUIRE(idx.below(threshold).subclients == Approx(below.subclients).margin(1e-9));
+    const double capacity = total * 0.6;
+    if (!cs.empty() && total > 0) {
+      const double level = idx.water_level(capacity);
+      const auto ref = brute_fair(cs, capacity);
+      double filled = 0;
+      for (std::size_t i = 0; i < cs.size(); ++i) {
+        const double got = std::min(cs[i].wants, level * cs[i].subclients);
+        REQUIRE(got == Approx(ref[i]).margin(1e-9));
+        filled += got;
+      }
+      REQUIRE(filled == Approx(capacity).margin(1e-6));
+    }
+  }
+}
+
+// ---- algorithms through the engine ------------------------------------------------------------
+
+TEST_CASE("DESIGN worked vectors", "[core][algorithm]") {
+  // Each client first arrives (registering its demand), then everyone refreshes in order.
+  auto run = [](const std::string& kind, double capacity,
+                const std::vector<reference_client>& clients) {
+    fixture f(repo_for(kind, capacity));
+    auto round = [&] {
+      std::vector<double> got;
+      for (std::size_t i = 0; i < clients.size(); ++i) {
+        const std::string id = "c" + std::to_string(i);
+        if (clients[i].subclients == 1) {
+          got.push_back(f.ask(id, clients[i].wants));
+        } else {
+          got.push_back(f.ask_server(
+              id, {{0, static_cast<std::int64_t>(clients[i].subclients), clients[i].wants}}));
+        }
+      }
+      f.clock.advance(6s);  // past the minimum refresh interval
+      return got;
+    };
+    (void)round();
+    return round();
+  };
+  using V = std::vector<double>;
+  CHECK(run("FAIR_SHARE", 120, {{1000, 1}, {60, 1}, {10, 1}}) == V{55, 55, 10});
+  CHECK(run("FAIR_SHARE", 120, {{1000, 1}, {50, 1}, {10, 1}}) == V{60, 50, 10});
+  CHECK(run("FAIR_SHARE", 120, {{1000, 6}, {500, 4}, {200, 2}}) == V{60, 40, 20});
+  CHECK(run("STATIC", 100, {{100, 1}, {10, 1}, {120, 1}}) == V{100, 10, 100});
+  // Our own: proportional share of 120 among 1000, 60, 10: equal share 40; 30 left over by the
+  // 10, split 960:20 between the others.
+  const auto p = run("PROPORTIONAL_SHARE", 120, {{1000, 1}, {60, 1}, {10, 1}});
+  CHECK(p[0] == Approx(40 + 30.0 * 960 / 980));
+  CHECK(p[1] == Approx(40 + 30.0 * 20 / 980));
+  CHECK(p[2] == 10);
+  CHECK(run("NO_ALGORITHM", 10, {{1000, 1}, {60, 1}}) == V{1000, 60});
+  // STATIC caps per end client: a server child of 3 clients may get 3 x capacity.
+  CHECK(run("STATIC", 100, {{500, 3}, {50, 2}}) == V{300, 50});
+}
+
+TEST_CASE("arrival order: a newcomer gets only what is available", "[core][algorithm]") {
+  fixture f(repo_for("FAIR_SHARE", 120));
+  CHECK(f.ask("a", 1000) == 120);  // alone: everything
+  CHECK(f.ask("b", 60) == 0);      // entitled to 60, but a holds it all
+  CHECK(f.ask("c", 10) == 0);
+  f.clock.advance(6s);
+  CHECK(f.ask("a", 1000) == 55);  // gives back down to its fair share
+  CHECK(f.ask("b", 60) == 55);
+  CHECK(f.ask("c", 10) == 10);
+
+  SECTION("PROPORTIONAL_SHARE likewise") {
+    fixture g(repo_for("PROPORTIONAL_SHARE", 100));
+    CHECK(g.ask("a", 80) == 80);
+    CHECK(g.ask("b", 80) == 20);  // entitled to 50, only 20 left
+    g.clock.advance(6s);
+    CHECK(g.ask("a", 80) == 50);
+    CHECK(g.ask("b", 80) == 50);
+  }
+}
+
+TEST_CASE("subclients weigh fairness per end client", "[core][algorithm]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  // A server with 3 clients and a lone client, both wanting a lot: 75 / 25.
+  (void)f.ask_server("leaf", {{0, 3, 1000}});
+  (void)f.ask("solo", 1000);
+  f.clock.advance(6s);
+  CHECK(f.ask_server("leaf", {{0, 3, 1000}}) == Approx(75));
+  CHECK(f.ask("solo", 1000) == Approx(25));
+}
+
+TEST_CASE("higher priority bands are served first", "[core][algorithm]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  (void)f.ask("low", 100, "res", 0);
+  (void)f.ask("high", 70, "res", 1);
+  f.clock.advance(6s);
+  CHECK(f.ask("low", 100, "res", 0) == Approx(30));
+  CHECK(f.ask("high", 70, "res", 1) == Approx(70));
+  SECTION("a server child's bands are decided each in its own priority") {
+    f.clock.advance(6s);
+    CHECK(f.ask_server("leaf", {{1, 1, 10}, {0, 1, 100}}) == 0);  // a newcomer: nothing free
+    f.clock.advance(6s);
+    // high: 70 + leaf's 10 at priority 1 fit; 20 left at priority 0, split 10/10.
+    CHECK(f.ask("high", 70, "res", 1) == Approx(70));
+    CHECK(f.ask("low", 100, "res", 0) == Approx(10));
+    CHECK(f.ask_server("leaf", {{1, 1, 10}, {0, 1, 100}}) == Approx(20));
+  }
+}
+
+// ---- engine behaviour ----------------------------------------------------------------------
+
+TEST_CASE("expired leases free their capacity", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  CHECK(f.ask("a", 100) == 100);
+  CHECK(f.ask("b", 100) == 0);
+  f.clock.advance(50s);
+  CHECK(f.ask("b", 100) == 0);  // a still holds its lease
+  f.clock.advance(10s);         // a's lease (60 s) ends now
+  CHECK(f.ask("b", 100) == 100);
+  CHECK(f.engine.store("res")->size() == 1);
+  f.clock.advance(61s);
+  f.engine.expire(f.clock.now());
+  CHECK(f.engine.store("res") == nullptr);  // nothing left: the resource's state is dropped
+}
+
+TEST_CASE("leases carry the template's length and refresh interval", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  auto r = f.engine.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets == doorman::lease_info{10, 60, 16});
+  CHECK(r.value().mastership == doorman::mastership_info{true, "self:7700"});
+}
+
+TEST_CASE("learning mode grants what clients say they have", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100, 60));
+  auto has = [&](const std::string& id, double wants, double capacity) {
+    auto r = f.engine.get_capacity({id, {{"res", 0, wants, doorman::lease_info{capacity, 30, 16}}}},
+                                   f.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0].gets.capacity;
+  };
+  CHECK(f.engine.learning("res", f.clock.now()));
+  CHECK(has("a", 100, 70) == 70);
+  CHECK(has("b", 100, 30) == 30);
+  CHECK(f.ask("newcomer", 50) == 0);
+  CHECK(has("liar", 1000, 5000) == 100);  // never more than the whole capacity
+  f.clock.advance(60s);
+  CHECK_FALSE(f.engine.learning("res", f.clock.now()));
+  f.engine.expire(f.clock.now());
+  CHECK(f.engine.store("res") == nullptr);  // every learned lease (60 s) expired too
+
+  SECTION("0 turns learning mode off") {
+    fixture g(repo_for("FAIR_SHARE", 100, 0));
+    CHECK_FALSE(g.engine.learning("res", g.clock.now()));
+    CHECK(g.ask("a", 40) == 40);
+  }
+  SECTION("learning restarts when mastership is regained") {
+    f.engine.set_mastership(false, "other:7700", f.clock.now());
+    f.engine.set_mastership(true, "self:7700", f.clock.now());
+    CHECK(f.engine.learning("res", f.clock.now()));
+    CHECK(f.ask("a", 40) == 0);
+  }
+}
+
+TEST_CASE("learned leases are honoured after learning mode", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100, 10));
+  auto r = f.engine.get_capacity({"a", {{"res", 0, 100, doorman::lease_info{80, 50, 16}}}},
+                                 f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 80);
+  f.clock.advance(10s);  // learning over; a's learned lease (60 s) is still live
+  CHECK(f.ask("b", 100) == 20);
+}
+
+TEST_CASE("minimum refresh interval returns the current lease", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  CHECK(f.ask("a", 40) == 40);
+  f.clock.advance(2s);
+  auto r = f.engine.get_capacity({"a", {{"res", 0, 90, std::nullopt}}}, f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets == doorman::lease_info{40, 58, 16});  // same lease
+  CHECK(f.engine.store("res")->totals().wants == 90);                     // wants recorded
+  f.clock.advance(3s);
+  CHECK(f.ask("a", 90) == 90);  // 5 s after the decision: the algorithm runs again
+
+  SECTION("0 disables it") {
+    doorman::engine_options opts;
+    opts.minimum_refresh_interval = doorman::seconds{0};
+    fixture g(repo_for("FAIR_SHARE", 100), opts);
+    CHECK(g.ask("a", 40) == 40);
+    CHECK(g.ask("a", 90) == 90);
+  }
+}
+
+TEST_CASE("release gives capacity back at once", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  CHECK(f.ask("a", 100) == 100);
+  auto r = f.engine.release_capacity({"a", {"res", "unknown-resource"}}, f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().mastership.is_master);
+  CHECK(f.ask("b", 100) == 100);
+  CHECK(f.engine.store("res")->size() == 1);
+}
+
+TEST_CASE("safe capacity: configured, or capacity per live subclient", "[core][engine]") {
+  auto safe_of = [](fixture& f, const std::string& id) {
+    auto r = f.engine.get_capacity({id, {{"res", 0, 10, std::nullopt}}}, f.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0].safe_capacity;
+  };
+  fixture dynamic(repo_for("FAIR_SHARE", 120));
+  CHECK(safe_of(dynamic, "a") == 120);
+  (void)dynamic.ask_server("leaf", {{0, 3, 10}});
+  CHECK(safe_of(dynamic, "b") == 24);  // 120 / (1 + 3 + 1)
+  fixture configured(repo_for("FAIR_SHARE", 120, 0, R"(, "safe_capacity": 7)"));
+  CHECK(safe_of(configured, "a") == 7);
+  fixture unlimited(repo_for("FAIR_SHARE", 120, 0, R"(, "safe_capacity": -1)"));
+  CHECK(safe_of(unlimited, "a") == -1);
+}
+
+TEST_CASE("an intermediate's grants are capped by its own lease", "[core][engine]") {
+  doorman::engine_options opts;
+  opts.is_root = false;
+  fixture f(repo_for("FAIR_SHARE", 1000), opts);
+  CHECK(f.ask("a", 10) == 0);  // no lease from the parent yet: nothing to give
+  f.clock.advance(6s);
+  f.engine.set_parent_lease("res", {50, f.clock.now() + 20s, 8s}, f.clock.now());
+  auto r = f.engine.get_capacity({"a", {{"res", 0, 80, std::nullopt}}}, f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 50);    // the parent's capacity, not 1000
+  CHECK(r.value().resources[0].gets.expires_in == 20);  // not 60: never outlive our lease
+  CHECK(r.value().resources[0].gets.refresh_interval == 16);
+  f.clock.advance(15s);
+  auto s = f.engine.get_capacity({"b", {{"res", 0, 80, std::nullopt}}}, f.clock.now());
+  REQUIRE(s);
+  CHECK(s.value().resources[0].gets.expires_in == 5);
+  CHECK(s.value().resources[0].gets.refresh_interval == 5);
+  f.clock.advance(5s);
+  CHECK(f.engine.capacity("res", f.clock.now()) == 0);
+  CHECK(f.ask("c", 10) == 0);
+}
+
+TEST_CASE("a non-master answers with its mastership only", "[core][engine]") {
+  manual_clock clock;
+  engine_t e(repo_for("FAIR_SHARE", 100));
+  e.set_mastership(false, "10.0.0.7:7700", clock.now());
+  auto r = e.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources.empty());
+  CHECK(r.value().mastership == doorman::mastership_info{false, "10.0.0.7:7700"});
+  CHECK(e.discovery().mastership.master == "10.0.0.7:7700");
+  auto s = e.get_server_capacity({"leaf", {{"res", std::nullopt, 0, {{0, 2, 10}}}}}, clock.now());
+  REQUIRE(s);
+  CHECK(s.value().resources.empty());
+  CHECK(e.store("res") == nullptr);
+}
+
+TEST_CASE("a lease the engine does not know is logged, not trusted", "[core][engine]") {
+  std::vector<std::string> lines;
+  doorman::engine_options opts;
+  opts.log = [&](std::string_view line) { lines.emplace_back(line); };
+  fixture f(repo_for("FAIR_SHARE", 100), opts);
+  CHECK(f.ask("a", 100) == 100);
+  auto r = f.engine.get_capacity({"b", {{"res", 0, 50, doorman::lease_info{50, 30, 16}}}},
+                                 f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 0);  // only what is available
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Contains("client b reports a lease of 50"));
+}
+
+TEST_CASE("invalid requests are refused with the field named and change nothing",
+          "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  auto error_of = [&](const doorman::capacity_request& req) {
+    auto r = f.engine.get_capacity(req, f.clock.now());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == doorman::errc::invalid_params);
+    return r.error().message;
+  };
+  CHECK(error_of({"", {}}) == "params.client_id: must be a non-empty string");
+  CHECK(error_of({std::string(257, 'x'), {}}) == "params.client_id: must be at most 256 bytes");
+  CHECK(error_of({"a", {{"res", 0, -1, std::nullopt}}}) ==
+        "params.resources[0].wants: must be a finite number >= 0");
+  CHECK(error_of({"a", {{"res", 0, std::nan(""), std::nullopt}}}) ==
+        "params.resources[0].wants: must be a finite number >= 0");
+  CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"", 0, 1, std::nullopt}}}) ==
+        "params.resources[1].resource_id: must be a non-empty string");
+  CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"res", 0, 1, std::nullopt}}}) ==
+        "params.resources[1]: duplicate resource id \"res\"");
+  CHECK(error_of({"a", {{"res", 0, 1, doorman::lease_info{-3, 1, 1}}}}) ==
+        "params.resources[0].has.capacity: must be a finite number >= 0");
+  doorman::capacity_request many{"a", {}};
+  for (int i = 0; i <= 10'000; ++i)
+    many.resources.push_back({"r" + std::to_string(i), 0, 1, {}});
+  CHECK(error_of(many) == "params.resources: must hold at most 10000 resources");
+  CHECK(f.engine.store("res") == nullptr);  // nothing was recorded
+
+  auto server_error = [&](const doorman::server_capacity_request& req) {
+    auto r = f.engine.get_server_capacity(req, f.clock.now());
+    REQUIRE_FALSE(r);
+    return r.error().message;
+  };
+  CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 0, 10}}}}}) ==
+        "params.resources[0].wants[0].num_clients: must be an integer between 1 and 1000000000");
+  CHECK(server_error({"leaf", {{"res", std::nullopt, -1, {{0, 1, 10}}}}}) ==
+        "params.resources[0].outstanding: must be a finite number >= 0");
+  CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {}}}}) ==
+        "params.resources[0].wants: must hold at least one band");
+  CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 1, 10}, {0, 2, 5}}}}}) ==
+        "params.resources[0].wants[1].priority: duplicates wants[0].priority");
+  auto release = f.engine.release_capacity({"a", {"x", "x"}}, f.clock.now());
+  REQUIRE_FALSE(release);
+  CHECK(release.error().message == "params.resources[1]: duplicate resource id \"x\"");
+  auto status = f.engine.status({std::string()}, f.clock.now());
+  REQUIRE_FALSE(status);
+  CHECK(status.error().message == "params.resource_id: must be a non-empty string");
+  CHECK(f.engine.store("res") == nullptr);
+}
+
+TEST_CASE("configuration reload keeps leases", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  CHECK(f.ask("a", 80) == 80);
+  f.engine.set_config(repo_for("FAIR_SHARE", 200));
+  CHECK(f.engine.store("res")->sum_has() == 80);
+  CHECK(f.ask("b", 150) == 120);  // the new capacity, minus a's lease
+  f.engine.set_config(repo_for("PROPORTIONAL_SHARE", 200));
+  auto s = f.engine.status({"res"}, f.clock.now());
+  REQUIRE(s);
+  CHECK(s.value().resources[0].algorithm == "PROPORTIONAL_SHARE");
+  CHECK(s.value().leases.size() == 2);
+}
+
+TEST_CASE("status reports resources and, for one resource, its leases", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  (void)f.ask("a", 30);
+  (void)f.ask_server("leaf", {{0, 4, 50}});
+  (void)f.ask("other-client", 5, "elsewhere");
+  auto all = f.engine.status({}, f.clock.now());
+  REQUIRE(all);
+  REQUIRE(all.value().resources.size() == 2);
+  const auto& res = all.value().resources[1];
+  CHECK(res.resource_id == "res");
+  CHECK(res.capacity == 100);
+  CHECK(res.sum_has == 80);
+  CHECK(res.sum_wants == 80);
+  CHECK(res.clients == 2);
+  CHECK(res.subclients == 5);
+  CHECK(res.algorithm == "FAIR_SHARE");
+  CHECK_FALSE(res.learning);
+  auto one = f.engine.status({"res"}, f.clock.now());
+  REQUIRE(one);
+  REQUIRE(one.value().leases.size() == 2);
+  CHECK(one.value().leases[1].client_id == "leaf");
+  CHECK(one.value().leases[1].is_server);
+  CHECK(one.value().leases[1].subclients == 4);
+}
+
+// ---- properties on random workloads --------------------------------------------------------
+
+namespace {
+
+// Grants as the test itself saw them, to check the invariant without trusting the store's sums.
+struct grant_ledger {
+  std::map<std::string, std::pair<double, manual_clock::time_point>> grants;
+  void record(const std::string& id, const doorman::lease_info& l, manual_clock::time_point now) {
+    grants[id] = {l.capacity, now + doorman::to_duration<manual_clock::duration>(l.expires_in)};
+  }
+  [[nodiscard]] double live(manual_clock::time_point now) const {
+    double sum = 0;
+    for (const auto& [id, g] : grants) {
+      if (g.second > now) sum += g.first;
+    }
+    return sum;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sum of unexpired grants never exceeds capacity (random workloads)", "[core][property]") {
+  for (const std::string kind : {"FAIR_SHARE", "PROPORTIONAL_SHARE"}) {
+    for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+      CAPTURE(kind, seed);
+      std::mt19937_64 rng(seed);
+      const double capacity = 50.0 + static_cast<double>(rng() % 1000);
+      fixture f(repo_for(kind, capacity));
+      grant_ledger ledger;
+      std::uniform_real_distribution<double> wants(0, capacity / 3);
+      for (int step = 0; step < 4000; ++step) {
+        const std::string id = "c" + std::to_string(rng() % 60);
+        switch (rng() % 10) {
+          case 0: {
+            REQUIRE(f.engine.release_capacity({id, {"res"}}, f.clock.now()));
+            ledger.grants.erase(id);
+            break;
+          }
+          case 1: {
+            std::vector<doorman::priority_band> bands{
+                {0, static_cast<std::int64_t>(1 + rng() % 5), wants(rng) * 3}};
+            auto r = f.engine.get_server_capacity({id, {{"res", std::nullopt, 0, bands}}},
+                                                  f.clock.now());
+            REQUIRE(r);
+            ledger.record(id, r.value().resources[0].gets, f.clock.now());
+            break;
+          }
+          default: {
+            auto r = f.engine.get_capacity(
+                {id, {{"res", static_cast<std::int64_t>(rng() % 2), wants(rng), std::nullopt}}},
+                f.clock.now());
+            REQUIRE(r);
+            ledger.record(id, r.value().resources[0].gets, f.clock.now());
+          }
+        }
+        REQUIRE(ledger.live(f.clock.now()) <= capacity * (1 + 1e-12));
+        f.clock.advance(std::chrono::milliseconds(rng() % 1500));
+      }
+    }
+  }
+}
+
+TEST_CASE("FAIR_SHARE and PROPORTIONAL_SHARE converge to the brute-force allocation",
+          "[core][property]") {
+  for (const std::string kind : {"FAIR_SHARE", "PROPORTIONAL_SHARE"}) {
+    for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+      CAPTURE(kind, seed);
+      std::mt19937_64 rng(seed);
+      const std::size_t n = 2 + rng() % 40;
+      std::vector<reference_client> cs;
+      double total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        cs.push_back({static_cast<double>(rng() % 1000) / 7.0, static_cast<double>(1 + rng() % 4)});
+        total += cs.back().wants;
+      }
+      // From scarce to plentiful.
+      const double capacity = total * static_cast<double>(1 + rng() % 12) / 10.0;
+      fixture f(repo_for(kind, capacity));
+      std::vector<std::size_t> order(n);
+      for (std::size_t i = 0; i < n; ++i)
+        order[i] = i;
+      std::vector<double> got(n);
+      for (int round = 0; round < 3; ++round) {  // arrival, then two refreshes
+        std::shuffle(order.begin(), order.end(), rng);
+        for (const auto i : order) {
+          const std::string id = "c" + std::to_string(i);
+          got[i] = cs[i].subclients == 1
+                       ? f.ask(id, cs[i].wants)
+                       : f.ask_server(
+                             id, {{0, static_cast<std::int64_t>(cs[i].subclients), cs[i].wants}});
+        }
+        f.clock.advance(6s);
+      }
+      const auto ref =
+          kind == "FAIR_SHARE" ? brute_fair(cs, capacity) : brute_proportional(cs, capacity);
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i, cs[i].wants, cs[i].subclients);
+        CHECK(got[i] == Approx(ref[i]).margin(1e-9 * capacity));
+      }
+    }
+  }
+}
