@@ -291,17 +291,18 @@ TEST_CASE("the share index agrees with brute force under random updates", "[core
   std::uniform_real_distribution<double> wants(0, 100);
   std::uniform_int_distribution<int> subclients(1, 5);
   doorman::share_index idx;
-  std::map<doorman::share_index::handle, reference_client> live;
+  std::vector<std::pair<doorman::share_index::handle, reference_client>> live;
   for (int step = 0; step < 3000; ++step) {
     const int op = static_cast<int>(rng() % 4);
     if (op < 2 || live.empty()) {
       const reference_client c{wants(rng), static_cast<double>(subclients(rng))};
-      live[idx.insert(c.wants, c.subclients)] = c;
+      live.emplace_back(idx.insert(c.wants, c.subclients), c);
     } else {
       auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
       if (op == 2) {
         idx.erase(it->first);
-        live.erase(it);
+        *it = live.back();
+        live.pop_back();
       } else {
         it->second = {wants(rng), static_cast<double>(subclients(rng))};
         idx.update(it->first, it->second.wants, it->second.subclients);

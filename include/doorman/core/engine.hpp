@@ -161,7 +161,7 @@ class basic_engine {
       }
       resource& r = resource_for(x.resource_id, now);
       const lease_type l = decide(r, req.server_id, bands, x.has, now);
-      r.store.set_server_info(req.server_id, x.outstanding);
+      r.store.set_server_info(*r.store.find(req.server_id), x.outstanding);
       out.resources.push_back(
           {x.resource_id, to_lease_info(l, now), safe_capacity(r, now), r.tmpl.algorithm});
     }
@@ -197,7 +197,7 @@ class basic_engine {
       if (const auto it = resources_.find(*req.resource_id); it != resources_.end()) {
         it->second.store.for_each([&](const typename store_type::client& c) {
           out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
-                                c.is_server, c.outstanding, c.bands});
+                                c.is_server, c.outstanding, c.bands.to_vector()});
         });
         std::sort(out.leases.begin(), out.leases.end(),
                   [](const auto& a, const auto& b) { return a.client_id < b.client_id; });
@@ -288,21 +288,20 @@ class basic_engine {
       return current;
     }
 
+    const auto& c = r.store.set_demand(client_id, bands);
     double gets = 0;
     if (now < learning_until(r.tmpl)) {
       // Learning mode: the engine does not know who holds what yet, so it confirms what the
       // client says it has (0 for a newcomer) and learns the demand.
       if (has && has->expires_in > 0) gets = has->capacity;
       if (sharing) gets = std::min(gets, capacity);
-      r.store.set_demand(client_id, bands);
     } else {
       if (!known && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
         options_.log("resource " + r.id + ": client " + std::string(client_id) +
                      " reports a lease of " + std::to_string(has->capacity) +
                      " this engine does not know; treated as a newcomer");
       }
-      const auto& c = r.store.set_demand(client_id, bands);
-      double entitled = 0;
+      double entitled = 0;  // the sum over the client's bands
       std::visit(
           [&](const auto& alg) {
             for (const auto& b : c.bands) {
@@ -329,7 +328,7 @@ class basic_engine {
       l.expiry = std::min(l.expiry, std::max(now, own_expiry));
       l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
     }
-    r.store.set_lease(client_id, l, now);
+    r.store.set_lease(c, l, now);
     return l;
   }
 

@@ -6,18 +6,20 @@
 /// expiry-ordered queue so that expired leases are removed without scanning.
 
 #include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <queue>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "doorman/core/id_table.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/share_index.hpp"
 
@@ -62,6 +64,67 @@ struct string_hash {
   }
 };
 
+/// A client's demand bands with their index positions. Almost every client has one band, so
+/// the first lives inline: a refresh touches no memory beyond the client record.
+class band_list {
+ public:
+  struct slot {
+    band_demand demand;
+    share_index::handle handle;
+  };
+
+  class iterator {
+   public:
+    using value_type = band_demand;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    iterator(const band_list* l, std::size_t i) : list_(l), i_(i) {}
+    const band_demand& operator*() const { return list_->at(i_).demand; }
+    const band_demand* operator->() const { return &list_->at(i_).demand; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator t = *this;
+      ++i_;
+      return t;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) { return a.i_ == b.i_; }
+
+   private:
+    const band_list* list_ = nullptr;
+    std::size_t i_ = 0;
+  };
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] iterator begin() const { return {this, 0}; }
+  [[nodiscard]] iterator end() const { return {this, size_}; }
+  [[nodiscard]] const slot& at(std::size_t i) const { return i == 0 ? first_ : rest_[i - 1]; }
+  [[nodiscard]] slot& at(std::size_t i) { return i == 0 ? first_ : rest_[i - 1]; }
+
+  void push_back(const slot& s) {
+    if (size_ == 0) {
+      first_ = s;
+    } else {
+      rest_.push_back(s);
+    }
+    ++size_;
+  }
+  void clear() noexcept {
+    rest_.clear();
+    size_ = 0;
+  }
+  /// A plain copy of the demands (for status pages).
+  [[nodiscard]] std::vector<band_demand> to_vector() const { return {begin(), end()}; }
+
+ private:
+  slot first_{};
+  std::vector<slot> rest_;
+  std::size_t size_ = 0;
+};
+
 }  // namespace detail
 
 /// The leases and demands of one resource's clients.
@@ -82,10 +145,7 @@ class basic_lease_store {
     time_point last_decision{};  ///< when the algorithm last ran for this client
     double outstanding = 0;      ///< a server child's own grants, as it reported them
     bool is_server = false;      ///< asked through get_server_capacity
-    std::vector<band_demand> bands;
-    // Private to the store:
-    std::vector<share_index::handle> handles_;
-    std::uint32_t generation_ = 0;
+    detail::band_list bands;     ///< its demand, one entry per priority
 
     /// Sum of wants over the bands.
     [[nodiscard]] double wants() const noexcept {
@@ -101,6 +161,11 @@ class basic_lease_store {
         s += b.subclients;
       return s;
     }
+
+   private:
+    friend class basic_lease_store;
+    std::uint32_t slot_ = 0;
+    std::uint32_t generation_ = 0;
   };
 
   basic_lease_store() = default;
@@ -111,16 +176,16 @@ class basic_lease_store {
 
   /// The client `id`, or null.
   [[nodiscard]] const client* find(std::string_view id) const {
-    const auto it = slots_.find(id);
-    return it == slots_.end() ? nullptr : &clients_[it->second];
+    const std::uint32_t slot = slot_of(id);
+    return slot == detail::id_table::npos ? nullptr : &clients_[slot];
   }
 
-  /// Records `id`'s demand, creating the client (with an empty lease) when new. Bands must
-  /// have distinct priorities and subclients > 0. Returns the client.
+  /// Records `id`'s demand (`id` non-empty), creating the client (with an empty lease) when new.
+  /// Bands must have distinct priorities and subclients > 0. Returns the client.
   const client& set_demand(std::string_view id, std::span<const band_demand> bands) {
-    auto it = slots_.find(id);
-    if (it == slots_.end()) {
-      std::uint32_t slot;
+    assert(!id.empty());
+    std::uint32_t slot = slot_of(id);
+    if (slot == detail::id_table::npos) {
       if (!free_slots_.empty()) {
         slot = free_slots_.back();
         free_slots_.pop_back();
@@ -129,51 +194,53 @@ class basic_lease_store {
         clients_.emplace_back();
       }
       clients_[slot].id.assign(id);
-      it = slots_.emplace(clients_[slot].id, slot).first;
+      slots_.insert(id, slot);
       ++size_;
     }
-    client& c = clients_[it->second];
-    // Keep handles where the priority is unchanged (the common refresh), move the rest.
+    client& c = clients_[slot];
+    c.slot_ = slot;
+    // Keep positions where the priority is unchanged (the common refresh), move the rest.
     if (c.bands.size() == bands.size() &&
         std::equal(
             bands.begin(), bands.end(), c.bands.begin(),
             [](const band_demand& a, const band_demand& b) { return a.priority == b.priority; })) {
       for (std::size_t i = 0; i < bands.size(); ++i) {
-        index_for(bands[i].priority).update(c.handles_[i], bands[i].wants, bands[i].subclients);
-        c.bands[i] = bands[i];
+        auto& slot_band = c.bands.at(i);
+        if (slot_band.demand == bands[i]) continue;
+        index_for(bands[i].priority).update(slot_band.handle, bands[i].wants, bands[i].subclients);
+        slot_band.demand = bands[i];
       }
     } else {
       remove_bands(c);
       for (const auto& b : bands) {
-        c.handles_.push_back(index_for(b.priority).insert(b.wants, b.subclients));
-        c.bands.push_back(b);
+        c.bands.push_back({b, index_for(b.priority).insert(b.wants, b.subclients)});
       }
     }
     return c;
   }
 
-  /// Gives `id` (which must exist) the lease `l`, decided at `now`.
-  void set_lease(std::string_view id, const lease_type& l, time_point now) {
-    client& c = clients_[slots_.find(id)->second];
+  /// Gives client `who` (as returned by `set_demand`) the lease `l`, decided at `now`.
+  void set_lease(const client& who, const lease_type& l, time_point now) {
+    client& c = clients_[who.slot_];
     sum_has_.add(l.capacity - c.lease.capacity);
     c.lease = l;
     c.last_decision = now;
     ++c.generation_;
-    push_expiry({l.expiry, slots_.find(id)->second, c.generation_});
+    push_expiry({l.expiry, c.slot_, c.generation_});
   }
 
-  /// Records what a server child reports as granted to its own clients.
-  void set_server_info(std::string_view id, double outstanding) {
-    client& c = clients_[slots_.find(id)->second];
+  /// Records what server child `who` reports as granted to its own clients.
+  void set_server_info(const client& who, double outstanding) {
+    client& c = clients_[who.slot_];
     c.is_server = true;
     c.outstanding = outstanding;
   }
 
   /// Forgets `id`, freeing its capacity and demand. Returns whether it was known.
   bool erase(std::string_view id) {
-    const auto it = slots_.find(id);
-    if (it == slots_.end()) return false;
-    remove_slot(it);
+    const std::uint32_t slot = slot_of(id);
+    if (slot == detail::id_table::npos) return false;
+    remove_slot(slot);
     return true;
   }
 
@@ -197,7 +264,7 @@ class basic_lease_store {
       client& c = clients_[e.slot];
       // Only the entry of the client's current lease counts; older ones are stale.
       if (c.generation_ == e.generation && !c.id.empty()) {
-        remove_slot(slots_.find(c.id));
+        remove_slot(e.slot);
         ++removed;
       }
     }
@@ -240,8 +307,9 @@ class basic_lease_store {
   /// Calls `f(const client&)` for every client (for status pages; O(n)).
   template <class F>
   void for_each(F&& f) const {
-    for (const auto& [id, slot] : slots_)
-      f(clients_[slot]);
+    for (const client& c : clients_) {
+      if (!c.id.empty()) f(c);  // freed slots have an empty id
+    }
   }
 
  private:
@@ -271,21 +339,23 @@ class basic_lease_store {
 
   void remove_bands(client& c) {
     for (std::size_t i = 0; i < c.bands.size(); ++i) {
-      const auto it = bands_.find(c.bands[i].priority);
-      it->second.erase(c.handles_[i]);
+      const auto& b = c.bands.at(i);
+      const auto it = bands_.find(b.demand.priority);
+      it->second.erase(b.handle);
       if (it->second.empty()) bands_.erase(it);
     }
     c.bands.clear();
-    c.handles_.clear();
   }
 
-  void remove_slot(typename std::unordered_map<std::string_view, std::uint32_t, detail::string_hash,
-                                               std::equal_to<>>::iterator it) {
-    const std::uint32_t slot = it->second;
+  [[nodiscard]] std::uint32_t slot_of(std::string_view id) const noexcept {
+    return slots_.find(id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
+  }
+
+  void remove_slot(std::uint32_t slot) {
     client& c = clients_[slot];
     sum_has_.add(-c.lease.capacity);
     remove_bands(c);
-    slots_.erase(it);
+    slots_.erase(c.id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
     const auto generation = c.generation_ + 1;  // invalidates queued expiry entries
     c = client{};
     c.generation_ = generation;
@@ -295,7 +365,7 @@ class basic_lease_store {
 
   std::deque<client> clients_;  // a deque: references stay valid as it grows
   std::vector<std::uint32_t> free_slots_;
-  std::unordered_map<std::string_view, std::uint32_t, detail::string_hash, std::equal_to<>> slots_;
+  detail::id_table slots_;
   std::map<std::int64_t, share_index, std::greater<>> bands_;  // highest priority first
   std::deque<expiry_entry> in_order_;
   std::priority_queue<expiry_entry, std::vector<expiry_entry>, later> out_of_order_;

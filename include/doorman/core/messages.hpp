@@ -5,13 +5,14 @@
 /// (relative seconds), and their validation. The protocol layer maps them to and from JSON;
 /// the engine validates again, so that an embedding that calls it directly is as safe.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "doorman/core/config.hpp"
@@ -147,9 +148,19 @@ inline request_error invalid(std::string path, std::string_view reason) {
   return {errc::invalid_params, std::move(path) + ": " + std::string(reason)};
 }
 
-inline std::optional<request_error> check_id(std::string_view id, const std::string& path) {
-  if (id.empty()) return invalid(path, "must be a non-empty string");
-  if (id.size() > request_limits::max_id_bytes) return invalid(path, "must be at most 256 bytes");
+// Paths are only built when something is wrong: validation of a good request allocates nothing.
+inline std::string element(std::string_view list, std::size_t i, std::string_view field = {}) {
+  return std::string(list) + "[" + std::to_string(i) + "]" + std::string(field);
+}
+
+inline const char* id_problem(std::string_view id) noexcept {
+  if (id.empty()) return "must be a non-empty string";
+  if (id.size() > request_limits::max_id_bytes) return "must be at most 256 bytes";
+  return nullptr;
+}
+
+inline std::optional<request_error> check_id(std::string_view id, std::string_view path) {
+  if (const char* problem = id_problem(id)) return invalid(std::string(path), problem);
   return std::nullopt;
 }
 
@@ -157,33 +168,60 @@ inline bool finite_non_negative(double v) noexcept {
   return std::isfinite(v) && v >= 0;
 }
 
-inline std::optional<request_error> check_lease(const lease_info& l, const std::string& path) {
+inline std::optional<request_error> check_lease(const lease_info& l, std::string_view list,
+                                                std::size_t i) {
   if (!finite_non_negative(l.capacity)) {
-    return invalid(path + ".capacity", "must be a finite number >= 0");
+    return invalid(element(list, i, ".has.capacity"), "must be a finite number >= 0");
   }
-  if (!std::isfinite(l.expires_in)) return invalid(path + ".expires_in", "must be a finite number");
+  if (!std::isfinite(l.expires_in)) {
+    return invalid(element(list, i, ".has.expires_in"), "must be a finite number");
+  }
   if (!finite_non_negative(l.refresh_interval)) {
-    return invalid(path + ".refresh_interval", "must be a finite number >= 0");
+    return invalid(element(list, i, ".has.refresh_interval"), "must be a finite number >= 0");
   }
   return std::nullopt;
 }
 
-// Checks count, each id (at `params.resources[i]` + `suffix`) and uniqueness.
+// Checks the count, each id (at `params.resources[i]` + `suffix`) and uniqueness.
 template <class Range, class IdOf>
 std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_of,
                                                 std::string_view suffix) {
-  if (resources.size() > request_limits::max_resources) {
-    return invalid("params.resources", "must hold at most 10000 resources");
+  constexpr std::string_view list = "params.resources";
+  const std::size_t n = resources.size();
+  if (n > request_limits::max_resources) {
+    return invalid(std::string(list), "must hold at most 10000 resources");
   }
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(resources.size());
-  for (std::size_t i = 0; i < resources.size(); ++i) {
-    const std::string path = "params.resources[" + std::to_string(i) + "]";
-    const std::string_view id = id_of(resources[i]);
-    if (auto e = check_id(id, path + std::string(suffix))) return e;
-    if (!seen.insert(id).second) {
-      return invalid(path, "duplicate resource id \"" + std::string(id) + "\"");
+  for (std::size_t i = 0; i < n; ++i) {
+    if (const char* problem = id_problem(id_of(resources[i]))) {
+      return invalid(element(list, i, suffix), problem);
     }
+  }
+  // The first element (in request order) whose id appeared before it.
+  std::optional<std::size_t> duplicate;
+  if (n <= 16) {
+    for (std::size_t i = 1; i < n && !duplicate; ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (id_of(resources[i]) == id_of(resources[j])) {
+          duplicate = i;
+          break;
+        }
+      }
+    }
+  } else {
+    std::vector<std::pair<std::string_view, std::size_t>> ids;
+    ids.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      ids.emplace_back(id_of(resources[i]), i);
+    std::sort(ids.begin(), ids.end());
+    for (std::size_t i = 1; i < n; ++i) {
+      if (ids[i].first == ids[i - 1].first && (!duplicate || ids[i].second < *duplicate)) {
+        duplicate = ids[i].second;
+      }
+    }
+  }
+  if (duplicate) {
+    return invalid(element(list, *duplicate),
+                   "duplicate resource id \"" + std::string(id_of(resources[*duplicate])) + "\"");
   }
   return std::nullopt;
 }
@@ -200,12 +238,12 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
   }
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const auto& x = r.resources[i];
-    const std::string path = "params.resources[" + std::to_string(i) + "]";
     if (!detail::finite_non_negative(x.wants)) {
-      return detail::invalid(path + ".wants", "must be a finite number >= 0");
+      return detail::invalid(detail::element("params.resources", i, ".wants"),
+                             "must be a finite number >= 0");
     }
     if (x.has) {
-      if (auto e = detail::check_lease(*x.has, path + ".has")) return e;
+      if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
     }
   }
   return std::nullopt;
@@ -222,27 +260,29 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
   }
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const auto& x = r.resources[i];
-    const std::string path = "params.resources[" + std::to_string(i) + "]";
+    auto at = [i](std::string_view field) { return detail::element("params.resources", i, field); };
     if (x.has) {
-      if (auto e = detail::check_lease(*x.has, path + ".has")) return e;
+      if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
     }
     if (!detail::finite_non_negative(x.outstanding)) {
-      return detail::invalid(path + ".outstanding", "must be a finite number >= 0");
+      return detail::invalid(at(".outstanding"), "must be a finite number >= 0");
     }
-    if (x.wants.empty()) return detail::invalid(path + ".wants", "must hold at least one band");
+    if (x.wants.empty()) return detail::invalid(at(".wants"), "must hold at least one band");
     for (std::size_t j = 0; j < x.wants.size(); ++j) {
       const auto& b = x.wants[j];
-      const std::string bpath = path + ".wants[" + std::to_string(j) + "]";
+      auto band_at = [&](std::string_view field) {
+        return at(".wants[" + std::to_string(j) + "]" + std::string(field));
+      };
       if (b.num_clients < 1 || b.num_clients > request_limits::max_num_clients) {
-        return detail::invalid(bpath + ".num_clients",
+        return detail::invalid(band_at(".num_clients"),
                                "must be an integer between 1 and 1000000000");
       }
       if (!detail::finite_non_negative(b.wants)) {
-        return detail::invalid(bpath + ".wants", "must be a finite number >= 0");
+        return detail::invalid(band_at(".wants"), "must be a finite number >= 0");
       }
       for (std::size_t k = 0; k < j; ++k) {
         if (x.wants[k].priority == b.priority) {
-          return detail::invalid(bpath + ".priority",
+          return detail::invalid(band_at(".priority"),
                                  "duplicates wants[" + std::to_string(k) + "].priority");
         }
       }

@@ -1,0 +1,93 @@
+// Cost of one allocation decision as the number of clients of one resource grows.
+//
+// n clients of one resource refresh in turn, each every 16 virtual seconds (the manual clock
+// advances 16 s / n per decision), with wants drifting by up to ±5% each time. Capacity is
+// scarce (about 60% of total wants), so the algorithm has real work on every call. Learning mode
+// is off; the minimum refresh interval (5 s) never short-cuts a decision here.
+//
+//   build/release/benchmarks/doorman_bench_decision
+//       --benchmark_out=decision.json --benchmark_out_format=json
+
+#include <benchmark/benchmark.h>
+
+#include <doorman/core.hpp>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using engine_t = doorman::basic_engine<doorman::manual_clock>;
+
+struct workload {
+  std::string kind;
+  std::size_t clients = 0;
+  doorman::manual_clock clock;
+  std::unique_ptr<engine_t> engine;
+  std::vector<std::string> ids;
+  std::vector<double> wants;
+  std::mt19937_64 rng{1};
+  std::size_t next = 0;
+  doorman::capacity_request request;
+
+  workload(std::string k, std::size_t n) : kind(std::move(k)), clients(n) {
+    auto repo = doorman::resource_repository::parse(R"({"resources": [
+      {"identifier_glob": "*", "capacity": )" + std::to_string(30.0 * static_cast<double>(n)) +
+                                                   R"(,
+       "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
+                     "learning_mode_duration": 0}}]})");
+    engine = std::make_unique<engine_t>(std::move(repo));
+    engine->set_mastership(true, std::nullopt, clock.now());
+    std::uniform_real_distribution<double> initial(1, 100);
+    for (std::size_t i = 0; i < n; ++i) {
+      ids.push_back("client-" + std::to_string(i));
+      wants.push_back(initial(rng));
+    }
+    request.resources.push_back({"resource", 0, 0, std::nullopt});
+    for (std::size_t i = 0; i < n; ++i) decide();  // every client known, with a lease
+  }
+
+  // One client's refresh: drift its wants, ask, advance the virtual clock.
+  double decide() {
+    const std::size_t i = next;
+    next = (next + 1) % clients;
+    std::uniform_real_distribution<double> drift(0.95, 1.05);
+    wants[i] = std::clamp(wants[i] * drift(rng), 1.0, 100.0);
+    request.client_id = ids[i];
+    request.resources[0].wants = wants[i];
+    auto r = engine->get_capacity(request, clock.now());
+    clock.advance(std::chrono::nanoseconds(16'000'000'000LL / static_cast<long long>(clients)));
+    return r.value().resources[0].gets.capacity;
+  }
+};
+
+// The workload of the running benchmark; rebuilt when the arguments change, so that only one
+// million-client workload is in memory at a time.
+workload& workload_for(const std::string& kind, std::size_t n) {
+  static std::unique_ptr<workload> current;
+  if (!current || current->kind != kind || current->clients != n) {
+    current.reset();
+    current = std::make_unique<workload>(kind, n);
+  }
+  return *current;
+}
+
+void decision(benchmark::State& state, const std::string& kind) {
+  auto& w = workload_for(kind, static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(w.decide());
+  state.counters["clients"] = static_cast<double>(state.range(0));
+  state.counters["decisions_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void fair_share(benchmark::State& state) { decision(state, "FAIR_SHARE"); }
+void proportional_share(benchmark::State& state) { decision(state, "PROPORTIONAL_SHARE"); }
+
+BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(1.0);
+BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(1.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();
