@@ -341,6 +341,37 @@ TEST_CASE("the share index agrees with brute force under random updates", "[core
   }
 }
 
+TEST_CASE("the share index empties, refills and keeps exact sums", "[core][index]") {
+  std::mt19937_64 rng(7);
+  doorman::share_index idx;
+  std::vector<std::pair<doorman::share_index::handle, reference_client>> live;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 5000; ++i) {
+      const reference_client c{static_cast<double>(rng() % 100000) / 100.0,
+                               1.0 + static_cast<double>(rng() % 3)};
+      live.emplace_back(idx.insert(c.wants, c.subclients), c);
+    }
+    for (int i = 0; i < 20000; ++i) {  // many updates: deltas must not drift
+      auto& [h, c] = live[rng() % live.size()];
+      c.wants = static_cast<double>(rng() % 100000) / 100.0;
+      idx.update(h, c.wants, c.subclients);
+    }
+    double total = 0;
+    for (const auto& [h, c] : live)
+      total += c.wants;
+    CHECK(idx.totals().wants == Approx(total).epsilon(1e-12));
+    std::shuffle(live.begin(), live.end(), rng);
+    while (!live.empty()) {  // empty it completely, in random order
+      idx.erase(live.back().first);
+      live.pop_back();
+    }
+    CHECK(idx.empty());
+    CHECK(idx.totals().wants == 0);
+    CHECK(idx.totals().subclients == 0);
+    CHECK(idx.water_level(1) == std::numeric_limits<double>::infinity());
+  }
+}
+
 // ---- algorithms through the engine ------------------------------------------------------------
 
 TEST_CASE("DESIGN worked vectors", "[core][algorithm]") {

@@ -1,10 +1,11 @@
 #pragma once
 
 /// \file
-/// An order-statistics index over demands, ordered by wants per subclient, with prefix sums:
+/// An order-statistics index over demands, ordered by wants per subclient, with subtree sums:
 /// the structure that makes every allocation decision cost O(log n) in the number of clients.
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
@@ -23,12 +24,14 @@ struct demand_sums {
 /// sums of all demands below a ratio (PROPORTIONAL_SHARE), and the water level of a weighted
 /// max-min fair split (FAIR_SHARE).
 ///
-/// Layout: the ordered demands are cut into blocks of at most `max_block` entries, each block
-/// a contiguous sorted array with its sums; a Fenwick tree over the block sums gives prefix sums
-/// of whole blocks. A change costs a binary search over block boundaries, a short move inside
-/// one block and O(log blocks) Fenwick updates; a query costs O(log blocks) plus a scan of one
-/// block. The top-level arrays are small enough to stay in cache, so the cost grows very little
-/// from a thousand to a million demands (a pointer tree pays a cache miss per level there).
+/// A B+-tree: leaves hold up to 64 demands in order (1.5 KiB); inner nodes hold up to 16
+/// children with each child's largest key and subtree sums. A change walks one path from the
+/// root (O(log n)), moves entries inside one leaf, and adds the change to the sums on the path:
+/// one cache line per level, so the cost at a million demands is close to the two leaves'
+/// cache misses (the upper levels stay in cache). Every 64th change recomputes its path from
+/// the children instead, so rounding cannot accumulate. Nodes are never merged: a node is
+/// dropped only when empty, which keeps deletion simple and the height bounded by the largest
+/// size the index ever had.
 /// Deterministic: the same operations always give the same state.
 ///
 ///     doorman::share_index idx;
@@ -36,8 +39,8 @@ struct demand_sums {
 ///     idx.water_level(120);  // 10: the shares are 60, 40 and 20
 class share_index {
  public:
-  /// Names one demand in the index: its position key. The holder keeps it and passes it back
-  /// to `update` (which changes it) and `erase`.
+  /// Names one demand in the index: its position key. The holder keeps it and passes it back to
+  /// `update` (which changes it) and `erase`.
   struct handle {
     double ratio = 0;
     std::uint32_t id = 0;
@@ -47,13 +50,13 @@ class share_index {
   handle insert(double wants, double subclients) {
     assert(subclients > 0);
     std::uint32_t id;
-    if (!free_.empty()) {
-      id = free_.back();
-      free_.pop_back();
+    if (!free_ids_.empty()) {
+      id = free_ids_.back();
+      free_ids_.pop_back();
     } else {
       id = next_id_++;
     }
-    add_entry({wants, subclients, id});
+    add({wants, subclients, id});
     ++size_;
     return {wants / subclients, id};
   }
@@ -61,15 +64,15 @@ class share_index {
   /// Changes the demand behind `h`, which is updated to name it.
   void update(handle& h, double wants, double subclients) {
     assert(subclients > 0);
-    remove_entry(h);
-    add_entry({wants, subclients, h.id});
+    remove(h);
+    add({wants, subclients, h.id});
     h.ratio = wants / subclients;
   }
 
   /// Removes the demand behind `h`.
   void erase(const handle& h) {
-    remove_entry(h);
-    free_.push_back(h.id);
+    remove(h);
+    free_ids_.push_back(h.id);
     --size_;
   }
 
@@ -77,21 +80,28 @@ class share_index {
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
 
   /// Sums over every demand.
-  [[nodiscard]] demand_sums totals() const noexcept { return prefix(blocks_.size()); }
+  [[nodiscard]] demand_sums totals() const noexcept { return total_; }
 
   /// Sums over the demands whose wants per subclient is strictly below `ratio`.
   [[nodiscard]] demand_sums below(double ratio) const noexcept {
-    // Blocks whose last ratio is below `ratio` are wholly below it.
-    const auto it = std::partition_point(last_.begin(), last_.end(),
-                                         [&](const key& k) { return k.ratio < ratio; });
-    const auto b = static_cast<std::size_t>(it - last_.begin());
-    demand_sums acc = prefix(b);
-    if (b < blocks_.size()) {
-      for (const entry& e : blocks_[b].items) {
-        if (!(e.ratio() < ratio)) break;
-        acc.wants += e.wants;
-        acc.subclients += e.subclients;
+    demand_sums acc;
+    if (height_ == 0) return acc;
+    std::uint32_t node = root_;
+    for (std::uint32_t level = height_; level > 1; --level) {
+      const inner_node& n = inners_[node];
+      std::uint32_t i = 0;
+      // Children whose largest ratio is below `ratio` are wholly below it.
+      while (i + 1 < n.count && n.ratios[i] < ratio) {
+        acc.wants += n.sums[i].wants;
+        acc.subclients += n.sums[i].subclients;
+        ++i;
       }
+      node = n.children[i];
+    }
+    const leaf_node& l = leaves_[node];
+    for (std::uint32_t i = 0; i < l.count && l.items[i].ratio() < ratio; ++i) {
+      acc.wants += l.items[i].wants;
+      acc.subclients += l.items[i].subclients;
     }
     return acc;
   }
@@ -99,49 +109,49 @@ class share_index {
   /// The level L at which `sum(min(wants_i, L * subclients_i)) == capacity`: weighted
   /// water-filling. Infinity when every demand fits (total wants <= capacity).
   [[nodiscard]] double water_level(double capacity) const noexcept {
-    const demand_sums total = totals();
+    const demand_sums total = total_;
     if (total.wants <= capacity) return std::numeric_limits<double>::infinity();
     // In ratio order, the prefix ending at element k is fully satisfied iff
-    // g(k) = W(<= k) + ratio_k * S(> k) <= capacity, and g never decreases with k. First find
-    // the longest run of whole blocks whose last element satisfies it (binary lifting over the
-    // Fenwick tree), then continue element by element in the next block.
-    std::size_t pos = 0;  // blocks [0, pos) are satisfied
-    demand_sums through;
-    for (std::size_t step = top_bit(blocks_.size()); step != 0; step >>= 1) {
-      const std::size_t next = pos + step;
-      if (next > blocks_.size()) continue;
-      const demand_sums candidate{through.wants + fenwick_[next].wants,
-                                  through.subclients + fenwick_[next].subclients};
-      if (candidate.wants + last_[next - 1].ratio * (total.subclients - candidate.subclients) <=
-          capacity) {
-        pos = next;
-        through = candidate;
-      }
-    }
-    bool found = pos > 0;
-    demand_sums satisfied = through;
-    if (pos < blocks_.size()) {
-      demand_sums run = through;
-      for (const entry& e : blocks_[pos].items) {
-        run.wants += e.wants;
-        run.subclients += e.subclients;
-        if (run.wants + e.ratio() * (total.subclients - run.subclients) > capacity) break;
+    // g(k) = W(<= k) + ratio_k * S(> k) <= capacity, and g never decreases with k. Descend,
+    // taking every whole child whose last element satisfies it, into the first that does not.
+    demand_sums through;  // sums of everything known to be satisfied
+    bool found = false;
+    auto satisfied = [&](const demand_sums& run, double ratio) {
+      return run.wants + ratio * (total.subclients - run.subclients) <= capacity;
+    };
+    std::uint32_t node = root_;
+    for (std::uint32_t level = height_; level > 1; --level) {
+      const inner_node& n = inners_[node];
+      std::uint32_t i = 0;
+      for (; i + 1 < n.count; ++i) {
+        const demand_sums run{through.wants + n.sums[i].wants,
+                              through.subclients + n.sums[i].subclients};
+        if (!satisfied(run, n.ratios[i])) break;
+        through = run;
         found = true;
-        satisfied = run;
       }
+      node = n.children[i];
+    }
+    const leaf_node& l = leaves_[node];
+    demand_sums run = through;
+    for (std::uint32_t i = 0; i < l.count; ++i) {
+      run.wants += l.items[i].wants;
+      run.subclients += l.items[i].subclients;
+      if (!satisfied(run, l.items[i].ratio())) break;
+      through = run;
+      found = true;
     }
     if (!found) return capacity / total.subclients;
-    const double unsatisfied = total.subclients - satisfied.subclients;
+    const double unsatisfied = total.subclients - through.subclients;
     if (unsatisfied <= 0) return std::numeric_limits<double>::infinity();
-    return (capacity - satisfied.wants) / unsatisfied;
+    return (capacity - through.wants) / unsatisfied;
   }
 
  private:
-  static constexpr std::size_t max_block = 128;
-  static constexpr std::size_t min_block = max_block / 4;
-  // Fenwick tree and block sums are updated by deltas; these bound the rounding they collect.
-  static constexpr std::uint32_t exact_every = max_block;
-  static constexpr std::uint32_t rebuild_every = 4096;
+  static constexpr std::uint32_t leaf_capacity = 64;
+  static constexpr std::uint32_t fanout = 16;
+  static constexpr std::uint32_t max_height = 32;
+  static constexpr std::uint32_t exact_every = 64;
 
   // 24 bytes: the ratio is derived (the same division every time, so the order is stable).
   struct entry {
@@ -151,172 +161,285 @@ class share_index {
     [[nodiscard]] double ratio() const noexcept { return wants / subclients; }
   };
   using key = handle;
-  struct block {
-    std::vector<entry> items;
-    demand_sums sums;
-    std::uint32_t changes = 0;  // delta updates since the sums were last recomputed
-  };
 
-  // Strict order by (ratio, handle): handles make equal ratios distinct keys.
+  struct leaf_node {
+    std::uint32_t count = 0;
+    std::array<entry, leaf_capacity> items;
+  };
+  // Ratios apart from ids, so that choosing a child scans one or two cache lines.
+  struct inner_node {
+    std::uint32_t count = 0;
+    std::array<double, fanout> ratios;      // largest key of each child: ratio...
+    std::array<std::uint32_t, fanout> ids;  // ...and id
+    std::array<std::uint32_t, fanout> children;
+    std::array<demand_sums, fanout> sums;  // each child's subtree sums
+    [[nodiscard]] key key_at(std::uint32_t i) const noexcept { return {ratios[i], ids[i]}; }
+    void set_key(std::uint32_t i, const key& k) noexcept {
+      ratios[i] = k.ratio;
+      ids[i] = k.id;
+    }
+    void move_slot(std::uint32_t to, std::uint32_t from) noexcept {
+      ratios[to] = ratios[from];
+      ids[to] = ids[from];
+      children[to] = children[from];
+      sums[to] = sums[from];
+    }
+  };
+  struct step {
+    std::uint32_t node;
+    std::uint32_t slot;
+  };
+  using path_type = std::array<step, max_height>;
+
+  // Strict order by (ratio, id): ids make equal ratios distinct keys.
   static bool before(const key& a, const key& b) noexcept {
     return a.ratio < b.ratio || (a.ratio == b.ratio && a.id < b.id);
   }
-  static bool entry_before(const entry& e, const key& k) noexcept {
-    return before({e.ratio(), e.id}, k);
+  static key key_of(const entry& e) noexcept { return {e.ratio(), e.id}; }
+
+  // The child of inner node n that holds (or would hold) key k.
+  static std::uint32_t child_for(const inner_node& n, const key& k) noexcept {
+    std::uint32_t i = 0;
+    while (i + 1 < n.count &&
+           (n.ratios[i] < k.ratio || (n.ratios[i] == k.ratio && n.ids[i] < k.id))) {
+      ++i;
+    }
+    return i;
   }
 
-  static std::size_t top_bit(std::size_t n) noexcept {
-    std::size_t b = 1;
-    while (b <= n / 2)
-      b <<= 1;
-    return n == 0 ? 0 : b;
+  // Walks from the root to the leaf for k. Returns the path length (the number of inner nodes).
+  std::uint32_t descend(const key& k, path_type& path, std::uint32_t& leaf) const noexcept {
+    std::uint32_t depth = 0;
+    std::uint32_t node = root_;
+    for (std::uint32_t level = height_; level > 1; --level) {
+      const std::uint32_t i = child_for(inners_[node], k);
+      path[depth++] = {node, i};
+      node = inners_[node].children[i];
+    }
+    leaf = node;
+    return depth;
   }
 
-  // Sums of blocks [0, count).
-  [[nodiscard]] demand_sums prefix(std::size_t count) const noexcept {
+  // Exact sums of a node at `level` (1: leaf), from its own contents.
+  [[nodiscard]] demand_sums sums_of(std::uint32_t node, std::uint32_t level) const noexcept {
     demand_sums s;
-    for (std::size_t i = count; i > 0; i -= i & (~i + 1)) {
-      s.wants += fenwick_[i].wants;
-      s.subclients += fenwick_[i].subclients;
+    if (level == 1) {
+      const leaf_node& l = leaves_[node];
+      for (std::uint32_t i = 0; i < l.count; ++i) {
+        s.wants += l.items[i].wants;
+        s.subclients += l.items[i].subclients;
+      }
+    } else {
+      const inner_node& n = inners_[node];
+      for (std::uint32_t i = 0; i < n.count; ++i) {
+        s.wants += n.sums[i].wants;
+        s.subclients += n.sums[i].subclients;
+      }
     }
     return s;
   }
-
-  void fenwick_add(std::size_t b, double wants, double subclients) noexcept {
-    for (std::size_t i = b + 1; i < fenwick_.size(); i += i & (~i + 1)) {
-      fenwick_[i].wants += wants;
-      fenwick_[i].subclients += subclients;
-    }
+  [[nodiscard]] key largest_of(std::uint32_t node, std::uint32_t level) const noexcept {
+    if (level == 1) return key_of(leaves_[node].items[leaves_[node].count - 1]);
+    return inners_[node].key_at(inners_[node].count - 1);
   }
 
-  void rebuild_fenwick() {
-    fenwick_.assign(blocks_.size() + 1, demand_sums{});
-    for (std::size_t i = 1; i <= blocks_.size(); ++i) {
-      fenwick_[i].wants += blocks_[i - 1].sums.wants;
-      fenwick_[i].subclients += blocks_[i - 1].sums.subclients;
-      const std::size_t parent = i + (i & (~i + 1));
-      if (parent <= blocks_.size()) {
-        fenwick_[parent].wants += fenwick_[i].wants;
-        fenwick_[parent].subclients += fenwick_[i].subclients;
+  template <class Node>
+  static std::uint32_t allocate(std::vector<Node>& pool, std::vector<std::uint32_t>& free) {
+    if (!free.empty()) {
+      const std::uint32_t i = free.back();
+      free.pop_back();
+      pool[i].count = 0;
+      return i;
+    }
+    pool.emplace_back();
+    return static_cast<std::uint32_t>(pool.size() - 1);
+  }
+
+  // Recomputes sums and keys exactly from path[depth-1].node up to the root.
+  void recompute_path(const path_type& path, std::uint32_t depth) noexcept {
+    std::uint32_t child = path[depth - 1].node;
+    for (std::uint32_t d = depth - 1; d-- > 0;) {
+      inner_node& n = inners_[path[d].node];
+      n.sums[path[d].slot] = sums_of(child, height_ - d - 1);
+      n.set_key(path[d].slot, largest_of(child, height_ - d - 1));
+      child = path[d].node;
+    }
+    total_ = sums_of(root_, height_);
+  }
+
+  // After a change in `leaf` (below path[depth-1]) that changed its sums by `delta` and, when
+  // `key_changed`, its largest key to `largest`: one cache line per level in the common case.
+  // Every `exact_every` changes the path is recomputed from the children instead, which bounds
+  // the rounding that deltas collect.
+  void propagate(const path_type& path, std::uint32_t depth, std::uint32_t leaf, demand_sums delta,
+                 bool key_changed, key largest) noexcept {
+    if (++changes_ % exact_every == 0) {
+      std::uint32_t child = leaf;
+      for (std::uint32_t d = depth; d-- > 0;) {
+        const std::uint32_t child_level = height_ - d - 1;
+        inner_node& n = inners_[path[d].node];
+        n.sums[path[d].slot] = sums_of(child, child_level);
+        n.set_key(path[d].slot, largest_of(child, child_level));
+        child = path[d].node;
+      }
+      total_ = sums_of(root_, height_);
+      return;
+    }
+    for (std::uint32_t d = depth; d-- > 0;) {
+      inner_node& n = inners_[path[d].node];
+      const std::uint32_t i = path[d].slot;
+      n.sums[i].wants += delta.wants;
+      n.sums[i].subclients += delta.subclients;
+      if (key_changed) {
+        n.set_key(i, largest);
+        key_changed = i + 1 == n.count;  // only the last child's key is the node's own
       }
     }
-    changes_ = 0;
+    total_.wants += delta.wants;
+    total_.subclients += delta.subclients;
   }
 
-  static void recompute(block& b) noexcept {
-    b.sums = {};
-    for (const entry& e : b.items) {
-      b.sums.wants += e.wants;
-      b.sums.subclients += e.subclients;
-    }
-    b.changes = 0;
-  }
-
-  // The block that holds (or would hold) key k.
-  [[nodiscard]] std::size_t locate(const key& k) const noexcept {
-    const auto it = std::partition_point(last_.begin(), last_.end(),
-                                         [&](const key& l) { return before(l, k); });
-    const auto b = static_cast<std::size_t>(it - last_.begin());
-    return std::min(b, blocks_.size() - 1);
-  }
-
-  // Applies a change of `d` to block b's sums, keeping them and the Fenwick tree accurate.
-  void account(std::size_t b, double wants, double subclients) {
-    block& blk = blocks_[b];
-    if (++blk.changes >= exact_every) {
-      const demand_sums old = blk.sums;
-      recompute(blk);
-      fenwick_add(b, blk.sums.wants - old.wants, blk.sums.subclients - old.subclients);
-    } else {
-      blk.sums.wants += wants;
-      blk.sums.subclients += subclients;
-      fenwick_add(b, wants, subclients);
-    }
-    if (++changes_ >= rebuild_every) rebuild_fenwick();
-  }
-
-  void add_entry(const entry& e) {
-    if (blocks_.empty()) {
-      blocks_.push_back(block{{e}, {e.wants, e.subclients}, 0});
-      last_.push_back({e.ratio(), e.id});
-      rebuild_fenwick();
+  void add(const entry& e) {
+    if (height_ == 0) {
+      root_ = allocate(leaves_, free_leaves_);
+      leaves_[root_].items[0] = e;
+      leaves_[root_].count = 1;
+      height_ = 1;
+      total_ = {e.wants, e.subclients};
       return;
     }
-    const key k{e.ratio(), e.id};
-    const std::size_t b = locate(k);
-    auto& items = blocks_[b].items;
-    items.insert(std::partition_point(items.begin(), items.end(),
-                                      [&](const entry& x) { return entry_before(x, k); }),
-                 e);
-    last_[b] = {items.back().ratio(), items.back().id};
-    account(b, e.wants, e.subclients);
-    if (items.size() > max_block) split(b);
-  }
-
-  void remove_entry(const key& k) {
-    const std::size_t b = locate(k);
-    auto& items = blocks_[b].items;
-    const auto it = std::partition_point(items.begin(), items.end(),
-                                         [&](const entry& x) { return entry_before(x, k); });
-    assert(it != items.end() && it->id == k.id);
-    const double wants = it->wants;
-    const double subclients = it->subclients;
-    items.erase(it);
-    if (items.empty()) {
-      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(b));
-      last_.erase(last_.begin() + static_cast<std::ptrdiff_t>(b));
-      rebuild_fenwick();
+    const key k = key_of(e);
+    path_type path;
+    std::uint32_t leaf = 0;
+    const std::uint32_t depth = descend(k, path, leaf);
+    leaf_node& l = leaves_[leaf];
+    std::uint32_t pos = l.count;  // a leaf is never full here: it splits on filling up
+    for (; pos > 0 && before(k, key_of(l.items[pos - 1])); --pos)
+      l.items[pos] = l.items[pos - 1];
+    l.items[pos] = e;
+    const bool new_largest = pos == l.count;
+    if (++l.count < leaf_capacity) {
+      propagate(path, depth, leaf, {e.wants, e.subclients}, new_largest, k);
       return;
     }
-    last_[b] = {items.back().ratio(), items.back().id};
-    account(b, -wants, -subclients);
-    if (items.size() < min_block && blocks_.size() > 1) merge(b);
+    // Split the full leaf; the upper half joins the parent right after it.
+    const std::uint32_t upper = allocate(leaves_, free_leaves_);
+    leaf_node& full = leaves_[leaf];  // allocate may have moved the pool
+    leaf_node& u = leaves_[upper];
+    const std::uint32_t half = full.count / 2;
+    std::copy(full.items.begin() + half, full.items.begin() + full.count, u.items.begin());
+    u.count = full.count - half;
+    full.count = half;
+    insert_child(path, depth, leaf, upper, 1);
   }
 
-  void split(std::size_t b) {
-    block upper;
-    auto& items = blocks_[b].items;
-    const auto half = items.begin() + static_cast<std::ptrdiff_t>(items.size() / 2);
-    upper.items.assign(half, items.end());
-    items.erase(half, items.end());
-    recompute(blocks_[b]);
-    recompute(upper);
-    last_[b] = {items.back().ratio(), items.back().id};
-    const key upper_last{upper.items.back().ratio(), upper.items.back().id};
-    blocks_.insert(blocks_.begin() + static_cast<std::ptrdiff_t>(b) + 1, std::move(upper));
-    last_.insert(last_.begin() + static_cast<std::ptrdiff_t>(b) + 1, upper_last);
-    rebuild_fenwick();
+  // Node `left` at `level` has just split into itself and `right`: inserts `right` into the
+  // parent (path[depth-1]), splitting upwards as needed, then recomputes the path exactly.
+  void insert_child(const path_type& path, std::uint32_t depth, std::uint32_t left,
+                    std::uint32_t right, std::uint32_t level) {
+    while (true) {
+      if (depth == 0) {  // the root split: a new root adopts both halves
+        const std::uint32_t r = allocate(inners_, free_inners_);
+        inner_node& n = inners_[r];
+        n.count = 2;
+        n.children[0] = left;
+        n.children[1] = right;
+        n.sums[0] = sums_of(left, level);
+        n.sums[1] = sums_of(right, level);
+        n.set_key(0, largest_of(left, level));
+        n.set_key(1, largest_of(right, level));
+        root_ = r;
+        ++height_;
+        total_ = sums_of(root_, height_);
+        return;
+      }
+      const std::uint32_t parent = path[depth - 1].node;
+      const std::uint32_t at = path[depth - 1].slot;
+      {
+        inner_node& n = inners_[parent];
+        for (std::uint32_t j = n.count; j > at + 1; --j)
+          n.move_slot(j, j - 1);
+        n.children[at + 1] = right;
+        n.sums[at] = sums_of(left, level);
+        n.sums[at + 1] = sums_of(right, level);
+        n.set_key(at, largest_of(left, level));
+        n.set_key(at + 1, largest_of(right, level));
+        if (++n.count < fanout) break;
+      }
+      const std::uint32_t sibling = allocate(inners_, free_inners_);
+      inner_node& full = inners_[parent];
+      inner_node& s = inners_[sibling];
+      const std::uint32_t half = full.count / 2;
+      for (std::uint32_t j = half; j < full.count; ++j) {
+        s.ratios[j - half] = full.ratios[j];
+        s.ids[j - half] = full.ids[j];
+        s.children[j - half] = full.children[j];
+        s.sums[j - half] = full.sums[j];
+      }
+      s.count = full.count - half;
+      full.count = half;
+      left = parent;
+      right = sibling;
+      ++level;
+      --depth;
+    }
+    recompute_path(path, depth);
   }
 
-  void merge(std::size_t b) {
-    // Fold block b into its smaller neighbour, then split again if that made it too big.
-    const bool has_left = b > 0;
-    const bool has_right = b + 1 < blocks_.size();
-    const std::size_t into =
-        !has_right || (has_left && blocks_[b - 1].items.size() <= blocks_[b + 1].items.size())
-            ? b - 1
-            : b + 1;
-    const std::size_t lo = std::min(b, into);
-    auto& low = blocks_[lo].items;
-    auto& high = blocks_[lo + 1].items;
-    low.insert(low.end(), high.begin(), high.end());
-    blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(lo) + 1);
-    last_.erase(last_.begin() + static_cast<std::ptrdiff_t>(lo) + 1);
-    last_[lo] = {blocks_[lo].items.back().ratio(), blocks_[lo].items.back().id};
-    recompute(blocks_[lo]);
-    if (blocks_[lo].items.size() > max_block) {
-      split(lo);
-    } else {
-      rebuild_fenwick();
+  void remove(const key& k) {
+    assert(height_ > 0);
+    path_type path;
+    std::uint32_t leaf = 0;
+    std::uint32_t depth = descend(k, path, leaf);
+    leaf_node& l = leaves_[leaf];
+    std::uint32_t pos = 0;
+    while (pos < l.count && before(key_of(l.items[pos]), k))
+      ++pos;
+    assert(pos < l.count && l.items[pos].id == k.id);
+    const demand_sums delta{-l.items[pos].wants, -l.items[pos].subclients};
+    for (std::uint32_t i = pos + 1; i < l.count; ++i)
+      l.items[i - 1] = l.items[i];
+    --l.count;
+    if (l.count > 0) {
+      const bool was_largest = pos == l.count;
+      propagate(path, depth, leaf, delta, was_largest,
+                was_largest ? key_of(l.items[l.count - 1]) : key{});
+      return;
+    }
+    // An empty leaf leaves its parent; an inner node left empty leaves its own parent.
+    free_leaves_.push_back(leaf);
+    while (depth > 0) {
+      inner_node& n = inners_[path[depth - 1].node];
+      for (std::uint32_t j = path[depth - 1].slot + 1; j < n.count; ++j)
+        n.move_slot(j - 1, j);
+      if (--n.count > 0) break;
+      free_inners_.push_back(path[depth - 1].node);
+      --depth;
+    }
+    if (depth == 0) {  // the tree is empty
+      height_ = 0;
+      total_ = {};
+      return;
+    }
+    recompute_path(path, depth);  // a node was dropped (rare): exact sums on the way up
+    // A root with a single child hands the root to that child.
+    while (height_ > 1 && inners_[root_].count == 1) {
+      free_inners_.push_back(root_);
+      root_ = inners_[root_].children[0];
+      --height_;
     }
   }
 
-  std::vector<block> blocks_;
-  std::vector<key> last_;             // last key of each block, for binary search
-  std::vector<demand_sums> fenwick_;  // 1-based Fenwick tree over block sums
-  std::vector<std::uint32_t> free_;  // ids to reuse
+  std::vector<leaf_node> leaves_;
+  std::vector<inner_node> inners_;
+  std::vector<std::uint32_t> free_leaves_;
+  std::vector<std::uint32_t> free_inners_;
+  std::vector<std::uint32_t> free_ids_;
   std::uint32_t next_id_ = 0;
+  std::uint32_t root_ = 0;
+  std::uint32_t height_ = 0;  // 0: empty; 1: the root is a leaf
   std::size_t size_ = 0;
+  demand_sums total_;
   std::uint32_t changes_ = 0;
 };
 
