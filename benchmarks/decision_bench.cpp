@@ -85,8 +85,8 @@ void decision(benchmark::State& state, const std::string& kind) {
 void fair_share(benchmark::State& state) { decision(state, "FAIR_SHARE"); }
 void proportional_share(benchmark::State& state) { decision(state, "PROPORTIONAL_SHARE"); }
 
-BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(1.0);
-BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(1.0);
+BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
+BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 
 }  // namespace
 

@@ -1,0 +1,48 @@
+# Thin wrapper for the README's commands. Each target installs missing dependencies first
+# (cmake/install-deps.sh: apt-get as root, sudo otherwise), then configures a CMake preset.
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: demo test asan tsan bench format deps clean
+
+deps:
+	@sh cmake/install-deps.sh
+
+## Run the main job: a capacity tree (today: one engine) with clients arriving and leaving.
+demo: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target doorman-engine-demo
+	@./build/release/examples/doorman-engine-demo
+
+## Build and run the test suite (Debug, warnings as errors).
+test: deps
+	@cmake --preset dev >/dev/null
+	@cmake --build --preset dev -j $(JOBS)
+	@ctest --preset dev -j $(JOBS)
+
+## The test suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	@ctest --preset asan -j $(JOBS)
+
+## The test suite under ThreadSanitizer.
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@ctest --preset tsan -j $(JOBS)
+
+## Benchmarks (Release), JSON written to build/release/decision.json.
+bench: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision
+	@./build/release/benchmarks/doorman_bench_decision --benchmark_repetitions=5 \
+	  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
+	  --benchmark_out=build/release/decision.json --benchmark_out_format=json
+
+## Format every C++ file with clang-format.
+format:
+	@clang-format -i $$(git ls-files '*.hpp' '*.cpp')
+
+clean:
+	@rm -rf build
