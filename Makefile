@@ -5,6 +5,13 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: demo test asan tsan bench format deps clean
 
+# Configure, build and run the tests of one CMake preset.
+define preset_tests
+	@cmake --preset $(1) >/dev/null
+	@cmake --build --preset $(1) -j $(JOBS)
+	@ctest --preset $(1) -j $(JOBS)
+endef
+
 deps:
 	@sh cmake/install-deps.sh
 
@@ -16,21 +23,15 @@ demo: deps
 
 ## Build and run the test suite (Debug, warnings as errors).
 test: deps
-	@cmake --preset dev >/dev/null
-	@cmake --build --preset dev -j $(JOBS)
-	@ctest --preset dev -j $(JOBS)
+	$(call preset_tests,dev)
 
 ## The test suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan: deps
-	@cmake --preset asan >/dev/null
-	@cmake --build --preset asan -j $(JOBS)
-	@ctest --preset asan -j $(JOBS)
+	$(call preset_tests,asan)
 
 ## The test suite under ThreadSanitizer.
 tsan: deps
-	@cmake --preset tsan >/dev/null
-	@cmake --build --preset tsan -j $(JOBS)
-	@ctest --preset tsan -j $(JOBS)
+	$(call preset_tests,tsan)
 
 ## Benchmarks (Release), JSON written to build/release/decision.json.
 bench: deps

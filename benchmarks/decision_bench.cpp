@@ -12,6 +12,7 @@
 
 #include <doorman/core.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,7 +36,7 @@ struct workload {
   workload(std::string k, std::size_t n) : kind(std::move(k)), clients(n) {
     auto repo = doorman::resource_repository::parse(R"({"resources": [
       {"identifier_glob": "*", "capacity": )" + std::to_string(30.0 * static_cast<double>(n)) +
-                                                   R"(,
+                                                    R"(,
        "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
                      "learning_mode_duration": 0}}]})");
     engine = std::make_unique<engine_t>(std::move(repo));
@@ -46,7 +47,8 @@ struct workload {
       wants.push_back(initial(rng));
     }
     request.resources.push_back({"resource", 0, 0, std::nullopt});
-    for (std::size_t i = 0; i < n; ++i) decide();  // every client known, with a lease
+    for (std::size_t i = 0; i < n; ++i)
+      decide();  // every client known, with a lease
   }
 
   // One client's refresh: drift its wants, ask, advance the virtual clock.
@@ -76,17 +78,64 @@ workload& workload_for(const std::string& kind, std::size_t n) {
 
 void decision(benchmark::State& state, const std::string& kind) {
   auto& w = workload_for(kind, static_cast<std::size_t>(state.range(0)));
-  for (auto _ : state) benchmark::DoNotOptimize(w.decide());
+  for (auto _ : state)
+    benchmark::DoNotOptimize(w.decide());
   state.counters["clients"] = static_cast<double>(state.range(0));
   state.counters["decisions_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-void fair_share(benchmark::State& state) { decision(state, "FAIR_SHARE"); }
-void proportional_share(benchmark::State& state) { decision(state, "PROPORTIONAL_SHARE"); }
+// For comparison: a server that, like Doorman's Go server, looks at every client on every
+// decision. Here: the water level recomputed by scanning all wants (the textbook fixpoint),
+// with the same drifting workload but no engine around it.
+void fair_share_scan(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<double> initial(1, 100);
+  std::uniform_real_distribution<double> drift(0.95, 1.05);
+  std::vector<double> wants(n);
+  for (auto& w : wants)
+    w = initial(rng);
+  std::vector<char> satisfied(n);
+  const double capacity = 30.0 * static_cast<double>(n);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    wants[next] = std::clamp(wants[next] * drift(rng), 1.0, 100.0);
+    std::fill(satisfied.begin(), satisfied.end(), 0);
+    double left = capacity;
+    double level = 0;
+    for (bool changed = true; changed;) {
+      changed = false;
+      double unsatisfied = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        unsatisfied += satisfied[i] ? 0 : 1;
+      level = left / unsatisfied;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!satisfied[i] && wants[i] <= level) {
+          satisfied[i] = 1;
+          left -= wants[i];
+          changed = true;
+        }
+      }
+    }
+    benchmark::DoNotOptimize(std::min(wants[next], level));
+    next = (next + 1) % n;
+  }
+  state.counters["clients"] = static_cast<double>(n);
+  state.counters["decisions_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void fair_share(benchmark::State& state) {
+  decision(state, "FAIR_SHARE");
+}
+void proportional_share(benchmark::State& state) {
+  decision(state, "PROPORTIONAL_SHARE");
+}
 
 BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
+BENCHMARK(fair_share_scan)->RangeMultiplier(10)->Range(1'000, 100'000)->MinTime(0.5);
 
 }  // namespace
 

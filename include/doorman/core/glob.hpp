@@ -85,8 +85,8 @@ inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, b
   return std::nullopt;
 }
 
-/// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`). Linear-time
-/// backtracking over the last `*`, so hostile ids cannot make it exponential.
+/// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`). Backtracks over
+/// the last `*` only: at most O(pattern x text) steps, so hostile ids cannot make it exponential.
 [[nodiscard]] inline bool glob_match(std::string_view pattern, std::string_view text) noexcept {
   std::size_t p = 0;
   std::size_t t = 0;

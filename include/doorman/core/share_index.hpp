@@ -255,13 +255,14 @@ class share_index {
     return static_cast<std::uint32_t>(pool.size() - 1);
   }
 
-  // Recomputes sums and keys exactly from path[depth-1].node up to the root.
-  void recompute_path(const path_type& path, std::uint32_t depth) noexcept {
-    std::uint32_t child = path[depth - 1].node;
-    for (std::uint32_t d = depth - 1; d-- > 0;) {
+  // Recomputes exactly, from the children, the sums and keys of path[0..depth), where `child`
+  // is the node below path[depth-1]; then the total.
+  void recompute_above(const path_type& path, std::uint32_t depth, std::uint32_t child) noexcept {
+    for (std::uint32_t d = depth; d-- > 0;) {
+      const std::uint32_t child_level = height_ - d - 1;
       inner_node& n = inners_[path[d].node];
-      n.sums[path[d].slot] = sums_of(child, height_ - d - 1);
-      n.set_key(path[d].slot, largest_of(child, height_ - d - 1));
+      n.sums[path[d].slot] = sums_of(child, child_level);
+      n.set_key(path[d].slot, largest_of(child, child_level));
       child = path[d].node;
     }
     total_ = sums_of(root_, height_);
@@ -274,15 +275,7 @@ class share_index {
   void propagate(const path_type& path, std::uint32_t depth, std::uint32_t leaf, demand_sums delta,
                  bool key_changed, key largest) noexcept {
     if (++changes_ % exact_every == 0) {
-      std::uint32_t child = leaf;
-      for (std::uint32_t d = depth; d-- > 0;) {
-        const std::uint32_t child_level = height_ - d - 1;
-        inner_node& n = inners_[path[d].node];
-        n.sums[path[d].slot] = sums_of(child, child_level);
-        n.set_key(path[d].slot, largest_of(child, child_level));
-        child = path[d].node;
-      }
-      total_ = sums_of(root_, height_);
+      recompute_above(path, depth, leaf);
       return;
     }
     for (std::uint32_t d = depth; d-- > 0;) {
@@ -383,7 +376,7 @@ class share_index {
       ++level;
       --depth;
     }
-    recompute_path(path, depth);
+    recompute_above(path, depth - 1, path[depth - 1].node);
   }
 
   void remove(const key& k) {
@@ -421,7 +414,8 @@ class share_index {
       total_ = {};
       return;
     }
-    recompute_path(path, depth);  // a node was dropped (rare): exact sums on the way up
+    // A node was dropped (rare): exact sums on the way up.
+    recompute_above(path, depth - 1, path[depth - 1].node);
     // A root with a single child hands the root to that child.
     while (height_ > 1 && inners_[root_].count == 1) {
       free_inners_.push_back(root_);
