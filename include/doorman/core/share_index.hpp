@@ -64,6 +64,13 @@ class share_index {
   /// Changes the demand behind `h`, which is updated to name it.
   void update(handle& h, double wants, double subclients) {
     assert(subclients > 0);
+    if (height_ > 1) {
+      // Walk to where the demand will go first: that walk prefetches the leaf, whose cache
+      // misses then overlap with those of the removal below.
+      path_type path;
+      std::uint32_t leaf = 0;
+      (void)descend({wants / subclients, h.id}, path, leaf);
+    }
     remove(h);
     add({wants, subclients, h.id});
     h.ratio = wants / subclients;
@@ -215,9 +222,27 @@ class share_index {
       const std::uint32_t i = child_for(inners_[node], k);
       path[depth++] = {node, i};
       node = inners_[node].children[i];
+      // Ask for all of the next node's lines at once: its misses then overlap instead of
+      // following one another (count, then the entry it points to, ...).
+      if (level == 2) {
+        prefetch(&leaves_[node], sizeof(leaf_node));
+      } else {
+        prefetch(&inners_[node], sizeof(inner_node));
+      }
     }
     leaf = node;
     return depth;
+  }
+
+  static void prefetch(const void* p, std::size_t bytes) noexcept {
+#if defined(__GNUC__)
+    const char* c = static_cast<const char*>(p);
+    for (std::size_t off = 0; off < bytes; off += 64)
+      __builtin_prefetch(c + off);
+#else
+    (void)p;
+    (void)bytes;
+#endif
   }
 
   // Exact sums of a node at `level` (1: leaf), from its own contents.
