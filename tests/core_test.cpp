@@ -575,7 +575,10 @@ TEST_CASE("an intermediate's grants are capped by its own lease", "[core][engine
   doorman::engine_options opts;
   opts.is_root = false;
   fixture f(repo_for("FAIR_SHARE", 1000), opts);
-  CHECK(f.ask("a", 10) == 0);  // no lease from the parent yet: nothing to give
+  auto none = f.engine.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, f.clock.now());
+  REQUIRE(none);
+  // No lease from the parent yet: nothing to give, and no invitation to come straight back.
+  CHECK(none.value().resources[0].gets == doorman::lease_info{0, 0, 16});
   f.clock.advance(6s);
   f.engine.set_parent_lease("res", {50, f.clock.now() + 20s, 8s}, f.clock.now());
   auto r = f.engine.get_capacity({"a", {{"res", 0, 80, std::nullopt}}}, f.clock.now());

@@ -326,7 +326,9 @@ class basic_engine {
       // Never outlive our own lease; come back before it ends.
       const time_point own_expiry = r.parent_lease ? r.parent_lease->expiry : now;
       l.expiry = std::min(l.expiry, std::max(now, own_expiry));
-      l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
+      // Without a live lease of our own the grant is 0 and already over; keep the normal
+      // refresh interval then, so that children do not come straight back in a storm.
+      if (l.expiry > now) l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
     }
     r.store.set_lease(c, l, now);
     return l;

@@ -181,7 +181,8 @@ class basic_lease_store {
   }
 
   /// Records `id`'s demand (`id` non-empty), creating the client (with an empty lease) when new.
-  /// Bands must have distinct priorities and subclients > 0. Returns the client.
+  /// Bands must have distinct priorities and subclients > 0. Returns the client. A new client
+  /// must then get a lease (`set_lease`): that is what puts it in the expiry order.
   const client& set_demand(std::string_view id, std::span<const band_demand> bands) {
     assert(!id.empty());
     std::uint32_t slot = slot_of(id);
