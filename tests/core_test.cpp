@@ -460,6 +460,50 @@ TEST_CASE("higher priority bands are served first", "[core][algorithm]") {
   }
 }
 
+namespace {
+
+// A user's own algorithm: grants a configurable fraction of wants (default one half).
+struct fraction_of_wants {
+  static constexpr std::string_view kind = "FRACTION";
+  static constexpr bool shares_capacity = true;
+  double fraction = 0.5;
+  fraction_of_wants() = default;
+  explicit fraction_of_wants(const nlohmann::json& parameters)
+      : fraction(parameters.value("fraction", 0.5)) {}
+  [[nodiscard]] double share(const doorman::band_context&, doorman::demand d) const {
+    return d.wants * fraction;
+  }
+};
+static_assert(doorman::algorithm<fraction_of_wants>);
+
+}  // namespace
+
+TEST_CASE("users extend the algorithms with their own type", "[core][algorithm]") {
+  using algorithms = doorman::default_algorithms::with<fraction_of_wants>;
+  using custom_engine = doorman::basic_engine<manual_clock, algorithms>;
+  const std::string text = R"({"resources": [
+    {"identifier_glob": "quarter", "capacity": 100,
+     "algorithm": {"kind": "FRACTION", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": 0, "parameters": {"fraction": 0.25}}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "fraction", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": 0}}]})";
+  manual_clock clock;
+  custom_engine e(custom_engine::parse_config(text));
+  e.set_mastership(true, std::nullopt, clock.now());
+  auto r = e.get_capacity({"a", {{"half", 0, 40, std::nullopt}, {"quarter", 0, 40, std::nullopt}}},
+                          clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 20);
+  CHECK(r.value().resources[1].gets.capacity == 10);
+  // Capped by what is available, like the built-in sharing algorithms.
+  auto big = e.get_capacity({"b", {{"half", 0, 1000, std::nullopt}}}, clock.now());
+  REQUIRE(big);
+  CHECK(big.value().resources[0].gets.capacity == 80);
+  // The default engine does not know the kind.
+  CHECK_THROWS_WITH(engine_t::parse_config(text), Contains("unknown algorithm kind \"FRACTION\""));
+}
+
 // ---- engine behaviour ----------------------------------------------------------------------
 
 TEST_CASE("expired leases free their capacity", "[core][engine]") {
