@@ -4,3 +4,4 @@
 /// Everything doorman offers.
 
 #include "doorman/core.hpp"
+#include "doorman/protocol.hpp"

@@ -1,0 +1,8 @@
+#pragma once
+
+/// \file
+/// The wire protocol: message codecs, the JSON-RPC envelope, and the line dispatcher.
+
+#include "doorman/protocol/codec.hpp"
+#include "doorman/protocol/dispatch.hpp"
+#include "doorman/protocol/json_rpc.hpp"

@@ -1,0 +1,248 @@
+// Tests of the protocol layer: codecs, JSON-RPC envelope, and the line dispatcher against a
+// real engine. No sockets: lines in, lines out.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/core.hpp>
+#include <doorman/protocol.hpp>
+
+#include <string>
+
+using namespace std::chrono_literals;
+using doorman::manual_clock;
+using json = nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using engine_t = doorman::basic_engine<manual_clock>;
+
+struct node {
+  manual_clock clock;
+  engine_t engine{engine_t::parse_config(R"({"resources": [
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": 0}}]})")};
+  doorman::node_identity identity{"127.0.0.1:7700", "root", 0, std::nullopt};
+
+  node() { engine.set_mastership(true, "127.0.0.1:7700", clock.now()); }
+
+  // Sends a line, expects an answer, returns it parsed.
+  json call(const std::string& line) {
+    auto reply = doorman::handle_line(engine, line, clock.now(), identity);
+    REQUIRE(reply);
+    CHECK(reply->find('\n') == std::string::npos);  // one line, framing adds the newline
+    auto j = json::parse(*reply);
+    CHECK(j["jsonrpc"] == "2.0");
+    return j;
+  }
+
+  // The error message of a request expected to fail with `code`.
+  std::string error(const std::string& line, int code = -32602) {
+    auto j = call(line);
+    REQUIRE(j.contains("error"));
+    CHECK(j["error"]["code"] == code);
+    CHECK_FALSE(j.contains("result"));
+    return j["error"]["message"].get<std::string>();
+  }
+
+  // A get_capacity request line with the given params.
+  static std::string get_capacity(const std::string& params) {
+    return R"({"jsonrpc":"2.0","id":1,"method":"get_capacity","params":)" + params + "}";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("messages round-trip through JSON", "[protocol]") {
+  doorman::capacity_request req{
+      "client-1",
+      {{"db", 2, 12.5, doorman::lease_info{10, 30.5, 16}}, {"cache", 0, 3, std::nullopt}}};
+  doorman::capacity_request back;
+  REQUIRE_FALSE(doorman::decode(json(req), back));
+  CHECK(back.client_id == "client-1");
+  REQUIRE(back.resources.size() == 2);
+  CHECK(back.resources[0].priority == 2);
+  CHECK(back.resources[0].wants == 12.5);
+  CHECK(back.resources[0].has == doorman::lease_info{10, 30.5, 16});
+  CHECK_FALSE(back.resources[1].has);
+
+  doorman::server_capacity_request sreq{"leaf-1",
+                                        {{"db", std::nullopt, 7, {{0, 3, 40}, {1, 1, 5}}}}};
+  auto sback = json(sreq).get<doorman::server_capacity_request>();  // from_json, throwing form
+  REQUIRE(sback.resources.size() == 1);
+  CHECK(sback.resources[0].outstanding == 7);
+  CHECK(sback.resources[0].wants.size() == 2);
+  CHECK(sback.resources[0].wants[0].num_clients == 3);
+
+  doorman::capacity_response resp{{{"db", {12.5, 59.98, 16}, 25}}, {true, "10.0.0.7:7700"}};
+  const json wire = resp;
+  CHECK(wire["resources"][0]["gets"] ==
+        json::parse(R"({"capacity": 12.5, "expires_in": 59.98, "refresh_interval": 16})"));
+  CHECK(wire["mastership"] == json::parse(R"({"is_master": true, "master": "10.0.0.7:7700"})"));
+  doorman::capacity_response rback;
+  REQUIRE_FALSE(doorman::decode(wire, rback));
+  CHECK(rback.resources[0].gets == resp.resources[0].gets);
+  CHECK(rback.mastership == resp.mastership);
+
+  CHECK_THROWS_AS(json::parse(R"({"client_id": 3})").get<doorman::capacity_request>(),
+                  doorman::protocol_error);
+}
+
+TEST_CASE("a get_capacity exchange over the line dispatcher", "[protocol]") {
+  node n;
+  auto j = n.call(node::get_capacity(
+      R"({"client_id": "c1", "resources": [{"resource_id": "db", "wants": 30}]})"));
+  CHECK(j["id"] == 1);
+  CHECK(j["result"]["resources"][0]["resource_id"] == "db");
+  CHECK(j["result"]["resources"][0]["gets"] ==
+        json::parse(R"({"capacity": 30, "expires_in": 60, "refresh_interval": 16})"));
+  CHECK(j["result"]["resources"][0]["safe_capacity"] == 100);
+  CHECK(j["result"]["mastership"]["is_master"] == true);
+
+  SECTION("string ids and pipelined requests keep their ids") {
+    auto a = n.call(R"({"jsonrpc":"2.0","id":"a-7","method":"discovery"})");
+    CHECK(a["id"] == "a-7");
+    CHECK(a["result"]["mastership"]["master"] == "127.0.0.1:7700");
+  }
+  SECTION("server capacity carries the algorithm") {
+    auto s = n.call(R"({"jsonrpc":"2.0","id":2,"method":"get_server_capacity","params":
+      {"server_id": "leaf", "resources": [{"resource_id": "db", "outstanding": 0,
+       "wants": [{"priority": 0, "num_clients": 3, "wants": 90}]}]}})");
+    CHECK(s["result"]["resources"][0]["gets"]["capacity"] == 70);  // 100 - c1's 30
+    CHECK(s["result"]["resources"][0]["algorithm"]["kind"] == "FAIR_SHARE");
+    CHECK(s["result"]["resources"][0]["algorithm"]["lease_length"] == 60);
+  }
+  SECTION("release, then status") {
+    auto r = n.call(R"({"jsonrpc":"2.0","id":3,"method":"release_capacity","params":
+      {"client_id": "c1", "resources": ["db"]}})");
+    CHECK(r["result"]["mastership"]["is_master"] == true);
+    auto st = n.call(R"({"jsonrpc":"2.0","id":4,"method":"status","params":{}})");
+    CHECK(st["result"]["id"] == "127.0.0.1:7700");
+    CHECK(st["result"]["role"] == "root");
+    CHECK(st["result"]["level"] == 0);
+    CHECK(st["result"]["master"] == "127.0.0.1:7700");
+    CHECK(st["result"]["resources"].empty());  // released: no state left
+  }
+  SECTION("status of one resource lists its leases") {
+    auto st = n.call(R"({"jsonrpc":"2.0","id":5,"method":"status","params":{"resource_id":"db"}})");
+    REQUIRE(st["result"]["leases"].size() == 1);
+    CHECK(st["result"]["leases"][0]["client_id"] == "c1");
+    CHECK(st["result"]["resources"][0]["sum_has"] == 30);
+  }
+}
+
+TEST_CASE("notifications get no answer", "[protocol]") {
+  node n;
+  CHECK_FALSE(
+      doorman::handle_line(n.engine, R"({"jsonrpc":"2.0","method":"discovery"})", n.clock.now()));
+  // Not even an error: a notification with bad params is dropped silently.
+  CHECK_FALSE(doorman::handle_line(
+      n.engine, R"({"jsonrpc":"2.0","method":"get_capacity","params":{"client_id":""}})",
+      n.clock.now()));
+  CHECK_FALSE(
+      doorman::handle_line(n.engine, R"({"jsonrpc":"2.0","method":"nope"})", n.clock.now()));
+  // But a notification can still act (it is a request without an answer).
+  CHECK_FALSE(doorman::handle_line(
+      n.engine,
+      R"({"jsonrpc":"2.0","method":"get_capacity","params":{"client_id":"c","resources":[{"resource_id":"db","wants":5}]}})",
+      n.clock.now()));
+  CHECK(n.engine.store("db")->size() == 1);
+}
+
+TEST_CASE("hostile envelopes are answered with the right code", "[protocol]") {
+  node n;
+  CHECK(n.error("{", -32700) == "parse error: not valid JSON");
+  CHECK(n.error("", -32700) == "parse error: not valid JSON");
+  CHECK(n.error("\xff\xfe garbage", -32700) == "parse error: not valid JSON");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"discovery","x":"\xc3\x28"})", -32700) ==
+        "parse error: not valid JSON");  // invalid UTF-8 inside a string
+  CHECK(n.error("[]", -32600) == "batch requests are not supported");
+  CHECK(n.error("42", -32600) == "a request must be a JSON object");
+  CHECK(n.error(R"({"jsonrpc":"1.0","id":1,"method":"discovery"})", -32600) ==
+        "jsonrpc: must be \"2.0\"");
+  CHECK(n.error(R"({"id":1,"method":"discovery"})", -32600) == "jsonrpc: must be \"2.0\"");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":{},"method":"discovery"})", -32600) ==
+        "id: must be a string, a number or null");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":7})", -32600) == "method: must be a string");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"fly"})", -32601) == "method not found: fly");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"status","params":[1]})", -32602) ==
+        "params: must be an object");
+  CHECK(n.error(node::get_capacity("{}").substr(0, 40) + "1e999}}", -32700) ==
+        "parse error: not valid JSON");
+
+  auto j = n.call(R"({"jsonrpc":"1.0","id":9,"method":"discovery"})");
+  CHECK(j["id"] == 9);  // the id is echoed once it could be read
+  auto k = n.call("{");
+  CHECK(k["id"].is_null());
+
+  SECTION("deep nesting neither crashes nor hangs") {
+    const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+    CHECK(n.error(deep, -32600) == "batch requests are not supported");
+    const std::string deep_params =
+        R"({"jsonrpc":"2.0","id":1,"method":"status","params":{"a":)" + deep + "}}";
+    auto reply = n.call(deep_params);  // unknown fields are ignored
+    CHECK(reply.contains("result"));
+  }
+}
+
+TEST_CASE("hostile params get an error naming the field, and change nothing", "[protocol]") {
+  node n;
+  auto err = [&](const std::string& params) { return n.error(node::get_capacity(params)); };
+  CHECK(err("null") == "params: must be an object");
+  CHECK(err("{}") == "params.client_id: is required");
+  CHECK(err(R"({"client_id": 5, "resources": []})") == "params.client_id: must be a string");
+  CHECK(err(R"({"client_id": "c"})") == "params.resources: is required");
+  CHECK(err(R"({"client_id": "c", "resources": {}})") == "params.resources: must be an array");
+  CHECK(err(R"({"client_id": "c", "resources": [7]})") == "params.resources[0]: must be an object");
+  CHECK(err(R"({"client_id": "c", "resources": [{"wants": 1}]})") ==
+        "params.resources[0].resource_id: is required");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db"}]})") ==
+        "params.resources[0].wants: is required");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": "9"}]})") ==
+        "params.resources[0].wants: must be a number");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": -1}]})") ==
+        "params.resources[0].wants: must be a finite number >= 0");
+  CHECK(
+      err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": 1, "priority": 1.5}]})") ==
+      "params.resources[0].priority: must be an integer");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": 1, "has": 3}]})") ==
+        "params.resources[0].has: must be an object");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": 1,
+                "has": {"capacity": 1, "expires_in": 2}}]})") ==
+        "params.resources[0].has.refresh_interval: is required");
+  CHECK(err(R"({"client_id": "", "resources": []})") ==
+        "params.client_id: must be a non-empty string");
+  CHECK(err(R"({"client_id": ")" + std::string(257, 'x') + R"(", "resources": []})") ==
+        "params.client_id: must be at most 256 bytes");
+  CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": 1},
+                                                 {"resource_id": "db", "wants": 2}]})") ==
+        "params.resources[1]: duplicate resource id \"db\"");
+  std::string many = R"({"client_id": "c", "resources": [)";
+  for (int i = 0; i <= 10'000; ++i) {
+    many += (i ? "," : "") + std::string(R"({"resource_id":"r)") + std::to_string(i) +
+            R"(","wants":1})";
+  }
+  CHECK(err(many + "]}") == "params.resources: must hold at most 10000 elements");
+
+  auto server_err = [&](const std::string& params) {
+    return n.error(R"({"jsonrpc":"2.0","id":1,"method":"get_server_capacity","params":)" + params +
+                   "}");
+  };
+  CHECK(server_err(R"({"server_id": "s", "resources": [{"resource_id": "db",
+                      "wants": [{"num_clients": 0, "wants": 1}]}]})") ==
+        "params.resources[0].wants[0].num_clients: must be an integer between 1 and 1000000000");
+  CHECK(server_err(R"({"server_id": "s", "resources": [{"resource_id": "db",
+                      "wants": [{"wants": 1}]}]})") ==
+        "params.resources[0].wants[0].num_clients: is required");
+  CHECK(server_err(R"({"server_id": "s", "resources": [{"resource_id": "db", "outstanding": -2,
+                      "wants": [{"num_clients": 1, "wants": 1}]}]})") ==
+        "params.resources[0].outstanding: must be a finite number >= 0");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"release_capacity","params":
+                   {"client_id": "c", "resources": [1]}})") ==
+        "params.resources[0]: must be a string");
+  CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"status","params":{"resource_id": ""}})") ==
+        "params.resource_id: must be a non-empty string");
+
+  CHECK(n.engine.store("db") == nullptr);  // none of it reached the engine's state
+}
