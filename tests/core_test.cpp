@@ -226,6 +226,15 @@ TEST_CASE("each invalid configuration gives an error naming the field", "[core][
     return with_first(R"({"identifier_glob": "a*", "capacity": 1, "algorithm": )" + alg + "}");
   };
 
+  try {
+    (void)doorman::resource_repository::parse("{}");
+    FAIL("no error");
+  } catch (const doorman::config_error& e) {
+    CHECK(e.path() == "resources");
+    CHECK(e.code() == doorman::errc::invalid_config);
+    CHECK(e.code().message() == "invalid configuration");
+    CHECK(std::string(e.code().category().name()) == "doorman");
+  }
   CHECK_THAT(error_of("{"), Contains("not valid JSON"));
   CHECK(error_of("[]") == "must be an object");
   CHECK(error_of("{}") == "resources: is required");

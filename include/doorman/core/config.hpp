@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/error.hpp"
 #include "doorman/core/glob.hpp"
 #include "doorman/core/time.hpp"
 
@@ -70,6 +71,11 @@ class config_error : public std::runtime_error {
 
   /// The field path, e.g. `resources[1].algorithm.lease_length` (empty for the whole document).
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+  /// `errc::invalid_config`, for code that reports errors as `std::error_code`.
+  [[nodiscard]] std::error_code code() const noexcept {
+    return make_error_code(errc::invalid_config);
+  }
 
  private:
   std::string path_;

@@ -11,9 +11,8 @@ namespace doorman {
 
 /// Errors of the core and the protocol. Values are stable.
 enum class errc {
-  invalid_config = 1,  ///< a resource repository failed validation
+  invalid_config = 1,  ///< a resource repository failed validation (`config_error::code`)
   invalid_params,      ///< a request's parameters failed validation (JSON-RPC -32602)
-  not_master,          ///< the engine is not the master; follow the mastership redirect
 };
 
 namespace detail {
@@ -27,8 +26,6 @@ class error_category_impl final : public std::error_category {
         return "invalid configuration";
       case errc::invalid_params:
         return "invalid params";
-      case errc::not_master:
-        return "not the master";
     }
     return "unknown doorman error";
   }
