@@ -117,6 +117,8 @@ class field_reader {
   void absorb(const std::optional<request_error>& e) {
     if (e && !error_) error_ = e;
   }
+  // An optional lease object (`has`).
+  void lease(const char* key, std::optional<lease_info>& out);
 
  private:
   const json* find(const char* key, bool required) {
@@ -148,6 +150,14 @@ inline std::optional<request_error> decode_lease(const json& j, const std::strin
   r.number("expires_in", out.expires_in);
   r.number("refresh_interval", out.refresh_interval);
   return r.error();
+}
+
+inline void field_reader::lease(const char* key, std::optional<lease_info>& out) {
+  if (const json* v = object(key, false)) {
+    lease_info l;
+    absorb(decode_lease(*v, at(key), l));
+    out = l;
+  }
 }
 
 inline std::optional<request_error> decode_mastership(const json& j, const std::string& path,
@@ -231,11 +241,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
     x.string("resource_id", res.resource_id);
     x.integer("priority", res.priority, false);
     x.number("wants", res.wants);
-    if (const auto* has = x.object("has", false)) {
-      lease_info l;
-      x.absorb(detail::decode_lease(*has, x.at("has"), l));
-      res.has = l;
-    }
+    x.lease("has", res.has);
     r.absorb(x.error());
     out.resources.push_back(std::move(res));
   });
@@ -254,11 +260,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
     server_resource_request res;
     x.string("resource_id", res.resource_id);
     x.number("outstanding", res.outstanding, false);
-    if (const auto* has = x.object("has", false)) {
-      lease_info l;
-      x.absorb(detail::decode_lease(*has, x.at("has"), l));
-      res.has = l;
-    }
+    x.lease("has", res.has);
     x.array("wants", [&](const nlohmann::json& b, const std::string& bpath) {
       detail::field_reader y(b, bpath);
       priority_band band;
