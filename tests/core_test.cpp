@@ -727,6 +727,22 @@ TEST_CASE("invalid requests are refused with the field named and change nothing"
   CHECK(f.engine.store("res") == nullptr);
 }
 
+TEST_CASE("a server child's outstanding grants are recorded on every request", "[core][engine]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  auto outstanding_after = [&](double outstanding) {
+    REQUIRE(f.engine.get_server_capacity(
+        {"leaf", {{"res", std::nullopt, outstanding, {{0, 2, 40}}}}}, f.clock.now()));
+    auto s = f.engine.status({"res"}, f.clock.now());
+    REQUIRE(s);
+    REQUIRE(s.value().leases.size() == 1);
+    CHECK(s.value().leases[0].is_server);
+    return s.value().leases[0].outstanding;
+  };
+  CHECK(outstanding_after(12) == 12);
+  f.clock.advance(1s);  // within the minimum refresh interval: the lease is reused...
+  CHECK(outstanding_after(30) == 30);  // ...but what the child reports is still recorded
+}
+
 TEST_CASE("configuration reload keeps leases", "[core][engine]") {
   fixture f(repo_for("FAIR_SHARE", 100));
   CHECK(f.ask("a", 80) == 80);

@@ -138,7 +138,7 @@ class basic_engine {
     for (const auto& x : req.resources) {
       const band_demand band{x.priority, x.wants, 1};
       resource& r = resource_for(x.resource_id, now);
-      const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, now);
+      const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
       out.resources.push_back({x.resource_id, to_lease_info(l, now), safe_capacity(r, now)});
     }
     return out;
@@ -160,8 +160,7 @@ class basic_engine {
         bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
       }
       resource& r = resource_for(x.resource_id, now);
-      const lease_type l = decide(r, req.server_id, bands, x.has, now);
-      r.store.set_server_info(*r.store.find(req.server_id), x.outstanding);
+      const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
       out.resources.push_back(
           {x.resource_id, to_lease_info(l, now), safe_capacity(r, now), r.tmpl.algorithm});
     }
@@ -271,24 +270,24 @@ class basic_engine {
         r.algorithm);
   }
 
-  // One decision: record the demand, run the algorithm (unless learning or refreshing too
-  // soon), cap by what is available and by this node's own lease, store the lease.
+  // One decision: record the demand (and a server child's outstanding grants), run the
+  // algorithm (unless learning or refreshing too soon), cap by what is available and by this
+  // node's own lease, store the lease. One lookup of the client.
   lease_type decide(resource& r, std::string_view client_id, std::span<const band_demand> bands,
-                    const std::optional<lease_info>& has, time_point now) {
+                    const std::optional<lease_info>& has, std::optional<double> outstanding,
+                    time_point now) {
     r.store.expire(now);
     const double capacity = own_capacity(r, now);
-    const auto* known = r.store.find(client_id);
     const bool sharing = shares_capacity(r);
+    // set_demand leaves the lease and the time of the last decision as they were.
+    const auto [c, created] = r.store.set_demand(client_id, bands);
+    if (outstanding) r.store.set_server_info(c, *outstanding);
 
-    if (known && !known->lease.expired(now) && options_.minimum_refresh_interval.count() > 0 &&
-        now - known->last_decision <
-            to_duration<duration>(options_.minimum_refresh_interval.count())) {
-      const lease_type current = known->lease;
-      r.store.set_demand(client_id, bands);
-      return current;
+    if (!created && !c.lease.expired(now) && options_.minimum_refresh_interval.count() > 0 &&
+        now - c.last_decision < to_duration<duration>(options_.minimum_refresh_interval.count())) {
+      return c.lease;
     }
 
-    const auto& c = r.store.set_demand(client_id, bands);
     double gets = 0;
     if (now < learning_until(r.tmpl)) {
       // Learning mode: the engine does not know who holds what yet, so it confirms what the
@@ -296,7 +295,7 @@ class basic_engine {
       if (has && has->expires_in > 0) gets = has->capacity;
       if (sharing) gets = std::min(gets, capacity);
     } else {
-      if (!known && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
+      if (created && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
         options_.log("resource " + r.id + ": client " + std::string(client_id) +
                      " reports a lease of " + std::to_string(has->capacity) +
                      " this engine does not know; treated as a newcomer");
@@ -358,7 +357,13 @@ class basic_engine {
   engine_options options_;
   mastership_info mastership_;
   time_point master_since_{};
-  std::unordered_map<std::string, resource, detail::string_hash, std::equal_to<>> resources_;
+  struct string_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
+  std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
 };
 
 /// The engine on the steady clock.

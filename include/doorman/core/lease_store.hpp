@@ -57,13 +57,6 @@ class compensated_sum {
   double compensation_ = 0;
 };
 
-struct string_hash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept {
-    return std::hash<std::string_view>{}(s);
-  }
-};
-
 /// A client's demand bands with their index positions. Almost every client has one band, so
 /// the first lives inline: a refresh touches no memory beyond the client record.
 class band_list {
@@ -180,13 +173,21 @@ class basic_lease_store {
     return slot == detail::id_table::npos ? nullptr : &clients_[slot];
   }
 
+  /// What `set_demand` returns: the client, and whether the call created it.
+  struct demand_result {
+    const client& who;
+    bool created;
+  };
+
   /// Records `id`'s demand (`id` non-empty), creating the client (with an empty lease) when new.
-  /// Bands must have distinct priorities and subclients > 0. Returns the client. A new client
-  /// must then get a lease (`set_lease`): that is what puts it in the expiry order.
-  const client& set_demand(std::string_view id, std::span<const band_demand> bands) {
+  /// Bands must have distinct priorities and subclients > 0. The client's lease and last
+  /// decision are left as they were. A new client must then get a lease (`set_lease`): that is
+  /// what puts it in the expiry order.
+  demand_result set_demand(std::string_view id, std::span<const band_demand> bands) {
     assert(!id.empty());
     std::uint32_t slot = slot_of(id);
-    if (slot == detail::id_table::npos) {
+    const bool created = slot == detail::id_table::npos;
+    if (created) {
       if (!free_slots_.empty()) {
         slot = free_slots_.back();
         free_slots_.pop_back();
@@ -217,7 +218,7 @@ class basic_lease_store {
         c.bands.push_back({b, index_for(b.priority).insert(b.wants, b.subclients)});
       }
     }
-    return c;
+    return {c, created};
   }
 
   /// Gives client `who` (as returned by `set_demand`) the lease `l`, decided at `now`.

@@ -9,7 +9,9 @@
 ///     if (auto err = doorman::decode(params, req)) reply_error(-32602, err->message);
 ///
 /// Unknown fields are ignored, so that peers may add fields without breaking older nodes.
-/// Semantic rules (ids, counts, finite numbers >= 0) are those of `validate` in core.
+/// `decode` checks shapes and types; the rules on values (ids, counts, numbers >= 0) are
+/// `validate` in core, which the engine applies to every request, so they are checked once. Code
+/// that decodes requests without handing them to an engine calls `validate` itself.
 
 #include <cmath>
 #include <cstdint>
@@ -245,8 +247,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
     r.absorb(x.error());
     out.resources.push_back(std::move(res));
   });
-  if (r.error()) return r.error();
-  return validate(out);
+  return r.error();
 }
 
 /// Decodes `get_server_capacity` params.
@@ -273,8 +274,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
     r.absorb(x.error());
     out.resources.push_back(std::move(res));
   });
-  if (r.error()) return r.error();
-  return validate(out);
+  return r.error();
 }
 
 /// Decodes `release_capacity` params.
@@ -290,8 +290,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
     }
     out.resources.push_back(e.get<std::string>());
   });
-  if (r.error()) return r.error();
-  return validate(out);
+  return r.error();
 }
 
 /// Decodes `status` params (absent, `{}` or `{"resource_id": ...}`).
@@ -302,8 +301,7 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   detail::field_reader r(j, "params");
   std::string id;
   if (r.string("resource_id", id, false)) out.resource_id = std::move(id);
-  if (r.error()) return r.error();
-  return validate(out);
+  return r.error();
 }
 
 // ---- responses -----------------------------------------------------------------------------
