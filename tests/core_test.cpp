@@ -631,7 +631,7 @@ TEST_CASE("an intermediate's grants are capped by its own lease", "[core][engine
   auto none = f.engine.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, f.clock.now());
   REQUIRE(none);
   // No lease from the parent yet: nothing to give, and no invitation to come straight back.
-  CHECK(none.value().resources[0].gets == doorman::lease_info{0, 0, 16});
+  CHECK(none.value().resources[0].gets == doorman::lease_info{0, 16, 16});
   f.clock.advance(6s);
   f.engine.set_parent_lease("res", {50, f.clock.now() + 20s, 8s}, f.clock.now());
   auto r = f.engine.get_capacity({"a", {{"res", 0, 80, std::nullopt}}}, f.clock.now());
@@ -882,4 +882,173 @@ TEST_CASE("FAIR_SHARE and PROPORTIONAL_SHARE converge to the brute-force allocat
       }
     }
   }
+}
+
+// ---- upstream (intermediate nodes) ----------------------------------------------------------
+
+namespace {
+
+using upstream_t = doorman::basic_upstream<engine_t>;
+
+// A root and two intermediates wired directly (no network), on one manual clock.
+struct small_tree {
+  manual_clock clock;
+  engine_t root;
+  engine_t left;
+  engine_t right;
+  upstream_t left_up{{.server_id = "left"}};
+  upstream_t right_up{{.server_id = "right"}};
+
+  static doorman::engine_options intermediate() {
+    doorman::engine_options o;
+    o.is_root = false;
+    return o;
+  }
+  // Intermediates have only a placeholder "*" template: they learn the rest from the root.
+  static doorman::resource_repository placeholder() {
+    return doorman::resource_repository::parse(R"({"resources": [{"identifier_glob": "*",
+      "capacity": 0, "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60,
+      "refresh_interval": 16, "learning_mode_duration": 0}}]})");
+  }
+
+  small_tree()
+      : root(repo_for("FAIR_SHARE", 100)),
+        left(placeholder(), intermediate()),
+        right(placeholder(), intermediate()) {
+    root.set_mastership(true, "root", clock.now());
+    left.set_mastership(true, "left", clock.now());
+    right.set_mastership(true, "right", clock.now());
+  }
+
+  // Runs one upstream exchange if it is due. Returns the event.
+  doorman::upstream_event refresh(engine_t& e, upstream_t& up, bool parent_up = true) {
+    if (!up.due(e, clock.now())) return doorman::upstream_event::none;
+    auto req = up.make_request(e, clock.now());
+    if (!parent_up) return up.on_failure(clock.now());
+    auto resp = root.get_server_capacity(req, clock.now());
+    REQUIRE(resp);
+    return up.on_response(e, resp.value(), clock.now());
+  }
+
+  static double ask(engine_t& e, manual_clock& c, const std::string& client, double wants) {
+    auto r = e.get_capacity({client, {{"res", 0, wants, std::nullopt}}}, c.now());
+    REQUIRE(r);
+    return r.value().resources[0].gets.capacity;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an intermediate aggregates its clients into one bulk request", "[core][upstream]") {
+  small_tree t;
+  small_tree::ask(t.left, t.clock, "a", 30);
+  small_tree::ask(t.left, t.clock, "b", 50);
+  (void)t.left.get_capacity({"c", {{"res", 2, 5, std::nullopt}, {"other", 0, 7, std::nullopt}}},
+                            t.clock.now());
+  REQUIRE(t.left_up.due(t.left, t.clock.now()));
+  const auto req = t.left_up.make_request(t.left, t.clock.now());
+  CHECK(req.server_id == "left");
+  REQUIRE(req.resources.size() == 2);
+  CHECK(req.resources[0].resource_id == "other");
+  CHECK(req.resources[1].resource_id == "res");
+  const auto& res = req.resources[1];
+  CHECK_FALSE(res.has);
+  CHECK(res.outstanding == 0);  // no parent lease yet: nothing granted
+  REQUIRE(res.wants.size() == 2);
+  CHECK(res.wants[0].priority == 2);  // highest priority first
+  CHECK(res.wants[0].num_clients == 1);
+  CHECK(res.wants[0].wants == 5);
+  CHECK(res.wants[1].priority == 0);
+  CHECK(res.wants[1].num_clients == 2);
+  CHECK(res.wants[1].wants == 80);
+  CHECK_FALSE(t.left_up.due(t.left, t.clock.now()));  // one request in flight at a time
+}
+
+TEST_CASE("a two-level tree converges to the fair share and keeps the decay rule",
+          "[core][upstream]") {
+  small_tree t;
+  // Left: 3 clients wanting 30 each; right: 1 client wanting 60. Capacity 100, 4 end clients:
+  // fair share 25 each, so left gets 75 and right 25.
+  for (int step = 0; step < 40; ++step) {
+    for (const char* c : {"a", "b", "c"})
+      small_tree::ask(t.left, t.clock, c, 30);
+    small_tree::ask(t.right, t.clock, "d", 60);
+    t.refresh(t.left, t.left_up);
+    t.refresh(t.right, t.right_up);
+    const auto* s = t.root.store("res");
+    if (s) CHECK(s->sum_has() <= 100 + 1e-9);
+    t.clock.advance(1s);
+  }
+  CHECK(t.left.capacity("res", t.clock.now()) == Approx(75));
+  CHECK(t.right.capacity("res", t.clock.now()) == Approx(25));
+  t.clock.advance(6s);  // past the minimum refresh interval
+  CHECK(small_tree::ask(t.left, t.clock, "a", 30) == Approx(25));
+  CHECK(small_tree::ask(t.right, t.clock, "d", 60) == Approx(25));
+
+  // The intermediate adopted the root's algorithm and lease parameters.
+  const auto tmpl = t.left.template_of("res");
+  CHECK(tmpl.algorithm.kind == "FAIR_SHARE");
+  CHECK(tmpl.algorithm.refresh_interval.count() == 16);
+  // A grant to a server child: refresh × decay; the child asks again after decay × its own
+  // clients' refresh interval: 16 × 0.5 = 8 s.
+  auto resp =
+      t.root.get_server_capacity(t.left_up.make_request(t.left, t.clock.now()), t.clock.now());
+  REQUIRE(resp);
+  CHECK(resp.value().resources[0].gets.refresh_interval == 8);
+  t.left_up.on_response(t.left, resp.value(), t.clock.now());
+  CHECK(t.left_up.next_request(t.left) - t.clock.now() == 8s);
+}
+
+TEST_CASE("an intermediate losing its parent backs off and its capacity ends with its lease",
+          "[core][upstream]") {
+  small_tree t;
+  small_tree::ask(t.left, t.clock, "a", 30);
+  CHECK(t.refresh(t.left, t.left_up) == doorman::upstream_event::parent_reached);
+  CHECK(t.left.capacity("res", t.clock.now()) == 30);
+  const auto expiry = t.left.parent_lease("res")->expiry;
+
+  // The parent goes away: failures back off exponentially with jitter, within [½, 1] × step.
+  std::vector<double> delays;
+  for (int i = 0; i < 8; ++i) {
+    t.clock.set(t.left_up.next_request(t.left));
+    const auto event = t.refresh(t.left, t.left_up, false);
+    CHECK(event == (i == 0 ? doorman::upstream_event::parent_lost : doorman::upstream_event::none));
+    delays.push_back(doorman::to_seconds(t.left_up.next_request(t.left) - t.clock.now()));
+  }
+  for (std::size_t i = 0; i < delays.size(); ++i) {
+    const double step = std::min(15.0, 0.5 * std::pow(2.0, static_cast<double>(i)));
+    CHECK(delays[i] >= std::max(0.5, step / 2));
+    CHECK(delays[i] <= step);
+  }
+  while (t.clock.now() <= expiry) {
+    t.clock.set(t.left_up.next_request(t.left));
+    t.refresh(t.left, t.left_up, false);
+  }
+  // The lease ran out meanwhile: capacity 0, and the children's grants stop at that expiry.
+  CHECK(t.clock.now() > expiry);
+  CHECK(t.left.capacity("res", t.clock.now()) == 0);
+  CHECK(small_tree::ask(t.left, t.clock, "b", 10) == 0);
+
+  // The parent returns.
+  t.clock.set(t.left_up.next_request(t.left));
+  CHECK(t.refresh(t.left, t.left_up) == doorman::upstream_event::parent_regained);
+  CHECK(t.left.capacity("res", t.clock.now()) > 0);
+}
+
+TEST_CASE("a new resource is asked for at once, a hostile grant is ignored", "[core][upstream]") {
+  small_tree t;
+  small_tree::ask(t.left, t.clock, "a", 30);
+  t.refresh(t.left, t.left_up);
+  t.clock.advance(1s);
+  CHECK_FALSE(t.left_up.due(t.left, t.clock.now()));  // next refresh is 8 s away
+  (void)t.left.get_capacity({"a", {{"new", 0, 5, std::nullopt}}}, t.clock.now());
+  CHECK(t.left_up.due(t.left, t.clock.now()));  // a resource appeared: ask now
+
+  doorman::server_capacity_response bad;
+  bad.mastership = {true, "root"};
+  bad.resources.push_back({"new", {-5, 10, 1}, 0, {}});
+  (void)t.left_up.make_request(t.left, t.clock.now());
+  t.left_up.on_response(t.left, bad, t.clock.now());
+  CHECK(t.left.capacity("new", t.clock.now()) == 0);
+  CHECK_FALSE(t.left.parent_lease("new"));
 }

@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The sans-I/O core: time, leases, configuration, algorithms, lease store and engine.
+/// The sans-I/O core: time, leases, configuration, algorithms, lease store, engine and upstream state.
 
 #include "doorman/core/algorithm.hpp"
 #include "doorman/core/config.hpp"
@@ -13,3 +13,4 @@
 #include "doorman/core/messages.hpp"
 #include "doorman/core/share_index.hpp"
 #include "doorman/core/time.hpp"
+#include "doorman/core/upstream.hpp"

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -42,6 +44,11 @@ struct engine_options {
   /// outlives that lease.
   bool is_root = true;
 
+  /// A grant to a server child (`get_server_capacity`) gets the template's refresh interval
+  /// times this factor, so that the tree's inner levels refresh faster than its clients (see
+  /// docs/node.md for the whole rule). In (0, 1]; 1 turns decay off.
+  double decay_factor = 0.5;
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
   std::function<void(std::string_view)> log;
@@ -62,8 +69,13 @@ class basic_engine {
   using algorithms = Algorithms;
 
   /// An engine that is not master until `set_mastership` says so.
+  /// Throws `std::invalid_argument` when `options.decay_factor` is not in (0, 1].
   explicit basic_engine(resource_repository config, engine_options options = {})
-      : config_(std::move(config)), options_(std::move(options)) {}
+      : config_(std::move(config)), options_(std::move(options)) {
+    if (!(options_.decay_factor > 0 && options_.decay_factor <= 1)) {
+      throw std::invalid_argument("decay_factor must be in (0, 1]");
+    }
+  }
 
   /// Parses a configuration accepting exactly this engine's algorithm kinds. Throws
   /// `config_error`.
@@ -94,10 +106,42 @@ class basic_engine {
 
   [[nodiscard]] const mastership_info& mastership() const noexcept { return mastership_; }
 
-  /// For an intermediate: the lease this node holds from its parent for `resource_id`.
-  void set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now) {
-    if (!mastership_.is_master) return;
-    resource_for(resource_id, now).parent_lease = lease;
+  /// For an intermediate: the lease this node holds from its parent for `resource_id`, and the
+  /// parent's algorithm and lease parameters for it, which replace the local template's (a kind
+  /// this engine does not know is ignored, with a log line). Returns false when not master.
+  bool set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now,
+                        const std::optional<algorithm_config>& algorithm = std::nullopt) {
+    if (!mastership_.is_master) return false;
+    resource& r = resource_for(resource_id, now);
+    r.parent_lease = lease;
+    if (algorithm && algorithm != r.parent_algorithm) {
+      if (std::find(Algorithms::kinds.begin(), Algorithms::kinds.end(), algorithm->kind) ==
+          Algorithms::kinds.end()) {
+        if (options_.log) {
+          options_.log("resource " + r.id + ": parent's algorithm " + algorithm->kind +
+                       " is unknown here; keeping " + r.tmpl.algorithm.kind);
+        }
+      } else {
+        r.parent_algorithm = algorithm;
+        configure(r);
+      }
+    }
+    return true;
+  }
+
+  /// The lease this node holds from its parent for `resource_id`, if any (expired or not).
+  [[nodiscard]] std::optional<lease_type> parent_lease(std::string_view resource_id) const {
+    const auto it = resources_.find(resource_id);
+    if (it == resources_.end()) return std::nullopt;
+    return it->second.parent_lease;
+  }
+
+  /// The template in effect for `resource_id`: the configured one, with the algorithm learned
+  /// from the parent when there is one.
+  [[nodiscard]] resource_template template_of(std::string_view resource_id) const {
+    const auto it = resources_.find(resource_id);
+    if (it == resources_.end()) return config_.find(resource_id);
+    return it->second.tmpl;
   }
 
   /// Whether `resource_id` is in learning mode at `now`.
@@ -119,6 +163,9 @@ class basic_engine {
     const auto it = resources_.find(resource_id);
     return it == resources_.end() ? nullptr : &it->second.store;
   }
+
+  /// How many times a resource's state was created (a cheap "something new" signal).
+  [[nodiscard]] std::uint64_t resources_created() const noexcept { return resources_created_; }
 
   /// Calls `f(resource_id, const store_type&)` for every resource with state.
   template <class F>
@@ -232,10 +279,12 @@ class basic_engine {
     typename Algorithms::variant algorithm;
     store_type store;
     std::optional<lease_type> parent_lease;
+    std::optional<algorithm_config> parent_algorithm;
   };
 
   void configure(resource& r) const {
     r.tmpl = config_.find(r.id);
+    if (r.parent_algorithm) r.tmpl.algorithm = *r.parent_algorithm;
     r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
   }
 
@@ -243,6 +292,7 @@ class basic_engine {
     auto it = resources_.find(id);
     if (it == resources_.end()) {
       it = resources_.emplace(std::string(id), resource{}).first;
+      ++resources_created_;
       it->second.id.assign(id);
       configure(it->second);
     }
@@ -283,7 +333,9 @@ class basic_engine {
     const auto [c, created] = r.store.set_demand(client_id, bands);
     if (outstanding) r.store.set_server_info(c, *outstanding);
 
-    if (!created && !c.lease.expired(now) && options_.minimum_refresh_interval.count() > 0 &&
+    // Server children are few and refresh on purpose faster than clients: no minimum for them.
+    if (!created && !c.lease.expired(now) && !outstanding &&
+        options_.minimum_refresh_interval.count() > 0 &&
         now - c.last_decision < to_duration<duration>(options_.minimum_refresh_interval.count())) {
       return c.lease;
     }
@@ -320,14 +372,19 @@ class basic_engine {
     lease_type l;
     l.capacity = std::max(0.0, gets);
     l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
-    l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count());
+    l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count() *
+                                               (outstanding ? options_.decay_factor : 1.0));
     if (!options_.is_root) {
-      // Never outlive our own lease; come back before it ends.
-      const time_point own_expiry = r.parent_lease ? r.parent_lease->expiry : now;
-      l.expiry = std::min(l.expiry, std::max(now, own_expiry));
-      // Without a live lease of our own the grant is 0 and already over; keep the normal
-      // refresh interval then, so that children do not come straight back in a storm.
-      if (l.expiry > now) l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
+      if (r.parent_lease && !r.parent_lease->expired(now)) {
+        // Never outlive our own lease; come back before it ends.
+        l.expiry = std::min(l.expiry, r.parent_lease->expiry);
+        l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
+      } else {
+        // Nothing to give. The empty lease lasts one refresh interval so that the demand is
+        // kept for the parent to hear about, and children do not come back in a storm.
+        l.capacity = 0;
+        l.expiry = now + l.refresh_interval;
+      }
     }
     r.store.set_lease(c, l, now);
     return l;
@@ -364,6 +421,7 @@ class basic_engine {
     }
   };
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
+  std::uint64_t resources_created_ = 0;
 };
 
 /// The engine on the steady clock.

@@ -116,6 +116,7 @@ class band_list {
   slot first_{};
   std::vector<slot> rest_;
   std::size_t size_ = 0;
+  std::size_t servers_ = 0;
 };
 
 }  // namespace detail
@@ -234,6 +235,7 @@ class basic_lease_store {
   /// Records what server child `who` reports as granted to its own clients.
   void set_server_info(const client& who, double outstanding) {
     client& c = clients_[who.slot_];
+    if (!c.is_server) ++servers_;
     c.is_server = true;
     c.outstanding = outstanding;
   }
@@ -288,6 +290,16 @@ class basic_lease_store {
       t.subclients += s.subclients;
     }
     return t;
+  }
+
+  /// How many of the clients are server children (asked through get_server_capacity).
+  [[nodiscard]] std::size_t servers() const noexcept { return servers_; }
+
+  /// Calls `f(priority, demand_sums)` for every priority band, highest priority first.
+  template <class F>
+  void for_each_band(F&& f) const {
+    for (const auto& [priority, idx] : bands_)
+      f(priority, idx.totals());
   }
 
   /// The index of the demands at `priority`, or null when there are none.
@@ -356,6 +368,7 @@ class basic_lease_store {
   void remove_slot(std::uint32_t slot) {
     client& c = clients_[slot];
     sum_has_.add(-c.lease.capacity);
+    if (c.is_server) --servers_;
     remove_bands(c);
     slots_.erase(c.id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
     const auto generation = c.generation_ + 1;  // invalidates queued expiry entries
@@ -373,6 +386,7 @@ class basic_lease_store {
   std::priority_queue<expiry_entry, std::vector<expiry_entry>, later> out_of_order_;
   detail::compensated_sum sum_has_;
   std::size_t size_ = 0;
+  std::size_t servers_ = 0;
 };
 
 }  // namespace doorman

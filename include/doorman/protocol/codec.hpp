@@ -386,6 +386,56 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
   return r.error();
 }
 
+/// Decodes a `get_server_capacity` result. The algorithm's kind is only checked to be a
+/// non-empty string (the engine that adopts it checks it knows the kind); its durations must be
+/// within `config_limits`, with lease_length >= refresh_interval.
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         server_capacity_response& out) {
+  out = {};
+  detail::field_reader r(j, "result");
+  if (const auto* m = r.object("mastership")) {
+    r.absorb(detail::decode_mastership(*m, "result.mastership", out.mastership));
+  }
+  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
+    detail::field_reader x(e, path);
+    server_resource_grant g;
+    x.string("resource_id", g.resource_id);
+    if (const auto* gets = x.object("gets")) {
+      x.absorb(detail::decode_lease(*gets, x.at("gets"), g.gets));
+    }
+    x.number("safe_capacity", g.safe_capacity, false);
+    if (const auto* alg = x.object("algorithm")) {
+      detail::field_reader a(*alg, x.at("algorithm"));
+      double lease = 0, refresh = 0, learning = -1;
+      a.string("kind", g.algorithm.kind);
+      a.number("lease_length", lease);
+      a.number("refresh_interval", refresh);
+      a.number("learning_mode_duration", learning, false);
+      if (const auto* p = a.object("parameters", false)) g.algorithm.parameters = *p;
+      x.absorb(a.error());
+      const auto bad = [&](const char* field, const char* why) {
+        x.absorb(request_error{errc::invalid_params, a.at(field) + ": " + why});
+      };
+      if (g.algorithm.kind.empty()) bad("kind", "must not be empty");
+      if (lease < config_limits::min_duration || lease > config_limits::max_duration) {
+        bad("lease_length", "must be within the configuration's duration limits");
+      }
+      if (refresh < config_limits::min_duration || refresh > lease) {
+        bad("refresh_interval", "must be within the limits and <= lease_length");
+      }
+      if (learning > config_limits::max_duration) {
+        bad("learning_mode_duration", "must be within the configuration's duration limits");
+      }
+      g.algorithm.lease_length = seconds(lease);
+      g.algorithm.refresh_interval = seconds(refresh);
+      g.algorithm.learning_mode_duration = seconds(learning < 0 ? lease : learning);
+    }
+    r.absorb(x.error());
+    out.resources.push_back(std::move(g));
+  });
+  return r.error();
+}
+
 /// Decodes a `discovery` (or `release_capacity`) result.
 [[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
                                                          discovery_response& out) {

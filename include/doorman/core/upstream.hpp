@@ -1,0 +1,205 @@
+#pragma once
+
+/// \file
+/// The upstream state of an intermediate node (sans-I/O): what to ask the parent, when, and
+/// what to do with its answer. The network layer (or the simulator) only carries the messages.
+///
+///     doorman::basic_upstream<engine_type> up({.server_id = "dc-1:7701"});
+///     if (up.due(engine, now)) {
+///       auto req = up.make_request(engine, now);           // one bulk get_server_capacity
+///       ... send it; then either
+///       up.on_response(engine, response, clock.now());     // leases become our capacity
+///       up.on_failure(clock.now());                        // back off with jitter
+///     }
+///     timer.expires_at(up.next_request());
+///
+/// Refresh rule (docs/node.md): a node asks again after the shortest, over its resources, of
+/// the parent's refresh interval and `decay_factor` × the refresh interval the node itself hands
+/// out for that resource (the template's for clients, × `decay_factor` again for server
+/// children), never sooner than `minimum_interval` after the previous request. So a node of
+/// height h (clients are height 0) refreshes every template refresh × decay_factor^h.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "doorman/core/lease.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/core/time.hpp"
+
+namespace doorman {
+
+/// Options of the upstream state, with their defaults.
+struct upstream_options {
+  std::string server_id;                ///< this node's id at its parent (e.g. its address)
+  seconds minimum_interval{0.5};        ///< the floor between two requests
+  seconds initial_backoff{0.5};         ///< after the first failure
+  seconds maximum_backoff{15};          ///< the ceiling of the exponential backoff
+  seconds idle_interval{5};             ///< how often to ask when there is nothing to ask for
+  double decay_factor = 0.5;            ///< as the engine's: see the file comment
+  std::uint64_t seed = 0x5eed'0f'd00d;  ///< of the jitter; fixed, so the simulation repeats
+};
+
+/// What changed with a response or a failure, for the node's log.
+enum class upstream_event {
+  none,
+  parent_reached,   ///< the first answer
+  parent_lost,      ///< the first failure after answers
+  parent_regained,  ///< the first answer after failures
+};
+
+namespace detail {
+
+/// splitmix64: a small, fast, well-mixed generator; deterministic for a seed.
+class splitmix64 {
+ public:
+  explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
+  std::uint64_t next() noexcept {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, 1).
+  double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+}  // namespace detail
+
+/// An intermediate node's relation to its parent. `Engine` is a `basic_engine`.
+template <class Engine>
+class basic_upstream {
+ public:
+  using engine_type = Engine;
+  using time_point = typename Engine::time_point;
+  using duration = typename Engine::duration;
+
+  explicit basic_upstream(upstream_options options)
+      : options_(std::move(options)), random_(options_.seed) {}
+
+  [[nodiscard]] const upstream_options& options() const noexcept { return options_; }
+
+  /// Whether a request should go out at `now`: its time has come, or the engine has a new
+  /// resource to ask for (and the floor since the last request has passed). Never while one is
+  /// in flight.
+  [[nodiscard]] bool due(const Engine& eng, time_point now) const noexcept {
+    if (in_flight_) return false;
+    return now >= next_request(eng);
+  }
+
+  /// When the next request is due (see `due`).
+  [[nodiscard]] time_point next_request(const Engine& eng) const noexcept {
+    if (failures_ == 0 && eng.resources_created() != created_seen_) {
+      return std::min(next_, last_request_ + floor());
+    }
+    return next_;
+  }
+
+  /// Whether the parent answered the last request.
+  [[nodiscard]] bool connected() const noexcept { return answered_ && failures_ == 0; }
+
+  /// Consecutive failures so far.
+  [[nodiscard]] int failures() const noexcept { return failures_; }
+
+  /// The bulk request for every resource the engine has state for: its clients per priority
+  /// band, its outstanding grants and the lease it holds from the parent. Marks a request in
+  /// flight until `on_response` or `on_failure`.
+  [[nodiscard]] server_capacity_request make_request(Engine& eng, time_point now) {
+    eng.expire(now);
+    server_capacity_request req;
+    req.server_id = options_.server_id;
+    eng.for_each_resource([&](std::string_view id, const auto& store) {
+      server_resource_request r;
+      r.resource_id.assign(id);
+      if (const auto l = eng.parent_lease(id); l && !l->expired(now)) {
+        r.has = to_lease_info(*l, now);
+      }
+      r.outstanding = store.sum_has();
+      store.for_each_band([&](std::int64_t priority, const auto& sums) {
+        const double n = std::ceil(sums.subclients - 1e-9);
+        r.wants.push_back({priority,
+                           static_cast<std::int64_t>(std::clamp(
+                               n, 1.0, static_cast<double>(request_limits::max_num_clients))),
+                           sums.wants});
+      });
+      req.resources.push_back(std::move(r));
+    });
+    // Deterministic order whatever the engine's hash map does.
+    std::sort(req.resources.begin(), req.resources.end(),
+              [](const auto& a, const auto& b) { return a.resource_id < b.resource_id; });
+    if (req.resources.size() > request_limits::max_resources) {
+      req.resources.resize(request_limits::max_resources);
+    }
+    created_seen_ = eng.resources_created();
+    last_request_ = now;
+    in_flight_ = true;
+    return req;
+  }
+
+  /// Adopts the parent's answer: each grant becomes the engine's lease (and algorithm) for its
+  /// resource; the next request is scheduled by the refresh rule. A non-master's answer (no
+  /// grants) is a failure: the transport should have followed its redirect.
+  upstream_event on_response(Engine& eng, const server_capacity_response& resp, time_point now) {
+    if (!resp.mastership.is_master) return on_failure(now);
+    in_flight_ = false;
+    double interval = std::numeric_limits<double>::infinity();
+    for (const auto& g : resp.resources) {
+      if (g.gets.capacity < 0 || g.gets.expires_in < 0 || g.gets.refresh_interval < 0) continue;
+      if (!eng.set_parent_lease(g.resource_id, from_lease_info<time_point>(g.gets, now), now,
+                                g.algorithm)) {
+        continue;
+      }
+      const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();
+      const auto* store = eng.store(g.resource_id);
+      const double handed_out = own * (store && store->servers() > 0 ? options_.decay_factor : 1.0);
+      interval = std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
+      if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
+    }
+    if (!std::isfinite(interval)) interval = options_.idle_interval.count();
+    next_ = now + to_duration<duration>(std::max(interval, floor_seconds()));
+    const upstream_event e = !answered_      ? upstream_event::parent_reached
+                             : failures_ > 0 ? upstream_event::parent_regained
+                                             : upstream_event::none;
+    answered_ = true;
+    failures_ = 0;
+    return e;
+  }
+
+  /// The request failed (transport error, deadline, error answer): retry after an exponential
+  /// backoff with jitter (uniform in [½, 1] of the step). Leases already held stay until they
+  /// expire; the engine then has capacity 0 for them.
+  upstream_event on_failure(time_point now) {
+    in_flight_ = false;
+    ++failures_;
+    const double step =
+        std::min(options_.maximum_backoff.count(),
+                 options_.initial_backoff.count() *
+                     std::pow(2.0, static_cast<double>(std::min(failures_, 30) - 1)));
+    const double delay = std::max(floor_seconds(), step * (0.5 + 0.5 * random_.uniform()));
+    next_ = now + to_duration<duration>(delay);
+    return failures_ == 1 && answered_ ? upstream_event::parent_lost : upstream_event::none;
+  }
+
+ private:
+  [[nodiscard]] double floor_seconds() const noexcept { return options_.minimum_interval.count(); }
+  [[nodiscard]] duration floor() const noexcept { return to_duration<duration>(floor_seconds()); }
+
+  upstream_options options_;
+  detail::splitmix64 random_;
+  time_point next_{};
+  time_point last_request_{};
+  std::uint64_t created_seen_ = 0;
+  int failures_ = 0;
+  bool answered_ = false;
+  bool in_flight_ = false;
+};
+
+}  // namespace doorman
