@@ -589,6 +589,13 @@ TEST_CASE("minimum refresh interval returns the current lease", "[core][engine]"
   f.clock.advance(3s);
   CHECK(f.ask("a", 90) == 90);  // 5 s after the decision: the algorithm runs again
 
+  SECTION("a client holding nothing is decided again at once") {
+    f.clock.advance(5s);
+    CHECK(f.ask("a", 100) == 100);
+    CHECK(f.ask("b", 60) == 0);  // nothing left
+    (void)f.engine.release_capacity({"a", {"res"}}, f.clock.now()).value();
+    CHECK(f.ask("b", 60) == 60);  // not held back by the minimum interval: it held little
+  }
   SECTION("0 disables it") {
     doorman::engine_options opts;
     opts.minimum_refresh_interval = doorman::seconds{0};
@@ -631,7 +638,7 @@ TEST_CASE("an intermediate's grants are capped by its own lease", "[core][engine
   auto none = f.engine.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, f.clock.now());
   REQUIRE(none);
   // No lease from the parent yet: nothing to give, and no invitation to come straight back.
-  CHECK(none.value().resources[0].gets == doorman::lease_info{0, 16, 16});
+  CHECK(none.value().resources[0].gets == doorman::lease_info{0, 2, 2});
   f.clock.advance(6s);
   f.engine.set_parent_lease("res", {50, f.clock.now() + 20s, 8s}, f.clock.now());
   auto r = f.engine.get_capacity({"a", {{"res", 0, 80, std::nullopt}}}, f.clock.now());

@@ -1,7 +1,8 @@
 #pragma once
 
 /// \file
-/// The sans-I/O core: time, leases, configuration, algorithms, lease store, engine and upstream state.
+/// The sans-I/O core: time, leases, configuration, algorithms, lease store, engine and upstream
+/// state.
 
 #include "doorman/core/algorithm.hpp"
 #include "doorman/core/config.hpp"

@@ -4,4 +4,5 @@
 /// Everything doorman offers.
 
 #include "doorman/core.hpp"
+#include "doorman/node.hpp"
 #include "doorman/protocol.hpp"

@@ -49,9 +49,14 @@ struct engine_options {
   /// docs/node.md for the whole rule). In (0, 1]; 1 turns decay off.
   double decay_factor = 0.5;
 
+  /// An intermediate without a live lease from its parent grants 0 with this refresh interval
+  /// (or the template's, if shorter), so that clients come back soon after the parent answers
+  /// but not in a storm while it is away.
+  seconds no_parent_refresh_interval{2};
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
-  std::function<void(std::string_view)> log;
+  std::function<void(std::string_view)> log{};
 };
 
 /// The capacity server of one tree position, deciding one requester at a time.
@@ -147,7 +152,7 @@ class basic_engine {
   /// Whether `resource_id` is in learning mode at `now`.
   [[nodiscard]] bool learning(std::string_view resource_id, time_point now) const {
     if (!mastership_.is_master) return false;
-    return now < learning_until(config_.find(resource_id));
+    return now < learning_until(template_of(resource_id));
   }
 
   /// The capacity this engine has for `resource_id` at `now`.
@@ -334,7 +339,9 @@ class basic_engine {
     if (outstanding) r.store.set_server_info(c, *outstanding);
 
     // Server children are few and refresh on purpose faster than clients: no minimum for them.
-    if (!created && !c.lease.expired(now) && !outstanding &&
+    // Nor for a client holding nothing: rerunning the algorithm for it costs little and lets it
+    // in as soon as capacity appears (e.g. an intermediate's first lease from its parent).
+    if (!created && !c.lease.expired(now) && !outstanding && c.lease.capacity > 0 &&
         options_.minimum_refresh_interval.count() > 0 &&
         now - c.last_decision < to_duration<duration>(options_.minimum_refresh_interval.count())) {
       return c.lease;
@@ -380,9 +387,12 @@ class basic_engine {
         l.expiry = std::min(l.expiry, r.parent_lease->expiry);
         l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
       } else {
-        // Nothing to give. The empty lease lasts one refresh interval so that the demand is
-        // kept for the parent to hear about, and children do not come back in a storm.
+        // Nothing to give until the parent answers, which usually takes milliseconds: come
+        // back within `no_parent_refresh_interval`. The empty lease lasts that long so that the
+        // demand is kept for the parent to hear about.
         l.capacity = 0;
+        l.refresh_interval = std::min(
+            l.refresh_interval, to_duration<duration>(options_.no_parent_refresh_interval.count()));
         l.expiry = now + l.refresh_interval;
       }
     }

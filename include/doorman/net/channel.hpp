@@ -1,0 +1,366 @@
+#pragma once
+
+/// \file
+/// A client connection to a tree position: several addresses, the master found through
+/// `mastership` answers (and redirects followed), reconnects with exponential backoff and
+/// jitter, pipelined calls each with a deadline. Used by intermediate nodes and clients.
+///
+///     doorman::net::channel ch(io.get_executor(), {.addresses = {"10.0.0.7:7700"}});
+///     auto reply = co_await ch.call("get_capacity", params);
+///     if (reply) use(reply.result); else log(reply.message);
+///
+/// All of a channel's work runs on its executor; call it from there (a strand if the
+/// io_context has several threads). Destroy it only once the io_context has stopped.
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/time.hpp"
+#include "doorman/core/upstream.hpp"
+#include "doorman/net/address.hpp"
+#include "doorman/protocol/json_rpc.hpp"
+
+namespace doorman::net {
+
+/// Options of a channel, with their defaults.
+struct channel_options {
+  std::vector<std::string> addresses;  ///< `host:port` of every task of the position
+  seconds call_timeout{5};             ///< a call's deadline, redirects and retries included
+  seconds connect_timeout{2};          ///< one connection attempt
+  seconds initial_backoff{0.05};       ///< after a whole round of addresses failed
+  seconds maximum_backoff{5};          ///< ceiling of the exponential backoff
+  std::size_t max_message_bytes = std::size_t{1} << 20;  ///< longest answer accepted
+  int max_redirects = 4;                                 ///< per call
+  std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
+};
+
+/// The outcome of a call: a result, or why there is none.
+struct call_reply {
+  enum class status { ok, rpc_error, unreachable, timeout, bad_answer };
+  status state = status::ok;
+  nlohmann::json result;  ///< when ok
+  int code = 0;           ///< the JSON-RPC error code, when rpc_error
+  std::string message;    ///< what went wrong, when not ok
+
+  explicit operator bool() const noexcept { return state == status::ok; }
+};
+
+class channel {
+ public:
+  channel(asio::any_io_executor executor, channel_options options)
+      : executor_(std::move(executor)),
+        options_(std::move(options)),
+        state_(std::make_shared<connection_state>(executor_)),
+        random_(std::random_device{}()) {
+    if (options_.addresses.empty()) throw std::invalid_argument("channel: no addresses");
+    for (const auto& a : options_.addresses) {
+      if (!parse_address(a)) throw std::invalid_argument("channel: bad address " + a);
+    }
+  }
+
+  channel(const channel&) = delete;
+  channel& operator=(const channel&) = delete;
+  ~channel() {
+    *alive_ = nullptr;
+    close();
+  }
+
+  /// The address calls go to now.
+  [[nodiscard]] const std::string& current() const { return options_.addresses[current_]; }
+
+  /// Whether a connection is open.
+  [[nodiscard]] bool connected() const noexcept { return state_->open; }
+
+  /// Closes the connection; pending calls fail. Later calls reconnect.
+  void close() { drop(); }
+
+  /// Closes for good: pending and later calls fail at once (for a graceful stop).
+  void shutdown() {
+    shut_ = true;
+    for (auto* t : sleeping_)
+      t->cancel();
+    drop();
+  }
+
+  /// Calls `method` with `params` on the master: follows `mastership` redirects (when
+  /// `follow_redirects`), reconnects and retries other addresses until the call's deadline.
+  asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
+                                   bool follow_redirects = true) {
+    const auto deadline =
+        clock::now() + to_duration<clock::duration>(options_.call_timeout.count());
+    int redirects = 0;
+    int failed_rounds = 0;
+    std::size_t tried = 0;  // addresses tried in this round
+    for (;;) {
+      if (shut_) co_return fail(call_reply::status::unreachable, "channel shut down");
+      if (!state_->open) {
+        const bool ok = co_await connect(deadline);
+        if (!ok) {
+          ++tried;
+          current_ = (current_ + 1) % options_.addresses.size();
+          if (clock::now() >= deadline) {
+            co_return fail(call_reply::status::unreachable,
+                           "no task of the position answered before the deadline");
+          }
+          if (tried >= options_.addresses.size()) {
+            tried = 0;
+            co_await backoff(++failed_rounds, deadline);
+          }
+          continue;
+        }
+      }
+      call_reply reply = co_await send(method, params, deadline);
+      if (reply.state == call_reply::status::unreachable && clock::now() < deadline) {
+        continue;  // the connection broke: reconnect and resend (calls are idempotent)
+      }
+      if (!reply || !follow_redirects) co_return reply;
+      const auto m = reply.result.find("mastership");
+      if (m == reply.result.end() || !m->is_object() || m->value("is_master", true)) {
+        co_return reply;
+      }
+      // A non-master: go where it says, or try the next address.
+      const auto master = m->find("master");
+      if (++redirects > options_.max_redirects) {
+        co_return fail(call_reply::status::unreachable, "too many mastership redirects");
+      }
+      if (master != m->end() && master->is_string() && parse_address(master->get<std::string>())) {
+        redirect(master->get<std::string>());
+      } else {
+        current_ = (current_ + 1) % options_.addresses.size();
+        drop();
+        co_await backoff(redirects, deadline);
+      }
+      if (clock::now() >= deadline) {
+        co_return fail(call_reply::status::unreachable, "no master found before the deadline");
+      }
+    }
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  struct pending_call {
+    explicit pending_call(const asio::any_io_executor& ex) : done(ex) {}
+    asio::steady_timer done;
+    std::optional<nlohmann::json> answer;
+    bool lost = false;
+  };
+
+  // Shared with the connection's reader coroutine, which may outlive a reconnect.
+  struct connection_state {
+    explicit connection_state(const asio::any_io_executor& ex) : socket(ex) {}
+    asio::ip::tcp::socket socket;
+    bool open = false;
+    std::map<std::int64_t, pending_call*> pending;
+    std::string out;
+    bool writing = false;
+  };
+
+  static call_reply fail(call_reply::status s, std::string message) {
+    call_reply r;
+    r.state = s;
+    r.message = std::move(message);
+    return r;
+  }
+
+  void log(const std::string& s) const {
+    if (options_.log) options_.log(s);
+  }
+
+  void redirect(const std::string& master) {
+    auto it = std::find(options_.addresses.begin(), options_.addresses.end(), master);
+    if (it == options_.addresses.end()) {
+      options_.addresses.push_back(master);
+      it = options_.addresses.end() - 1;
+    }
+    const auto index = static_cast<std::size_t>(it - options_.addresses.begin());
+    if (index != current_ || !state_->open) {
+      log(fmt::format("following the master to {}", master));
+      current_ = index;
+      drop();
+    }
+  }
+
+  // Closes the connection; every pending call fails as lost.
+  void drop() {
+    auto s = state_;
+    if (!s->open && s->pending.empty()) return;
+    std::error_code ec;
+    s->socket.close(ec);
+    s->open = false;
+    for (auto& [id, p] : s->pending) {
+      p->lost = true;
+      p->done.cancel();
+    }
+    s->pending.clear();
+    state_ = std::make_shared<connection_state>(executor_);
+  }
+
+  asio::awaitable<void> backoff(int round, clock::time_point deadline) {
+    const double step = std::min(options_.maximum_backoff.count(),
+                                 options_.initial_backoff.count() *
+                                     std::pow(2.0, static_cast<double>(std::min(round, 30) - 1)));
+    const double jitter = 0.5 + 0.5 * random_.uniform();
+    auto until = clock::now() + to_duration<clock::duration>(step * jitter);
+    asio::steady_timer t(executor_);
+    t.expires_at(std::min(until, deadline));
+    sleeping_.insert(&t);
+    std::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    sleeping_.erase(&t);
+  }
+
+  // One attempt at the current address, bounded by connect_timeout and the deadline.
+  asio::awaitable<bool> connect(clock::time_point deadline) {
+    const auto addr = parse_address(options_.addresses[current_]);
+    auto s = state_;
+    asio::steady_timer timer(executor_);
+    timer.expires_at(std::min(
+        deadline, clock::now() + to_duration<clock::duration>(options_.connect_timeout.count())));
+    bool timed_out = false;
+    timer.async_wait([&timed_out, s](std::error_code ec) {
+      if (ec) return;
+      timed_out = true;
+      std::error_code ignored;
+      s->socket.close(ignored);
+    });
+    std::error_code ec;
+    asio::ip::tcp::resolver resolver(executor_);
+    auto endpoints = co_await resolver.async_resolve(addr->host, addr->port,
+                                                     asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec && !timed_out) {
+      co_await asio::async_connect(s->socket, endpoints,
+                                   asio::redirect_error(asio::use_awaitable, ec));
+    }
+    timer.cancel();
+    if (ec || timed_out || s != state_) {
+      std::error_code ignored;
+      s->socket.close(ignored);
+      co_return false;
+    }
+    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    s->open = true;
+    asio::co_spawn(executor_, read_loop(alive_, s, options_.max_message_bytes), asio::detached);
+    co_return true;
+  }
+
+  asio::awaitable<call_reply> send(const std::string& method, const nlohmann::json& params,
+                                   clock::time_point deadline) {
+    auto s = state_;
+    const std::int64_t id = next_id_++;
+    pending_call p(executor_);
+    s->pending.emplace(id, &p);
+    s->out += to_line({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
+    s->out += '\n';
+    if (!s->writing) {
+      s->writing = true;
+      asio::co_spawn(executor_, write_loop(s), asio::detached);
+    }
+    p.done.expires_at(deadline);
+    std::error_code ec;
+    co_await p.done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    s->pending.erase(id);
+    if (p.answer) {
+      const auto& a = *p.answer;
+      if (const auto e = a.find("error"); e != a.end()) {
+        call_reply r =
+            fail(call_reply::status::rpc_error,
+                 e->is_object() ? e->value("message", std::string("error")) : std::string("error"));
+        r.code = e->is_object() ? e->value("code", 0) : 0;
+        co_return r;
+      }
+      const auto res = a.find("result");
+      if (res == a.end() || !res->is_object()) {
+        co_return fail(call_reply::status::bad_answer, "answer without a result object");
+      }
+      call_reply r;
+      r.result = *res;
+      co_return r;
+    }
+    if (p.lost) co_return fail(call_reply::status::unreachable, "connection lost");
+    co_return fail(call_reply::status::timeout, method + ": no answer before the deadline");
+  }
+
+  static asio::awaitable<void> write_loop(std::shared_ptr<connection_state> s) {
+    std::string buffer;
+    while (s->open && !s->out.empty()) {
+      std::swap(buffer, s->out);
+      std::error_code ec;
+      co_await asio::async_write(s->socket, asio::buffer(buffer),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+      buffer.clear();
+      if (ec) break;
+    }
+    s->writing = false;
+  }
+
+  // Reads answers and hands each to its call; on a broken connection fails them all.
+  static asio::awaitable<void> read_loop(std::shared_ptr<channel*> alive,
+                                         std::shared_ptr<connection_state> s, std::size_t limit) {
+    std::string in;
+    std::array<char, 16384> chunk;
+    std::string problem;
+    while (s->open) {
+      std::error_code ec;
+      const std::size_t n = co_await s->socket.async_read_some(
+          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        problem = ec.message();
+        break;
+      }
+      in.append(chunk.data(), n);
+      std::size_t start = 0;
+      for (std::size_t nl; (nl = in.find('\n', start)) != std::string::npos; start = nl + 1) {
+        auto answer =
+            nlohmann::json::parse(in.begin() + static_cast<std::ptrdiff_t>(start),
+                                  in.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+        if (!answer.is_object()) continue;
+        const auto id = answer.find("id");
+        if (id == answer.end() || !id->is_number_integer()) continue;
+        const auto it = s->pending.find(id->get<std::int64_t>());
+        if (it == s->pending.end()) continue;  // a call that timed out meanwhile
+        it->second->answer = std::move(answer);
+        it->second->done.cancel();
+        s->pending.erase(it);
+      }
+      in.erase(0, start);
+      if (in.size() > limit) {
+        problem = "answer longer than max_message_bytes";
+        break;
+      }
+    }
+    channel* self = *alive;
+    if (self && s == self->state_ && s->open) {
+      self->log(fmt::format("connection to {} lost: {}", self->current(), problem));
+      self->drop();
+    }
+  }
+
+  asio::any_io_executor executor_;
+  channel_options options_;
+  std::shared_ptr<connection_state> state_;
+  std::size_t current_ = 0;
+  std::int64_t next_id_ = 1;
+  bool shut_ = false;
+  std::unordered_set<asio::steady_timer*> sleeping_;
+  doorman::detail::splitmix64 random_;
+  std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);
+};
+
+}  // namespace doorman::net

@@ -1,0 +1,382 @@
+#pragma once
+
+/// \file
+/// A JSON-RPC server over TCP, one JSON object per line (DESIGN §5), on asio C++20 coroutines.
+/// It frames lines and hands each to a synchronous handler; the handler's answer is written
+/// back. Requests on one connection may be pipelined; answers are written in batches.
+///
+///     auto strand = asio::make_strand(io);
+///     doorman::net::server srv(strand, {}, [&](std::string_view line) {
+///       return doorman::handle_line(engine, line, std::chrono::steady_clock::now());
+///     });
+///     srv.listen(*doorman::net::parse_address("127.0.0.1:7700"));
+///     srv.start();
+///     io.run();
+///
+/// Every coroutine of the server runs on the executor it is given; give it a strand, and the
+/// handler (and whatever it touches) is only ever called from that strand.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+
+#include "doorman/core/time.hpp"
+#include "doorman/net/address.hpp"
+#include "doorman/protocol/json_rpc.hpp"
+
+namespace doorman::net {
+
+/// Limits of a server, with their defaults.
+struct server_options {
+  /// Longest accepted line (one JSON-RPC message), in bytes. A longer one is answered with an
+  /// error (id null) and the connection is closed.
+  std::size_t max_message_bytes = std::size_t{1} << 20;
+
+  /// Connections beyond this are answered with an error and closed at once.
+  std::size_t max_connections = 10'000;
+
+  /// A connection that completes no line for this long is closed (this also ends a peer that
+  /// stops reading its answers).
+  seconds idle_timeout{300};
+
+  /// Answers not yet written on one connection beyond which it is not read any further until
+  /// they drain: a peer that pipelines without reading only stalls itself.
+  std::size_t max_in_flight = 1024;
+
+  /// How long `stop` waits for answers to be written before closing connections anyway.
+  seconds stop_grace{5};
+};
+
+namespace detail {
+
+inline std::string error_line(rpc_code code, std::string message) {
+  return to_line(make_error(nullptr, code, std::move(message))) + "\n";
+}
+
+}  // namespace detail
+
+/// The server: an accept loop and one session per connection.
+class server {
+ public:
+  /// Called for every non-empty line; returns the answer line (no newline) or nothing.
+  using handler_type = std::function<std::optional<std::string>(std::string_view)>;
+  /// Receives one log line per notable event.
+  using log_type = std::function<void(std::string_view)>;
+
+  server(asio::any_io_executor executor, server_options options, handler_type handler,
+         log_type log = {})
+      : executor_(std::move(executor)),
+        options_(options),
+        handler_(std::move(handler)),
+        log_(std::move(log)),
+        acceptor_(executor_),
+        retry_(executor_),
+        stop_timer_(executor_) {}
+
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+  ~server();
+
+  /// Binds and listens (port 0 picks a free port). Throws `std::system_error`.
+  void listen(const address& where) {
+    asio::ip::tcp::resolver resolver(executor_);
+    const auto results = resolver.resolve(where.host, where.port);
+    if (results.empty()) {
+      throw std::system_error(asio::error::host_not_found, "resolving " + where.to_string());
+    }
+    const auto endpoint = results.begin()->endpoint();
+    acceptor_.open(endpoint.protocol());
+    acceptor_.set_option(asio::socket_base::reuse_address(true));
+    acceptor_.bind(endpoint);
+    acceptor_.listen(asio::socket_base::max_listen_connections);
+  }
+
+  /// Where it listens.
+  [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
+    return acceptor_.local_endpoint();
+  }
+
+  /// Starts accepting.
+  void start() { asio::co_spawn(executor_, accept_loop(), asio::detached); }
+
+  /// Graceful stop: stops accepting, stops reading, writes the answers already computed, then
+  /// closes every connection (after `stop_grace` at the latest). Call it on the executor.
+  void stop();
+
+  /// Open connections.
+  [[nodiscard]] std::size_t connections() const noexcept { return sessions_.size(); }
+
+  /// Connections refused because `max_connections` was reached, since the start.
+  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
+
+  [[nodiscard]] const server_options& options() const noexcept { return options_; }
+
+ private:
+  class session;
+
+  void log(std::string_view s) const {
+    if (log_) log_(s);
+  }
+
+  void close_all();
+
+  asio::awaitable<void> accept_loop();
+
+  asio::any_io_executor executor_;
+  server_options options_;
+  handler_type handler_;
+  log_type log_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  asio::steady_timer stop_timer_;
+  std::unordered_set<std::shared_ptr<session>> sessions_;
+  std::size_t refused_ = 0;
+  bool stopping_ = false;
+};
+
+/// One connection: a reader that frames lines and calls the handler, a writer that sends the
+/// answers in batches, and a watchdog for the idle timeout.
+class server::session : public std::enable_shared_from_this<server::session> {
+ public:
+  session(server& owner, asio::ip::tcp::socket socket)
+      : owner_(owner),
+        socket_(std::move(socket)),
+        drained_(socket_.get_executor()),
+        idle_(socket_.get_executor()) {}
+
+  void start() {
+    touch();
+    asio::co_spawn(socket_.get_executor(), read_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(socket_.get_executor(), watchdog(shared_from_this()), asio::detached);
+  }
+
+  // Stop reading; close once the answers computed so far are written.
+  void stop() {
+    stopping_ = true;
+    if (!writing_) close();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    std::error_code ec;
+    socket_.shutdown(asio::socket_base::shutdown_both, ec);
+    socket_.close(ec);
+    idle_.cancel();
+    drained_.cancel();
+    owner_.sessions_.erase(shared_from_this());
+    if (owner_.stopping_ && owner_.sessions_.empty()) owner_.stop_timer_.cancel();
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void touch() {
+    deadline_ = clock::now() + to_duration<clock::duration>(owner_.options_.idle_timeout.count());
+  }
+
+  // Answers a complete line (without its newline).
+  void answer(std::string_view line) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) return;
+    touch();
+    if (auto reply = owner_.handler_(line)) {
+      out_ += *reply;
+      out_ += '\n';
+      ++queued_;
+    }
+  }
+
+  // Queues the error for an over-long line and ends the connection after writing it.
+  void too_long() {
+    out_ += detail::error_line(rpc_code::invalid_request,
+                               fmt::format("message longer than max_message_bytes ({})",
+                                           owner_.options_.max_message_bytes));
+    ++queued_;
+    stopping_ = true;
+    flush();
+  }
+
+  void flush() {
+    if (closed_ || writing_) return;
+    if (out_.empty()) {
+      if (stopping_) close();
+      return;
+    }
+    writing_ = true;
+    asio::co_spawn(socket_.get_executor(), write_loop(shared_from_this()), asio::detached);
+  }
+
+  static asio::awaitable<void> read_loop(std::shared_ptr<session> self) {
+    const std::size_t limit = self->owner_.options_.max_message_bytes;
+    std::string in;
+    std::size_t scanned = 0;  // bytes of `in` known to hold no newline
+    std::array<char, 16384> chunk;
+    while (!self->closed_ && !self->stopping_) {
+      // Answer every complete line already read.
+      std::size_t start = 0;
+      for (;;) {
+        const auto nl = in.find('\n', std::max(start, scanned));
+        if (nl == std::string::npos) break;
+        if (nl - start > limit) {
+          self->too_long();
+          co_return;
+        }
+        self->answer(std::string_view(in).substr(start, nl - start));
+        start = nl + 1;
+        scanned = start;
+        if (self->queued_ + self->in_write_ >= self->owner_.options_.max_in_flight) {
+          self->flush();
+          // Backpressure: read no further until the peer has taken some answers.
+          while (!self->closed_ &&
+                 self->queued_ + self->in_write_ >= self->owner_.options_.max_in_flight) {
+            self->drained_.expires_at(clock::time_point::max());
+            std::error_code ec;
+            co_await self->drained_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          }
+          if (self->closed_ || self->stopping_) co_return;
+        }
+      }
+      in.erase(0, start);
+      scanned = in.size();
+      if (in.size() > limit) {
+        self->too_long();
+        co_return;
+      }
+      self->flush();
+
+      std::error_code ec;
+      const std::size_t n = co_await self->socket_.async_read_some(
+          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        // The peer closed (or the socket was closed): write what is left, then close.
+        self->stopping_ = true;
+        self->flush();
+        co_return;
+      }
+      in.append(chunk.data(), n);
+    }
+  }
+
+  static asio::awaitable<void> write_loop(std::shared_ptr<session> self) {
+    std::string buffer;
+    while (!self->closed_ && !self->out_.empty()) {
+      std::swap(buffer, self->out_);
+      self->in_write_ = self->queued_;
+      self->queued_ = 0;
+      std::error_code ec;
+      co_await asio::async_write(self->socket_, asio::buffer(buffer),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+      buffer.clear();
+      self->in_write_ = 0;
+      self->drained_.cancel();
+      if (ec) {
+        self->close();
+        co_return;
+      }
+    }
+    self->writing_ = false;
+    if (self->stopping_) self->close();
+  }
+
+  static asio::awaitable<void> watchdog(std::shared_ptr<session> self) {
+    while (!self->closed_) {
+      self->idle_.expires_at(self->deadline_);
+      std::error_code ec;
+      co_await self->idle_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (self->closed_) co_return;
+      if (clock::now() >= self->deadline_) {
+        self->owner_.log("closing an idle connection");
+        self->close();
+        co_return;
+      }
+    }
+  }
+
+  server& owner_;
+  asio::ip::tcp::socket socket_;
+  asio::steady_timer drained_;  // cancelled whenever answers were written
+  asio::steady_timer idle_;
+  clock::time_point deadline_{};
+  std::string out_;           // answers not yet handed to the socket
+  std::size_t queued_ = 0;    // answers in out_
+  std::size_t in_write_ = 0;  // answers being written
+  bool writing_ = false;
+  bool stopping_ = false;
+  bool closed_ = false;
+};
+
+inline server::~server() {
+  close_all();
+}
+
+inline void server::stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  std::error_code ec;
+  acceptor_.close(ec);
+  retry_.cancel();
+  const auto sessions = sessions_;  // stop() may remove sessions from the set
+  for (const auto& s : sessions)
+    s->stop();
+  if (!sessions_.empty()) {
+    stop_timer_.expires_after(
+        to_duration<std::chrono::steady_clock::duration>(options_.stop_grace.count()));
+    stop_timer_.async_wait([this](std::error_code e) {
+      if (!e) close_all();
+    });
+  }
+}
+
+inline void server::close_all() {
+  const auto sessions = sessions_;
+  for (const auto& s : sessions)
+    s->close();
+  sessions_.clear();
+  stop_timer_.cancel();
+}
+
+inline asio::awaitable<void> server::accept_loop() {
+  while (!stopping_) {
+    std::error_code ec;
+    auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+    if (stopping_) co_return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) co_return;
+      // Out of descriptors or a transient failure: pause instead of spinning.
+      log(fmt::format("accept failed: {}; retrying in 100 ms", ec.message()));
+      retry_.expires_after(std::chrono::milliseconds(100));
+      co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    if (sessions_.size() >= options_.max_connections) {
+      if (refused_++ % 1000 == 0) {
+        log(fmt::format("refusing connections beyond max_connections ({})",
+                        options_.max_connections));
+      }
+      // The send buffer of a fresh socket takes this short line without blocking.
+      socket.non_blocking(true, ec);
+      const std::string line =
+          detail::error_line(rpc_code::server_error, "too many connections; try again later");
+      socket.write_some(asio::buffer(line), ec);
+      socket.close(ec);
+      continue;
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    auto s = std::make_shared<session>(*this, std::move(socket));
+    sessions_.insert(s);
+    s->start();
+  }
+}
+
+}  // namespace doorman::net

@@ -1,0 +1,270 @@
+#pragma once
+
+/// \file
+/// A server process's composition (DESIGN §7): the engine, the JSON-RPC server, the upstream
+/// loop of an intermediate (its parent's leases become its capacity), the election and config
+/// reload. Everything of a node runs on one strand, so the engine is touched by one strand only.
+///
+///     asio::io_context io;
+///     doorman::node root(io.get_executor(), config, {.listen = "127.0.0.1:7700"});
+///     root.start();
+///     io.run();  // until root.stop()
+///
+/// A node is embedded: it owns no thread and no signal handler; the `doorman-node` example adds
+/// those. Destroy it after its io_context has stopped running.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/engine.hpp"
+#include "doorman/core/upstream.hpp"
+#include "doorman/net/address.hpp"
+#include "doorman/net/channel.hpp"
+#include "doorman/net/server.hpp"
+#include "doorman/node/election.hpp"
+#include "doorman/protocol/codec.hpp"
+#include "doorman/protocol/dispatch.hpp"
+
+namespace doorman {
+
+/// Options of a node, with their defaults.
+struct node_options {
+  /// Where to listen, `host:port`; port 0 picks a free one (see `local_address`).
+  std::string listen = "127.0.0.1:7700";
+  /// The parent position's addresses; empty for a root.
+  std::vector<std::string> parents;
+  /// The address children are redirected to when this node is master; default: the address
+  /// it listens on.
+  std::string advertise;
+  /// The node's id in `status` and at its parent; default: the advertised address.
+  std::string id;
+  net::server_options server;
+  /// `is_root` is set from `parents`.
+  engine_options engine;
+  /// `server_id` defaults to `id`; `decay_factor` follows `engine.decay_factor`.
+  upstream_options upstream;
+  /// Deadline of one request to the parent.
+  seconds parent_timeout{5};
+  /// Receives one line per notable event (start, config reload, parent lost and regained,
+  /// mastership). Null: silent.
+  std::function<void(std::string_view)> log{};
+};
+
+/// The placeholder configuration of an intermediate without one: every resource has capacity 0
+/// until the parent's lease says otherwise, and the parent's algorithm is adopted.
+[[nodiscard]] inline resource_repository intermediate_default_config() {
+  return resource_repository::parse(R"({"resources": [{"identifier_glob": "*", "capacity": 0,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}}]})");
+}
+
+template <election Election = single_election, class Algorithms = default_algorithms>
+class basic_node {
+ public:
+  using engine_type = basic_engine<std::chrono::steady_clock, Algorithms>;
+  using clock = std::chrono::steady_clock;
+
+  /// Throws `std::invalid_argument` on a malformed address in the options.
+  basic_node(asio::any_io_executor executor, resource_repository config, node_options options,
+             Election election = {})
+      : strand_(asio::make_strand(executor)),
+        options_(prepare(std::move(options))),
+        engine_(std::move(config), options_.engine),
+        server_(
+            strand_, options_.server, [this](std::string_view line) { return on_line(line); },
+            options_.log),
+        upstream_(options_.upstream),
+        upstream_timer_(strand_),
+        election_(std::move(election)) {
+    if (!net::parse_address(options_.listen)) {
+      throw std::invalid_argument("listen: expected host:port, got \"" + options_.listen + "\"");
+    }
+    if (!options_.parents.empty()) {
+      net::channel_options ch;
+      ch.addresses = options_.parents;
+      ch.call_timeout = options_.parent_timeout;
+      ch.log = options_.log;
+      parent_.emplace(strand_, std::move(ch));
+    }
+  }
+
+  basic_node(const basic_node&) = delete;
+  basic_node& operator=(const basic_node&) = delete;
+
+  /// Binds (throws `std::system_error`), then starts serving, the election and, for an
+  /// intermediate, the upstream loop. Call before running the io_context, or on it.
+  void start() {
+    server_.listen(*net::parse_address(options_.listen));
+    const auto ep = server_.local_endpoint();
+    local_ = net::address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+    if (options_.advertise.empty()) options_.advertise = local_;
+    identity_.id = options_.id.empty() ? options_.advertise : options_.id;
+    identity_.role = options_.parents.empty() ? "root" : "intermediate";
+    identity_.level = options_.parents.empty() ? 0 : 1;
+    if (!options_.parents.empty()) identity_.parent = fmt::format("{}", options_.parents[0]);
+    if (options_.upstream.server_id.empty()) {
+      options_.upstream.server_id = identity_.id;
+      upstream_ = basic_upstream<engine_type>(options_.upstream);
+    }
+    server_.start();
+    log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
+    election_.start(options_.advertise, [this](bool is_master, std::optional<std::string> m) {
+      asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
+        if (stopping_) return;
+        const bool changed = is_master != engine_.mastership().is_master;
+        engine_.set_mastership(is_master, std::move(m), clock::now());
+        if (changed) {
+          log(is_master ? std::string("became master; learning mode starts")
+                        : fmt::format("not master; redirecting to {}",
+                                      engine_.mastership().master.value_or("(unknown)")));
+        }
+      });
+    });
+    if (parent_) asio::co_spawn(strand_, upstream_loop(), asio::detached);
+  }
+
+  /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
+  [[nodiscard]] const std::string& local_address() const noexcept { return local_; }
+
+  /// Replaces the configuration, keeping every lease (thread-safe: posts to the strand).
+  void reload(resource_repository config) {
+    asio::post(strand_, [this, c = std::move(config)]() mutable {
+      engine_.set_config(std::move(c));
+      log(fmt::format("configuration reloaded: {} templates", engine_.config().templates().size()));
+    });
+  }
+
+  /// Graceful stop (thread-safe): stops accepting and reading, writes the answers already
+  /// computed, stops the upstream loop and the election. `io.run()` returns once done.
+  void stop() {
+    asio::post(strand_, [this] {
+      if (stopping_) return;
+      stopping_ = true;
+      log("stopping");
+      election_.stop();
+      server_.stop();
+      upstream_timer_.cancel();
+      if (parent_) parent_->shutdown();
+    });
+  }
+
+  /// Runs `f(engine)` on the node's strand (for embedding code that wants to look inside).
+  template <class F>
+  void post(F f) {
+    asio::post(strand_, [this, f = std::move(f)]() mutable { f(engine_); });
+  }
+
+  [[nodiscard]] const node_options& options() const noexcept { return options_; }
+  [[nodiscard]] const net::server& server() const noexcept { return server_; }
+
+ private:
+  static node_options prepare(node_options o) {
+    o.engine.is_root = o.parents.empty();
+    o.upstream.decay_factor = o.engine.decay_factor;
+    for (const auto& p : o.parents) {
+      if (!net::parse_address(p)) {
+        throw std::invalid_argument("parent: expected host:port, got \"" + p + "\"");
+      }
+    }
+    if (!o.engine.log && o.log) o.engine.log = o.log;
+    return o;
+  }
+
+  void log(const std::string& s) const {
+    if (options_.log) options_.log(s);
+  }
+
+  std::optional<std::string> on_line(std::string_view line) {
+    auto reply = handle_line(engine_, line, clock::now(), identity_);
+    // A client asked for a resource the node had no state for: tell the parent soon.
+    if (parent_ && engine_.resources_created() != created_seen_) {
+      created_seen_ = engine_.resources_created();
+      upstream_timer_.cancel();
+    }
+    return reply;
+  }
+
+  asio::awaitable<void> upstream_loop() {
+    while (!stopping_) {
+      if (upstream_.due(engine_, clock::now())) {
+        co_await refresh();
+        continue;
+      }
+      upstream_timer_.expires_at(upstream_.next_request(engine_));
+      std::error_code ec;
+      co_await upstream_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  asio::awaitable<void> refresh() {
+    const auto request = upstream_.make_request(engine_, clock::now());
+    const auto reply = co_await parent_->call("get_server_capacity", nlohmann::json(request));
+    if (stopping_) co_return;
+    upstream_event event;
+    std::string why;
+    if (!reply) {
+      why = reply.message;
+      event = upstream_.on_failure(clock::now());
+    } else if (server_capacity_response resp; auto err = decode(reply.result, resp)) {
+      why = "bad answer: " + err->message;
+      event = upstream_.on_failure(clock::now());
+    } else {
+      event = upstream_.on_response(engine_, resp, clock::now());
+    }
+    switch (event) {
+      case upstream_event::parent_reached:
+        log(fmt::format("parent {} reached: {} resources leased", parent_->current(),
+                        request.resources.size()));
+        co_await learn_level();
+        break;
+      case upstream_event::parent_lost:
+        log(fmt::format("parent lost ({}); leases run out as they expire, retrying with backoff",
+                        why));
+        break;
+      case upstream_event::parent_regained:
+        log(fmt::format("parent {} regained", parent_->current()));
+        break;
+      case upstream_event::none:
+        if (!why.empty() && upstream_.failures() == 1) {
+          log(fmt::format("parent unreachable: {}", why));  // never reached yet
+        }
+        break;
+    }
+  }
+
+  // The parent's level, for `status`.
+  asio::awaitable<void> learn_level() {
+    const auto reply = co_await parent_->call("status", nlohmann::json::object(), false);
+    if (reply && reply.result.contains("level") && reply.result["level"].is_number_integer()) {
+      identity_.level = reply.result["level"].template get<int>() + 1;
+    }
+    identity_.parent = parent_->current();
+  }
+
+  asio::strand<asio::any_io_executor> strand_;
+  node_options options_;
+  engine_type engine_;
+  net::server server_;
+  basic_upstream<engine_type> upstream_;
+  asio::steady_timer upstream_timer_;
+  std::optional<net::channel> parent_;
+  Election election_;
+  node_identity identity_;
+  std::string local_;
+  std::uint64_t created_seen_ = 0;
+  bool stopping_ = false;
+};
+
+/// A node with the trivial election and Doorman's algorithms.
+using node = basic_node<>;
+
+}  // namespace doorman

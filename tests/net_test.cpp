@@ -1,0 +1,668 @@
+// End-to-end tests over 127.0.0.1 with ephemeral ports: in-process nodes (each on its own
+// io_context and thread) and real doorman-node processes. No sleeps stand in for
+// synchronization: every wait polls a condition until a deadline.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/node.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// ---- a blocking line client on plain POSIX sockets, every read with a deadline ------------
+
+class line_client {
+ public:
+  explicit line_client(const std::string& address) {
+    const auto a = doorman::net::parse_address(address);
+    REQUIRE(a);
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(a->port)));
+    ::inet_pton(AF_INET, a->host.c_str(), &sa.sin_addr);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  line_client(const line_client&) = delete;
+  line_client& operator=(const line_client&) = delete;
+  ~line_client() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  [[nodiscard]] bool connected() const { return connected_; }
+
+  // Ends the connection in both directions (wakes a send blocked in another thread).
+  void shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+  bool send(std::string_view data) {
+    while (!data.empty()) {
+      const auto n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+
+  // The next line, or nothing at the deadline or when the peer closed.
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = steady::now() + timeout;
+    for (;;) {
+      if (const auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
+      char chunk[65536];
+      const auto n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return std::nullopt;
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+  // Whether the peer closed the connection before the deadline.
+  bool closed_by_peer(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = steady::now() + timeout;
+    while (steady::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char chunk[4096];
+      const auto n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+
+  json call(const std::string& method, const json& params, int id = 1) {
+    REQUIRE(send(
+        doorman::to_line({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}}) +
+        "\n"));
+    const auto line = read_line();
+    REQUIRE(line);
+    return json::parse(*line);
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buffer_;
+};
+
+json capacity_params(const std::string& client, const std::string& resource, double wants,
+                     const std::optional<json>& has = std::nullopt) {
+  json r = {{"resource_id", resource}, {"wants", wants}};
+  if (has) r["has"] = *has;
+  return {{"client_id", client}, {"resources", json::array({r})}};
+}
+
+// Polls `condition` until it holds or the deadline passes.
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = steady::now() + timeout;
+  while (steady::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(20ms);  // polling period, not synchronization
+  }
+  return condition();
+}
+
+// ---- in-process nodes ----------------------------------------------------------------------
+
+std::string fast_config(double capacity, double learning = 0) {
+  return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
+         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4,
+         "learning_mode_duration": )" +
+         std::to_string(learning) + "}}]}";
+}
+
+template <class Election = doorman::single_election>
+class running_node {
+ public:
+  explicit running_node(const std::string& config, doorman::node_options options = {},
+                        Election election = {}) {
+    if (options.listen == "127.0.0.1:7700") options.listen = "127.0.0.1:0";
+    options.engine.minimum_refresh_interval = doorman::seconds(0);
+    options.upstream.minimum_interval = doorman::seconds(0.05);
+    options.upstream.initial_backoff = doorman::seconds(0.05);
+    options.upstream.maximum_backoff = doorman::seconds(0.4);
+    options.parent_timeout = doorman::seconds(1);
+    auto repo = options.parents.empty() || !config.empty() ? doorman::engine::parse_config(config)
+                                                           : doorman::intermediate_default_config();
+    node_ = std::make_unique<doorman::basic_node<Election>>(io_.get_executor(), std::move(repo),
+                                                            options, std::move(election));
+    node_->start();
+    address_ = node_->local_address();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  running_node(const running_node&) = delete;
+  running_node& operator=(const running_node&) = delete;
+  ~running_node() { stop(); }
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    node_->stop();
+    thread_.join();
+  }
+
+  [[nodiscard]] const std::string& address() const { return address_; }
+  doorman::basic_node<Election>& node() { return *node_; }
+
+ private:
+  asio::io_context io_;
+  std::unique_ptr<doorman::basic_node<Election>> node_;
+  std::string address_;
+  std::thread thread_;
+};
+
+double gets(const json& response, std::size_t i = 0) {
+  return response.at("result").at("resources").at(i).at("gets").at("capacity").get<double>();
+}
+
+json status_of(const std::string& address, const std::string& resource) {
+  line_client c(address);
+  REQUIRE(c.connected());
+  return c.call("status", {{"resource_id", resource}}).at("result");
+}
+
+double capacity_at(const std::string& address, const std::string& resource) {
+  return status_of(address, resource).at("resources").at(0).at("capacity").get<double>();
+}
+
+}  // namespace
+
+// ---- root only -----------------------------------------------------------------------------
+
+TEST_CASE("a root answers get_capacity, discovery and errors over TCP", "[net][node]") {
+  running_node root(fast_config(100));
+  line_client c(root.address());
+  REQUIRE(c.connected());
+  const json r = c.call("get_capacity", capacity_params("a", "db", 40));
+  CHECK(gets(r) == 40);
+  CHECK(r["result"]["mastership"]["is_master"] == true);
+  CHECK(r["result"]["mastership"]["master"] == root.address());
+  CHECK(c.call("discovery", json::object())["result"]["mastership"]["master"] == root.address());
+  const json bad = c.call("get_capacity", capacity_params("a", "db", -1));
+  CHECK(bad["error"]["code"] == -32602);
+  CHECK_THAT(bad["error"]["message"].get<std::string>(),
+             Catch::Contains("params.resources[0].wants"));
+  CHECK(c.call("nope", json::object())["error"]["code"] == -32601);
+  const json st = c.call("status", json::object());
+  CHECK(st["result"]["role"] == "root");
+  CHECK(st["result"]["level"] == 0);
+  CHECK(st["result"]["resources"][0]["sum_has"] == 40);
+}
+
+TEST_CASE("pipelined requests are all answered, matched by id; notifications are not",
+          "[net][node]") {
+  running_node root(fast_config(1000));
+  line_client c(root.address());
+  std::string batch;
+  for (int i = 0; i < 200; ++i) {
+    batch += doorman::to_line({{"jsonrpc", "2.0"},
+                               {"id", i},
+                               {"method", "get_capacity"},
+                               {"params", capacity_params("c" + std::to_string(i), "db", 1)}}) +
+             "\n";
+    if (i % 50 == 0) {  // a notification: no answer
+      batch += R"({"jsonrpc":"2.0","method":"discovery","params":{}})"
+               "\n";
+    }
+  }
+  REQUIRE(c.send(batch));
+  std::vector<bool> seen(200, false);
+  for (int i = 0; i < 200; ++i) {
+    const auto line = c.read_line();
+    REQUIRE(line);
+    const json j = json::parse(*line);
+    REQUIRE(j.contains("result"));
+    seen[j["id"].get<std::size_t>()] = true;
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](bool b) { return b; }));
+  CHECK_FALSE(c.read_line(200ms));  // nothing more: the notifications got no answer
+}
+
+// ---- a tree ------------------------------------------------------------------------------
+
+TEST_CASE("root and two intermediates converge to the FAIR_SHARE result", "[net][tree]") {
+  running_node root(fast_config(100));
+  doorman::node_options mid;
+  mid.parents = {root.address()};
+  running_node left("", mid);
+  running_node right("", mid);
+
+  // Left: 3 clients wanting 30 each; right: one wanting 60. 4 end clients share 100: the
+  // fair share is 25 each, so left holds 75 and right 25.
+  line_client a(left.address()), b(left.address()), c(left.address()), d(right.address());
+  std::map<std::string, double> got;
+  const bool converged = eventually([&] {
+    got["a"] = gets(a.call("get_capacity", capacity_params("a", "db", 30)));
+    got["b"] = gets(b.call("get_capacity", capacity_params("b", "db", 30)));
+    got["c"] = gets(c.call("get_capacity", capacity_params("c", "db", 30)));
+    got["d"] = gets(d.call("get_capacity", capacity_params("d", "db", 60)));
+    const auto near = [](double x, double y) { return std::abs(x - y) < 1e-6; };
+    return near(got["a"], 25) && near(got["b"], 25) && near(got["c"], 25) && near(got["d"], 25);
+  });
+  INFO("a=" << got["a"] << " b=" << got["b"] << " c=" << got["c"] << " d=" << got["d"]);
+  CHECK(converged);
+  CHECK(capacity_at(left.address(), "db") == Approx(75));
+  CHECK(capacity_at(right.address(), "db") == Approx(25));
+  const json st = status_of(left.address(), "db");
+  CHECK(st["role"] == "intermediate");
+  CHECK(st["level"] == 1);
+  CHECK(st["parent"] == root.address());
+  CHECK(st["resources"][0]["algorithm"] == "FAIR_SHARE");
+  const json rs = status_of(root.address(), "db");
+  CHECK(rs["resources"][0]["sum_has"].get<double>() <= 100 + 1e-9);
+  CHECK(rs["resources"][0]["subclients"] == 4);
+}
+
+TEST_CASE("an intermediate losing its parent runs dry, then recovers", "[net][tree]") {
+  auto root = std::make_unique<running_node<>>(fast_config(50));
+  const std::string root_address = root->address();
+  doorman::node_options mid;
+  mid.parents = {root_address};
+  running_node left("", mid);
+  line_client a(left.address());
+  REQUIRE(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 20; }));
+
+  root.reset();  // the parent goes away
+  // The intermediate's lease (3 s) runs out; so do the grants it made, which never outlived it.
+  REQUIRE(eventually([&] { return capacity_at(left.address(), "db") == 0; }, 8s));
+  CHECK(gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 0);
+
+  doorman::node_options back;
+  back.listen = root_address;  // the parent returns at the same address
+  running_node again(fast_config(50), back);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 20; }));
+}
+
+TEST_CASE("a restarted root rebuilds its leases in learning mode without over-granting",
+          "[net][tree]") {
+  const double capacity = 90;
+  auto root = std::make_unique<running_node<>>(fast_config(capacity, 1.5));
+  const std::string address = root->address();
+  std::vector<std::unique_ptr<line_client>> clients;
+  std::vector<json> has(3);
+  for (int i = 0; i < 3; ++i)
+    clients.push_back(std::make_unique<line_client>(address));
+  // Learning mode at first start: newcomers get 0; after it they share 90 (30 each).
+  REQUIRE(eventually([&] {
+    bool all = true;
+    for (int i = 0; i < 3; ++i) {
+      const json r =
+          clients[i]->call("get_capacity", capacity_params("c" + std::to_string(i), "db", 50));
+      has[i] = r["result"]["resources"][0]["gets"];
+      all = all && has[i]["capacity"] == 30;
+    }
+    return all;
+  }));
+
+  root.reset();
+  doorman::node_options again;
+  again.listen = address;
+  running_node restarted(fast_config(capacity, 1.5), again);
+  // Clients come back reporting what they have; during learning mode the root confirms it,
+  // and the sum never exceeds the capacity.
+  bool saw_learning = false;
+  const bool settled = eventually([&] {
+    double sum = 0;
+    for (int i = 0; i < 3; ++i) {
+      line_client c(address);
+      const json r =
+          c.call("get_capacity", capacity_params("c" + std::to_string(i), "db", 50, has[i]));
+      has[i] = r["result"]["resources"][0]["gets"];
+      sum += has[i]["capacity"].get<double>();
+    }
+    const json st = status_of(address, "db");
+    CHECK(st["resources"][0]["sum_has"].get<double>() <= capacity + 1e-9);
+    CHECK(sum <= capacity + 1e-9);
+    if (st["resources"][0]["learning"] == true) saw_learning = true;
+    return st["resources"][0]["learning"] == false && sum == Approx(capacity);
+  });
+  CHECK(saw_learning);
+  CHECK(settled);
+}
+
+// Runs `io` until `f` is ready (or 10 s pass).
+template <class Future>
+void run_until_ready(asio::io_context& io, Future& f) {
+  const auto deadline = steady::now() + 10s;
+  while (f.wait_for(0s) != std::future_status::ready && steady::now() < deadline)
+    io.run_one_for(50ms);
+  REQUIRE(f.wait_for(0s) == std::future_status::ready);
+}
+
+// ---- redirects ------------------------------------------------------------------------------
+
+namespace {
+
+// An election that reports a fixed outcome.
+struct fixed_election {
+  bool is_master = true;
+  std::string master;
+  void start(std::string advertise, doorman::mastership_callback cb) {
+    cb(is_master, is_master ? advertise : master);
+  }
+  void stop() {}
+};
+
+}  // namespace
+
+TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
+  running_node master(fast_config(10));
+  running_node<fixed_election> follower(fast_config(10), {},
+                                        fixed_election{false, master.address()});
+  {
+    line_client c(follower.address());
+    const json r = c.call("get_capacity", capacity_params("a", "db", 5));
+    CHECK(r["result"]["resources"].empty());
+    CHECK(r["result"]["mastership"]["is_master"] == false);
+    CHECK(r["result"]["mastership"]["master"] == master.address());
+  }
+  asio::io_context io;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {follower.address()}});
+  auto f =
+      asio::co_spawn(io, ch.call("get_capacity", capacity_params("a", "db", 5)), asio::use_future);
+  run_until_ready(io, f);
+  const auto reply = f.get();
+  REQUIRE(reply);
+  CHECK(reply.result["resources"][0]["gets"]["capacity"] == 5);
+  CHECK(ch.current() == master.address());
+}
+
+TEST_CASE("a channel fails over to the next address and times out when none answers",
+          "[net][channel]") {
+  running_node root(fast_config(10));
+  asio::io_context io;
+  // The first address refuses connections (nothing listens on port 1).
+  doorman::net::channel ch(io.get_executor(), {.addresses = {"127.0.0.1:1", root.address()}});
+  auto f = asio::co_spawn(io, ch.call("discovery", json::object()), asio::use_future);
+  run_until_ready(io, f);
+  CHECK(f.get());
+  CHECK(ch.current() == root.address());
+
+  asio::io_context io2;
+  doorman::net::channel dead(io2.get_executor(),
+                             {.addresses = {"127.0.0.1:1"}, .call_timeout = doorman::seconds(0.3)});
+  auto g = asio::co_spawn(io2, dead.call("discovery", json::object()), asio::use_future);
+  run_until_ready(io2, g);
+  const auto reply = g.get();
+  CHECK_FALSE(reply);
+  CHECK(reply.state == doorman::net::call_reply::status::unreachable);
+}
+
+// ---- hostile peers ----------------------------------------------------------------------
+
+TEST_CASE("hostile peers get errors or are cut off; a good client keeps being answered",
+          "[net][hostile]") {
+  doorman::node_options o;
+  o.server.max_message_bytes = 4096;
+  o.server.max_connections = 600;
+  o.server.idle_timeout = doorman::seconds(1);
+  o.server.max_in_flight = 64;
+  running_node root(fast_config(100), o);
+  line_client good(root.address());
+  REQUIRE(good.connected());
+  auto good_answers = [&] {
+    const auto start = steady::now();
+    const json r = good.call("get_capacity", capacity_params("good", "db", 1));
+    const auto took = steady::now() - start;
+    CHECK(gets(r) == 1);
+    CHECK(took < 500ms);
+  };
+
+  SECTION("not JSON, or JSON that is not an object") {
+    line_client c(root.address());
+    REQUIRE(c.send("this is not json\n[1,2]\n42\n{\"jsonrpc\":\"2.0\",\"id\":7}\n"));
+    const json e1 = json::parse(*c.read_line());
+    CHECK(e1["error"]["code"] == -32700);
+    CHECK(e1["id"].is_null());
+    CHECK(json::parse(*c.read_line())["error"]["code"] == -32600);
+    CHECK(json::parse(*c.read_line())["error"]["code"] == -32600);
+    const json e4 = json::parse(*c.read_line());
+    CHECK(e4["error"]["code"] == -32600);
+    CHECK(e4["id"] == 7);
+    good_answers();
+  }
+  SECTION("a line over the limit is answered with an error and the connection is closed") {
+    line_client c(root.address());
+    REQUIRE(c.send(std::string(5000, 'x')));  // no newline yet: already too long
+    const auto line = c.read_line();
+    REQUIRE(line);
+    CHECK(json::parse(*line)["error"]["code"] == -32600);
+    CHECK_THAT(*line, Catch::Contains("max_message_bytes"));
+    CHECK(c.closed_by_peer());
+    good_answers();
+  }
+  SECTION("half a line, then silence: closed after the idle timeout") {
+    line_client c(root.address());
+    REQUIRE(c.send(R"({"jsonrpc":"2.0","id":1,"meth)"));
+    good_answers();
+    CHECK(c.closed_by_peer(5s));
+    // The good client was idle as long, so it was closed too: it reconnects.
+    good.shutdown();
+    line_client again(root.address());
+    const json r = again.call("get_capacity", capacity_params("good", "db", 1));
+    CHECK(gets(r) == 1);
+  }
+  SECTION("1 000 connections at once: the ones over the limit are refused") {
+    std::vector<std::unique_ptr<line_client>> many;
+    for (int i = 0; i < 1000; ++i)
+      many.push_back(std::make_unique<line_client>(root.address()));
+    good_answers();
+    // Every connection either works or was told why it was refused.
+    int refused = 0;
+    for (auto& c : many) {
+      REQUIRE(c->send(R"({"jsonrpc":"2.0","id":1,"method":"discovery","params":{}})"
+                      "\n"));
+      const auto line = c->read_line(5s);
+      REQUIRE(line);
+      const json j = json::parse(*line);
+      if (j.contains("error")) {
+        CHECK_THAT(j["error"]["message"].get<std::string>(), Catch::Contains("too many"));
+        ++refused;
+      }
+    }
+    CHECK(refused >= 1000 - 600);
+    CHECK(root.node().server().refused() >= static_cast<std::size_t>(refused));
+    many.clear();
+    good_answers();
+  }
+  SECTION("10 000 pipelined requests never read: only that peer stalls") {
+    auto greedy = std::make_unique<line_client>(root.address());
+    std::string batch;
+    for (int i = 0; i < 10000; ++i) {
+      batch += doorman::to_line({{"jsonrpc", "2.0"},
+                                 {"id", i},
+                                 {"method", "get_capacity"},
+                                 {"params", capacity_params("g" + std::to_string(i), "db", 0)}}) +
+               "\n";
+    }
+    // Send from another thread: the node stops reading this peer, so the send blocks.
+    std::thread sender([&] { greedy->send(batch); });
+    for (int i = 0; i < 20; ++i)
+      good_answers();
+    greedy->shutdown();  // the sender unblocks; the node sees the peer go
+    sender.join();
+    greedy.reset();
+    good_answers();
+  }
+}
+
+// ---- the real doorman-node binary -----------------------------------------------------------
+
+#ifdef DOORMAN_NODE_BINARY
+namespace {
+
+// A child process with its stderr in a pipe.
+class process {
+ public:
+  explicit process(std::vector<std::string> args) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    REQUIRE(::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    err_ = fds[0];
+    ::fcntl(err_, F_SETFL, O_NONBLOCK);
+  }
+  process(const process&) = delete;
+  process& operator=(const process&) = delete;
+  ~process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(err_);
+  }
+
+  // Reads stderr until a line contains `what`; returns that line.
+  std::optional<std::string> wait_for(const std::string& what, std::chrono::milliseconds t = 10s) {
+    const auto deadline = steady::now() + t;
+    for (;;) {
+      for (std::size_t nl; (nl = log_.find('\n', scanned_)) != std::string::npos;) {
+        std::string line = log_.substr(scanned_, nl - scanned_);
+        scanned_ = nl + 1;
+        if (line.find(what) != std::string::npos) return line;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{err_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
+      char chunk[4096];
+      const auto n = ::read(err_, chunk, sizeof chunk);
+      if (n <= 0) return std::nullopt;
+      log_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+  void signal(int s) { ::kill(pid_, s); }
+
+  // Exit status, or -1 if it did not exit before the deadline.
+  int wait_exit(std::chrono::milliseconds t = 10s) {
+    const auto deadline = steady::now() + t;
+    while (steady::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);  // polling period
+    }
+    return -1;
+  }
+
+  [[nodiscard]] const std::string& log() const { return log_; }
+
+ private:
+  pid_t pid_ = -1;
+  int err_ = -1;
+  std::string log_;
+  std::size_t scanned_ = 0;
+};
+
+std::string listening_address(process& p) {
+  const auto line = p.wait_for("listening on ");
+  REQUIRE(line);
+  return line->substr(line->rfind(' ') + 1);
+}
+
+}  // namespace
+
+TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM", "[net][process]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  const std::string config = std::string(dir_template) + "/resources.json";
+  std::ofstream(config) << fast_config(100);
+
+  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config});
+  const std::string root_address = listening_address(root);
+  process mid({DOORMAN_NODE_BINARY, "--listen=127.0.0.1:0", "--parent", root_address});
+  const std::string mid_address = listening_address(mid);
+
+  line_client a(mid_address);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 100; }));
+  CHECK(mid.wait_for("parent " + root_address + " reached"));
+
+  // A good reload: capacity 60 applies, the lease stays.
+  std::ofstream(config) << fast_config(60);
+  root.signal(SIGHUP);
+  REQUIRE(root.wait_for("configuration reloaded"));
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60; }));
+  CHECK(status_of(root_address, "db")["resources"][0]["clients"] == 1);
+
+  // A bad one: rejected with the field named, the old configuration stays.
+  std::ofstream(config) << R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})";
+  root.signal(SIGHUP);
+  const auto rejected = root.wait_for("rejected");
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(root_address, "db") == 60);
+
+  mid.signal(SIGTERM);
+  CHECK(mid.wait_exit() == 0);
+  root.signal(SIGINT);
+  CHECK(root.wait_exit() == 0);
+  std::remove(config.c_str());
+  ::rmdir(dir_template);
+}
+
+TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
+  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere"});
+  CHECK(p.wait_exit() == 2);
+  p.wait_for("listen");
+  CHECK_THAT(p.log(), Catch::Contains("listen"));
+  process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"});
+  CHECK(q.wait_exit() == 2);
+  q.wait_for("config");
+  CHECK_THAT(q.log(), Catch::Contains("--config is required"));
+}
+#endif
