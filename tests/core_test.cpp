@@ -1036,8 +1036,9 @@ TEST_CASE("an intermediate losing its parent backs off and its capacity ends wit
   CHECK(t.left.capacity("res", t.clock.now()) == 0);
   CHECK(small_tree::ask(t.left, t.clock, "b", 10) == 0);
 
-  // The parent returns.
+  // The parent returns; the client keeps asking (its empty lease tells it to come back soon).
   t.clock.set(t.left_up.next_request(t.left));
+  CHECK(small_tree::ask(t.left, t.clock, "b", 10) == 0);
   CHECK(t.refresh(t.left, t.left_up) == doorman::upstream_event::parent_regained);
   CHECK(t.left.capacity("res", t.clock.now()) > 0);
 }
