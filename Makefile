@@ -15,11 +15,11 @@ endef
 deps:
 	@sh cmake/install-deps.sh
 
-## Run the main job: a capacity tree (today: one engine) with clients arriving and leaving.
+## Run the main job: a local capacity tree (root + 2 intermediates) with scripted clients.
 demo: deps
 	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman-engine-demo
-	@./build/release/examples/doorman-engine-demo
+	@cmake --build --preset release -j $(JOBS) --target doorman-tree-demo
+	@./build/release/examples/doorman-tree-demo
 
 ## Build and run the test suite (Debug, warnings as errors).
 test: deps

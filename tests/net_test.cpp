@@ -7,14 +7,10 @@
 #include <doorman/node.hpp>
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,8 +24,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 using namespace std::chrono_literals;
 using json = nlohmann::json;
@@ -528,88 +522,18 @@ TEST_CASE("hostile peers get errors or are cut off; a good client keeps being an
 // ---- the real doorman-node binary -----------------------------------------------------------
 
 #ifdef DOORMAN_NODE_BINARY
+#include "process.hpp"
+
+#include <filesystem>
+
 namespace {
 
-// A child process with its stderr in a pipe.
-class process {
- public:
-  explicit process(std::vector<std::string> args) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    REQUIRE(::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    err_ = fds[0];
-    ::fcntl(err_, F_SETFL, O_NONBLOCK);
-  }
-  process(const process&) = delete;
-  process& operator=(const process&) = delete;
-  ~process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(err_);
-  }
-
-  // Reads stderr until a line contains `what`; returns that line.
-  std::optional<std::string> wait_for(const std::string& what, std::chrono::milliseconds t = 10s) {
-    const auto deadline = steady::now() + t;
-    for (;;) {
-      for (std::size_t nl; (nl = log_.find('\n', scanned_)) != std::string::npos;) {
-        std::string line = log_.substr(scanned_, nl - scanned_);
-        scanned_ = nl + 1;
-        if (line.find(what) != std::string::npos) return line;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{err_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
-      char chunk[4096];
-      const auto n = ::read(err_, chunk, sizeof chunk);
-      if (n <= 0) return std::nullopt;
-      log_.append(chunk, static_cast<std::size_t>(n));
-    }
-  }
-
-  void signal(int s) { ::kill(pid_, s); }
-
-  // Exit status, or -1 if it did not exit before the deadline.
-  int wait_exit(std::chrono::milliseconds t = 10s) {
-    const auto deadline = steady::now() + t;
-    while (steady::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);  // polling period
-    }
-    return -1;
-  }
-
-  [[nodiscard]] const std::string& log() const { return log_; }
-
- private:
-  pid_t pid_ = -1;
-  int err_ = -1;
-  std::string log_;
-  std::size_t scanned_ = 0;
-};
+using doorman_examples::process;
 
 std::string listening_address(process& p) {
-  const auto line = p.wait_for("listening on ");
-  REQUIRE(line);
-  return line->substr(line->rfind(' ') + 1);
+  const auto a = p.listening_address();
+  REQUIRE(a);
+  return *a;
 }
 
 }  // namespace
@@ -620,9 +544,13 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
   const std::string config = std::string(dir_template) + "/resources.json";
   std::ofstream(config) << fast_config(100);
 
-  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config});
+  const std::string dir = dir_template;
+  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config,
+                "--minimum-refresh-interval", "0"},
+               dir + "/root.log");
   const std::string root_address = listening_address(root);
-  process mid({DOORMAN_NODE_BINARY, "--listen=127.0.0.1:0", "--parent", root_address});
+  process mid({DOORMAN_NODE_BINARY, "--listen=127.0.0.1:0", "--parent", root_address},
+              dir + "/mid.log");
   const std::string mid_address = listening_address(mid);
 
   line_client a(mid_address);
@@ -651,18 +579,20 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
   CHECK(mid.wait_exit() == 0);
   root.signal(SIGINT);
   CHECK(root.wait_exit() == 0);
-  std::remove(config.c_str());
-  ::rmdir(dir_template);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
-  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere"});
+  const auto log = std::filesystem::temp_directory_path() / "doorman-test-flags.log";
+  std::filesystem::remove(log);
+  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere"}, log.string());
   CHECK(p.wait_exit() == 2);
   p.wait_for("listen");
   CHECK_THAT(p.log(), Catch::Contains("listen"));
-  process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"});
+  process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"}, log.string());
   CHECK(q.wait_exit() == 2);
   q.wait_for("config");
   CHECK_THAT(q.log(), Catch::Contains("--config is required"));
+  std::filesystem::remove(log);
 }
 #endif

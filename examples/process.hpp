@@ -1,0 +1,113 @@
+#pragma once
+
+// A child process (POSIX) whose stderr goes to a log file, for the tree demo and the tests
+// that run real doorman-node processes. Not part of the library.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace doorman_examples {
+
+class process {
+ public:
+  /// Starts `args[0]` with `args`, its stderr appended to `log_path`.
+  process(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error("cannot start " + args[0]);
+  }
+  process(const process&) = delete;
+  process& operator=(const process&) = delete;
+  ~process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  /// Everything the process wrote to stderr so far.
+  [[nodiscard]] std::string log() const {
+    std::ifstream in(log_path_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  /// Waits until a stderr line after the ones already matched contains `what`; returns it.
+  std::optional<std::string> wait_for(
+      const std::string& what, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const std::string text = log();
+      for (std::size_t nl; (nl = text.find('\n', scanned_)) != std::string::npos;) {
+        std::string line = text.substr(scanned_, nl - scanned_);
+        scanned_ = nl + 1;
+        if (line.find(what) != std::string::npos) return line;
+      }
+      if (std::chrono::steady_clock::now() >= deadline || !running()) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling period
+    }
+  }
+
+  /// The address from the node's "listening on HOST:PORT" line.
+  std::optional<std::string> listening_address() {
+    const auto line = wait_for("listening on ");
+    if (!line) return std::nullopt;
+    return line->substr(line->rfind(' ') + 1);
+  }
+
+  void signal(int s) const {
+    if (pid_ > 0) ::kill(pid_, s);
+  }
+
+  [[nodiscard]] bool running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+
+  /// The exit status (128 + signal when killed), or -1 if still running at the deadline.
+  int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (running()) {
+      if (std::chrono::steady_clock::now() >= deadline) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling period
+    }
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  std::string log_path_;
+  std::size_t scanned_ = 0;
+};
+
+}  // namespace doorman_examples
