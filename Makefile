@@ -33,13 +33,14 @@ asan: deps
 tsan: deps
 	$(call preset_tests,tsan)
 
-## Benchmarks (Release), JSON written to build/release/decision.json.
+## Benchmarks (Release), JSON written to build/release/decision.json and load.json.
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision
+	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision doorman_bench_load
 	@./build/release/benchmarks/doorman_bench_decision --benchmark_repetitions=5 \
 	  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
 	  --benchmark_out=build/release/decision.json --benchmark_out_format=json
+	@./build/release/benchmarks/doorman_bench_load --json build/release/load.json
 
 ## Format every C++ file with clang-format.
 format:

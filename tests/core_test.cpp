@@ -971,6 +971,24 @@ TEST_CASE("an intermediate aggregates its clients into one bulk request", "[core
   CHECK_FALSE(t.left_up.due(t.left, t.clock.now()));  // one request in flight at a time
 }
 
+TEST_CASE("a resource whose clients all left is still reported, with no demand",
+          "[core][upstream]") {
+  small_tree t;
+  small_tree::ask(t.left, t.clock, "a", 30);
+  t.refresh(t.left, t.left_up);
+  CHECK(t.left.capacity("res", t.clock.now()) == 30);
+  (void)t.left.release_capacity({"a", {"res"}}, t.clock.now());
+  t.clock.set(t.left_up.next_request(t.left));
+  const auto req = t.left_up.make_request(t.left, t.clock.now());
+  REQUIRE(req.resources.size() == 1);
+  REQUIRE(req.resources[0].wants.size() == 1);
+  CHECK(req.resources[0].wants[0].wants == 0);
+  auto resp = t.root.get_server_capacity(req, t.clock.now());
+  REQUIRE(resp);  // a valid request
+  t.left_up.on_response(t.left, resp.value(), t.clock.now());
+  CHECK(t.left.capacity("res", t.clock.now()) == 0);  // the capacity went back to the root
+}
+
 TEST_CASE("a two-level tree converges to the fair share and keeps the decay rule",
           "[core][upstream]") {
   small_tree t;

@@ -130,6 +130,9 @@ class basic_upstream {
                                n, 1.0, static_cast<double>(request_limits::max_num_clients))),
                            sums.wants});
       });
+      // No clients left (the resource lives on its parent lease): say so, which hands the
+      // capacity back at the parent's next decision.
+      if (r.wants.empty()) r.wants.push_back({0, 1, 0});
       req.resources.push_back(std::move(r));
     });
     // Deterministic order whatever the engine's hash map does.
