@@ -220,7 +220,7 @@ TEST_CASE("a root answers get_capacity, discovery and errors over TCP", "[net][n
   CHECK(st["result"]["resources"][0]["sum_has"] == 40);
 }
 
-TEST_CASE("pipelined requests are all answered, matched by id; notifications are not",
+TEST_CASE("pipelined requests are all answered, matched by id, notifications are not",
           "[net][node]") {
   running_node root(fast_config(1000));
   line_client c(root.address());
@@ -423,7 +423,7 @@ TEST_CASE("a channel fails over to the next address and times out when none answ
 
 // ---- hostile peers ----------------------------------------------------------------------
 
-TEST_CASE("hostile peers get errors or are cut off; a good client keeps being answered",
+TEST_CASE("hostile peers get errors or are cut off, a good client keeps being answered",
           "[net][hostile]") {
   doorman::node_options o;
   o.server.max_message_bytes = 4096;
