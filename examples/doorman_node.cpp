@@ -174,22 +174,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     o.listen = v.at("listen");
-    if (!doorman::net::parse_address(o.listen)) {
-      throw std::invalid_argument(
-          fmt::format("--listen: expected HOST:PORT, got \"{}\"", o.listen));
-    }
     if (v.contains("parent")) {
       o.parents = doorman::net::split_list(v.at("parent"));
       if (o.parents.empty()) throw std::invalid_argument("--parent: no address given");
-      for (const auto& p : o.parents) {
-        if (!doorman::net::parse_address(p)) {
-          throw std::invalid_argument(
-              fmt::format("--parent: expected HOST:PORT[,HOST:PORT...], got \"{}\"", p));
-        }
-      }
     }
-    if (v.contains("advertise")) o.advertise = v.at("advertise");
-    if (v.contains("id")) o.id = v.at("id");
     o.engine.decay_factor = number(v, "decay-factor", 1e-3, 1);
     o.engine.minimum_refresh_interval =
         doorman::seconds(number(v, "minimum-refresh-interval", 0, 86400));
@@ -211,9 +199,18 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::optional<asio::io_context> io_holder;
+  std::optional<doorman::node> node_holder;
   try {
-    asio::io_context io;
-    doorman::node node(io.get_executor(), std::move(config), o);
+    // The node validates the addresses (listen, parent): a bad one is a usage error.
+    node_holder.emplace(io_holder.emplace().get_executor(), std::move(config), o);
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "doorman-node: --{}\n", e.what());
+    return 2;
+  }
+  try {
+    asio::io_context& io = *io_holder;
+    doorman::node& node = *node_holder;
     node.start();
     if (config_file) log_line(fmt::format("configuration loaded from {}", *config_file));
 

@@ -31,6 +31,13 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
+// One JSON-RPC request line, newline included.
+std::string request_line(int id, const std::string& method, const json& params) {
+  return doorman::to_line(
+             {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}}) +
+         "\n";
+}
+
 // ---- a blocking line client on plain POSIX sockets, every read with a deadline ------------
 
 class line_client {
@@ -103,9 +110,7 @@ class line_client {
   }
 
   json call(const std::string& method, const json& params, int id = 1) {
-    REQUIRE(send(
-        doorman::to_line({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}}) +
-        "\n"));
+    REQUIRE(send(request_line(id, method, params)));
     const auto line = read_line();
     REQUIRE(line);
     return json::parse(*line);
@@ -226,11 +231,7 @@ TEST_CASE("pipelined requests are all answered, matched by id, notifications are
   line_client c(root.address());
   std::string batch;
   for (int i = 0; i < 200; ++i) {
-    batch += doorman::to_line({{"jsonrpc", "2.0"},
-                               {"id", i},
-                               {"method", "get_capacity"},
-                               {"params", capacity_params("c" + std::to_string(i), "db", 1)}}) +
-             "\n";
+    batch += request_line(i, "get_capacity", capacity_params("c" + std::to_string(i), "db", 1));
     if (i % 50 == 0) {  // a notification: no answer
       batch += R"({"jsonrpc":"2.0","method":"discovery","params":{}})"
                "\n";
@@ -502,11 +503,7 @@ TEST_CASE("hostile peers get errors or are cut off, a good client keeps being an
     auto greedy = std::make_unique<line_client>(root.address());
     std::string batch;
     for (int i = 0; i < 10000; ++i) {
-      batch += doorman::to_line({{"jsonrpc", "2.0"},
-                                 {"id", i},
-                                 {"method", "get_capacity"},
-                                 {"params", capacity_params("g" + std::to_string(i), "db", 0)}}) +
-               "\n";
+      batch += request_line(i, "get_capacity", capacity_params("g" + std::to_string(i), "db", 0));
     }
     // Send from another thread: the node stops reading this peer, so the send blocks.
     std::thread sender([&] { greedy->send(batch); });
@@ -585,13 +582,16 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
 TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
   const auto log = std::filesystem::temp_directory_path() / "doorman-test-flags.log";
   std::filesystem::remove(log);
-  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere"}, log.string());
+  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere", "--parent", "127.0.0.1:1"}, log.string());
   CHECK(p.wait_exit() == 2);
-  p.wait_for("listen");
-  CHECK_THAT(p.log(), Catch::Contains("listen"));
+  CHECK_THAT(p.log(), Catch::Contains("--listen: expected host:port, got \"nowhere\""));
+  std::filesystem::remove(log);
+  process r({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--parent", "a:1,b"}, log.string());
+  CHECK(r.wait_exit() == 2);
+  CHECK_THAT(r.log(), Catch::Contains("--parent: expected host:port, got \"b\""));
+  std::filesystem::remove(log);
   process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"}, log.string());
   CHECK(q.wait_exit() == 2);
-  q.wait_for("config");
   CHECK_THAT(q.log(), Catch::Contains("--config is required"));
   std::filesystem::remove(log);
 }

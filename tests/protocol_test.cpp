@@ -89,6 +89,35 @@ TEST_CASE("messages round-trip through JSON", "[protocol]") {
                   doorman::protocol_error);
 }
 
+TEST_CASE("a server grant carries its algorithm, which is checked when decoded", "[protocol]") {
+  doorman::algorithm_config alg{"FAIR_SHARE", doorman::seconds(60), doorman::seconds(16),
+                                doorman::seconds(30), json{{"x", 1}}};
+  doorman::server_capacity_response resp{{{"db", {40, 59, 8}, 10, alg}}, {true, "root:7700"}};
+  doorman::server_capacity_response back;
+  REQUIRE_FALSE(doorman::decode(json(resp), back));
+  REQUIRE(back.resources.size() == 1);
+  CHECK(back.resources[0].gets == resp.resources[0].gets);
+  CHECK(back.resources[0].safe_capacity == 10);
+  CHECK(back.resources[0].algorithm == alg);
+  CHECK(back.mastership == resp.mastership);
+
+  json bad = resp;
+  bad["resources"][0]["algorithm"]["refresh_interval"] = 90;  // longer than the lease
+  auto err = doorman::decode(bad, back);
+  REQUIRE(err);
+  CHECK_THAT(err->message, Contains("result.resources[0].algorithm.refresh_interval"));
+  bad = resp;
+  bad["resources"][0]["algorithm"].erase("kind");
+  err = doorman::decode(bad, back);
+  REQUIRE(err);
+  CHECK_THAT(err->message, Contains("result.resources[0].algorithm.kind"));
+  bad = resp;
+  bad["resources"][0]["gets"]["capacity"] = "lots";
+  err = doorman::decode(bad, back);
+  REQUIRE(err);
+  CHECK_THAT(err->message, Contains("result.resources[0].gets.capacity"));
+}
+
 TEST_CASE("a get_capacity exchange over the line dispatcher", "[protocol]") {
   node n;
   auto j = n.call(node::get_capacity(

@@ -5,6 +5,7 @@
 /// state.
 
 #include "doorman/core/algorithm.hpp"
+#include "doorman/core/backoff.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/engine.hpp"
 #include "doorman/core/error.hpp"

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "doorman/core/backoff.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/messages.hpp"
 #include "doorman/core/time.hpp"
@@ -53,27 +54,6 @@ enum class upstream_event {
   parent_regained,  ///< the first answer after failures
 };
 
-namespace detail {
-
-/// splitmix64: a small, fast, well-mixed generator; deterministic for a seed.
-class splitmix64 {
- public:
-  explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
-  std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in [0, 1).
-  double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
- private:
-  std::uint64_t state_;
-};
-
-}  // namespace detail
-
 /// An intermediate node's relation to its parent. `Engine` is a `basic_engine`.
 template <class Engine>
 class basic_upstream {
@@ -83,7 +63,8 @@ class basic_upstream {
   using duration = typename Engine::duration;
 
   explicit basic_upstream(upstream_options options)
-      : options_(std::move(options)), random_(options_.seed) {}
+      : options_(std::move(options)),
+        backoff_({options_.initial_backoff, options_.maximum_backoff}, options_.seed) {}
 
   [[nodiscard]] const upstream_options& options() const noexcept { return options_; }
 
@@ -182,11 +163,7 @@ class basic_upstream {
   upstream_event on_failure(time_point now) {
     in_flight_ = false;
     ++failures_;
-    const double step =
-        std::min(options_.maximum_backoff.count(),
-                 options_.initial_backoff.count() *
-                     std::pow(2.0, static_cast<double>(std::min(failures_, 30) - 1)));
-    const double delay = std::max(floor_seconds(), step * (0.5 + 0.5 * random_.uniform()));
+    const double delay = std::max(floor_seconds(), backoff_.delay(failures_).count());
     next_ = now + to_duration<duration>(delay);
     return failures_ == 1 && answered_ ? upstream_event::parent_lost : upstream_event::none;
   }
@@ -196,7 +173,7 @@ class basic_upstream {
   [[nodiscard]] duration floor() const noexcept { return to_duration<duration>(floor_seconds()); }
 
   upstream_options options_;
-  detail::splitmix64 random_;
+  jittered_backoff backoff_;
   time_point next_{};
   time_point last_request_{};
   std::uint64_t created_seen_ = 0;

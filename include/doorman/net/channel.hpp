@@ -14,7 +14,6 @@
 
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,8 +30,8 @@
 #include <asio.hpp>
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/backoff.hpp"
 #include "doorman/core/time.hpp"
-#include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
@@ -67,7 +66,7 @@ class channel {
       : executor_(std::move(executor)),
         options_(std::move(options)),
         state_(std::make_shared<connection_state>(executor_)),
-        random_(std::random_device{}()) {
+        backoff_({options_.initial_backoff, options_.maximum_backoff}, std::random_device{}()) {
     if (options_.addresses.empty()) throw std::invalid_argument("channel: no addresses");
     for (const auto& a : options_.addresses) {
       if (!parse_address(a)) throw std::invalid_argument("channel: bad address " + a);
@@ -213,11 +212,7 @@ class channel {
   }
 
   asio::awaitable<void> backoff(int round, clock::time_point deadline) {
-    const double step = std::min(options_.maximum_backoff.count(),
-                                 options_.initial_backoff.count() *
-                                     std::pow(2.0, static_cast<double>(std::min(round, 30) - 1)));
-    const double jitter = 0.5 + 0.5 * random_.uniform();
-    auto until = clock::now() + to_duration<clock::duration>(step * jitter);
+    const auto until = clock::now() + to_duration<clock::duration>(backoff_.delay(round).count());
     asio::steady_timer t(executor_);
     t.expires_at(std::min(until, deadline));
     sleeping_.insert(&t);
@@ -359,7 +354,7 @@ class channel {
   std::int64_t next_id_ = 1;
   bool shut_ = false;
   std::unordered_set<asio::steady_timer*> sleeping_;
-  doorman::detail::splitmix64 random_;
+  jittered_backoff backoff_;
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);
 };
 

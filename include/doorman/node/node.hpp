@@ -110,7 +110,7 @@ class basic_node {
     identity_.id = options_.id.empty() ? options_.advertise : options_.id;
     identity_.role = options_.parents.empty() ? "root" : "intermediate";
     identity_.level = options_.parents.empty() ? 0 : 1;
-    if (!options_.parents.empty()) identity_.parent = fmt::format("{}", options_.parents[0]);
+    if (!options_.parents.empty()) identity_.parent = options_.parents[0];
     if (options_.upstream.server_id.empty()) {
       options_.upstream.server_id = identity_.id;
       upstream_ = basic_upstream<engine_type>(options_.upstream);

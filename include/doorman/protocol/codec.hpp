@@ -364,26 +364,43 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
   }
 }
 
-/// Decodes a `get_capacity` result (from a server: untrusted too).
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         capacity_response& out) {
-  out = {};
-  detail::field_reader r(j, "result");
+namespace detail {
+
+// The `mastership` object of a result, when present.
+inline void decode_mastership_field(field_reader& r, mastership_info& out) {
   if (const auto* m = r.object("mastership")) {
-    r.absorb(detail::decode_mastership(*m, "result.mastership", out.mastership));
+    r.absorb(decode_mastership(*m, "result.mastership", out));
   }
-  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
-    detail::field_reader x(e, path);
-    resource_grant g;
+}
+
+// A capacity result: mastership and grants, each grant's common fields read here and any others
+// by `more(reader, grant)`.
+template <class Response, class More>
+std::optional<request_error> decode_grants(const json& j, Response& out, More&& more) {
+  out = {};
+  field_reader r(j, "result");
+  decode_mastership_field(r, out.mastership);
+  r.array("resources", [&](const json& e, const std::string& path) {
+    field_reader x(e, path);
+    typename decltype(out.resources)::value_type g;
     x.string("resource_id", g.resource_id);
     if (const auto* gets = x.object("gets")) {
-      x.absorb(detail::decode_lease(*gets, x.at("gets"), g.gets));
+      x.absorb(decode_lease(*gets, x.at("gets"), g.gets));
     }
     x.number("safe_capacity", g.safe_capacity, false);
+    more(x, g);
     r.absorb(x.error());
     out.resources.push_back(std::move(g));
   });
   return r.error();
+}
+
+}  // namespace detail
+
+/// Decodes a `get_capacity` result (from a server: untrusted too).
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         capacity_response& out) {
+  return detail::decode_grants(j, out, [](detail::field_reader&, resource_grant&) {});
 }
 
 /// Decodes a `get_server_capacity` result. The algorithm's kind is only checked to be a
@@ -391,19 +408,7 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
 /// within `config_limits`, with lease_length >= refresh_interval.
 [[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
                                                          server_capacity_response& out) {
-  out = {};
-  detail::field_reader r(j, "result");
-  if (const auto* m = r.object("mastership")) {
-    r.absorb(detail::decode_mastership(*m, "result.mastership", out.mastership));
-  }
-  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
-    detail::field_reader x(e, path);
-    server_resource_grant g;
-    x.string("resource_id", g.resource_id);
-    if (const auto* gets = x.object("gets")) {
-      x.absorb(detail::decode_lease(*gets, x.at("gets"), g.gets));
-    }
-    x.number("safe_capacity", g.safe_capacity, false);
+  return detail::decode_grants(j, out, [](detail::field_reader& x, server_resource_grant& g) {
     if (const auto* alg = x.object("algorithm")) {
       detail::field_reader a(*alg, x.at("algorithm"));
       double lease = 0, refresh = 0, learning = -1;
@@ -430,10 +435,7 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
       g.algorithm.refresh_interval = seconds(refresh);
       g.algorithm.learning_mode_duration = seconds(learning < 0 ? lease : learning);
     }
-    r.absorb(x.error());
-    out.resources.push_back(std::move(g));
   });
-  return r.error();
 }
 
 /// Decodes a `discovery` (or `release_capacity`) result.
@@ -441,9 +443,7 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
                                                          discovery_response& out) {
   out = {};
   detail::field_reader r(j, "result");
-  if (const auto* m = r.object("mastership")) {
-    r.absorb(detail::decode_mastership(*m, "result.mastership", out.mastership));
-  }
+  detail::decode_mastership_field(r, out.mastership);
   return r.error();
 }
 
