@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <doorman/node.hpp>
+#include "support.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -28,6 +29,9 @@
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 using steady = std::chrono::steady_clock;
+using doorman_test::fast_config;
+using doorman_test::fixed_election;
+using doorman_test::running_node;
 
 namespace {
 
@@ -140,52 +144,6 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
 }
 
 // ---- in-process nodes ----------------------------------------------------------------------
-
-std::string fast_config(double capacity, double learning = 0) {
-  return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
-         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4,
-         "learning_mode_duration": )" +
-         std::to_string(learning) + "}}]}";
-}
-
-template <class Election = doorman::single_election>
-class running_node {
- public:
-  explicit running_node(const std::string& config, doorman::node_options options = {},
-                        Election election = {}) {
-    if (options.listen == "127.0.0.1:7700") options.listen = "127.0.0.1:0";
-    options.engine.minimum_refresh_interval = doorman::seconds(0);
-    options.upstream.minimum_interval = doorman::seconds(0.05);
-    options.upstream.initial_backoff = doorman::seconds(0.05);
-    options.upstream.maximum_backoff = doorman::seconds(0.4);
-    options.parent_timeout = doorman::seconds(1);
-    auto repo = options.parents.empty() || !config.empty() ? doorman::engine::parse_config(config)
-                                                           : doorman::intermediate_default_config();
-    node_ = std::make_unique<doorman::basic_node<Election>>(io_.get_executor(), std::move(repo),
-                                                            options, std::move(election));
-    node_->start();
-    address_ = node_->local_address();
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  running_node(const running_node&) = delete;
-  running_node& operator=(const running_node&) = delete;
-  ~running_node() { stop(); }
-
-  void stop() {
-    if (!thread_.joinable()) return;
-    node_->stop();
-    thread_.join();
-  }
-
-  [[nodiscard]] const std::string& address() const { return address_; }
-  doorman::basic_node<Election>& node() { return *node_; }
-
- private:
-  asio::io_context io_;
-  std::unique_ptr<doorman::basic_node<Election>> node_;
-  std::string address_;
-  std::thread thread_;
-};
 
 double gets(const json& response, std::size_t i = 0) {
   return response.at("result").at("resources").at(i).at("gets").at("capacity").get<double>();
@@ -365,20 +323,6 @@ void run_until_ready(asio::io_context& io, Future& f) {
 
 // ---- redirects ------------------------------------------------------------------------------
 
-namespace {
-
-// An election that reports a fixed outcome.
-struct fixed_election {
-  bool is_master = true;
-  std::string master;
-  void start(std::string advertise, doorman::mastership_callback cb) {
-    cb(is_master, is_master ? advertise : master);
-  }
-  void stop() {}
-};
-
-}  // namespace
-
 TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
   running_node master(fast_config(10));
   running_node<fixed_election> follower(fast_config(10), {},
@@ -507,10 +451,20 @@ TEST_CASE("hostile peers get errors or are cut off, a good client keeps being an
     }
     // Send from another thread: the node stops reading this peer, so the send blocks.
     std::thread sender([&] { greedy->send(batch); });
-    for (int i = 0; i < 20; ++i)
-      good_answers();
-    greedy->shutdown();  // the sender unblocks; the node sees the peer go
-    sender.join();
+    // Whatever a check below does, the sender is unblocked and joined.
+    struct joiner {
+      line_client& peer;
+      std::thread& thread;
+      ~joiner() {
+        peer.shutdown();  // the sender unblocks; the node sees the peer go
+        thread.join();
+      }
+    };
+    {
+      joiner guard{*greedy, sender};
+      for (int i = 0; i < 20; ++i)
+        good_answers();
+    }
     greedy.reset();
     good_answers();
   }

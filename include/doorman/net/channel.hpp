@@ -98,11 +98,13 @@ class channel {
   }
 
   /// Calls `method` with `params` on the master: follows `mastership` redirects (when
-  /// `follow_redirects`), reconnects and retries other addresses until the call's deadline.
+  /// `follow_redirects`), reconnects and retries other addresses until the call's deadline
+  /// (`timeout`, or else the options' `call_timeout`).
   asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
-                                   bool follow_redirects = true) {
-    const auto deadline =
-        clock::now() + to_duration<clock::duration>(options_.call_timeout.count());
+                                   bool follow_redirects = true,
+                                   std::optional<seconds> timeout = std::nullopt) {
+    const auto deadline = clock::now() + to_duration<clock::duration>(
+                                             timeout.value_or(options_.call_timeout).count());
     int redirects = 0;
     int failed_rounds = 0;
     std::size_t tried = 0;  // addresses tried in this round

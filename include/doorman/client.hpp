@@ -1,0 +1,9 @@
+#pragma once
+
+/// \file
+/// The client library: `doorman::client`, `rate_resource`, `gauge_resource`, and the local
+/// limiters they use.
+
+#include "doorman/client/client.hpp"
+#include "doorman/client/resource.hpp"
+#include "doorman/limit.hpp"

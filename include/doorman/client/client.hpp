@@ -1,0 +1,432 @@
+#pragma once
+
+/// \file
+/// The asio client: one connection to a tree position (several addresses, redirects,
+/// reconnects with backoff and jitter), one refresh loop for all of the process's resources,
+/// and the demand estimation that sets their wants. Users touch it through `rate_resource` and
+/// `gauge_resource` (doorman/client/resource.hpp).
+///
+///     doorman::client client({.addresses = {"127.0.0.1:7700"}});  // runs its own thread
+///     doorman::rate_resource api(client, "api");
+///     for (;;) { api.wait(); call_the_api(); }
+///
+/// Embedding on an existing io_context instead: `doorman::client client(io.get_executor(),
+/// options)`; call `stop()` and let the io_context finish before destroying it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/client_state.hpp"
+#include "doorman/limit/demand_estimator.hpp"
+#include "doorman/limit/gauge_limiter.hpp"
+#include "doorman/limit/rate_limiter.hpp"
+#include "doorman/net/channel.hpp"
+#include "doorman/protocol/codec.hpp"
+
+namespace doorman {
+
+/// Options of a client, with their defaults.
+struct client_options {
+  std::vector<std::string> addresses;   ///< `host:port` of every task of the server position
+  std::string client_id;                ///< default: `hostname:pid:n`, n distinct per client
+  seconds minimum_refresh_interval{1};  ///< floor between two requests
+  seconds call_timeout{5};              ///< one request, retries and redirects included
+  seconds release_timeout{1};           ///< the `release_capacity` sent by `stop()`
+  seconds sample_interval{1};           ///< how often demand is measured
+  seconds demand_window{10};            ///< the moving average of measured demand
+  /// While a resource is throttled (callers refused or made to wait), its measured wants are
+  /// at least its capacity × this, so a client held back by its own small lease asks for more.
+  double throttled_headroom = 2;
+  std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
+};
+
+namespace detail {
+
+/// The kind of local enforcement of a resource.
+enum class resource_kind { rate, gauge };
+
+/// What every handle to one resource id shares: the limiter, the demand, the capacity.
+struct resource_entry {
+  resource_entry(const asio::any_io_executor& strand, std::string id_, resource_kind kind_,
+                 client_resource_options options_, bool estimate_, double burst)
+      : id(std::move(id_)),
+        kind(kind_),
+        options(options_),
+        estimate(estimate_),
+        rate({.rate = 0, .burst = burst}),
+        gauge(0),
+        changed(strand, asio::steady_timer::time_point::max()) {}
+
+  const std::string id;
+  const resource_kind kind;
+  const client_resource_options options;
+  const bool estimate;  // wants measured from use (else fixed by the user)
+  rate_limiter rate;    // used when kind == rate
+  gauge_limiter gauge;  // used when kind == gauge
+  std::atomic<double> capacity{0};
+  std::atomic<double> wants{0};
+  std::atomic<bool> leased{false};
+
+  // Below: touched only by the client's loop.
+  int handles = 0;  // guarded by the client's registry mutex
+  demand_estimator demand;
+  double attempted_seen = 0;
+  std::uint64_t throttled_seen = 0;
+  bool first_capacity = true;
+  std::function<void(double)> on_change;  // the user's callback
+  asio::steady_timer changed;             // never expires; cancelled to wake async waiters
+  std::atomic<int> async_waiters{0};
+};
+
+inline std::string default_client_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return fmt::format("{}:{}:{}", host[0] ? host : "localhost", ::getpid(), counter++);
+}
+
+}  // namespace detail
+
+class client {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// A client on its own thread and io_context (stopped and joined by the destructor).
+  /// Throws `std::invalid_argument` on missing or malformed addresses.
+  explicit client(client_options options)
+      : own_io_(std::make_unique<asio::io_context>()),
+        work_(std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+            own_io_->get_executor())),
+        strand_(asio::make_strand(asio::any_io_executor(own_io_->get_executor()))),
+        options_(prepare(std::move(options))),
+        state_(state_options(options_)),
+        channel_(strand_, channel_options_of(options_)),
+        timer_(strand_) {
+    start();
+    thread_ = std::thread([this] { own_io_->run(); });
+  }
+
+  /// A client on `executor` (a strand is made over it). Call `stop()` and let the io_context
+  /// run until the client is done before destroying it.
+  client(asio::any_io_executor executor, client_options options)
+      : strand_(asio::make_strand(executor)),
+        options_(prepare(std::move(options))),
+        state_(state_options(options_)),
+        channel_(strand_, channel_options_of(options_)),
+        timer_(strand_) {
+    start();
+  }
+
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  ~client() {
+    if (own_io_) {
+      stop();
+      work_.reset();
+      thread_.join();
+    }
+  }
+
+  /// This client's id at the servers.
+  [[nodiscard]] const std::string& id() const noexcept { return options_.client_id; }
+  [[nodiscard]] const client_options& options() const noexcept { return options_; }
+
+  /// Releases the capacity of every resource (one `release_capacity`, bounded by
+  /// `release_timeout`), then closes the connection; limiters keep their last capacity.
+  /// Thread-safe; idempotent.
+  void stop() {
+    asio::post(strand_, [this] {
+      if (stopping_) return;
+      stopping_ = true;
+      timer_.cancel();
+    });
+  }
+
+  /// Whether the last request was answered by a master.
+  [[nodiscard]] bool connected() const noexcept { return connected_.load(); }
+
+  // ---- used by the resource handles ----
+
+  /// A handle to the entry of `id`, shared with other handles to the same id (created with
+  /// these options for the first one). Thread-safe.
+  std::shared_ptr<detail::resource_entry> attach(std::string_view id, detail::resource_kind kind,
+                                                 client_resource_options opts, bool estimate,
+                                                 double burst) {
+    if (const char* problem = detail::id_problem(id)) {
+      throw std::invalid_argument("resource id " + std::string(problem));
+    }
+    if (!detail::finite_non_negative(opts.wants)) {
+      throw std::invalid_argument("wants must be a finite number >= 0");
+    }
+    std::lock_guard lock(mutex_);
+    auto& slot = registry_[std::string(id)];
+    if (slot) {
+      if (slot->kind != kind) {
+        throw std::invalid_argument("resource " + std::string(id) +
+                                    " is already held as a different kind");
+      }
+      ++slot->handles;
+      return slot;
+    }
+    slot = std::make_shared<detail::resource_entry>(strand_, std::string(id), kind, opts, estimate,
+                                                    burst);
+    slot->handles = 1;
+    slot->wants = opts.wants;
+    slot->demand = demand_estimator(options_.demand_window);
+    apply(*slot, state_view_capacity_before_lease(opts));
+    asio::post(strand_, [this, e = slot] {
+      if (stopping_) return;
+      active_[e->id] = e;
+      state_.add(e->id, e->options);
+      timer_.cancel();
+    });
+    return slot;
+  }
+
+  /// Drops a handle; the last one releases the resource's capacity at the server.
+  void detach(const std::shared_ptr<detail::resource_entry>& e) {
+    std::lock_guard lock(mutex_);
+    if (--e->handles > 0) return;
+    registry_.erase(e->id);
+    asio::post(strand_, [this, id = e->id] {
+      if (stopping_) return;
+      active_.erase(id);
+      state_.remove(id);
+      timer_.cancel();
+    });
+  }
+
+  /// Sets fixed wants for a resource (thread-safe).
+  void set_wants(const std::shared_ptr<detail::resource_entry>& e, double wants) {
+    if (!detail::finite_non_negative(wants)) {
+      throw std::invalid_argument("wants must be a finite number >= 0");
+    }
+    e->wants = wants;
+    asio::post(strand_, [this, e, wants] {
+      if (!stopping_ && active_.count(e->id) != 0) state_.set_wants(e->id, wants);
+    });
+  }
+
+  /// Sets the callback called (on the client's thread) with each new capacity of `e`.
+  void on_change(const std::shared_ptr<detail::resource_entry>& e, std::function<void(double)> f) {
+    asio::post(strand_, [e, f = std::move(f)]() mutable { e->on_change = std::move(f); });
+  }
+
+  /// Runs `f()` on the client's strand (for callbacks that must not race the loop).
+  template <class F>
+  void post(F f) {
+    asio::post(strand_, std::move(f));
+  }
+
+  [[nodiscard]] asio::any_io_executor executor() const { return strand_; }
+
+ private:
+  static client_options prepare(client_options o) {
+    if (o.addresses.empty()) throw std::invalid_argument("client: no server addresses");
+    for (const auto& a : o.addresses) {
+      if (!net::parse_address(a)) {
+        throw std::invalid_argument("client: expected host:port, got \"" + a + "\"");
+      }
+    }
+    if (o.client_id.empty()) o.client_id = detail::default_client_id();
+    if (!(o.sample_interval.count() > 0)) o.sample_interval = seconds(1);
+    if (!(o.throttled_headroom >= 1)) o.throttled_headroom = 1;
+    return o;
+  }
+
+  static client_state_options state_options(const client_options& o) {
+    client_state_options s;
+    s.client_id = o.client_id;
+    s.minimum_interval = o.minimum_refresh_interval;
+    s.seed = std::random_device{}();
+    return s;
+  }
+
+  static net::channel_options channel_options_of(const client_options& o) {
+    net::channel_options c;
+    c.addresses = o.addresses;
+    c.call_timeout = o.call_timeout;
+    c.log = o.log;
+    return c;
+  }
+
+  // The capacity a brand-new resource may use before any answer: its fallback.
+  static double state_view_capacity_before_lease(const client_resource_options& o) {
+    switch (o.mode) {
+      case fallback::pessimistic:
+        return 0;
+      case fallback::optimistic:
+        return o.wants;
+      case fallback::safe:
+        return o.safe_capacity.value_or(0);
+    }
+    return 0;
+  }
+
+  void log(const std::string& s) const {
+    if (options_.log) options_.log(s);
+  }
+
+  void start() {
+    next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
+    asio::co_spawn(strand_, run(), asio::detached);
+  }
+
+  static void apply(detail::resource_entry& e, double capacity) {
+    if (e.kind == detail::resource_kind::rate) {
+      e.rate.set_rate(capacity);
+    } else {
+      e.gauge.set_limit(capacity);
+    }
+    e.capacity = capacity;
+  }
+
+  // Pushes every resource's effective capacity into its limiter (on a change only).
+  void push_capacities(clock::time_point now) {
+    for (auto& [id, e] : active_) {
+      const double c = state_.capacity(id, now);
+      e->leased = state_.leased(id, now);
+      if (c == e->capacity.load() && !e->first_capacity) continue;
+      e->first_capacity = false;
+      apply(*e, c);
+      e->changed.cancel();
+      if (e->on_change) e->on_change(c);
+    }
+  }
+
+  // Measures demand: for a rate, permits asked per second (admitted or not); for a gauge, the
+  // peak in flight + waiting. Throttled rates ask for at least capacity × headroom.
+  void sample(clock::time_point now) {
+    const double span = to_seconds(now - last_sample_);
+    last_sample_ = now;
+    for (auto& [id, e] : active_) {
+      if (!e->estimate || !(span > 0)) continue;
+      double value = 0;
+      if (e->kind == detail::resource_kind::rate) {
+        const double attempted = e->rate.attempted();
+        const std::uint64_t throttled = e->rate.throttled();
+        value = (attempted - e->attempted_seen) / span;
+        if (throttled != e->throttled_seen) {
+          value = std::max(value, std::max(e->capacity.load(), 1.0) * options_.throttled_headroom);
+        }
+        e->attempted_seen = attempted;
+        e->throttled_seen = throttled;
+      } else {
+        value = static_cast<double>(e->gauge.take_peak());
+      }
+      e->demand.add(value, seconds(span));
+      const double wants = e->demand.estimate();
+      e->wants = wants;
+      state_.set_wants(id, wants);
+    }
+  }
+
+  asio::awaitable<void> run() {
+    last_sample_ = clock::now();
+    while (!stopping_) {
+      auto now = clock::now();
+      if (now >= next_sample_) {
+        sample(now);
+        next_sample_ = now + to_duration<clock::duration>(options_.sample_interval.count());
+      }
+      if (auto releases = state_.take_releases(); !releases.empty()) {
+        co_await release(std::move(releases), options_.call_timeout);
+        continue;
+      }
+      if (state_.due(now)) {
+        co_await refresh(now);
+        if (stopping_) break;
+      }
+      now = clock::now();
+      push_capacities(now);
+      timer_.expires_at(std::min(state_.next_change(now), next_sample_));
+      std::error_code ec;
+      co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    // Stopping: give everything back, then close.
+    std::vector<std::string> all;
+    for (const auto& [id, e] : active_)
+      all.push_back(id);
+    for (auto& id : state_.take_releases())
+      all.push_back(std::move(id));
+    if (!all.empty()) co_await release(std::move(all), options_.release_timeout);
+    channel_.shutdown();
+  }
+
+  asio::awaitable<void> refresh(clock::time_point now) {
+    const auto request = state_.make_request(now);
+    auto params = nlohmann::json(request);
+    const auto reply = co_await channel_.call("get_capacity", std::move(params));
+    const auto at = clock::now();
+    std::string why;
+    capacity_response resp;
+    if (!reply) {
+      why = reply.message;
+    } else if (auto err = decode(reply.result, resp)) {
+      why = "bad answer: " + err->message;
+    } else if (!resp.mastership.is_master) {
+      why = "no master found";
+    }
+    if (why.empty()) {
+      state_.on_response(resp, at);
+      if (!connected_.exchange(true)) {
+        log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
+                        channel_.current(), resp.resources.size()));
+      }
+    } else {
+      state_.on_failure(at);
+      if (connected_.exchange(false) || state_.failures() == 1) {
+        log(fmt::format("client {}: refresh failed ({}); leases run out, then the fallbacks apply",
+                        options_.client_id, why));
+      }
+    }
+  }
+
+  asio::awaitable<void> release(std::vector<std::string> ids, seconds timeout) {
+    release_request req{options_.client_id, std::move(ids)};
+    auto params = nlohmann::json(req);
+    const auto reply = co_await channel_.call("release_capacity", std::move(params), true, timeout);
+    if (!reply)
+      log(fmt::format("client {}: release failed ({})", options_.client_id, reply.message));
+  }
+
+  std::unique_ptr<asio::io_context> own_io_;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  asio::strand<asio::any_io_executor> strand_;
+  client_options options_;
+  client_state state_;
+  net::channel channel_;
+  asio::steady_timer timer_;
+  std::thread thread_;
+
+  std::mutex mutex_;  // guards registry_ and the entries' handle counts
+  std::map<std::string, std::shared_ptr<detail::resource_entry>, std::less<>> registry_;
+
+  // Touched only on the strand.
+  std::map<std::string, std::shared_ptr<detail::resource_entry>, std::less<>> active_;
+  clock::time_point next_sample_{};
+  clock::time_point last_sample_{};
+  bool stopping_ = false;
+  std::atomic<bool> connected_{false};
+};
+
+}  // namespace doorman

@@ -1,0 +1,295 @@
+#pragma once
+
+/// \file
+/// The client state (sans-I/O): the resources a client holds, what it wants of each, the
+/// leases it got, and what capacity it may use at any time. The asio client (and the
+/// simulator) only carry its messages and call it with the time.
+///
+///     doorman::client_state state({.client_id = "web-1:4242:0"});
+///     state.add("api", {.wants = 100, .mode = doorman::fallback::safe}, clock.now());
+///     if (state.due(now)) {
+///       auto req = state.make_request(now);     // one bulk get_capacity
+///       ... send it; then either
+///       state.on_response(response, clock.now());
+///       state.on_failure(clock.now());          // retried with backoff and jitter
+///     }
+///     double limit = state.capacity("api", now);  // the lease, or the fallback once expired
+///     timer.expires_at(state.next_change(now));   // a refresh or an expiry
+///
+/// A lease's expiry counts from when the request was sent, not from when the answer came: the
+/// server computed `expires_in` later than that, so the client never holds a lease longer than
+/// the server granted it.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "doorman/core/backoff.hpp"
+#include "doorman/core/lease.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/core/time.hpp"
+
+namespace doorman {
+
+/// What a client may use once its lease has expired and it could not refresh (DESIGN §3).
+enum class fallback {
+  pessimistic,  ///< nothing (0)
+  optimistic,   ///< its wants
+  safe,         ///< the safe capacity: the configured one, or else the server's last dynamic one
+};
+
+/// A resource's settings in the client.
+struct client_resource_options {
+  std::int64_t priority = 0;
+  double wants = 0;
+  fallback mode = fallback::safe;
+  /// Overrides the safe capacity the server returns (−1: unlimited).
+  std::optional<double> safe_capacity{};
+};
+
+/// Options of the client state, with their defaults.
+struct client_state_options {
+  std::string client_id;             ///< unique per client object (default: hostname:pid:n)
+  seconds minimum_interval{1};       ///< floor between two requests
+  seconds idle_interval{16};         ///< how often to ask when no lease says otherwise
+  seconds initial_backoff{0.5};      ///< after the first failure
+  seconds maximum_backoff{15};       ///< ceiling of the exponential backoff
+  std::uint64_t seed = 0xc11e'0175;  ///< of the jitter (the asio client draws a random one)
+};
+
+/// One resource as the client holds it.
+template <class TimePoint>
+struct client_resource {
+  client_resource_options options;
+  std::optional<basic_lease<TimePoint>> lease;  ///< the last lease granted
+  std::optional<double> server_safe_capacity;   ///< the last one the server returned
+};
+
+/// The client state. `Clock` fixes the time types (`std::chrono::steady_clock` in the client,
+/// `manual_clock` in tests and the simulator); the state never reads it.
+template <clock Clock>
+class basic_client_state {
+ public:
+  using time_point = typename Clock::time_point;
+  using duration = typename Clock::duration;
+  using resource = client_resource<time_point>;
+
+  explicit basic_client_state(client_state_options options)
+      : options_(std::move(options)),
+        backoff_({options_.initial_backoff, options_.maximum_backoff}, options_.seed) {}
+
+  [[nodiscard]] const client_state_options& options() const noexcept { return options_; }
+
+  /// Adds a resource (or updates its options); a new one is asked for at the next request,
+  /// which is due at once (past the floor). Returns whether it was new. Throws
+  /// `std::invalid_argument` on an id or wants the protocol would refuse.
+  bool add(std::string_view id, client_resource_options options) {
+    if (const char* problem = detail::id_problem(id)) {
+      throw std::invalid_argument("resource id " + std::string(problem));
+    }
+    check_wants(options.wants);
+    auto [it, inserted] = resources_.try_emplace(std::string(id));
+    it->second.options = options;
+    if (inserted) {
+      unasked_ = true;
+      releases_.erase(std::remove(releases_.begin(), releases_.end(), it->first), releases_.end());
+    }
+    return inserted;
+  }
+
+  /// Forgets a resource; its capacity is to be released (see `take_releases`).
+  bool remove(std::string_view id) {
+    const auto it = resources_.find(id);
+    if (it == resources_.end()) return false;
+    releases_.push_back(it->first);
+    resources_.erase(it);
+    return true;
+  }
+
+  /// Sets what the client wants of a resource (from the user or the demand estimator); sent
+  /// with the next refresh.
+  void set_wants(std::string_view id, double wants) {
+    check_wants(wants);
+    if (auto* r = lookup(id)) r->options.wants = wants;
+  }
+
+  /// The ids whose capacity should be released (removed since the last call).
+  [[nodiscard]] std::vector<std::string> take_releases() { return std::exchange(releases_, {}); }
+
+  [[nodiscard]] const resource* find(std::string_view id) const {
+    const auto it = resources_.find(id);
+    return it == resources_.end() ? nullptr : &it->second;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return resources_.size(); }
+
+  /// Calls `f(id, resource)` for every resource, in id order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [id, r] : resources_)
+      f(std::string_view(id), r);
+  }
+
+  /// What the client may use of `id` at `now`: the unexpired lease's capacity, or else the
+  /// fallback (−1: unlimited; an unknown id: 0).
+  [[nodiscard]] double capacity(std::string_view id, time_point now) const {
+    const auto* r = find(id);
+    if (r == nullptr) return 0;
+    if (r->lease && !r->lease->expired(now)) return r->lease->capacity;
+    switch (r->options.mode) {
+      case fallback::pessimistic:
+        return 0;
+      case fallback::optimistic:
+        return r->options.wants;
+      case fallback::safe:
+        if (r->options.safe_capacity) return *r->options.safe_capacity;
+        return r->server_safe_capacity.value_or(0);
+    }
+    return 0;
+  }
+
+  /// Whether the lease of `id` is unexpired at `now` (so `capacity` is the lease, not a
+  /// fallback).
+  [[nodiscard]] bool leased(std::string_view id, time_point now) const {
+    const auto* r = find(id);
+    return r != nullptr && r->lease && !r->lease->expired(now);
+  }
+
+  /// Whether a request should go out at `now`. Never while one is in flight or without
+  /// resources.
+  [[nodiscard]] bool due(time_point now) const noexcept {
+    return !in_flight_ && !resources_.empty() && now >= next_request();
+  }
+
+  /// When the next request is due: the earliest refresh interval among the resources after
+  /// the last answer, or at once for a resource not yet asked for; never sooner than the
+  /// floor after the previous request (nor before a backoff ends).
+  [[nodiscard]] time_point next_request() const noexcept {
+    if (unasked_ && failures_ == 0) return std::min(next_, last_request_ + floor());
+    return next_;
+  }
+
+  /// When the capacity of some resource may change by itself (a lease expires) or a request is
+  /// due, whichever comes first after `now`: when the driver should look again.
+  [[nodiscard]] time_point next_change(time_point now) const noexcept {
+    time_point t = in_flight_ || resources_.empty() ? time_point::max() : next_request();
+    for (const auto& [id, r] : resources_) {
+      if (r.lease && r.lease->expiry > now) t = std::min(t, r.lease->expiry);
+    }
+    return t;
+  }
+
+  /// The bulk `get_capacity` for every resource, with the leases still held. Marks a request
+  /// in flight until `on_response` or `on_failure`.
+  [[nodiscard]] capacity_request make_request(time_point now) {
+    capacity_request req;
+    req.client_id = options_.client_id;
+    for (const auto& [id, r] : resources_) {
+      if (req.resources.size() == request_limits::max_resources) break;
+      resource_request rr;
+      rr.resource_id = id;
+      rr.priority = r.options.priority;
+      rr.wants = r.options.wants;
+      if (r.lease && !r.lease->expired(now)) rr.has = to_lease_info(*r.lease, now);
+      req.resources.push_back(std::move(rr));
+    }
+    unasked_ = resources_.size() > req.resources.size();
+    last_request_ = now;
+    in_flight_ = true;
+    return req;
+  }
+
+  /// Adopts the server's answer (to the request sent last): each grant becomes its resource's
+  /// lease; the next request is due after the shortest refresh interval. A non-master's answer
+  /// is a failure (the transport should have followed its redirect). Grants for resources
+  /// removed meanwhile, and malformed grants, are ignored.
+  void on_response(const capacity_response& resp, time_point now) {
+    if (!resp.mastership.is_master) {
+      on_failure(now);
+      return;
+    }
+    in_flight_ = false;
+    failures_ = 0;
+    double interval = std::numeric_limits<double>::infinity();
+    for (const auto& g : resp.resources) {
+      auto* r = lookup(g.resource_id);
+      if (r == nullptr || !valid(g)) continue;
+      r->lease = basic_lease<time_point>{g.gets.capacity,
+                                         last_request_ + to_duration<duration>(g.gets.expires_in),
+                                         to_duration<duration>(g.gets.refresh_interval)};
+      r->server_safe_capacity = g.safe_capacity;
+      interval = std::min(interval, g.gets.refresh_interval > 0 ? g.gets.refresh_interval
+                                                                : options_.idle_interval.count());
+      // Come back before the lease runs out even if the server asked for a later refresh.
+      const double left = to_seconds(r->lease->expiry - now);
+      if (left > 0) interval = std::min(interval, left);
+    }
+    if (!std::isfinite(interval)) interval = options_.idle_interval.count();
+    next_ = now + to_duration<duration>(std::max(interval, options_.minimum_interval.count()));
+  }
+
+  /// The request failed: retry after an exponential backoff with jitter. Leases already held
+  /// stay until they expire; then the fallback applies.
+  void on_failure(time_point now) {
+    in_flight_ = false;
+    ++failures_;
+    const double delay =
+        std::max(options_.minimum_interval.count(), backoff_.delay(failures_).count());
+    next_ = now + to_duration<duration>(delay);
+  }
+
+  /// Consecutive failures so far.
+  [[nodiscard]] int failures() const noexcept { return failures_; }
+  [[nodiscard]] bool in_flight() const noexcept { return in_flight_; }
+
+ private:
+  struct less {
+    using is_transparent = void;
+    bool operator()(std::string_view a, std::string_view b) const noexcept { return a < b; }
+  };
+
+  resource* lookup(std::string_view id) {
+    const auto it = resources_.find(id);
+    return it == resources_.end() ? nullptr : &it->second;
+  }
+
+  static void check_wants(double wants) {
+    if (!detail::finite_non_negative(wants)) {
+      throw std::invalid_argument("wants must be a finite number >= 0");
+    }
+  }
+
+  static bool valid(const resource_grant& g) noexcept {
+    return std::isfinite(g.gets.capacity) && (g.gets.capacity >= 0) &&
+           detail::finite_non_negative(g.gets.expires_in) &&
+           detail::finite_non_negative(g.gets.refresh_interval) && std::isfinite(g.safe_capacity) &&
+           (g.safe_capacity >= 0 || g.safe_capacity == -1);
+  }
+
+  [[nodiscard]] duration floor() const noexcept {
+    return to_duration<duration>(options_.minimum_interval.count());
+  }
+
+  client_state_options options_;
+  jittered_backoff backoff_;
+  std::map<std::string, resource, less> resources_;
+  std::vector<std::string> releases_;
+  time_point next_{};
+  time_point last_request_{};
+  int failures_ = 0;
+  bool unasked_ = false;
+  bool in_flight_ = false;
+};
+
+/// The client state on the steady clock.
+using client_state = basic_client_state<std::chrono::steady_clock>;
+
+}  // namespace doorman

@@ -1,0 +1,9 @@
+#pragma once
+
+/// \file
+/// The local limiters: usable without any server.
+
+#include "doorman/limit/clock.hpp"
+#include "doorman/limit/demand_estimator.hpp"
+#include "doorman/limit/gauge_limiter.hpp"
+#include "doorman/limit/rate_limiter.hpp"

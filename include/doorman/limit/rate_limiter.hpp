@@ -1,0 +1,271 @@
+#pragma once
+
+/// \file
+/// A lock-free rate limiter: at most `rate` permits per second, with a burst, shared by any
+/// number of threads.
+///
+///     doorman::rate_limiter limiter({.rate = 100, .burst = 10});
+///     if (auto r = limiter.try_acquire(); !r) reply_429(r.retry_after);
+///     limiter.wait();        // blocks until admitted, first come first served
+///     limiter.set_rate(250); // a new lease: takes effect at once
+///
+/// The algorithm is GCRA (the generic cell rate algorithm, a token bucket kept as one number):
+/// the state is the theoretical arrival time `tat` of the next permit, one 64-bit atomic
+/// updated by compare-and-swap. A request for n permits at `now` is admitted when
+/// `max(tat, now) + n·T − now <= burst·T` (T = 1/rate), and moves `tat` to `max(tat, now) + n·T`.
+/// Consequences: over any window of length W at most `rate·W + burst` permits are admitted;
+/// an idle limiter holds at most `burst` permits (never more, whatever the rate was); unused
+/// permits are not lost at a second's boundary, as Doorman's Go limiter loses them.
+///
+/// `rate` < 0 means unlimited, 0 means blocked (Doorman's conventions for a capacity).
+///
+/// Time: a clock that also offers `precise_now()` and `resolution()` (as `coarse_clock` does)
+/// is read cheaply first; since the cheap reading lags real time, deciding with it can only
+/// refuse too early, never admit too early, and a refusal within `resolution` of admission is
+/// decided again on the precise clock. So the bound above holds in real time and the rate is
+/// reached exactly, while an admitted `try_acquire` costs one cheap clock read and one CAS.
+/// `wait` and `reserve` use the precise clock.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <limits>
+#include <thread>
+
+#include "doorman/limit/clock.hpp"
+
+namespace doorman {
+
+/// Options of a rate limiter, with their defaults.
+struct rate_limiter_options {
+  double rate = -1;  ///< permits per second; < 0 unlimited, 0 blocked
+  double burst = 1;  ///< permits an idle limiter admits at once (>= 1; smaller values are 1)
+};
+
+/// The outcome of `try_acquire`.
+template <class Duration>
+struct basic_acquire_result {
+  bool admitted = false;
+  /// When refused: how long until the same request would be admitted (for a `Retry-After`).
+  /// `Duration::max()` when the limiter is blocked (rate 0), or when the request is larger than
+  /// the burst and so never fits at once (`wait` can still take it).
+  Duration retry_after{};
+
+  explicit operator bool() const noexcept { return admitted; }
+};
+
+/// The rate limiter on clock `Clock`, which must be steady; `rate_limiter` reads
+/// `coarse_clock`. `Clock` is held by value, so a test can pass a handle to a manual clock.
+template <class Clock>
+class basic_rate_limiter {
+ public:
+  using clock_type = Clock;
+  using duration = typename Clock::duration;
+  using time_point = typename Clock::time_point;
+  using acquire_result = basic_acquire_result<duration>;
+
+  explicit basic_rate_limiter(rate_limiter_options options = {}, Clock clock = Clock{})
+      : clock_(std::move(clock)) {
+    set_burst(options.burst);
+    set_rate(options.rate);
+  }
+
+  basic_rate_limiter(const basic_rate_limiter&) = delete;
+  basic_rate_limiter& operator=(const basic_rate_limiter&) = delete;
+
+  /// Takes `n` permits if they are available now; never blocks. Thread-safe, lock-free.
+  acquire_result try_acquire(double n = 1) noexcept {
+    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return {true, {}};
+    if (std::isinf(interval)) {
+      throttled_.fetch_add(1, std::memory_order_relaxed);
+      return {false, duration::max()};
+    }
+    const double burst = burst_.load(std::memory_order_relaxed);
+    const std::int64_t tolerance = to_ticks(burst * interval);
+    const std::int64_t increment = to_ticks(n * interval);
+    // The cheap clock first: it lags real time, so deciding with it never admits too early.
+    // Only a refusal that the lag could explain is decided again on the precise clock.
+    std::int64_t now = ticks(clock_.now());
+    bool precise = !has_precise_clock;
+    std::int64_t tat = tat_.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::int64_t next = std::max(tat, now) + increment;
+      if (next - now > tolerance) {
+        if (!precise && next - now - tolerance <= lag_) {
+          now = ticks(precise_now());
+          precise = true;
+          continue;
+        }
+        throttled_.fetch_add(1, std::memory_order_relaxed);
+        if (n > burst) return {false, duration::max()};
+        return {false, from_ticks(next - now - tolerance)};
+      }
+      if (tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed)) return {true, {}};
+    }
+  }
+
+  /// Reserves `n` permits and returns the time at which the caller may use them (now or
+  /// later): reservations are served in the order they are made. `time_point::max()` when
+  /// blocked (rate 0): nothing is reserved then. (`wait` and asynchronous waits build on it.)
+  time_point reserve(double n = 1) noexcept {
+    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+    return reserve_uncounted(n);
+  }
+
+  /// Blocks until `n` permits are admitted, first come first served (by reservation). While
+  /// the limiter is blocked (rate 0) it waits for a rate change. A reservation already made
+  /// keeps its time if the rate changes meanwhile.
+  void wait(double n = 1) {
+    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+    for (;;) {
+      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
+      const time_point at = reserve_uncounted(n);
+      if (at != time_point::max()) {
+        sleep_until(at);
+        return;
+      }
+      changes_.wait(seen, std::memory_order_acquire);
+    }
+  }
+
+  /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
+  /// new rate; reservations already made keep their times. Wakes waiters blocked at rate 0.
+  void set_rate(double rate) noexcept {
+    double interval = 0;  // unlimited
+    if (rate == 0 || std::isnan(rate)) {
+      interval = std::numeric_limits<double>::infinity();
+    } else if (rate > 0) {
+      interval = 1e9 / rate;  // nanoseconds per permit
+    }
+    const double old = interval_.exchange(interval, std::memory_order_relaxed);
+    // Permits already taken beyond now are a debt; it is kept in permits, not in time, so a
+    // faster rate applies at once and a slower one is not escaped.
+    if (old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval) &&
+        old != interval) {
+      const std::int64_t now = ticks(precise_now());
+      std::int64_t tat = tat_.load(std::memory_order_relaxed);
+      while (tat > now && !tat_.compare_exchange_weak(
+                              tat, now + to_ticks(static_cast<double>(tat - now) * interval / old),
+                              std::memory_order_relaxed)) {
+      }
+    }
+    changes_.fetch_add(1, std::memory_order_release);
+    changes_.notify_all();
+  }
+
+  /// Changes the burst (values below 1 become 1).
+  void set_burst(double burst) noexcept {
+    burst_.store(std::isfinite(burst) ? std::max(1.0, burst) : 1.0, std::memory_order_relaxed);
+  }
+
+  /// The rate: permits per second, < 0 unlimited, 0 blocked.
+  [[nodiscard]] double rate() const noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return -1;
+    if (std::isinf(interval)) return 0;
+    return 1e9 / interval;
+  }
+
+  [[nodiscard]] double burst() const noexcept { return burst_.load(std::memory_order_relaxed); }
+
+  /// Permits asked for so far, admitted or not (what the demand estimator samples).
+  [[nodiscard]] double attempted() const noexcept {
+    return static_cast<double>(attempted_.load(std::memory_order_relaxed)) / 1000.0;
+  }
+
+  /// How many requests so far were refused, had to wait for their permits, or found the
+  /// limiter blocked: a sign that the caller wants more than the rate.
+  [[nodiscard]] std::uint64_t throttled() const noexcept {
+    return throttled_.load(std::memory_order_relaxed);
+  }
+
+  [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
+
+ private:
+  time_point reserve_uncounted(double n) noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    const std::int64_t now = ticks(precise_now());
+    if (interval == 0) return from_tick_point(now);
+    if (std::isinf(interval)) {
+      throttled_.fetch_add(1, std::memory_order_relaxed);
+      return time_point::max();
+    }
+    const std::int64_t tolerance = to_ticks(burst_.load(std::memory_order_relaxed) * interval);
+    const std::int64_t increment = to_ticks(n * interval);
+    std::int64_t tat = tat_.load(std::memory_order_relaxed);
+    std::int64_t next = 0;
+    do {
+      next = std::max(tat, now) + increment;
+    } while (!tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed));
+    if (next - tolerance > now) {
+      throttled_.fetch_add(1, std::memory_order_relaxed);
+      return from_tick_point(next - tolerance);
+    }
+    return from_tick_point(now);
+  }
+
+  void sleep_until(time_point at) const {
+    for (auto now = precise_now(); now < at; now = precise_now()) {
+      std::this_thread::sleep_for(at - now);
+    }
+  }
+
+  static constexpr bool has_precise_clock = requires(const Clock& c) {
+    { c.precise_now() } -> std::same_as<time_point>;
+    { c.resolution() } -> std::same_as<duration>;
+  };
+
+  time_point precise_now() const noexcept {
+    if constexpr (has_precise_clock) {
+      return clock_.precise_now();
+    } else {
+      return clock_.now();
+    }
+  }
+
+  static std::int64_t lag_of(const Clock& c) noexcept {
+    if constexpr (has_precise_clock) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(c.resolution()).count();
+    } else {
+      return 0;
+    }
+  }
+
+  // The state counts nanoseconds since the clock's epoch.
+  static std::int64_t ticks(time_point t) noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  }
+  static time_point from_tick_point(std::int64_t t) noexcept {
+    return time_point{std::chrono::duration_cast<duration>(std::chrono::nanoseconds{t})};
+  }
+  static duration from_ticks(std::int64_t t) noexcept {
+    return std::chrono::duration_cast<duration>(std::chrono::nanoseconds{t});
+  }
+  // A span in nanoseconds, saturated so that a huge request cannot overflow the state.
+  static std::int64_t to_ticks(double ns) noexcept {
+    constexpr double limit = 1e18;  // ~31 years
+    return static_cast<std::int64_t>(std::min(limit, std::max(0.0, ns)));
+  }
+  static std::uint64_t to_milli(double n) noexcept {
+    return static_cast<std::uint64_t>(std::clamp(n, 0.0, 1e12) * 1000.0);
+  }
+
+  [[no_unique_address]] Clock clock_;
+  std::int64_t lag_ = lag_of(clock_);  // how far clock_.now() may lag precise_now()
+  alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
+  std::atomic<double> interval_{0};
+  std::atomic<double> burst_{1};
+  alignas(64) std::atomic<std::uint64_t> attempted_{0};  // thousandths of a permit
+  std::atomic<std::uint32_t> changes_{0};
+  std::atomic<std::uint64_t> throttled_{0};
+};
+
+/// The rate limiter on the cheap monotonic clock.
+using rate_limiter = basic_rate_limiter<coarse_clock>;
+
+}  // namespace doorman
