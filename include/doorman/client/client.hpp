@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -334,7 +335,9 @@ class client {
         value = static_cast<double>(e->gauge.take_peak());
       }
       e->demand.add(value, seconds(span));
-      const double wants = e->demand.estimate();
+      double wants = e->demand.estimate();
+      // Concurrency is whole operations: a gauge asks for the next whole number.
+      if (e->kind == detail::resource_kind::gauge) wants = std::ceil(wants - 1e-6);
       e->wants = wants;
       state_.set_wants(id, wants);
     }
