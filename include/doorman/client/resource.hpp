@@ -99,7 +99,7 @@ class rate_resource : public detail::resource_handle {
   acquire_result try_acquire(double n = 1) noexcept { return entry_->rate.try_acquire(n); }
 
   /// Blocks until `n` permits are admitted (first come, first served).
-  void wait(double n = 1) { entry_->rate.wait(n); }
+  void wait(double n = 1) { (void)entry_->rate.wait(n); }
 
   /// Waits asynchronously for `n` permits; completes with `void(std::exception_ptr)` through
   /// any asio completion token (`asio::use_awaitable`, `asio::use_future`, a callback...).

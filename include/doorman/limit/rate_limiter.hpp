@@ -27,6 +27,7 @@
 /// `wait` and `reserve` use the precise clock.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -38,6 +39,17 @@
 #include "doorman/limit/clock.hpp"
 
 namespace doorman {
+
+namespace detail {
+
+/// A small number per thread, in order of first use: the stripe a thread counts in.
+inline unsigned thread_slot() noexcept {
+  static std::atomic<unsigned> next{0};
+  thread_local const unsigned slot = next.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+}  // namespace detail
 
 /// Options of a rate limiter, with their defaults.
 struct rate_limiter_options {
@@ -78,16 +90,16 @@ class basic_rate_limiter {
 
   /// Takes `n` permits if they are available now; never blocks. Thread-safe, lock-free.
   acquire_result try_acquire(double n = 1) noexcept {
-    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+    count(n);
     const double interval = interval_.load(std::memory_order_relaxed);
     if (interval == 0) return {true, {}};
     if (std::isinf(interval)) {
       throttled_.fetch_add(1, std::memory_order_relaxed);
       return {false, duration::max()};
     }
-    const double burst = burst_.load(std::memory_order_relaxed);
-    const std::int64_t tolerance = to_ticks(burst * interval);
-    const std::int64_t increment = to_ticks(n * interval);
+    const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
+    const std::int64_t increment =
+        n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
     // The cheap clock first: it lags real time, so deciding with it never admits too early.
     // Only a refusal that the lag could explain is decided again on the precise clock.
     std::int64_t now = ticks(clock_.now());
@@ -102,7 +114,7 @@ class basic_rate_limiter {
           continue;
         }
         throttled_.fetch_add(1, std::memory_order_relaxed);
-        if (n > burst) return {false, duration::max()};
+        if (n > burst_.load(std::memory_order_relaxed)) return {false, duration::max()};
         return {false, from_ticks(next - now - tolerance)};
       }
       if (tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed)) return {true, {}};
@@ -113,21 +125,22 @@ class basic_rate_limiter {
   /// later): reservations are served in the order they are made. `time_point::max()` when
   /// blocked (rate 0): nothing is reserved then. (`wait` and asynchronous waits build on it.)
   time_point reserve(double n = 1) noexcept {
-    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+    count(n);
     return reserve_uncounted(n);
   }
 
   /// Blocks until `n` permits are admitted, first come first served (by reservation). While
   /// the limiter is blocked (rate 0) it waits for a rate change. A reservation already made
-  /// keeps its time if the rate changes meanwhile.
-  void wait(double n = 1) {
-    attempted_.fetch_add(to_milli(n), std::memory_order_relaxed);
+  /// keeps its time if the rate changes meanwhile. Returns the time the permits were due (the
+  /// caller runs at most a scheduling delay after it).
+  time_point wait(double n = 1) {
+    count(n);
     for (;;) {
       const std::uint32_t seen = changes_.load(std::memory_order_acquire);
       const time_point at = reserve_uncounted(n);
       if (at != time_point::max()) {
         sleep_until(at);
-        return;
+        return at;
       }
       changes_.wait(seen, std::memory_order_acquire);
     }
@@ -143,6 +156,7 @@ class basic_rate_limiter {
       interval = 1e9 / rate;  // nanoseconds per permit
     }
     const double old = interval_.exchange(interval, std::memory_order_relaxed);
+    update_steps();
     // Permits already taken beyond now are a debt; it is kept in permits, not in time, so a
     // faster rate applies at once and a slower one is not escaped.
     if (old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval) &&
@@ -161,6 +175,7 @@ class basic_rate_limiter {
   /// Changes the burst (values below 1 become 1).
   void set_burst(double burst) noexcept {
     burst_.store(std::isfinite(burst) ? std::max(1.0, burst) : 1.0, std::memory_order_relaxed);
+    update_steps();
   }
 
   /// The rate: permits per second, < 0 unlimited, 0 blocked.
@@ -175,7 +190,10 @@ class basic_rate_limiter {
 
   /// Permits asked for so far, admitted or not (what the demand estimator samples).
   [[nodiscard]] double attempted() const noexcept {
-    return static_cast<double>(attempted_.load(std::memory_order_relaxed)) / 1000.0;
+    std::uint64_t sum = 0;
+    for (const auto& s : attempted_)
+      sum += s.value.load(std::memory_order_relaxed);
+    return static_cast<double>(sum) / 1000.0;
   }
 
   /// How many requests so far were refused, had to wait for their permits, or found the
@@ -187,6 +205,25 @@ class basic_rate_limiter {
   [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
 
  private:
+  // The hot path's integers, derived from the rate and the burst.
+  void update_steps() noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    step_.store(to_ticks(interval), std::memory_order_relaxed);
+    tolerance_.store(to_ticks(burst_.load(std::memory_order_relaxed) * interval),
+                     std::memory_order_relaxed);
+  }
+
+  void count(double n) noexcept {
+    const std::uint64_t m = to_milli(n);
+    const unsigned slot = detail::thread_slot();
+    if (slot < stripes - 1) {
+      auto& v = attempted_[slot].value;
+      v.store(v.load(std::memory_order_relaxed) + m, std::memory_order_relaxed);
+    } else {
+      attempted_[stripes - 1].value.fetch_add(m, std::memory_order_relaxed);
+    }
+  }
+
   time_point reserve_uncounted(double n) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     const std::int64_t now = ticks(precise_now());
@@ -257,10 +294,20 @@ class basic_rate_limiter {
 
   [[no_unique_address]] Clock clock_;
   std::int64_t lag_ = lag_of(clock_);  // how far clock_.now() may lag precise_now()
-  alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
-  std::atomic<double> interval_{0};
+  // Read-mostly configuration on one cache line, the contended state on another.
+  alignas(64) std::atomic<double> interval_{0};
   std::atomic<double> burst_{1};
-  alignas(64) std::atomic<std::uint64_t> attempted_{0};  // thousandths of a permit
+  std::atomic<std::int64_t> step_{0};       // nanoseconds per permit
+  std::atomic<std::int64_t> tolerance_{0};  // burst × step
+  alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
+  // Permits asked for, in thousandths, striped by thread: a thread with a stripe of its own
+  // adds with a plain load and store (no locked instruction on the hot path); the threads
+  // beyond the stripes share the last one with fetch_add.
+  struct alignas(64) stripe {
+    std::atomic<std::uint64_t> value{0};
+  };
+  static constexpr unsigned stripes = 16;
+  std::array<stripe, stripes> attempted_{};
   std::atomic<std::uint32_t> changes_{0};
   std::atomic<std::uint64_t> throttled_{0};
 };
