@@ -3,7 +3,7 @@
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo test asan tsan bench format deps clean
+.PHONY: demo tree-demo test asan tsan bench format deps clean
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -15,8 +15,14 @@ endef
 deps:
 	@sh cmake/install-deps.sh
 
-## Run the main job: a local capacity tree (root + 2 intermediates) with scripted clients.
+## Run the main job: a local capacity tree (root + 2 intermediates) with worker processes.
 demo: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target doorman-client-demo
+	@./build/release/examples/doorman-client-demo
+
+## The protocol-level tree demo: the same tree with six scripted JSON-RPC clients.
+tree-demo: deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-tree-demo
 	@./build/release/examples/doorman-tree-demo
@@ -33,14 +39,15 @@ asan: deps
 tsan: deps
 	$(call preset_tests,tsan)
 
-## Benchmarks (Release), JSON written to build/release/decision.json and load.json.
+## Benchmarks (Release), JSON written to build/release/{decision,load,limiter}.json.
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision doorman_bench_load
+	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision doorman_bench_load doorman_bench_limiter
 	@./build/release/benchmarks/doorman_bench_decision --benchmark_repetitions=5 \
 	  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
 	  --benchmark_out=build/release/decision.json --benchmark_out_format=json
 	@./build/release/benchmarks/doorman_bench_load --json build/release/load.json
+	@./build/release/benchmarks/doorman_bench_limiter --json build/release/limiter.json
 
 ## Format every C++ file with clang-format.
 format:

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "process.hpp"
+#include "demo_tree.hpp"
 
 namespace {
 
@@ -107,45 +107,9 @@ struct options {
 };
 
 int run(const options& o) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / fmt::format("doorman-tree-demo-{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  const auto config = dir / "resources.json";
-  std::ofstream(config) << fmt::format(R"({{"resources": [
-  {{"identifier_glob": "api", "capacity": {}, "description": "requests per second",
-    "algorithm": {{"kind": "FAIR_SHARE", "lease_length": 6, "refresh_interval": 1,
-                  "learning_mode_duration": 0}}}},
-  {{"identifier_glob": "*", "capacity": 0,
-    "algorithm": {{"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}}}]}})",
-                                       o.capacity);
-
-  fmt::print("starting the tree (logs in {}):\n", dir.string());
-  doorman_examples::process root({o.node_binary, "--listen", "127.0.0.1:0", "--config",
-                                  config.string(), "--minimum-refresh-interval", "0.5"},
-                                 (dir / "root.log").string());
-  const auto root_address = root.listening_address();
-  if (!root_address) {
-    fmt::print(stderr, "the root did not start:\n{}", root.log());
-    return 1;
-  }
-  std::vector<std::unique_ptr<doorman_examples::process>> mids;
-  std::vector<std::string> mid_addresses;
-  for (const char* name : {"left", "right"}) {
-    mids.push_back(std::make_unique<doorman_examples::process>(
-        std::vector<std::string>{o.node_binary, "--listen", "127.0.0.1:0", "--parent",
-                                 *root_address, "--id", name, "--minimum-refresh-interval", "0.5"},
-        (dir / fmt::format("{}.log", name)).string()));
-    const auto a = mids.back()->listening_address();
-    if (!a) {
-      fmt::print(stderr, "intermediate {} did not start:\n{}", name, mids.back()->log());
-      return 1;
-    }
-    mid_addresses.push_back(*a);
-  }
-  fmt::print("  root          {}  capacity {} of resource \"api\", FAIR_SHARE\n", *root_address,
-             o.capacity);
-  fmt::print("  left  (mid)   {}  parent {}\n", mid_addresses[0], *root_address);
-  fmt::print("  right (mid)   {}  parent {}\n\n", mid_addresses[1], *root_address);
+  auto tree = doorman_examples::local_tree::start(o.node_binary, o.capacity, "doorman-tree-demo");
+  if (!tree) return 1;
+  const auto& mid_addresses = tree->mid_addresses;
 
   std::vector<scripted_client> clients = {
       {"c1", 0, 10, 0, -1, 0, -1}, {"c2", 0, 30, 0, -1, 0, 18}, {"c3", 0, 50, 0, 14, 5, -1},
@@ -224,15 +188,9 @@ int run(const options& o) {
   fmt::print("allocation at the end equals the FAIR_SHARE result: {}\n",
              converged_at_end ? "yes" : "no");
   fmt::print("stopping the tree: ");
-  for (auto& m : mids)
-    m->signal(SIGTERM);
-  root.signal(SIGTERM);
-  bool clean = true;
-  for (auto& m : mids)
-    clean = m->wait_exit() == 0 && clean;
-  clean = root.wait_exit() == 0 && clean;
+  const bool clean = tree->stop();
   fmt::print("{}\n", clean ? "every node exited 0" : "a node did not exit cleanly");
-  if (clean) std::filesystem::remove_all(dir);
+  if (clean) std::filesystem::remove_all(tree->dir);
   return clean && worst <= o.capacity + 1e-9 ? 0 : 1;
 }
 

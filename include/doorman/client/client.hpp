@@ -53,8 +53,10 @@ struct client_options {
   seconds release_timeout{1};           ///< the `release_capacity` sent by `stop()`
   seconds sample_interval{1};           ///< how often demand is measured
   seconds demand_window{10};            ///< the moving average of measured demand
-  /// While a resource is throttled (callers refused or made to wait), its measured wants are
-  /// at least its capacity × this, so a client held back by its own small lease asks for more.
+  /// While callers of a rate resource are made to wait (`wait`, `async_wait`), its measured
+  /// wants are at least its capacity × this: a blocked caller attempts no more than the rate
+  /// lets it, so its attempts alone would never ask for more. (Refused `try_acquire` calls are
+  /// counted as attempts, which measures their demand directly.)
   double throttled_headroom = 2;
   std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
 };
@@ -73,15 +75,17 @@ struct resource_entry {
         options(options_),
         estimate(estimate_),
         rate({.rate = 0, .burst = burst}),
+        auto_burst(!(burst > 0)),
         gauge(0),
         changed(strand, asio::steady_timer::time_point::max()) {}
 
   const std::string id;
   const resource_kind kind;
   const client_resource_options options;
-  const bool estimate;  // wants measured from use (else fixed by the user)
-  rate_limiter rate;    // used when kind == rate
-  gauge_limiter gauge;  // used when kind == gauge
+  const bool estimate;    // wants measured from use (else fixed by the user)
+  rate_limiter rate;      // used when kind == rate
+  const bool auto_burst;  // the burst follows the capacity
+  gauge_limiter gauge;    // used when kind == gauge
   std::atomic<double> capacity{0};
   std::atomic<double> wants{0};
   std::atomic<bool> leased{false};
@@ -294,6 +298,7 @@ class client {
 
   static void apply(detail::resource_entry& e, double capacity) {
     if (e.kind == detail::resource_kind::rate) {
+      if (e.auto_burst) e.rate.set_burst(std::max(1.0, capacity * 0.1));
       e.rate.set_rate(capacity);
     } else {
       e.gauge.set_limit(capacity);
@@ -315,7 +320,7 @@ class client {
   }
 
   // Measures demand: for a rate, permits asked per second (admitted or not); for a gauge, the
-  // peak in flight + waiting. Throttled rates ask for at least capacity × headroom.
+  // peak in flight + waiting. A rate whose waiters were delayed asks for capacity × headroom.
   void sample(clock::time_point now) {
     const double span = to_seconds(now - last_sample_);
     last_sample_ = now;
@@ -324,7 +329,7 @@ class client {
       double value = 0;
       if (e->kind == detail::resource_kind::rate) {
         const double attempted = e->rate.attempted();
-        const std::uint64_t throttled = e->rate.throttled();
+        const std::uint64_t throttled = e->rate.delayed();
         value = (attempted - e->attempted_seen) / span;
         if (throttled != e->throttled_seen) {
           value = std::max(value, std::max(e->capacity.load(), 1.0) * options_.throttled_headroom);

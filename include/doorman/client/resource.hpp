@@ -37,7 +37,9 @@ struct resource_options {
   std::int64_t priority = 0;
   fallback mode = fallback::safe;         ///< what applies once a lease expired unrenewed
   std::optional<double> safe_capacity{};  ///< overrides the server's (−1: unlimited)
-  double burst = 1;                       ///< rate only: permits an idle limiter admits at once
+  /// Rate only: the permits an idle limiter admits at once; 0 (the default) follows the lease
+  /// as max(1, capacity × 0.1 s), which absorbs the jitter of callers arriving on a schedule.
+  double burst = 0;
 };
 
 namespace detail {

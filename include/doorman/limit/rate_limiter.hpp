@@ -94,7 +94,7 @@ class basic_rate_limiter {
     const double interval = interval_.load(std::memory_order_relaxed);
     if (interval == 0) return {true, {}};
     if (std::isinf(interval)) {
-      throttled_.fetch_add(1, std::memory_order_relaxed);
+      refused_.fetch_add(1, std::memory_order_relaxed);
       return {false, duration::max()};
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
@@ -113,7 +113,7 @@ class basic_rate_limiter {
           precise = true;
           continue;
         }
-        throttled_.fetch_add(1, std::memory_order_relaxed);
+        refused_.fetch_add(1, std::memory_order_relaxed);
         if (n > burst_.load(std::memory_order_relaxed)) return {false, duration::max()};
         return {false, from_ticks(next - now - tolerance)};
       }
@@ -196,11 +196,19 @@ class basic_rate_limiter {
     return static_cast<double>(sum) / 1000.0;
   }
 
-  /// How many requests so far were refused, had to wait for their permits, or found the
-  /// limiter blocked: a sign that the caller wants more than the rate.
-  [[nodiscard]] std::uint64_t throttled() const noexcept {
+  /// How many `try_acquire` calls so far were refused.
+  [[nodiscard]] std::uint64_t refused() const noexcept {
+    return refused_.load(std::memory_order_relaxed);
+  }
+
+  /// How many reservations (`wait`, `reserve`) so far had to wait for their permits or found
+  /// the limiter blocked: callers held back, whose attempts per second understate their demand.
+  [[nodiscard]] std::uint64_t delayed() const noexcept {
     return throttled_.load(std::memory_order_relaxed);
   }
+
+  /// Both of the above: every request the rate held back.
+  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
 
   [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
 
@@ -309,7 +317,8 @@ class basic_rate_limiter {
   static constexpr unsigned stripes = 16;
   std::array<stripe, stripes> attempted_{};
   std::atomic<std::uint32_t> changes_{0};
-  std::atomic<std::uint64_t> throttled_{0};
+  std::atomic<std::uint64_t> throttled_{0};  // delayed reservations
+  std::atomic<std::uint64_t> refused_{0};
 };
 
 /// The rate limiter on the cheap monotonic clock.

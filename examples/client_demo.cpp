@@ -1,0 +1,204 @@
+// doorman-client-demo: the quick start. A local capacity tree (a root and two intermediate
+// doorman-node processes) and doorman-worker processes of different demand sharing the
+// resource "api" through it. Once a second it prints each worker's measured wants, its lease
+// and the operations it ran in that second, and the total against the capacity; workers arrive
+// and leave, and the shares move.
+//
+//   doorman-client-demo [--duration 24] [--capacity 200] [--bin-dir DIR]
+//
+// Script: w1 (20/s) and w2 (60/s) under "left", w3 (100/s) under "right" from the start;
+// w4 (150/s) joins "right" at 8 s; w2 stops (and releases its lease) at 16 s.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "demo_tree.hpp"
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+using doorman_examples::process;
+
+struct worker {
+  std::string name;
+  int mid;        // 0 = left, 1 = right
+  double demand;  // operations per second arriving
+  double start;   // seconds after the start
+  double stop;    // < 0: never
+  std::unique_ptr<process> proc{};
+  bool done = false;
+};
+
+struct status {
+  double wants = 0;
+  double capacity = 0;
+  double ops = 0;
+  bool leased = false;
+};
+
+// The last status line a worker printed.
+std::optional<status> last_status(const process& p) {
+  const std::string log = p.log();
+  const auto at = log.rfind("status name=");
+  if (at == std::string::npos) return std::nullopt;
+  std::istringstream line(log.substr(at, log.find('\n', at) - at));
+  status s;
+  std::string field;
+  while (line >> field) {
+    const auto eq = field.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = field.substr(0, eq);
+    const std::string value = field.substr(eq + 1);
+    if (key == "wants") s.wants = std::stod(value);
+    if (key == "capacity") s.capacity = std::stod(value);
+    if (key == "ops") s.ops = std::stod(value);
+    if (key == "leased") s.leased = value == "1";
+  }
+  return s;
+}
+
+volatile std::sig_atomic_t interrupted = 0;
+void on_signal(int) {
+  interrupted = 1;
+}
+
+int run(double duration, double capacity, const std::filesystem::path& bin) {
+  auto tree = doorman_examples::local_tree::start((bin / "doorman-node").string(), capacity,
+                                                  "doorman-client-demo");
+  if (!tree) return 1;
+  std::vector<worker> workers;
+  workers.push_back({"w1", 0, 20, 0, -1});
+  workers.push_back({"w2", 0, 60, 0, 16});
+  workers.push_back({"w3", 1, 100, 0, -1});
+  workers.push_back({"w4", 1, 150, 8, -1});
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  fmt::print("each cell: wants / lease / ops run in the last second\n");
+  fmt::print("  t  ");
+  for (const auto& w : workers)
+    fmt::print("| {} ({:>3.0f}/s {})   ", w.name, w.demand, w.mid == 0 ? "left " : "right");
+  fmt::print("| total lease  total ops\n");
+
+  const auto t0 = steady::now();
+  double worst = 0;
+  bool over_lease = false;
+  int stopped_cleanly = 0;
+  int stopped = 0;
+  for (int second = 1; second <= static_cast<int>(duration) && !interrupted; ++second) {
+    const double t = second - 1;
+    for (auto& w : workers) {
+      if (!w.proc && !w.done && w.start <= t && (w.stop < 0 || w.stop > t)) {
+        w.proc = std::make_unique<process>(
+            std::vector<std::string>{(bin / "doorman-worker").string(), "--server",
+                                     tree->mid_addresses[static_cast<std::size_t>(w.mid)],
+                                     "--resource", "api", "--demand", fmt::format("{}", w.demand),
+                                     "--name", w.name},
+            (tree->dir / (w.name + ".log")).string());
+      }
+      if (w.proc && w.stop >= 0 && w.stop <= t) {
+        w.proc->signal(SIGTERM);
+        stopped_cleanly += w.proc->wait_exit() == 0 ? 1 : 0;
+        ++stopped;
+        w.proc.reset();
+        w.done = true;
+      }
+    }
+    std::this_thread::sleep_until(t0 + std::chrono::seconds(second));
+    std::string row = fmt::format("{:>3}s ", second);
+    double total_lease = 0;
+    double total_ops = 0;
+    for (const auto& w : workers) {
+      const auto s = w.proc ? last_status(*w.proc) : std::nullopt;
+      if (!s) {
+        row += "|                   ";
+        continue;
+      }
+      row += fmt::format("| {:>4.0f} {:>5.1f} {:>4.0f}  ", s->wants, s->capacity, s->ops);
+      total_lease += s->leased ? s->capacity : 0;
+      total_ops += s->ops;
+      // The worker's operations in a second stay within its lease (+ its burst, 10%).
+      if (s->leased && s->ops > s->capacity * 1.1 + 1.5) over_lease = true;
+    }
+    worst = std::max(worst, total_lease);
+    row += fmt::format("| {:>5.1f} / {:.0f}  {:>5.0f}", total_lease, capacity, total_ops);
+    fmt::print("{}\n", row);
+  }
+
+  // The workers report at slightly different instants within a second, so a lease moving
+  // between two of them can be counted twice by a fraction: 1% of tolerance for that.
+  const bool within = worst <= capacity * 1.01 + 1e-6;
+  fmt::print("\nmost leased at once (as the workers reported it): {:.1f} of {:.0f} ({})\n", worst,
+             capacity, within ? "never over capacity" : "OVER CAPACITY");
+  fmt::print("every worker kept to its lease: {}\n", over_lease ? "no" : "yes");
+  for (auto& w : workers) {
+    if (!w.proc) continue;
+    w.proc->signal(SIGTERM);
+    stopped_cleanly += w.proc->wait_exit() == 0 ? 1 : 0;
+    ++stopped;
+  }
+  fmt::print("stopping: workers exited 0: {} of {}; ", stopped_cleanly, stopped);
+  const bool clean = tree->stop() && stopped_cleanly == stopped;
+  fmt::print("{}\n", clean ? "every node exited 0" : "a process did not exit cleanly");
+  if (clean) std::filesystem::remove_all(tree->dir);
+  return clean && !over_lease && within ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double duration = 24;
+  double capacity = 200;
+  std::filesystem::path bin = std::filesystem::path(argv[0]).parent_path();
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+        return argv[++i];
+      };
+      if (arg == "--help" || arg == "-h") {
+        fmt::print(
+            "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
+            "  --duration SECONDS  how long the workers run (default 24)\n"
+            "  --capacity N        capacity of the resource \"api\" (default 200)\n"
+            "  --bin-dir DIR       where doorman-node and doorman-worker are (default: here)\n");
+        return 0;
+      } else if (arg == "--duration") {
+        duration = std::stod(value());
+        if (!(duration >= 1 && duration <= 3600)) {
+          throw std::invalid_argument("--duration must be in [1, 3600]");
+        }
+      } else if (arg == "--capacity") {
+        capacity = std::stod(value());
+        if (!(capacity >= 0)) throw std::invalid_argument("--capacity must be >= 0");
+      } else if (arg == "--bin-dir") {
+        bin = value();
+      } else {
+        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+      }
+    }
+    for (const char* b : {"doorman-node", "doorman-worker"}) {
+      if (!std::filesystem::exists(bin / b)) {
+        throw std::invalid_argument(
+            fmt::format("no {} in {} (build it, or pass --bin-dir)", b, bin.string()));
+      }
+    }
+    return run(duration, capacity, bin);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "doorman-client-demo: {}\n", e.what());
+    return 2;
+  }
+}
