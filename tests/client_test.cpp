@@ -666,3 +666,78 @@ TEST_CASE("measured wants follow use", "[client][net]") {
   CHECK(r.wants() > 0);
   REQUIRE(eventually([&] { return g.wants() >= 3; }));
 }
+
+#if defined(DOORMAN_NODE_BINARY) && defined(DOORMAN_HTTP_BINARY)
+#include "process.hpp"
+
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+// One HTTP request on a fresh connection; the whole answer (the server closes), or "" on error.
+std::string http_get(const std::string& address) {
+  const auto a = doorman::net::parse_address(address);
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  std::error_code ec;
+  s.connect({asio::ip::make_address(a->host), static_cast<unsigned short>(std::stoi(a->port))}, ec);
+  if (ec) return "";
+  const timeval tv{5, 0};  // a deadline on every read
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = "GET / HTTP/1.1\r\nHost: test\r\n\r\n";
+  asio::write(s, asio::buffer(req), ec);
+  if (ec) return "";
+  std::string answer;
+  asio::read(s, asio::dynamic_buffer(answer), ec);  // to EOF
+  return answer;
+}
+
+}  // namespace
+
+TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[client][process]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("doorman-http-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "conf.json") << R"({"resources": [{"identifier_glob": "*", "capacity": 5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4,
+                  "learning_mode_duration": 0}}]})";
+  doorman_examples::process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
+                                  (dir / "conf.json").string(), "--minimum-refresh-interval", "0"},
+                                 (dir / "node.log").string());
+  const auto node_address = node.listening_address();
+  REQUIRE(node_address);
+  doorman_examples::process http({DOORMAN_HTTP_BINARY, "--server", *node_address, "--listen",
+                                  "127.0.0.1:0", "--resource", "api"},
+                                 (dir / "http.log").string());
+  const auto http_address = http.listening_address();
+  REQUIRE(http_address);
+
+  // No lease yet (wants are measured from requests): refused, and told when to come back.
+  const std::string first = http_get(*http_address);
+  REQUIRE_THAT(first, Catch::Contains("HTTP/1.1 429"));
+  CHECK_THAT(first, Catch::Contains("Retry-After: "));
+  // The refused requests are demand: a lease comes, and requests get through.
+  REQUIRE(eventually([&] { return http_get(*http_address).find("HTTP/1.1 200") == 0; }));
+  // A burst far above the lease (5/s): at most the lease's worth in the time it took, + burst.
+  const auto start = steady::now();
+  int ok = 0;
+  int refused = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::string a = http_get(*http_address);
+    ok += a.find("HTTP/1.1 200") == 0 ? 1 : 0;
+    refused += a.find("HTTP/1.1 429") == 0 && a.find("Retry-After: 1") != std::string::npos;
+  }
+  const double took = doorman::to_seconds(steady::now() - start);
+  CHECK(ok <= 5 * took + 1 + 1e-9);
+  CHECK(refused >= 40 - ok - 0);
+  CHECK(refused > 0);
+  http.signal(SIGTERM);
+  CHECK(http.wait_exit() == 0);
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+  std::filesystem::remove_all(dir);
+}
+#endif

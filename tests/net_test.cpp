@@ -549,4 +549,30 @@ TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
   CHECK_THAT(q.log(), Catch::Contains("--config is required"));
   std::filesystem::remove(log);
 }
+
+TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][process]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("doorman-test-env-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "conf.json") << fast_config(10);
+  // The spawned process inherits this test process's environment.
+  ::setenv("DOORMAN_LISTEN", "127.0.0.1:0", 1);
+  ::setenv("DOORMAN_CONFIG", ("file:" + (dir / "conf.json").string()).c_str(), 1);
+  {
+    process p({DOORMAN_NODE_BINARY}, (dir / "good.log").string());
+    CHECK(p.listening_address());
+    p.signal(SIGTERM);
+    CHECK(p.wait_exit() == 0);
+  }
+  ::setenv("DOORMAN_DECAY_FACTOR", "7", 1);
+  {
+    process p({DOORMAN_NODE_BINARY}, (dir / "bad.log").string());
+    CHECK(p.wait_exit() == 2);
+    CHECK_THAT(p.log(), Catch::Contains("--decay-factor: expected a number in [0.001, 1]"));
+  }
+  ::unsetenv("DOORMAN_DECAY_FACTOR");
+  ::unsetenv("DOORMAN_CONFIG");
+  ::unsetenv("DOORMAN_LISTEN");
+  std::filesystem::remove_all(dir);
+}
 #endif

@@ -163,6 +163,8 @@ class client {
       if (stopping_) return;
       stopping_ = true;
       timer_.cancel();
+      // Nobody to release to: fail the call in flight now instead of at its deadline.
+      if (!connected_) channel_.shutdown();
     });
   }
 
