@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "arguments.hpp"
 #include "demo_tree.hpp"
 
 namespace {
@@ -163,13 +164,11 @@ int main(int argc, char** argv) {
   double capacity = 200;
   std::filesystem::path bin = std::filesystem::path(argv[0]).parent_path();
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--help" || arg == "-h") {
+    doorman_examples::arguments args(argc, argv);
+    while (args.next()) {
+      const std::string& arg = args.arg();
+      auto value = [&] { return args.value(); };
+      if (args.help()) {
         fmt::print(
             "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
             "  --duration SECONDS  how long the workers run (default 24)\n"
@@ -187,7 +186,7 @@ int main(int argc, char** argv) {
       } else if (arg == "--bin-dir") {
         bin = value();
       } else {
-        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+        args.unknown();
       }
     }
     for (const char* b : {"doorman-node", "doorman-worker"}) {

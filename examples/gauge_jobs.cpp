@@ -20,27 +20,23 @@
 #include <thread>
 #include <vector>
 
+#include "arguments.hpp"
+
 int main(int argc, char** argv) {
-  std::string server = "127.0.0.1:7700";
-  std::string resource = "db";
+  doorman_examples::client_flags flags{.resource = "db"};
   int threads = 16;
   double seconds = 10;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--help" || arg == "-h") {
+    doorman_examples::arguments args(argc, argv);
+    while (args.next()) {
+      const std::string& arg = args.arg();
+      auto value = [&] { return args.value(); };
+      if (args.help()) {
         std::printf(
             "usage: doorman-gauge-jobs [--server HOST:PORT[,...]] [--resource ID]"
             " [--threads N] [--seconds S]\n");
         return 0;
-      } else if (arg == "--server") {
-        server = value();
-      } else if (arg == "--resource") {
-        resource = value();
+      } else if (flags.parse(args)) {
       } else if (arg == "--threads") {
         threads = std::stoi(value());
         if (threads < 1 || threads > 1024) throw std::invalid_argument("--threads: 1..1024");
@@ -49,14 +45,14 @@ int main(int argc, char** argv) {
         if (!(seconds > 0 && seconds <= 86400))
           throw std::invalid_argument("--seconds: (0, 1 day]");
       } else {
-        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+        args.unknown();
       }
     }
     doorman::client_options options;
-    options.addresses = doorman::net::split_list(server);
+    options.addresses = doorman::net::split_list(flags.server);
     options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
     doorman::client client(options);
-    doorman::gauge_resource db(client, resource);
+    doorman::gauge_resource db(client, flags.resource);
 
     std::atomic<bool> stop{false};
     std::atomic<int> running{0};

@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "arguments.hpp"
+
 namespace {
 
 asio::awaitable<void> serve(asio::ip::tcp::socket socket, doorman::rate_resource& api) {
@@ -71,39 +73,33 @@ asio::awaitable<void> accept(asio::ip::tcp::acceptor& acceptor, doorman::rate_re
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = "127.0.0.1:7700";
   std::string listen = "127.0.0.1:8080";
-  std::string resource = "api";
+  doorman_examples::client_flags flags{.resource = "api"};
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--help" || arg == "-h") {
+    doorman_examples::arguments args(argc, argv);
+    while (args.next()) {
+      const std::string& arg = args.arg();
+      auto value = [&] { return args.value(); };
+      if (args.help()) {
         std::printf(
             "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
             " [--resource ID]\n");
         return 0;
-      } else if (arg == "--server") {
-        server = value();
+      } else if (flags.parse(args)) {
       } else if (arg == "--listen") {
         listen = value();
-      } else if (arg == "--resource") {
-        resource = value();
       } else {
-        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+        args.unknown();
       }
     }
     const auto at = doorman::net::parse_address(listen);
     if (!at) throw std::invalid_argument("--listen: expected host:port, got " + listen);
 
     doorman::client_options options;
-    options.addresses = doorman::net::split_list(server);
+    options.addresses = doorman::net::split_list(flags.server);
     options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
     doorman::client client(options);
-    doorman::rate_resource api(client, resource);
+    doorman::rate_resource api(client, flags.resource);
 
     asio::io_context io;
     asio::ip::tcp::acceptor acceptor(io);

@@ -19,6 +19,8 @@
 #include <string>
 #include <thread>
 
+#include "arguments.hpp"
+
 namespace {
 
 std::atomic<bool> stopping{false};
@@ -30,26 +32,20 @@ void on_signal(int) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = "127.0.0.1:7700";
-  std::string resource = "api";
+  doorman_examples::client_flags flags{.resource = "api"};
   std::string name = "worker";
   double demand = 10;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--help" || arg == "-h") {
+    doorman_examples::arguments args(argc, argv);
+    while (args.next()) {
+      const std::string& arg = args.arg();
+      auto value = [&] { return args.value(); };
+      if (args.help()) {
         std::printf(
             "usage: doorman-worker [--server HOST:PORT[,HOST:PORT...]] [--resource ID]\n"
             "                      [--demand OPS_PER_SECOND] [--name NAME]\n");
         return 0;
-      } else if (arg == "--server") {
-        server = value();
-      } else if (arg == "--resource") {
-        resource = value();
+      } else if (flags.parse(args)) {
       } else if (arg == "--name") {
         name = value();
       } else if (arg == "--demand") {
@@ -58,17 +54,17 @@ int main(int argc, char** argv) {
           throw std::invalid_argument("--demand: expected a number in (0, 1e7]");
         }
       } else {
-        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+        args.unknown();
       }
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
 
     doorman::client_options options;
-    options.addresses = doorman::net::split_list(server);
+    options.addresses = doorman::net::split_list(flags.server);
     options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
     doorman::client client(options);
-    doorman::rate_resource api(client, resource, {.initial_wants = demand});
+    doorman::rate_resource api(client, flags.resource, {.initial_wants = demand});
 
     using steady = std::chrono::steady_clock;
     const auto tick = std::chrono::milliseconds(10);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "demo_tree.hpp"
 
 namespace {
@@ -200,13 +201,11 @@ int main(int argc, char** argv) {
   options o;
   o.node_binary = (std::filesystem::path(argv[0]).parent_path() / "doorman-node").string();
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--help" || arg == "-h") {
+    doorman_examples::arguments args(argc, argv);
+    while (args.next()) {
+      const std::string& arg = args.arg();
+      auto value = [&] { return args.value(); };
+      if (args.help()) {
         fmt::print(
             "usage: doorman-tree-demo [--duration SECONDS] [--capacity N] [--node-binary PATH]\n"
             "  --duration SECONDS  how long the scripted load runs (default 24)\n"
@@ -224,7 +223,7 @@ int main(int argc, char** argv) {
       } else if (arg == "--node-binary") {
         o.node_binary = value();
       } else {
-        throw std::invalid_argument("unknown option " + arg + " (see --help)");
+        args.unknown();
       }
     }
     if (!std::filesystem::exists(o.node_binary)) {
