@@ -428,7 +428,6 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
   }
   SECTION("failures back off exponentially with jitter") {
     clock.advance(2s);
-    double previous = 0;
     for (int i = 1; i <= 6; ++i) {
       (void)s.make_request(clock.now());
       s.on_failure(clock.now());
@@ -436,10 +435,8 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
       const double step = std::min(15.0, 0.5 * std::pow(2, i - 1));
       CHECK(wait >= std::max(2.0, step / 2) - 1e-9);
       CHECK(wait <= std::max(2.0, step) + 1e-9);
-      previous = wait;
       clock.set(s.next_request());
     }
-    CHECK(previous > 0);
   }
   SECTION("a non-master answer counts as a failure") {
     clock.advance(2s);
@@ -732,7 +729,7 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   }
   const double took = doorman::to_seconds(steady::now() - start);
   CHECK(ok <= 5 * took + 1 + 1e-9);
-  CHECK(refused >= 40 - ok - 0);
+  CHECK(ok + refused == 40);  // every other answer is a 429 saying "Retry-After: 1"
   CHECK(refused > 0);
   http.signal(SIGTERM);
   CHECK(http.wait_exit() == 0);

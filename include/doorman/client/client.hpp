@@ -199,7 +199,7 @@ class client {
     slot->handles = 1;
     slot->wants = opts.wants;
     slot->demand = demand_estimator(options_.demand_window);
-    apply(*slot, state_view_capacity_before_lease(opts));
+    apply(*slot, fallback_capacity(opts, std::nullopt));  // until the first answer
     asio::post(strand_, [this, e = slot] {
       if (stopping_) return;
       active_[e->id] = e;
@@ -274,19 +274,6 @@ class client {
     c.call_timeout = o.call_timeout;
     c.log = o.log;
     return c;
-  }
-
-  // The capacity a brand-new resource may use before any answer: its fallback.
-  static double state_view_capacity_before_lease(const client_resource_options& o) {
-    switch (o.mode) {
-      case fallback::pessimistic:
-        return 0;
-      case fallback::optimistic:
-        return o.wants;
-      case fallback::safe:
-        return o.safe_capacity.value_or(0);
-    }
-    return 0;
   }
 
   void log(const std::string& s) const {

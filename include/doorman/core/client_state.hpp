@@ -65,6 +65,22 @@ struct client_state_options {
   std::uint64_t seed = 0xc11e'0175;  ///< of the jitter (the asio client draws a random one)
 };
 
+/// What a resource may use without a lease: its fallback, given the safe capacity the server
+/// returned last (if any). −1: unlimited.
+[[nodiscard]] inline double fallback_capacity(const client_resource_options& o,
+                                              std::optional<double> server_safe_capacity) {
+  switch (o.mode) {
+    case fallback::pessimistic:
+      return 0;
+    case fallback::optimistic:
+      return o.wants;
+    case fallback::safe:
+      if (o.safe_capacity) return *o.safe_capacity;
+      return server_safe_capacity.value_or(0);
+  }
+  return 0;
+}
+
 /// One resource as the client holds it.
 template <class TimePoint>
 struct client_resource {
@@ -144,16 +160,7 @@ class basic_client_state {
     const auto* r = find(id);
     if (r == nullptr) return 0;
     if (r->lease && !r->lease->expired(now)) return r->lease->capacity;
-    switch (r->options.mode) {
-      case fallback::pessimistic:
-        return 0;
-      case fallback::optimistic:
-        return r->options.wants;
-      case fallback::safe:
-        if (r->options.safe_capacity) return *r->options.safe_capacity;
-        return r->server_safe_capacity.value_or(0);
-    }
-    return 0;
+    return fallback_capacity(r->options, r->server_safe_capacity);
   }
 
   /// Whether the lease of `id` is unexpired at `now` (so `capacity` is the lease, not a

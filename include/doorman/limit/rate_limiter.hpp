@@ -98,8 +98,7 @@ class basic_rate_limiter {
       return {false, duration::max()};
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
-    const std::int64_t increment =
-        n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
+    const std::int64_t increment = increment_for(n, interval);
     // The cheap clock first: it lags real time, so deciding with it never admits too early.
     // Only a refusal that the lag could explain is decided again on the precise clock.
     std::int64_t now = ticks(clock_.now());
@@ -221,6 +220,11 @@ class basic_rate_limiter {
                      std::memory_order_relaxed);
   }
 
+  // The span n permits take at `interval` (the precomputed step for the common n = 1).
+  std::int64_t increment_for(double n, double interval) const noexcept {
+    return n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
+  }
+
   void count(double n) noexcept {
     const std::uint64_t m = to_milli(n);
     const unsigned slot = detail::thread_slot();
@@ -240,8 +244,8 @@ class basic_rate_limiter {
       throttled_.fetch_add(1, std::memory_order_relaxed);
       return time_point::max();
     }
-    const std::int64_t tolerance = to_ticks(burst_.load(std::memory_order_relaxed) * interval);
-    const std::int64_t increment = to_ticks(n * interval);
+    const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
+    const std::int64_t increment = increment_for(n, interval);
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
     std::int64_t next = 0;
     do {
