@@ -555,7 +555,9 @@ TEST_CASE("clients with different demands converge to the fair shares and keep t
     const auto r = c.try_acquire();
     CHECK_FALSE(r);
     CHECK(r.retry_after > 0ms);
-    CHECK(r.retry_after <= 20ms);  // one permit at 50/s
+    // One permit at 50/s, overstated by at most the coarse clock's lag when the refusal was
+    // decided on the coarse reading.
+    CHECK(r.retry_after <= 20ms + doorman::coarse_clock::resolution());
   }
   SECTION("a new client with demand moves the shares") {
     b.set_wants(80);

@@ -61,7 +61,8 @@ struct rate_limiter_options {
 template <class Duration>
 struct basic_acquire_result {
   bool admitted = false;
-  /// When refused: how long until the same request would be admitted (for a `Retry-After`).
+  /// When refused: how long until the same request would be admitted (for a `Retry-After`);
+  /// with `coarse_clock`, possibly overstated by up to its resolution (never understated).
   /// `Duration::max()` when the limiter is blocked (rate 0), or when the request is larger than
   /// the burst and so never fits at once (`wait` can still take it).
   Duration retry_after{};
