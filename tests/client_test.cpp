@@ -91,6 +91,32 @@ TEST_CASE("rate limiter reaches exactly the rate with a coarse clock, never abov
     REQUIRE(admitted[i] - admitted[i - 1] >= 1ms);
 }
 
+TEST_CASE("rate limiter: one precise reading serves many calls", "[limit]") {
+  // Rate 1e6/s, burst 100 (100 us), callers every 10 us: every call is due, but within one
+  // 4 ms step of the cheap clock they use 400 us of permits, more than the burst. The latest
+  // precise reading stands in for the time until it too is a burst behind.
+  struct counting_clock : stepped_clock_ref {
+    std::size_t* reads;
+    [[nodiscard]] time_point precise_now() const noexcept {
+      ++*reads;
+      return c->now();
+    }
+  };
+  manual_clock clock;
+  std::size_t reads = 0;
+  doorman::basic_rate_limiter<counting_clock> lim({.rate = 1e6, .burst = 100},
+                                                  counting_clock{{{&clock}}, &reads});
+  std::size_t calls = 0;
+  std::size_t admitted = 0;
+  while (clock.now().time_since_epoch() < 1s) {
+    ++calls;
+    if (lim.try_acquire()) ++admitted;
+    clock.advance(10us);
+  }
+  CHECK(admitted == calls);
+  CHECK(reads * 50 < calls);
+}
+
 TEST_CASE("rate limiter reports when a refused request would be admitted", "[limit]") {
   manual_clock clock;
   test_limiter lim({.rate = 10, .burst = 2}, clock_ref{&clock});

@@ -22,8 +22,10 @@
 /// Time: a clock that also offers `precise_now()` and `resolution()` (as `coarse_clock` does)
 /// is read cheaply first; since the cheap reading lags real time, deciding with it can only
 /// refuse too early, never admit too early, and a refusal within `resolution` of admission is
-/// decided again on the precise clock. So the bound above holds in real time and the rate is
-/// reached exactly, while an admitted `try_acquire` costs one cheap clock read and one CAS.
+/// decided again on the precise clock. The latest precise reading, a time already passed, is
+/// kept as a lower bound too, so one precise reading serves up to a burst of later calls. So
+/// the bound above holds in real time and the rate is reached exactly, while an admitted
+/// `try_acquire` costs one cheap clock read and one CAS.
 /// `wait` and `reserve` use the precise clock.
 
 #include <algorithm>
@@ -102,7 +104,9 @@ class basic_rate_limiter {
     const std::int64_t increment = increment_for(n, interval);
     // The cheap clock first: it lags real time, so deciding with it never admits too early.
     // Only a refusal that the lag could explain is decided again on the precise clock.
-    std::int64_t now = ticks(clock_.now());
+    // The latest precise reading any thread took is a lower bound of the time too, and often a
+    // later one: with it, one precise reading serves up to a burst of calls.
+    std::int64_t now = std::max(ticks(clock_.now()), seen_.load(std::memory_order_relaxed));
     bool precise = !has_precise_clock;
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
     for (;;) {
@@ -110,6 +114,7 @@ class basic_rate_limiter {
       if (next - now > tolerance) {
         if (!precise && next - now - tolerance <= lag_) {
           now = ticks(precise_now());
+          seen_.store(now, std::memory_order_relaxed);
           precise = true;
           continue;
         }
@@ -313,6 +318,8 @@ class basic_rate_limiter {
   std::atomic<std::int64_t> step_{0};       // nanoseconds per permit
   std::atomic<std::int64_t> tolerance_{0};  // burst × step
   alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
+  // The latest precise reading (any thread's): a time already passed, so never ahead of now.
+  std::atomic<std::int64_t> seen_{std::numeric_limits<std::int64_t>::min() / 2};
   // Permits asked for, in thousandths, striped by thread: a thread with a stripe of its own
   // adds with a plain load and store (no locked instruction on the hot path); the threads
   // beyond the stripes share the last one with fetch_add.
