@@ -278,8 +278,11 @@ class basic_lease_store {
   /// Number of clients.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
-  /// Sum of the capacity of every lease held.
-  [[nodiscard]] double sum_has() const noexcept { return size_ == 0 ? 0.0 : sum_has_.value(); }
+  /// Sum of the capacity of every lease held (never negative: rounding in the running sum is
+  /// clamped, since a negative `outstanding` would be refused by a parent).
+  [[nodiscard]] double sum_has() const noexcept {
+    return size_ == 0 ? 0.0 : std::max(0.0, sum_has_.value());
+  }
 
   /// Sums of wants and subclients over every band of every client.
   [[nodiscard]] demand_sums totals() const noexcept {

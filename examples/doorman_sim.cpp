@@ -1,0 +1,154 @@
+// doorman-sim: runs Doorman's convergence scenarios on the deterministic simulator (the core's
+// engine, upstream and client state on a virtual clock) and writes, per run, a CSV time series,
+// the events with their re-convergence times, and an SVG chart; prints the summary table.
+//
+//   doorman-sim --scenario 7 --seed 1 --out sim-out
+//   doorman-sim --scenario all --out sim-out
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <doorman/sim/report.hpp>
+
+#include "arguments.hpp"
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: doorman-sim [--scenario N|all] [--seed S] [--out DIR] [options]\n\n"
+      "Runs a capacity tree on a virtual clock: the same engine, upstream and client state as\n"
+      "doorman-node and the client library, with an in-memory network.\n\nscenarios:\n");
+  for (const auto& s : doorman::sim::scenarios()) {
+    std::printf("  %d  %-12s %s (%.0f s)\n", s.number, s.name.c_str(), s.description.c_str(),
+                s.duration);
+  }
+  std::printf(
+      "\noptions:\n"
+      "  --scenario N|all    which scenario (default 7); all runs 1-7\n"
+      "  --seed S            random seed (default 1); the same seed gives the same run\n"
+      "  --out DIR           write scenario-N-seed-S.{csv,events.csv,svg} and summary.md there\n"
+      "  --duration S        simulated seconds (default: the scenario's)\n"
+      "  --latency S         one-way network latency in seconds (default 0.001)\n"
+      "  --jitter S          extra one-way delay, uniform in [0, S] (default 0)\n"
+      "  --loss P            probability that a message is lost, each way (default 0)\n"
+      "  --trace S           time-series step in seconds (default 1; 5 for scenario 8)\n"
+      "  --doorman           run without this project's changes to the protocol (the\n"
+      "                      behaviour of Doorman's design), for comparison\n"
+      "  --check             check the invariants at every decision (slower)\n"
+      "  --quiet             no progress lines\n");
+}
+
+double number(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v >= 0)) {
+    throw std::invalid_argument(flag + ": expected a number >= 0, got \"" + text + "\"");
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<int> which{7};
+  doorman::sim::run_options options;
+  std::string out_dir;
+  bool quiet = false;
+  doorman_examples::arguments args(argc, argv);
+  while (args.next()) {
+    if (args.help()) {
+      usage();
+      return 0;
+    } else if (args.arg() == "--scenario") {
+      const std::string v = args.value();
+      which.clear();
+      if (v == "all") {
+        for (int i = 1; i <= 7; ++i)
+          which.push_back(i);
+      } else {
+        const double n = number("--scenario", v);
+        (void)doorman::sim::find_scenario(static_cast<int>(n));
+        which.push_back(static_cast<int>(n));
+      }
+    } else if (args.arg() == "--seed") {
+      options.seed = static_cast<std::uint64_t>(number("--seed", args.value()));
+    } else if (args.arg() == "--out") {
+      out_dir = args.value();
+    } else if (args.arg() == "--duration") {
+      options.duration = number("--duration", args.value());
+    } else if (args.arg() == "--latency") {
+      options.network.latency = number("--latency", args.value());
+    } else if (args.arg() == "--jitter") {
+      options.network.jitter = number("--jitter", args.value());
+    } else if (args.arg() == "--loss") {
+      options.network.loss = number("--loss", args.value());
+      if (options.network.loss >= 1) throw std::invalid_argument("--loss: must be below 1");
+    } else if (args.arg() == "--trace") {
+      options.trace_interval = number("--trace", args.value());
+    } else if (args.arg() == "--doorman") {
+      options.engine = doorman::sim::doorman_engine_options();
+    } else if (args.arg() == "--check") {
+      options.check_invariants = true;
+    } else if (args.arg() == "--quiet") {
+      quiet = true;
+    } else {
+      args.unknown();
+    }
+  }
+  if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
+
+  std::vector<doorman::sim::run_result> results;
+  for (const int n : which) {
+    options.scenario = n;
+    const auto& info = doorman::sim::find_scenario(n);
+    const double duration = options.duration > 0 ? options.duration : info.duration;
+    if (!quiet) {
+      options.progress = [&](double f) {
+        std::fprintf(stderr, "\rscenario %d: %3.0f%% (%.0f of %.0f s simulated)", n, 100 * f,
+                     f * duration, duration);
+        if (f >= 1) std::fputc('\n', stderr);
+      };
+    }
+    const auto start = std::chrono::steady_clock::now();
+    results.push_back(doorman::sim::run_scenario(options));
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto& r = results.back();
+    std::fprintf(stderr, "scenario %d: %zu clients, %.0f s simulated in %.2f s (%llu events)\n",
+                 n, r.clients, duration, wall, static_cast<unsigned long long>(r.events));
+    if (!out_dir.empty()) {
+      const std::string base =
+          out_dir + "/scenario-" + std::to_string(n) + "-seed-" + std::to_string(options.seed);
+      std::ofstream csv(base + ".csv");
+      doorman::sim::write_csv(csv, r);
+      std::ofstream events(base + ".events.csv");
+      doorman::sim::write_events_csv(events, r);
+      std::ofstream svg(base + ".svg");
+      doorman::sim::write_svg(svg, r);
+      if (!csv || !events || !svg) throw std::runtime_error("cannot write " + base + ".*");
+      std::fprintf(stderr, "wrote %s.csv, %s.events.csv, %s.svg\n", base.c_str(), base.c_str(),
+                   base.c_str());
+    }
+  }
+  const std::string table = doorman::sim::summary_table(results);
+  std::cout << table;
+  if (!out_dir.empty()) {
+    std::ofstream(out_dir + "/summary.md") << table;
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "doorman-sim: %s\n", e.what());
+  return 1;
+}

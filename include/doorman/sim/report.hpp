@@ -1,0 +1,190 @@
+#pragma once
+
+/// \file
+/// A run's outputs: the summary table (Markdown), the time series (CSV) and a chart (SVG) a
+/// browser opens. The CSV and the SVG depend on the run alone, so the same seed gives the same
+/// bytes.
+
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "doorman/sim/scenario.hpp"
+
+namespace doorman::sim {
+
+/// The time series: one line per trace point.
+inline void write_csv(std::ostream& os, const run_result& r) {
+  os << "t,capacity,wants,granted,learning\n";
+  for (const auto& p : r.trace) {
+    os << fmt::format("{:.3f},{:.6f},{:.6f},{:.6f},{}\n", p.t, p.capacity, p.wants, p.granted,
+                      p.learning ? 1 : 0);
+  }
+}
+
+/// The events and how long each took to re-converge.
+inline void write_events_csv(std::ostream& os, const run_result& r) {
+  os << "t,event,converged_after\n";
+  for (const auto& m : r.marks) {
+    os << fmt::format("{:.3f},\"{}\",{}\n", m.t, m.label,
+                      m.converged_after ? fmt::format("{:.1f}", *m.converged_after) : "");
+  }
+}
+
+namespace detail {
+
+inline std::string svg_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// A line chart: capacity, total wants and total granted over time, learning periods shaded,
+/// events marked.
+inline void write_svg(std::ostream& os, const run_result& r) {
+  constexpr double width = 1000;
+  constexpr double height = 420;
+  constexpr double left = 70;
+  constexpr double right = 20;
+  constexpr double top = 40;
+  constexpr double bottom = 50;
+  const double t_end = r.trace.empty() ? 1.0 : std::max(1.0, r.trace.back().t);
+  double y_max = 1;
+  for (const auto& p : r.trace)
+    y_max = std::max({y_max, p.capacity, p.granted, p.wants});
+  y_max *= 1.1;
+  const auto x = [&](double t) { return left + (width - left - right) * t / t_end; };
+  const auto y = [&](double v) { return top + (height - top - bottom) * (1 - v / y_max); };
+
+  os << fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)"
+      "\n",
+      width, height);
+  os << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)"
+                    "\n",
+                    width, height);
+  os << fmt::format(
+      R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
+      "\n",
+      left, r.info.number, detail::svg_escape(r.info.name), r.seed,
+      100 * r.summary.mean_allocation, r.summary.over_samples, r.summary.samples,
+      100 * r.summary.max_allocation);
+  // Learning mode, shaded.
+  for (std::size_t i = 0; i + 1 < r.trace.size(); ++i) {
+    if (!r.trace[i].learning) continue;
+    os << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
+                      "\n",
+                      x(r.trace[i].t), top, x(r.trace[i + 1].t) - x(r.trace[i].t),
+                      height - top - bottom);
+  }
+  // Axes and ticks.
+  os << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="black"/>)"
+                    "\n",
+                    left, top, height - bottom);
+  os << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="black"/>)"
+                    "\n",
+                    left, height - bottom, width - right);
+  for (int i = 0; i <= 5; ++i) {
+    const double v = y_max / 1.1 * i / 5;
+    os << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.0f}</text>)"
+                      "\n",
+                      left - 6, y(v) + 4, v);
+    const double t = t_end * i / 5;
+    os << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.0f} s</text>)"
+                      "\n",
+                      x(t), height - bottom + 18, t);
+  }
+  // Events.
+  for (const auto& m : r.marks) {
+    os << fmt::format(
+        R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
+        "\n",
+        x(m.t), top, height - bottom, m.t, detail::svg_escape(m.label));
+  }
+  const auto series = [&](auto value, const char* colour, const char* name, int row) {
+    std::string points;
+    for (const auto& p : r.trace)
+      points += fmt::format("{:.1f},{:.1f} ", x(p.t), y(value(p)));
+    os << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)"
+                      "\n",
+                      colour, points);
+    os << fmt::format(
+        R"(<rect x="{}" y="{}" width="14" height="3" fill="{}"/><text x="{}" y="{}">{}</text>)"
+        "\n",
+        left + 10 + 150 * row, height - 14, colour, left + 28 + 150 * row, height - 9, name);
+  };
+  series([](const trace_point& p) { return p.capacity; }, "#d62728", "capacity", 0);
+  series([](const trace_point& p) { return p.wants; }, "#2ca02c", "total wants", 1);
+  series([](const trace_point& p) { return p.granted; }, "#1f77b4", "total granted", 2);
+  os << fmt::format(
+      R"(<rect x="{}" y="{}" width="14" height="10" fill="#eeeeee"/><text x="{}" y="{}">learning mode</text>)"
+      "\n",
+      left + 460, height - 18, left + 478, height - 9);
+  os << fmt::format(
+      R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#cc8800" stroke-dasharray="3,3"/><text x="{3}" y="{4}">event</text>)"
+      "\n",
+      left + 590, height - 13, left + 604, left + 610, height - 9);
+  os << "</svg>\n";
+}
+
+/// The summary as a Markdown table, one row per run.
+[[nodiscard]] inline std::string summary_table(const std::vector<run_result>& runs) {
+  std::string out =
+      "| scenario | seed | clients | mean allocation | of min(capacity, wants) | samples over "
+      "capacity | max | mean when over | re-converged (median / max, s) | requests/s by level "
+      "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const auto& r : runs) {
+    std::vector<double> times;
+    std::size_t never = 0;
+    for (const auto& m : r.marks) {
+      if (m.converged_after) {
+        times.push_back(*m.converged_after);
+      } else {
+        ++never;
+      }
+    }
+    std::sort(times.begin(), times.end());
+    std::string conv = "-";
+    if (!times.empty()) {
+      conv = fmt::format("{:.0f} / {:.0f}", times[times.size() / 2], times.back());
+      if (never > 0) conv += fmt::format(" ({} unsettled)", never);
+    }
+    std::string levels;
+    for (const double q : r.summary.requests_per_second)
+      levels += fmt::format("{}{:.1f}", levels.empty() ? "" : " / ", q);
+    out += fmt::format(
+        "| {} {} | {} | {} | {:.2f}% | {:.2f}% | {} of {} | {:.2f}% | {} | {} | {} |\n",
+        r.info.number, r.info.name, r.seed, r.clients, 100 * r.summary.mean_allocation,
+        100 * r.summary.mean_allocation_of_demand, r.summary.over_samples, r.summary.samples,
+        100 * r.summary.max_allocation,
+        r.summary.over_samples > 0 ? fmt::format("{:.2f}%", 100 * r.summary.mean_when_over)
+                                   : std::string("-"),
+        conv, levels);
+  }
+  return out;
+}
+
+}  // namespace doorman::sim

@@ -1,0 +1,330 @@
+#pragma once
+
+/// \file
+/// Doorman's convergence scenarios (its design doc, "convergence and shortfall") on the
+/// simulator, with the metrics it judged them by, and a scale scenario.
+///
+///     auto result = doorman::sim::run_scenario({.scenario = 7, .seed = 1});
+///     std::cout << doorman::sim::summary_table({result});
+///
+/// Every scenario: one resource, FAIR_SHARE, lease 60 s, refresh interval 16 s (Doorman's
+/// defaults), learning mode as long as the lease, clients in `safe` fallback. Wants drift: every
+/// 10 s each client's wants are multiplied by a uniform factor in [0.9, 1.1] (scenarios 5–7 and
+/// the scale one).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "doorman/sim/simulation.hpp"
+
+namespace doorman::sim {
+
+/// What a scenario is.
+struct scenario_info {
+  int number = 0;
+  std::string name;
+  std::string description;
+  double duration = 600;  ///< simulated seconds
+};
+
+/// Every scenario, in order (number 8 is the scale scenario).
+[[nodiscard]] inline const std::vector<scenario_info>& scenarios() {
+  static const std::vector<scenario_info> all = {
+      {1, "root", "root job of 3 tasks, 5 clients wanting 110 each, capacity 500", 600},
+      {2, "election", "as 1; the master is lost at 120 s and a new one elected at 140 s", 600},
+      {3, "master-back", "as 1; the master is lost at 120 s and back at 190 s", 600},
+      {4, "regional", "root and one regional job, 5 clients wanting 110 each at the region", 600},
+      {5, "tree",
+       "root, 3 regions x 3 datacenters x 5 clients (45), capacity 500, wants 15 drifting +-10% "
+       "every 10 s",
+       600},
+      {6, "spike", "as 5; two clients spike to 1000 at 150 s", 600},
+      {7, "mishaps",
+       "as 5 for an hour, one mishap every 60 s: a client +100, an election in a job, or a "
+       "job's master lost for 0-60 s",
+       3600},
+      {8, "scale",
+       "root, 10 regions x 10 datacenters x 1000 clients (100 000), capacity 1 000 000, wants 15 "
+       "drifting; one mishap every 60 s as in 7",
+       3600},
+  };
+  return all;
+}
+
+/// The scenario numbered `n`; throws `std::out_of_range` for an unknown one.
+[[nodiscard]] inline const scenario_info& find_scenario(int n) {
+  for (const auto& s : scenarios()) {
+    if (s.number == n) return s;
+  }
+  throw std::out_of_range("no scenario " + std::to_string(n) + " (there are 1 to " +
+                          std::to_string(scenarios().size()) + ")");
+}
+
+/// Engine options without this project's departures from Doorman's design (docs/simulation.md),
+/// to compare against.
+[[nodiscard]] inline engine_options doorman_engine_options() {
+  engine_options o;
+  return o;
+}
+
+/// Options of a scenario run, with their defaults.
+struct run_options {
+  int scenario = 7;
+  std::uint64_t seed = 1;
+  double duration = 0;         ///< simulated seconds; 0: the scenario's
+  double trace_interval = 1;   ///< the time series' step (0: 1 s, 5 s for the scale scenario)
+  double sample_interval = 5;  ///< metrics sample every this many seconds ...
+  double warmup = 60;          ///< ... after this many
+  network_options network{};
+  engine_options engine{};
+  bool check_invariants = false;
+  /// Called with the fraction of simulated time done, about every 5%.
+  std::function<void(double)> progress{};
+};
+
+/// One point of the time series.
+struct trace_point {
+  double t = 0;
+  double capacity = 0;
+  double wants = 0;    ///< sum of the clients' wants
+  double granted = 0;  ///< sum of what the clients may use (leases, or fallbacks once expired)
+  bool learning = false;  ///< some master is in learning mode
+};
+
+/// A scripted event, and how the system re-converged after it.
+struct event_mark {
+  double t = 0;
+  std::string label;
+  std::optional<std::size_t> client;  ///< the client it concerns (a demand change), if any
+  /// Seconds until the watched value (the client's capacity for a demand change, else the total
+  /// granted) first came within 2% of its settled value (its value just before the next event).
+  std::optional<double> converged_after;
+  std::vector<double> watched;  ///< the watched value at each trace point after the event
+};
+
+/// The metrics of a run (DESIGN: Doorman's convergence and shortfall figures).
+struct run_summary {
+  std::size_t samples = 0;
+  double mean_allocation = 0;            ///< granted / capacity
+  double mean_allocation_of_demand = 0;  ///< granted / min(capacity, wants)
+  std::size_t over_samples = 0;          ///< granted > capacity
+  double max_allocation = 0;             ///< the largest granted / capacity
+  double mean_when_over = 0;             ///< mean granted / capacity over the over samples
+  std::vector<double> requests_per_second;  ///< per level, root first
+};
+
+/// A finished run.
+struct run_result {
+  scenario_info info;
+  std::uint64_t seed = 0;
+  std::size_t clients = 0;
+  std::vector<trace_point> trace;
+  std::vector<event_mark> marks;
+  run_summary summary;
+  std::uint64_t events = 0;
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::string scenario_config(double capacity) {
+  return R"({"resources": [
+    {"identifier_glob": "resource", "capacity": )" +
+         std::to_string(capacity) + R"(,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})";
+}
+
+// The settled value is the last one before the next event; the event converged when the value
+// first came within 2% of it (or 0.2% of the capacity, for values near 0). First entry, not
+// "stayed": under drifting wants the settled value itself moves a little.
+inline void converge(event_mark& m, double step, double capacity) {
+  if (m.watched.empty()) return;
+  const double settled = m.watched.back();
+  const double band = std::max(0.02 * std::abs(settled), 0.002 * capacity);
+  for (std::size_t i = 0; i < m.watched.size(); ++i) {
+    if (std::abs(m.watched[i] - settled) <= band) {
+      m.converged_after = static_cast<double>(i) * step;
+      return;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Runs a scenario and measures it.
+[[nodiscard]] inline run_result run_scenario(const run_options& ro) {
+  run_result out;
+  out.info = find_scenario(ro.scenario);
+  out.seed = ro.seed;
+  const int n = ro.scenario;
+  const bool scale = n == 8;
+  const double length = ro.duration > 0 ? ro.duration : out.info.duration;
+  const double capacity = scale ? 1'000'000 : 500;
+  const double step = ro.trace_interval > 0 ? ro.trace_interval : (scale ? 5.0 : 1.0);
+
+  simulation_options so;
+  so.config = detail::scenario_config(capacity);
+  so.network = ro.network;
+  so.engine = ro.engine;
+  so.seed = ro.seed;
+  so.check_invariants = ro.check_invariants;
+  so.client_resource.mode = fallback::safe;
+  simulation s(so);
+
+  std::vector<std::size_t> jobs;  // every job, root first
+  const std::size_t root = s.add_job("root", std::nullopt);
+  jobs.push_back(root);
+  std::size_t clients = 0;
+  const auto add_clients = [&](std::size_t job, int count, double wants) {
+    for (int i = 0; i < count; ++i)
+      s.add_client("client-" + std::to_string(clients++), job, wants);
+  };
+  if (n <= 3) {
+    add_clients(root, 5, 110);
+  } else if (n == 4) {
+    const std::size_t region = s.add_job("region-0", root);
+    jobs.push_back(region);
+    add_clients(region, 5, 110);
+  } else {
+    const int regions = scale ? 10 : 3;
+    const int dcs = scale ? 10 : 3;
+    const int per_dc = scale ? 1000 : 5;
+    for (int r = 0; r < regions; ++r) {
+      const std::size_t region = s.add_job("region-" + std::to_string(r), root);
+      jobs.push_back(region);
+      for (int d = 0; d < dcs; ++d) {
+        const std::size_t dc =
+            s.add_job("dc-" + std::to_string(r) + "-" + std::to_string(d), region);
+        jobs.push_back(dc);
+        add_clients(dc, per_dc, 15);
+      }
+    }
+  }
+  out.clients = clients;
+
+  const auto mark = [&](std::string label, std::optional<std::size_t> client = std::nullopt) {
+    out.marks.push_back({seconds_of(s.now()), std::move(label), client, std::nullopt, {}});
+  };
+
+  // The scripted events.
+  if (n == 2) {
+    s.at(120, [&] {
+      s.lose_master(root, 20);
+      mark("root master lost");
+    });
+    s.at(140, [&] { mark("new root master"); });
+  } else if (n == 3) {
+    s.at(120, [&] {
+      s.lose_master(root, 70);
+      mark("root master lost");
+    });
+    s.at(190, [&] { mark("root master back"); });
+  } else if (n >= 5) {
+    for (double t = 10; t < length; t += 10) {
+      s.at(t, [&] {
+        for (std::size_t i = 0; i < clients; ++i)
+          s.set_wants(i, s.clients()[i].wants * (0.9 + 0.2 * s.uniform()));
+      });
+    }
+    if (n == 6) {
+      s.at(150, [&] {
+        s.set_wants(0, 1000);
+        s.set_wants(clients / 2, 1000);
+        mark("two clients spike to 1000", 0);
+      });
+    }
+    if (n >= 7) {
+      for (double t = 60; t < length; t += 60) {
+        s.at(t, [&] {
+          const double u = s.uniform();
+          const auto pick = [&](std::size_t count) {
+            return std::min(count - 1, static_cast<std::size_t>(s.uniform() * static_cast<double>(count)));
+          };
+          if (u < 1.0 / 3) {
+            const std::size_t c = pick(clients);
+            s.set_wants(c, s.clients()[c].wants + 100);
+            mark(s.clients()[c].name + " +100", c);
+          } else if (u < 2.0 / 3) {
+            const std::size_t j = jobs[pick(jobs.size())];
+            s.elect_master(j);
+            mark("election in " + s.jobs()[j].name);
+          } else {
+            const std::size_t j = jobs[pick(jobs.size())];
+            const double d = 60 * s.uniform();
+            s.lose_master(j, d);
+            mark(s.jobs()[j].name + " master lost for " + std::to_string(static_cast<int>(d)) +
+                 " s");
+          }
+        });
+      }
+    }
+  }
+
+  // Run, tracing every `step` seconds.
+  double next_progress = 0.05;
+  for (double t = 0; t <= length + 1e-9; t += step) {
+    s.run_until(at(t));
+    trace_point p;
+    p.t = t;
+    p.capacity = s.capacity();
+    for (std::size_t i = 0; i < clients; ++i) {
+      p.wants += s.clients()[i].active ? s.clients()[i].wants : 0.0;
+      p.granted += s.effective_capacity(i);
+    }
+    p.learning = s.learning();
+    out.trace.push_back(p);
+    // The value each event watches, until the next event.
+    if (!out.marks.empty() && out.marks.back().t <= t) {
+      auto& m = out.marks.back();
+      m.watched.push_back(m.client ? s.effective_capacity(*m.client) : p.granted);
+    }
+    if (ro.progress && t / length >= next_progress) {
+      ro.progress(std::min(1.0, t / length));
+      next_progress += 0.05;
+    }
+  }
+  for (auto& m : out.marks)
+    detail::converge(m, step, capacity);
+
+  // The metrics.
+  run_summary& sum = out.summary;
+  double over_total = 0;
+  const auto every = std::max<std::size_t>(1, static_cast<std::size_t>(
+                                                  std::llround(ro.sample_interval / step)));
+  for (std::size_t i = 0; i < out.trace.size(); i += every) {
+    const trace_point& p = out.trace[i];
+    if (p.t < ro.warmup) continue;
+    ++sum.samples;
+    const double a = p.granted / p.capacity;
+    sum.mean_allocation += a;
+    sum.mean_allocation_of_demand += p.granted / std::max(1e-9, std::min(p.capacity, p.wants));
+    sum.max_allocation = std::max(sum.max_allocation, a);
+    if (p.granted > p.capacity * (1 + 1e-9)) {
+      ++sum.over_samples;
+      over_total += a;
+    }
+  }
+  if (sum.samples > 0) {
+    sum.mean_allocation /= static_cast<double>(sum.samples);
+    sum.mean_allocation_of_demand /= static_cast<double>(sum.samples);
+  }
+  if (sum.over_samples > 0) sum.mean_when_over = over_total / static_cast<double>(sum.over_samples);
+  for (const job& j : s.jobs()) {
+    if (sum.requests_per_second.size() <= static_cast<std::size_t>(j.level)) {
+      sum.requests_per_second.resize(static_cast<std::size_t>(j.level) + 1, 0.0);
+    }
+    sum.requests_per_second[static_cast<std::size_t>(j.level)] +=
+        static_cast<double>(j.requests) / length;
+  }
+  out.events = s.events();
+  return out;
+}
+
+}  // namespace doorman::sim

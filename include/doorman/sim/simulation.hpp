@@ -1,0 +1,607 @@
+#pragma once
+
+/// \file
+/// A deterministic discrete-event simulation of a whole capacity tree on a virtual clock.
+///
+/// The nodes are the core's `basic_engine` and `basic_upstream`, the clients its
+/// `basic_client_state`: the very objects the node and the client run, driven here by an event
+/// queue instead of timers and sockets. Messages travel through an in-memory network with a
+/// latency, a jitter and a loss rate; a caller that hears nothing gives up after a timeout, as
+/// the real transports do.
+///
+///     doorman::sim::simulation s({.config = config_json});
+///     auto root = s.add_job("root", std::nullopt);
+///     auto dc = s.add_job("dc-1", root);
+///     auto c = s.add_client("c-1", dc, 110);
+///     s.at(120.0, [&] { s.lose_master(root, 20.0); });
+///     s.run_until(doorman::sim::at(600.0));
+///
+/// Each position of the tree is a *job* of several tasks of which one is master; only the
+/// master holds state (the others would redirect), so a job is modelled as its master's engine
+/// and upstream state. A new master starts empty, in learning mode. Same options and seed, same
+/// run, bit for bit (DESIGN §8.4): no wall clock, no unordered iteration, and the random
+/// numbers come from the seed alone.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "doorman/core/backoff.hpp"
+#include "doorman/core/client_state.hpp"
+#include "doorman/core/engine.hpp"
+#include "doorman/core/time.hpp"
+#include "doorman/core/upstream.hpp"
+
+namespace doorman::sim {
+
+using clock_type = manual_clock;
+using time_point = clock_type::time_point;
+using duration = clock_type::duration;
+using engine_type = basic_engine<clock_type>;
+using upstream_type = basic_upstream<engine_type>;
+using client_state_type = basic_client_state<clock_type>;
+
+/// The simulated time `s` seconds after the start.
+[[nodiscard]] inline time_point at(double s) noexcept {
+  return time_point{to_duration<duration>(s)};
+}
+
+/// Seconds since the start.
+[[nodiscard]] inline double seconds_of(time_point t) noexcept {
+  return to_seconds(t.time_since_epoch());
+}
+
+/// The in-memory network. Times in seconds.
+struct network_options {
+  double latency = 0.001;  ///< one way
+  double jitter = 0;       ///< a uniform extra delay in [0, jitter], one way
+  double loss = 0;         ///< probability that a message is lost, each way
+  double timeout = 1;      ///< a caller that heard nothing gives up after this
+};
+
+/// Thrown by a run with `check_invariants` when a DESIGN §8 invariant fails.
+class invariant_violation : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Options of a simulation, with their defaults.
+struct simulation_options {
+  /// The resource configuration of every job (JSON, as a node reads it). The root's capacity
+  /// comes from it; the other jobs take their capacity and algorithm from their parent.
+  std::string config;
+  std::string resource = "resource";  ///< the one resource every client asks for
+  network_options network{};
+  engine_options engine{};                ///< every job's (is_root is set per job)
+  upstream_options upstream{};            ///< every intermediate's (server_id: the job's name)
+  client_state_options client{};          ///< every client's (client_id and seed per client)
+  client_resource_options client_resource{};  ///< priority and fallback of every client
+  std::uint64_t seed = 1;
+  /// Checks after every decision that no lease outlives its granter's, and that outside
+  /// learning mode a decision never adds to what a node has granted beyond its capacity.
+  /// O(clients of the node) per decision: for tests.
+  bool check_invariants = false;
+};
+
+/// One task group at one position of the tree.
+struct job {
+  std::string name;
+  std::optional<std::size_t> parent;
+  int level = 0;  ///< 0 at the root
+  std::unique_ptr<engine_type> engine;      ///< the master's; null while there is none
+  std::unique_ptr<upstream_type> upstream;  ///< the master's, below the root
+  std::uint64_t epoch = 0;                  ///< bumped whenever the master changes
+  std::uint64_t requests = 0;               ///< requests received (any method)
+  std::uint64_t elections = 0;
+  // The upstream exchange in flight (at most one).
+  std::uint64_t wake_generation = 0;
+  time_point wake_at = time_point::max();
+  std::uint64_t request_number = 0;
+  std::uint64_t in_flight = 0;  ///< the request number awaited, 0 for none
+  std::uint64_t in_flight_epoch = 0;
+  time_point sent{};
+  server_capacity_request request;
+  server_capacity_response response;
+  std::uint64_t parent_epoch_seen = 0;
+  std::uint64_t created_seen = 0;
+};
+
+/// One simulated client process holding the one resource.
+struct client {
+  std::string name;
+  std::size_t job = 0;
+  double wants = 0;
+  bool active = false;
+  std::unique_ptr<client_state_type> state;
+  std::uint64_t wake_generation = 0;
+  std::uint64_t request_number = 0;
+  std::uint64_t in_flight = 0;
+  time_point sent{};
+  capacity_request request;
+  capacity_response response;
+  std::uint64_t epoch_seen = 0;
+};
+
+/// The simulation: jobs, clients, the network and the event queue.
+class simulation {
+ public:
+  explicit simulation(simulation_options options)
+      : options_(std::move(options)),
+        config_(engine_type::parse_config(options_.config)),
+        random_(options_.seed) {}
+
+  simulation(const simulation&) = delete;
+  simulation& operator=(const simulation&) = delete;
+
+  [[nodiscard]] const simulation_options& options() const noexcept { return options_; }
+  [[nodiscard]] time_point now() const noexcept { return clock_.now(); }
+
+  /// Adds a job under `parent` (none: the root) with a master elected now. Returns its index.
+  std::size_t add_job(std::string name, std::optional<std::size_t> parent) {
+    if (parent && *parent >= jobs_.size()) throw std::out_of_range("add_job: no such parent");
+    job j;
+    j.name = std::move(name);
+    j.parent = parent;
+    j.level = parent ? jobs_[*parent].level + 1 : 0;
+    jobs_.push_back(std::move(j));
+    const std::size_t index = jobs_.size() - 1;
+    elect(index);
+    return index;
+  }
+
+  /// Adds a client of `job` wanting `wants`, arriving now. Returns its index.
+  std::size_t add_client(std::string name, std::size_t job_index, double wants) {
+    if (job_index >= jobs_.size()) throw std::out_of_range("add_client: no such job");
+    client c;
+    c.name = std::move(name);
+    c.job = job_index;
+    clients_.push_back(std::move(c));
+    const std::size_t index = clients_.size() - 1;
+    arrive(index, wants);
+    return index;
+  }
+
+  /// A client that left comes back (a new process with the same id), wanting `wants`.
+  void arrive(std::size_t index, double wants) {
+    client& c = clients_.at(index);
+    client_state_options o = options_.client;
+    o.client_id = c.name;
+    o.seed = mix(options_.seed, 0xc1, index);
+    c.state = std::make_unique<client_state_type>(o);
+    c.wants = wants;
+    c.active = true;
+    c.in_flight = 0;
+    client_resource_options r = options_.client_resource;
+    r.wants = wants;
+    c.state->add(options_.resource, r);
+    wake_client(index, now());
+  }
+
+  /// The client leaves: it releases its capacity (one message, not retried) and stops.
+  void leave(std::size_t index) {
+    client& c = clients_.at(index);
+    if (!c.active) return;
+    c.active = false;
+    c.in_flight = 0;
+    ++c.wake_generation;
+    c.state.reset();
+    if (lost()) return;
+    schedule(now() + one_way(), kind::client_release, index, 0);
+  }
+
+  /// Sets what a client wants (sent with its next refresh).
+  void set_wants(std::size_t index, double wants) {
+    client& c = clients_.at(index);
+    c.wants = std::max(0.0, wants);
+    if (c.active) c.state->set_wants(options_.resource, c.wants);
+  }
+
+  /// The job's master is gone for `for_seconds`: requests to the job go unanswered; then a new
+  /// master is elected (empty, in learning mode).
+  void lose_master(std::size_t index, double for_seconds) {
+    job& j = jobs_.at(index);
+    if (!j.engine) return;  // already lost: the earlier loss decides when it comes back
+    j.engine.reset();
+    j.upstream.reset();
+    ++j.epoch;
+    j.in_flight = 0;
+    ++j.wake_generation;
+    at(seconds_of(now()) + std::max(0.0, for_seconds), [this, index] {
+      if (!jobs_[index].engine) elect(index);
+    });
+  }
+
+  /// Another task of the job takes over at once (empty, in learning mode).
+  void elect_master(std::size_t index) {
+    job& j = jobs_.at(index);
+    j.engine.reset();
+    j.upstream.reset();
+    elect(index);
+  }
+
+  /// Runs `f` at `seconds` after the start (in the order scheduled among equal times).
+  void at(double seconds, std::function<void()> f) {
+    actions_.push_back(std::move(f));
+    schedule(std::max(now(), sim::at(seconds)), kind::action, actions_.size() - 1, 0);
+  }
+
+  /// Processes every event up to and including `end`; the clock then reads `end`.
+  void run_until(time_point end) {
+    while (!queue_.empty() && queue_.top().t <= end) {
+      const event e = queue_.top();
+      queue_.pop();
+      clock_.set(e.t);
+      dispatch(e);
+    }
+    if (end > clock_.now()) clock_.set(end);
+  }
+
+  [[nodiscard]] const std::vector<job>& jobs() const noexcept { return jobs_; }
+  [[nodiscard]] const std::vector<client>& clients() const noexcept { return clients_; }
+
+  /// What client `index` may use now: its lease, or its fallback (−1, unlimited, counts as its
+  /// wants); 0 when it is gone.
+  [[nodiscard]] double effective_capacity(std::size_t index) const {
+    const client& c = clients_[index];
+    if (!c.active) return 0;
+    const double x = c.state->capacity(options_.resource, now());
+    return x < 0 ? c.wants : x;
+  }
+
+  /// The capacity of the tree: the root's configured capacity for the resource.
+  [[nodiscard]] double capacity() const { return config_.find(options_.resource).capacity; }
+
+  /// Whether any master is in learning mode now.
+  [[nodiscard]] bool learning() const {
+    return std::any_of(jobs_.begin(), jobs_.end(), [&](const job& j) {
+      return j.engine && j.engine->learning(options_.resource, now());
+    });
+  }
+
+  /// Events processed so far.
+  [[nodiscard]] std::uint64_t events() const noexcept { return events_; }
+
+  /// A uniform number in [0, 1) from the simulation's generator (for scenario scripts, so that
+  /// they repeat with the seed).
+  double uniform() noexcept { return random_.uniform(); }
+
+ private:
+  enum class kind : std::uint8_t {
+    action,
+    client_wake,
+    client_arrives,    // a client's get_capacity reaches its job
+    client_answer,     // the answer reaches the client
+    client_timeout,    // the client gives up on its request
+    client_release,    // a leaving client's release_capacity reaches its job
+    node_wake,
+    node_arrives,      // an intermediate's get_server_capacity reaches its parent
+    node_answer,
+    node_timeout,
+  };
+  struct event {
+    time_point t;
+    std::uint64_t seq;
+    kind k;
+    std::size_t who;
+    std::uint64_t tag;
+  };
+  struct later {
+    bool operator()(const event& a, const event& b) const noexcept {
+      return a.t != b.t ? a.t > b.t : a.seq > b.seq;
+    }
+  };
+
+  static std::uint64_t mix(std::uint64_t seed, std::uint64_t salt, std::uint64_t index) noexcept {
+    detail::splitmix64 g(seed ^ (salt << 56) ^ (index * 0x9e3779b97f4a7c15ULL));
+    return g.next();
+  }
+
+  void schedule(time_point t, kind k, std::size_t who, std::uint64_t tag) {
+    queue_.push({t, seq_++, k, who, tag});
+  }
+
+  bool lost() noexcept {
+    return options_.network.loss > 0 && random_.uniform() < options_.network.loss;
+  }
+
+  duration one_way() noexcept {
+    double d = options_.network.latency;
+    if (options_.network.jitter > 0) d += random_.uniform() * options_.network.jitter;
+    return to_duration<duration>(d);
+  }
+
+  duration timeout() const noexcept { return to_duration<duration>(options_.network.timeout); }
+
+  void elect(std::size_t index) {
+    job& j = jobs_[index];
+    engine_options eo = options_.engine;
+    eo.is_root = !j.parent;
+    eo.log = nullptr;
+    j.engine = std::make_unique<engine_type>(config_, eo);
+    j.engine->set_mastership(true, j.name, now());
+    ++j.epoch;
+    ++j.elections;
+    j.in_flight = 0;
+    j.created_seen = 0;
+    if (j.parent) {
+      upstream_options uo = options_.upstream;
+      uo.server_id = j.name;
+      uo.decay_factor = eo.decay_factor;
+      uo.seed = mix(options_.seed, 0x0b, index * 1000 + j.elections);
+      j.upstream = std::make_unique<upstream_type>(uo);
+      wake_node(index, now());
+    }
+  }
+
+  void dispatch(const event& e) {
+    ++events_;
+    switch (e.k) {
+      case kind::action:
+        actions_[e.who]();
+        break;
+      case kind::client_wake:
+        on_client_wake(e.who, e.tag);
+        break;
+      case kind::client_arrives:
+        on_client_arrives(e.who, e.tag);
+        break;
+      case kind::client_answer:
+        on_client_answer(e.who, e.tag);
+        break;
+      case kind::client_timeout:
+        on_client_timeout(e.who, e.tag);
+        break;
+      case kind::client_release:
+        on_client_release(e.who);
+        break;
+      case kind::node_wake:
+        on_node_wake(e.who, e.tag);
+        break;
+      case kind::node_arrives:
+        on_node_arrives(e.who, e.tag);
+        break;
+      case kind::node_answer:
+        on_node_answer(e.who, e.tag);
+        break;
+      case kind::node_timeout:
+        on_node_timeout(e.who, e.tag);
+        break;
+    }
+  }
+
+  // ---- clients ----
+
+  void wake_client(std::size_t index, time_point t) {
+    client& c = clients_[index];
+    schedule(std::max(t, now()), kind::client_wake, index, ++c.wake_generation);
+  }
+
+  void on_client_wake(std::size_t index, std::uint64_t generation) {
+    client& c = clients_[index];
+    if (!c.active || generation != c.wake_generation) return;
+    if (!c.state->due(now())) {
+      if (!c.state->in_flight()) wake_client(index, c.state->next_request());
+      return;
+    }
+    c.request = c.state->make_request(now());
+    c.sent = now();
+    c.in_flight = ++c.request_number;
+    if (lost()) {
+      schedule(c.sent + timeout(), kind::client_timeout, index, c.in_flight);
+    } else {
+      schedule(now() + one_way(), kind::client_arrives, index, c.in_flight);
+    }
+  }
+
+  void on_client_arrives(std::size_t index, std::uint64_t number) {
+    client& c = clients_[index];
+    if (!c.active || number != c.in_flight) return;
+    job& j = jobs_[c.job];
+    ++j.requests;
+    if (!j.engine) {  // nobody answers
+      schedule(c.sent + timeout(), kind::client_timeout, index, number);
+      return;
+    }
+    // A client that knew an older master went there first and was redirected (or refused):
+    // one more round trip.
+    duration extra{0};
+    if (c.epoch_seen != j.epoch) {
+      if (c.epoch_seen != 0) extra = 2 * to_duration<duration>(options_.network.latency);
+      c.epoch_seen = j.epoch;
+    }
+    const auto before = check_before(j, c.name);
+    auto r = j.engine->get_capacity(c.request, now());
+    if (!r) throw std::logic_error("simulation: the engine refused " + c.name + "'s request: " + r.error().message);
+    c.response = std::move(r).value();
+    check_after(j, c.name, before);
+    after_decision(c.job);
+    const time_point back = now() + extra + one_way();
+    if (lost() || back > c.sent + timeout()) {
+      schedule(c.sent + timeout(), kind::client_timeout, index, number);
+    } else {
+      schedule(back, kind::client_answer, index, number);
+    }
+  }
+
+  void on_client_answer(std::size_t index, std::uint64_t number) {
+    client& c = clients_[index];
+    if (!c.active || number != c.in_flight) return;
+    c.in_flight = 0;
+    c.state->on_response(c.response, now());
+    wake_client(index, c.state->next_request());
+  }
+
+  void on_client_timeout(std::size_t index, std::uint64_t number) {
+    client& c = clients_[index];
+    if (!c.active || number != c.in_flight) return;
+    c.in_flight = 0;
+    c.state->on_failure(now());
+    wake_client(index, c.state->next_request());
+  }
+
+  void on_client_release(std::size_t index) {
+    client& c = clients_[index];
+    job& j = jobs_[c.job];
+    ++j.requests;
+    if (!j.engine) return;
+    release_request req{c.name, {options_.resource}};
+    (void)j.engine->release_capacity(req, now());
+  }
+
+  // ---- intermediates ----
+
+  void wake_node(std::size_t index, time_point t) {
+    job& j = jobs_[index];
+    j.wake_at = std::max(t, now());
+    schedule(j.wake_at, kind::node_wake, index, ++j.wake_generation);
+  }
+
+  // A client's request may have created the resource at an intermediate: ask the parent soon.
+  void after_decision(std::size_t index) {
+    job& j = jobs_[index];
+    if (!j.upstream || j.in_flight != 0) return;
+    if (j.engine->resources_created() == j.created_seen) return;
+    j.created_seen = j.engine->resources_created();
+    const time_point t = j.upstream->next_request(*j.engine);
+    if (t < j.wake_at) wake_node(index, t);
+  }
+
+  void on_node_wake(std::size_t index, std::uint64_t generation) {
+    job& j = jobs_[index];
+    if (generation != j.wake_generation || !j.upstream) return;
+    j.wake_at = time_point::max();
+    if (!j.upstream->due(*j.engine, now())) {
+      wake_node(index, j.upstream->next_request(*j.engine));
+      return;
+    }
+    j.request = j.upstream->make_request(*j.engine, now());
+    j.created_seen = j.engine->resources_created();
+    j.sent = now();
+    j.in_flight = ++j.request_number;
+    j.in_flight_epoch = j.epoch;
+    if (lost()) {
+      schedule(j.sent + timeout(), kind::node_timeout, index, j.in_flight);
+    } else {
+      schedule(now() + one_way(), kind::node_arrives, index, j.in_flight);
+    }
+  }
+
+  void on_node_arrives(std::size_t index, std::uint64_t number) {
+    job& j = jobs_[index];
+    if (number != j.in_flight) return;
+    job& p = jobs_[*j.parent];
+    ++p.requests;
+    if (!p.engine) {
+      schedule(j.sent + timeout(), kind::node_timeout, index, number);
+      return;
+    }
+    duration extra{0};
+    if (j.parent_epoch_seen != p.epoch) {
+      if (j.parent_epoch_seen != 0) extra = 2 * to_duration<duration>(options_.network.latency);
+      j.parent_epoch_seen = p.epoch;
+    }
+    const auto before = check_before(p, j.name);
+    auto r = p.engine->get_server_capacity(j.request, now());
+    if (!r) throw std::logic_error("simulation: the engine refused " + j.name + "'s request: " + r.error().message);
+    j.response = std::move(r).value();
+    check_after(p, j.name, before);
+    after_decision(*j.parent);
+    const time_point back = now() + extra + one_way();
+    if (lost() || back > j.sent + timeout()) {
+      schedule(j.sent + timeout(), kind::node_timeout, index, number);
+    } else {
+      schedule(back, kind::node_answer, index, number);
+    }
+  }
+
+  void on_node_answer(std::size_t index, std::uint64_t number) {
+    job& j = jobs_[index];
+    if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
+    j.in_flight = 0;
+    (void)j.upstream->on_response(*j.engine, j.response, now());
+    wake_node(index, j.upstream->next_request(*j.engine));
+  }
+
+  void on_node_timeout(std::size_t index, std::uint64_t number) {
+    job& j = jobs_[index];
+    if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
+    j.in_flight = 0;
+    (void)j.upstream->on_failure(now());
+    wake_node(index, j.upstream->next_request(*j.engine));
+  }
+
+  // ---- invariants (DESIGN §8), when asked for ----
+
+  struct granted {
+    double sum = 0;  // unexpired leases
+    double capacity = 0;
+    bool learning = false;
+  };
+
+  [[nodiscard]] granted measure(const job& j) const {
+    granted g;
+    g.capacity = j.engine->capacity(options_.resource, now());
+    g.learning = j.engine->learning(options_.resource, now());
+    if (const auto* store = j.engine->store(options_.resource)) {
+      store->for_each([&](const auto& c) {
+        if (!c.lease.expired(now())) g.sum += c.lease.capacity;
+      });
+    }
+    return g;
+  }
+
+  [[nodiscard]] std::optional<granted> check_before(const job& j, const std::string&) const {
+    if (!options_.check_invariants) return std::nullopt;
+    return measure(j);
+  }
+
+  void check_after(const job& j, const std::string& requester,
+                   const std::optional<granted>& before) const {
+    if (!before) return;
+    const auto fail = [&](const std::string& what) {
+      throw invariant_violation("t=" + std::to_string(seconds_of(now())) + " s, node " + j.name +
+                                ", requester " + requester + ": " + what);
+    };
+    const granted after = measure(j);
+    constexpr double eps = 1e-6;
+    if (!after.learning) {
+      const double excess_before = std::max(0.0, before->sum - before->capacity);
+      const double excess_after = std::max(0.0, after.sum - after.capacity);
+      if (excess_after > excess_before + eps) {
+        fail("granted " + std::to_string(after.sum) + " of a capacity of " +
+             std::to_string(after.capacity) + " (the decision added to the excess)");
+      }
+    }
+    if (j.parent) {
+      const auto own = j.engine->parent_lease(options_.resource);
+      const auto* store = j.engine->store(options_.resource);
+      const auto* c = store ? store->find(requester) : nullptr;
+      if (c && c->lease.capacity > 0 && (!own || c->lease.expiry > own->expiry)) {
+        fail("a lease of " + std::to_string(c->lease.capacity) +
+             " outlives the node's own lease");
+      }
+    }
+  }
+
+  simulation_options options_;
+  resource_repository config_;
+  clock_type clock_;
+  detail::splitmix64 random_;
+  std::vector<job> jobs_;
+  std::vector<client> clients_;
+  std::vector<std::function<void()>> actions_;
+  std::priority_queue<event, std::vector<event>, later> queue_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t events_ = 0;
+};
+
+}  // namespace doorman::sim
