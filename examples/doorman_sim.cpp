@@ -126,8 +126,8 @@ int main(int argc, char** argv) try {
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const auto& r = results.back();
-    std::fprintf(stderr, "scenario %d: %zu clients, %.0f s simulated in %.2f s (%llu events)\n",
-                 n, r.clients, duration, wall, static_cast<unsigned long long>(r.events));
+    std::fprintf(stderr, "scenario %d: %zu clients, %.0f s simulated in %.2f s (%llu events)\n", n,
+                 r.clients, duration, wall, static_cast<unsigned long long>(r.events));
     if (!out_dir.empty()) {
       const std::string base =
           out_dir + "/scenario-" + std::to_string(n) + "-seed-" + std::to_string(options.seed);

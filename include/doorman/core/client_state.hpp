@@ -243,13 +243,20 @@ class basic_client_state {
     next_ = now + to_duration<duration>(std::max(interval, options_.minimum_interval.count()));
   }
 
-  /// The request failed: retry after an exponential backoff with jitter. Leases already held
-  /// stay until they expire; then the fallback applies.
+  /// The request failed: retry after an exponential backoff with jitter, but within half the
+  /// time left on the earliest lease held. Leases already held stay until they expire; then
+  /// the fallback applies.
   void on_failure(time_point now) {
     in_flight_ = false;
     ++failures_;
-    const double delay =
-        std::max(options_.minimum_interval.count(), backoff_.delay(failures_).count());
+    double delay = backoff_.delay(failures_).count();
+    // Never sleep through the end of a lease still held: retry within half the time left.
+    for (const auto& [id, r] : resources_) {
+      if (r.lease && r.lease->expiry > now) {
+        delay = std::min(delay, to_seconds(r.lease->expiry - now) / 2);
+      }
+    }
+    delay = std::max(options_.minimum_interval.count(), delay);
     next_ = now + to_duration<duration>(delay);
   }
 

@@ -54,6 +54,28 @@ struct engine_options {
   /// but not in a storm while it is away.
   seconds no_parent_refresh_interval{2};
 
+  /// A server child whose own grants (its reported `outstanding`) exceed its lease (its lease
+  /// shrank, and leases cannot be revoked) counts as holding those grants until it reports
+  /// less, so that what it still has out is not granted to others meanwhile (docs/simulation.md:
+  /// this is what keeps the tree as a whole within capacity). False: Doorman's behaviour.
+  bool count_outstanding = true;
+
+  /// A lease granted in learning mode asks the client to come back when learning mode ends
+  /// (if that is sooner than the refresh interval), so that the real shares apply at once.
+  bool refresh_after_learning = true;
+
+  /// A client granted less than its share because the capacity was still held by others is
+  /// asked to come back after a quarter of the refresh interval (never sooner than
+  /// `minimum_refresh_interval`), instead of a whole one, to collect it once freed.
+  bool refresh_when_owed = true;
+
+  /// In learning mode, a client whose reported lease does not fit in what is left of the
+  /// node's capacity gets that lease back unchanged (not extended) and a short refresh
+  /// interval, instead of a lease cut to the capacity (or to 0, at an intermediate that has no
+  /// lease from its parent yet), which it would then report in every refresh until learning
+  /// mode ends. False: Doorman's behaviour.
+  bool echo_in_learning = true;
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -101,10 +123,16 @@ class basic_engine {
 
   /// Becoming master forgets every lease and starts learning mode at `now`; losing mastership
   /// forgets every lease too (the new master owns them). `master` is where to redirect.
-  void set_mastership(bool is_master, std::optional<std::string> master, time_point now) {
+  ///
+  /// `quiet`: how long before `now` the previous master is known to have stopped granting (an
+  /// election that waited out the old master's lock, or a position that was unreachable that
+  /// long). Its leases end within a lease length of that, so learning mode is that much
+  /// shorter (none once a whole lease length has passed).
+  void set_mastership(bool is_master, std::optional<std::string> master, time_point now,
+                      duration quiet = duration::zero()) {
     if (is_master != mastership_.is_master) {
       resources_.clear();
-      if (is_master) master_since_ = now;
+      if (is_master) master_since_ = now - std::max(quiet, duration::zero());
     }
     mastership_ = {is_master, std::move(master)};
   }
@@ -336,7 +364,23 @@ class basic_engine {
     const bool sharing = shares_capacity(r);
     // set_demand leaves the lease and the time of the last decision as they were.
     const auto [c, created] = r.store.set_demand(client_id, bands);
-    if (outstanding) r.store.set_server_info(c, *outstanding);
+    if (outstanding) {
+      double out = *outstanding;
+      if (options_.count_outstanding) {
+        // A server child that held a live lease here but reports none lost its state (a new
+        // master): beneath it, its predecessor's grants may still be out, which it will only
+        // learn (and report) as its clients come back. Count the old lease until the child's
+        // learning mode is over.
+        const bool had = !created && !c.lease.expired(now) && c.lease.capacity > 0;
+        if (had && !(has && has->expires_in > 0)) {
+          r.store.set_relearn(
+              c, c.lease.capacity,
+              now + to_duration<duration>(r.tmpl.algorithm.learning_mode_duration.count()));
+        }
+        if (now < c.relearn_until) out = std::max(out, c.relearn_floor);
+      }
+      r.store.set_server_info(c, out);
+    }
 
     // Server children are few and refresh on purpose faster than clients: no minimum for them.
     // Nor for a client holding nothing: rerunning the algorithm for it costs little and lets it
@@ -348,10 +392,34 @@ class basic_engine {
     }
 
     double gets = 0;
-    if (now < learning_until(r.tmpl)) {
+    bool owed = false;
+    const bool learning = now < learning_until(r.tmpl);
+    // What the others hold: their leases, and (count_outstanding) what server children have
+    // granted beyond theirs.
+    const double others = options_.count_outstanding ? r.store.sum_held() - store_type::held(c)
+                                                     : r.store.sum_has() - c.lease.capacity;
+    if (learning) {
       // Learning mode: the engine does not know who holds what yet, so it confirms what the
       // client says it has (0 for a newcomer) and learns the demand.
       if (has && has->expires_in > 0) gets = has->capacity;
+      // Leases only: what server children hold beyond theirs is being given back.
+      const double leased_by_others = r.store.sum_has() - c.lease.capacity;
+      if (sharing && options_.echo_in_learning && gets > capacity - leased_by_others + 1e-9) {
+        // Confirming would take the node over its capacity (its parent gave it less, or it
+        // has no lease from its parent yet): hand the client's lease back unchanged (no
+        // capacity is created, the expiry is not extended), recorded so that the parent hears
+        // of it as outstanding, and look again soon.
+        lease_type echo;
+        // Never more than the whole capacity, once the node has one (a liar gets no more).
+        echo.capacity = capacity > 0 ? std::min(gets, capacity) : gets;
+        echo.expiry = now + to_duration<duration>(
+                                std::min(has->expires_in, r.tmpl.algorithm.lease_length.count()));
+        echo.refresh_interval =
+            std::min(to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
+                     to_duration<duration>(options_.no_parent_refresh_interval.count()));
+        r.store.set_lease(c, echo, now);
+        return echo;
+      }
       if (sharing) gets = std::min(gets, capacity);
     } else {
       if (created && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
@@ -371,8 +439,8 @@ class basic_engine {
           r.algorithm);
       gets = entitled;
       if (sharing) {
-        const double others = r.store.sum_has() - c.lease.capacity;
         gets = std::min(gets, capacity - others);
+        owed = gets < entitled * 0.99;
       }
     }
 
@@ -381,11 +449,33 @@ class basic_engine {
     l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
     l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count() *
                                                (outstanding ? options_.decay_factor : 1.0));
+    const auto minimum = to_duration<duration>(options_.minimum_refresh_interval.count());
+    if (learning && options_.refresh_after_learning) {
+      // Server children first, clients a little later, so that capacity has come down the
+      // tree when they ask.
+      const auto stagger = outstanding
+                               ? duration::zero()
+                               : to_duration<duration>(options_.no_parent_refresh_interval.count());
+      l.refresh_interval = std::min(
+          l.refresh_interval, std::max(learning_until(r.tmpl) - now + stagger, duration::zero()));
+    } else if (owed && options_.refresh_when_owed) {
+      // Server children have no minimum (see above).
+      l.refresh_interval =
+          std::min(l.refresh_interval, outstanding ? l.refresh_interval / 4
+                                                   : std::max(minimum, l.refresh_interval / 4));
+    }
     if (!options_.is_root) {
       if (r.parent_lease && !r.parent_lease->expired(now)) {
         // Never outlive our own lease; come back before it ends.
         l.expiry = std::min(l.expiry, r.parent_lease->expiry);
         l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
+        // A lease of 0 from the parent (it is learning, or has just been asked): as without
+        // one, come back soon rather than a whole refresh interval later.
+        if (capacity <= 0 && options_.refresh_when_owed) {
+          l.refresh_interval =
+              std::min(l.refresh_interval,
+                       to_duration<duration>(options_.no_parent_refresh_interval.count()));
+        }
       } else {
         // Nothing to give until the parent answers, which usually takes milliseconds: come
         // back within `no_parent_refresh_interval`. The empty lease lasts that long so that the

@@ -138,8 +138,12 @@ class basic_lease_store {
     lease_type lease;            ///< what the client has (capacity 0 until assigned)
     time_point last_decision{};  ///< when the algorithm last ran for this client
     double outstanding = 0;      ///< a server child's own grants, as it reported them
-    bool is_server = false;      ///< asked through get_server_capacity
-    detail::band_list bands;     ///< its demand, one entry per priority
+    /// A server child that came back without its lease (a new master, learning) may still
+    /// have its predecessor's grants out beneath it: they count as outstanding until then.
+    double relearn_floor = 0;
+    time_point relearn_until{};
+    bool is_server = false;   ///< asked through get_server_capacity
+    detail::band_list bands;  ///< its demand, one entry per priority
 
     /// Sum of wants over the bands.
     [[nodiscard]] double wants() const noexcept {
@@ -226,10 +230,19 @@ class basic_lease_store {
   void set_lease(const client& who, const lease_type& l, time_point now) {
     client& c = clients_[who.slot_];
     sum_has_.add(l.capacity - c.lease.capacity);
+    const double excess = excess_of(c);
     c.lease = l;
+    sum_excess_.add(excess_of(c) - excess);
     c.last_decision = now;
     ++c.generation_;
     push_expiry({l.expiry, c.slot_, c.generation_});
+  }
+
+  /// A server child `who` lost its state: what it held counts as outstanding until `until`.
+  void set_relearn(const client& who, double floor, time_point until) {
+    client& c = clients_[who.slot_];
+    c.relearn_floor = floor;
+    c.relearn_until = until;
   }
 
   /// Records what server child `who` reports as granted to its own clients.
@@ -237,7 +250,9 @@ class basic_lease_store {
     client& c = clients_[who.slot_];
     if (!c.is_server) ++servers_;
     c.is_server = true;
+    const double excess = excess_of(c);
     c.outstanding = outstanding;
+    sum_excess_.add(excess_of(c) - excess);
   }
 
   /// Forgets `id`, freeing its capacity and demand. Returns whether it was known.
@@ -282,6 +297,18 @@ class basic_lease_store {
   /// clamped, since a negative `outstanding` would be refused by a parent).
   [[nodiscard]] double sum_has() const noexcept {
     return size_ == 0 ? 0.0 : std::max(0.0, sum_has_.value());
+  }
+
+  /// What `who` holds as far as the capacity is concerned: its lease, or for a server child
+  /// whose own grants exceed its lease (its lease shrank; leases cannot be revoked), those
+  /// grants, until it reports less.
+  [[nodiscard]] static double held(const client& who) noexcept {
+    return who.lease.capacity + excess_of(who);
+  }
+
+  /// The sum of `held` over every client.
+  [[nodiscard]] double sum_held() const noexcept {
+    return size_ == 0 ? 0.0 : std::max(0.0, sum_has_.value() + sum_excess_.value());
   }
 
   /// Sums of wants and subclients over every band of every client.
@@ -352,6 +379,10 @@ class basic_lease_store {
     }
   }
 
+  static double excess_of(const client& c) noexcept {
+    return c.is_server ? std::max(0.0, c.outstanding - c.lease.capacity) : 0.0;
+  }
+
   share_index& index_for(std::int64_t priority) { return bands_[priority]; }
 
   void remove_bands(client& c) {
@@ -371,6 +402,7 @@ class basic_lease_store {
   void remove_slot(std::uint32_t slot) {
     client& c = clients_[slot];
     sum_has_.add(-c.lease.capacity);
+    sum_excess_.add(-excess_of(c));
     if (c.is_server) --servers_;
     remove_bands(c);
     slots_.erase(c.id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
@@ -378,7 +410,10 @@ class basic_lease_store {
     c = client{};
     c.generation_ = generation;
     free_slots_.push_back(slot);
-    if (--size_ == 0) sum_has_.reset();
+    if (--size_ == 0) {
+      sum_has_.reset();
+      sum_excess_.reset();
+    }
   }
 
   std::deque<client> clients_;  // a deque: references stay valid as it grows
@@ -388,6 +423,7 @@ class basic_lease_store {
   std::deque<expiry_entry> in_order_;
   std::priority_queue<expiry_entry, std::vector<expiry_entry>, later> out_of_order_;
   detail::compensated_sum sum_has_;
+  detail::compensated_sum sum_excess_;  // of server children's grants beyond their leases
   std::size_t size_ = 0;
   std::size_t servers_ = 0;
 };

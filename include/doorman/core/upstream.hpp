@@ -103,7 +103,9 @@ class basic_upstream {
       if (const auto l = eng.parent_lease(id); l && !l->expired(now)) {
         r.has = to_lease_info(*l, now);
       }
-      r.outstanding = store.sum_has();
+      // What is out beneath this node: its leases, and what its own server children still
+      // hold beyond theirs (leases cannot be revoked).
+      r.outstanding = store.sum_held();
       store.for_each_band([&](std::int64_t priority, const auto& sums) {
         const double n = std::ceil(sums.subclients - 1e-9);
         r.wants.push_back({priority,
@@ -147,6 +149,12 @@ class basic_upstream {
       interval = std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
       if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
     }
+    earliest_expiry_ = time_point::max();
+    eng.for_each_resource([&](std::string_view id, const auto&) {
+      if (const auto l = eng.parent_lease(id); l && l->expiry > now) {
+        earliest_expiry_ = std::min(earliest_expiry_, l->expiry);
+      }
+    });
     if (!std::isfinite(interval)) interval = options_.idle_interval.count();
     next_ = now + to_duration<duration>(std::max(interval, floor_seconds()));
     const upstream_event e = !answered_      ? upstream_event::parent_reached
@@ -158,12 +166,18 @@ class basic_upstream {
   }
 
   /// The request failed (transport error, deadline, error answer): retry after an exponential
-  /// backoff with jitter (uniform in [½, 1] of the step). Leases already held stay until they
-  /// expire; the engine then has capacity 0 for them.
+  /// backoff with jitter (uniform in [½, 1] of the step), but within half the time left on the
+  /// earliest lease held, so that a parent back in time is reached before a lease runs out. Leases
+  /// already held stay until they expire; the engine then has capacity 0 for them.
   upstream_event on_failure(time_point now) {
     in_flight_ = false;
     ++failures_;
-    const double delay = std::max(floor_seconds(), backoff_.delay(failures_).count());
+    double delay = backoff_.delay(failures_).count();
+    // Never sleep through the end of a lease still held: retry within half the time left.
+    if (const auto left = earliest_expiry_ - now; earliest_expiry_ > now) {
+      delay = std::min(delay, to_seconds(left) / 2);
+    }
+    delay = std::max(floor_seconds(), delay);
     next_ = now + to_duration<duration>(delay);
     return failures_ == 1 && answered_ ? upstream_event::parent_lost : upstream_event::none;
   }
@@ -176,6 +190,7 @@ class basic_upstream {
   jittered_backoff backoff_;
   time_point next_{};
   time_point last_request_{};
+  time_point earliest_expiry_ = time_point::max();  // of the parent's leases, at the last answer
   std::uint64_t created_seen_ = 0;
   int failures_ = 0;
   bool answered_ = false;

@@ -89,9 +89,8 @@ inline void write_svg(std::ostream& os, const run_result& r) {
   os << fmt::format(
       R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
       "\n",
-      left, r.info.number, detail::svg_escape(r.info.name), r.seed,
-      100 * r.summary.mean_allocation, r.summary.over_samples, r.summary.samples,
-      100 * r.summary.max_allocation);
+      left, r.info.number, detail::svg_escape(r.info.name), r.seed, 100 * r.summary.mean_allocation,
+      r.summary.over_samples, r.summary.samples, 100 * r.summary.max_allocation);
   // Learning mode, shaded.
   for (std::size_t i = 0; i + 1 < r.trace.size(); ++i) {
     if (!r.trace[i].learning) continue;

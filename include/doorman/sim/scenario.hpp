@@ -8,9 +8,9 @@
 ///     std::cout << doorman::sim::summary_table({result});
 ///
 /// Every scenario: one resource, FAIR_SHARE, lease 60 s, refresh interval 16 s (Doorman's
-/// defaults), learning mode as long as the lease, clients in `safe` fallback. Wants drift: every
-/// 10 s each client's wants are multiplied by a uniform factor in [0.9, 1.1] (scenarios 5–7 and
-/// the scale one).
+/// defaults), learning mode as long as the lease, clients in `pessimistic` fallback. Wants drift:
+/// every 10 s each client's wants are multiplied by a uniform factor in [0.9, 1.1] (scenarios 5–7
+/// and the scale one).
 
 #include <algorithm>
 #include <cmath>
@@ -70,6 +70,10 @@ struct scenario_info {
 /// to compare against.
 [[nodiscard]] inline engine_options doorman_engine_options() {
   engine_options o;
+  o.count_outstanding = false;
+  o.refresh_after_learning = false;
+  o.refresh_when_owed = false;
+  o.echo_in_learning = false;
   return o;
 }
 
@@ -84,16 +88,22 @@ struct run_options {
   network_options network{};
   engine_options engine{};
   bool check_invariants = false;
+  /// What the clients use once a lease has expired. Pessimistic by default, so that the
+  /// figures show what the tree grants (a `safe` fallback adds capacity nobody granted while
+  /// a position is unreachable for longer than a lease).
+  fallback client_fallback = fallback::pessimistic;
   /// Called with the fraction of simulated time done, about every 5%.
   std::function<void(double)> progress{};
+  /// Called at every trace point with the simulation (to look inside it) and the point.
+  std::function<void(const simulation&, const struct trace_point&)> on_trace{};
 };
 
 /// One point of the time series.
 struct trace_point {
   double t = 0;
   double capacity = 0;
-  double wants = 0;    ///< sum of the clients' wants
-  double granted = 0;  ///< sum of what the clients may use (leases, or fallbacks once expired)
+  double wants = 0;       ///< sum of the clients' wants
+  double granted = 0;     ///< sum of what the clients may use (leases, or fallbacks once expired)
   bool learning = false;  ///< some master is in learning mode
 };
 
@@ -111,11 +121,11 @@ struct event_mark {
 /// The metrics of a run (DESIGN: Doorman's convergence and shortfall figures).
 struct run_summary {
   std::size_t samples = 0;
-  double mean_allocation = 0;            ///< granted / capacity
-  double mean_allocation_of_demand = 0;  ///< granted / min(capacity, wants)
-  std::size_t over_samples = 0;          ///< granted > capacity
-  double max_allocation = 0;             ///< the largest granted / capacity
-  double mean_when_over = 0;             ///< mean granted / capacity over the over samples
+  double mean_allocation = 0;               ///< granted / capacity
+  double mean_allocation_of_demand = 0;     ///< granted / min(capacity, wants)
+  std::size_t over_samples = 0;             ///< granted > capacity
+  double max_allocation = 0;                ///< the largest granted / capacity
+  double mean_when_over = 0;                ///< mean granted / capacity over the over samples
   std::vector<double> requests_per_second;  ///< per level, root first
 };
 
@@ -175,7 +185,7 @@ inline void converge(event_mark& m, double step, double capacity) {
   so.engine = ro.engine;
   so.seed = ro.seed;
   so.check_invariants = ro.check_invariants;
-  so.client_resource.mode = fallback::safe;
+  so.client_resource.mode = ro.client_fallback;
   simulation s(so);
 
   std::vector<std::size_t> jobs;  // every job, root first
@@ -245,7 +255,8 @@ inline void converge(event_mark& m, double step, double capacity) {
         s.at(t, [&] {
           const double u = s.uniform();
           const auto pick = [&](std::size_t count) {
-            return std::min(count - 1, static_cast<std::size_t>(s.uniform() * static_cast<double>(count)));
+            return std::min(count - 1,
+                            static_cast<std::size_t>(s.uniform() * static_cast<double>(count)));
           };
           if (u < 1.0 / 3) {
             const std::size_t c = pick(clients);
@@ -279,6 +290,7 @@ inline void converge(event_mark& m, double step, double capacity) {
       p.granted += s.effective_capacity(i);
     }
     p.learning = s.learning();
+    if (ro.on_trace) ro.on_trace(s, p);
     out.trace.push_back(p);
     // The value each event watches, until the next event.
     if (!out.marks.empty() && out.marks.back().t <= t) {
@@ -296,8 +308,8 @@ inline void converge(event_mark& m, double step, double capacity) {
   // The metrics.
   run_summary& sum = out.summary;
   double over_total = 0;
-  const auto every = std::max<std::size_t>(1, static_cast<std::size_t>(
-                                                  std::llround(ro.sample_interval / step)));
+  const auto every =
+      std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(ro.sample_interval / step)));
   for (std::size_t i = 0; i < out.trace.size(); i += every) {
     const trace_point& p = out.trace[i];
     if (p.t < ro.warmup) continue;
