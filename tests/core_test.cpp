@@ -549,12 +549,19 @@ TEST_CASE("learning mode grants what clients say they have", "[core][engine]") {
   CHECK(has("a", 100, 70) == 70);
   CHECK(has("b", 100, 30) == 30);
   CHECK(f.ask("newcomer", 50) == 0);
-  CHECK(has("liar", 1000, 5000) == 100);  // never more than the whole capacity
+  CHECK(has("liar", 1000, 5000) == 0);  // never more than the others' leases leave
   f.clock.advance(60s);
   CHECK_FALSE(f.engine.learning("res", f.clock.now()));
   f.engine.expire(f.clock.now());
   CHECK(f.engine.store("res") == nullptr);  // every learned lease (60 s) expired too
 
+  SECTION("a liar alone gets at most the whole capacity") {
+    fixture g(repo_for("FAIR_SHARE", 100, 60));
+    auto r = g.engine.get_capacity({"liar", {{"res", 0, 1000, doorman::lease_info{5000, 30, 16}}}},
+                                   g.clock.now());
+    REQUIRE(r);
+    CHECK(r.value().resources[0].gets.capacity == 100);
+  }
   SECTION("0 turns learning mode off") {
     fixture g(repo_for("FAIR_SHARE", 100, 0));
     CHECK_FALSE(g.engine.learning("res", g.clock.now()));

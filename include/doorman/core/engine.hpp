@@ -76,6 +76,9 @@ struct engine_options {
   /// mode ends. False: Doorman's behaviour.
   bool echo_in_learning = true;
 
+  /// See `news`.
+  bool report_releases = true;
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -199,6 +202,14 @@ class basic_engine {
 
   /// How many times a resource's state was created (a cheap "something new" signal).
   [[nodiscard]] std::uint64_t resources_created() const noexcept { return resources_created_; }
+
+  /// Something the parent should hear about soon: a resource's state was created, or (with
+  /// `report_releases`) a node holding more than its capacity (its parent shrank its lease)
+  /// saw its clients give some of it back, which its parent is waiting for. A counter: the
+  /// upstream asks again (after its floor) when it changes.
+  [[nodiscard]] std::uint64_t news() const noexcept {
+    return resources_created_ + excess_released_;
+  }
 
   /// Calls `f(resource_id, const store_type&)` for every resource with state.
   template <class F>
@@ -362,6 +373,25 @@ class basic_engine {
     r.store.expire(now);
     const double capacity = own_capacity(r, now);
     const bool sharing = shares_capacity(r);
+    // A server child relearning (see below) knows only the clients that have come back to it
+    // so far: while it reports fewer subclients than before, keep its earlier demand, so that
+    // a partial count does not shrink its share (nor, through this node's own report, this
+    // node's).
+    std::vector<band_demand> kept;
+    if (outstanding && options_.count_outstanding) {
+      if (const auto* known = r.store.find(client_id); known && relearning(*known, has, now)) {
+        const auto sub = [](const auto& list) {
+          double n = 0;
+          for (const auto& b : list)
+            n += b.subclients;
+          return n;
+        };
+        if (sub(bands) < sub(known->bands)) {
+          kept = known->bands.to_vector();
+          bands = kept;
+        }
+      }
+    }
     // set_demand leaves the lease and the time of the last decision as they were.
     const auto [c, created] = r.store.set_demand(client_id, bands);
     if (outstanding) {
@@ -371,8 +401,7 @@ class basic_engine {
         // master): beneath it, its predecessor's grants may still be out, which it will only
         // learn (and report) as its clients come back. Count the old lease until the child's
         // learning mode is over.
-        const bool had = !created && !c.lease.expired(now) && c.lease.capacity > 0;
-        if (had && !(has && has->expires_in > 0)) {
+        if (!created && starts_relearning(c, has, now)) {
           r.store.set_relearn(
               c, c.lease.capacity,
               now + to_duration<duration>(r.tmpl.algorithm.learning_mode_duration.count()));
@@ -394,6 +423,7 @@ class basic_engine {
     double gets = 0;
     bool owed = false;
     const bool learning = now < learning_until(r.tmpl);
+    const double held_before = r.store.sum_held();
     // What the others hold: their leases, and (count_outstanding) what server children have
     // granted beyond theirs.
     const double others = options_.count_outstanding ? r.store.sum_held() - store_type::held(c)
@@ -404,14 +434,13 @@ class basic_engine {
       if (has && has->expires_in > 0) gets = has->capacity;
       // Leases only: what server children hold beyond theirs is being given back.
       const double leased_by_others = r.store.sum_has() - c.lease.capacity;
-      if (sharing && options_.echo_in_learning && gets > capacity - leased_by_others + 1e-9) {
-        // Confirming would take the node over its capacity (its parent gave it less, or it
-        // has no lease from its parent yet): hand the client's lease back unchanged (no
-        // capacity is created, the expiry is not extended), recorded so that the parent hears
-        // of it as outstanding, and look again soon.
+      if (sharing && options_.echo_in_learning && capacity <= 0 && gets > 0) {
+        // An intermediate with no capacity from its parent yet cannot confirm anything: hand
+        // the client's lease back unchanged (no capacity is created, the expiry is not
+        // extended), recorded so that the parent hears of it as outstanding, and look again
+        // soon. (Cutting it to 0 instead would stick: the client would report 0 from then on.)
         lease_type echo;
-        // Never more than the whole capacity, once the node has one (a liar gets no more).
-        echo.capacity = capacity > 0 ? std::min(gets, capacity) : gets;
+        echo.capacity = gets;
         echo.expiry = now + to_duration<duration>(
                                 std::min(has->expires_in, r.tmpl.algorithm.lease_length.count()));
         echo.refresh_interval =
@@ -420,7 +449,10 @@ class basic_engine {
         r.store.set_lease(c, echo, now);
         return echo;
       }
-      if (sharing) gets = std::min(gets, capacity);
+      // What fits: the whole capacity (Doorman), or what the others' leases leave of it.
+      if (sharing) {
+        gets = std::min(gets, options_.echo_in_learning ? capacity - leased_by_others : capacity);
+      }
     } else {
       if (created && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
         options_.log("resource " + r.id + ": client " + std::string(client_id) +
@@ -487,7 +519,24 @@ class basic_engine {
       }
     }
     r.store.set_lease(c, l, now);
+    if (options_.report_releases && !options_.is_root && held_before > capacity + 1e-9 &&
+        r.store.sum_held() < held_before - 1e-9) {
+      ++excess_released_;
+    }
     return l;
+  }
+
+  // A server child that held a live lease here reports none: it lost its state.
+  [[nodiscard]] static bool starts_relearning(const typename store_type::client& c,
+                                              const std::optional<lease_info>& has,
+                                              time_point now) noexcept {
+    return !c.lease.expired(now) && c.lease.capacity > 0 && !(has && has->expires_in > 0);
+  }
+
+  [[nodiscard]] static bool relearning(const typename store_type::client& c,
+                                       const std::optional<lease_info>& has,
+                                       time_point now) noexcept {
+    return now < c.relearn_until || starts_relearning(c, has, now);
   }
 
   [[nodiscard]] resource_status describe(const std::string& id, time_point now) const {
@@ -513,7 +562,7 @@ class basic_engine {
   resource_repository config_;
   engine_options options_;
   mastership_info mastership_;
-  time_point master_since_{};
+  time_point master_since_{};  // learning mode counts from here
   struct string_hash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept {
@@ -522,6 +571,7 @@ class basic_engine {
   };
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
+  std::uint64_t excess_released_ = 0;
 };
 
 /// The engine on the steady clock.

@@ -68,8 +68,9 @@ class basic_upstream {
 
   [[nodiscard]] const upstream_options& options() const noexcept { return options_; }
 
-  /// Whether a request should go out at `now`: its time has come, or the engine has a new
-  /// resource to ask for (and the floor since the last request has passed). Never while one is
+  /// Whether a request should go out at `now`: its time has come, or the engine has news (a
+  /// new resource, or capacity its clients gave back that the parent waits for; see
+  /// `basic_engine::news`) and the floor since the last request has passed. Never while one is
   /// in flight.
   [[nodiscard]] bool due(const Engine& eng, time_point now) const noexcept {
     if (in_flight_) return false;
@@ -78,7 +79,7 @@ class basic_upstream {
 
   /// When the next request is due (see `due`).
   [[nodiscard]] time_point next_request(const Engine& eng) const noexcept {
-    if (failures_ == 0 && eng.resources_created() != created_seen_) {
+    if (failures_ == 0 && eng.news() != news_seen_) {
       return std::min(next_, last_request_ + floor());
     }
     return next_;
@@ -124,7 +125,7 @@ class basic_upstream {
     if (req.resources.size() > request_limits::max_resources) {
       req.resources.resize(request_limits::max_resources);
     }
-    created_seen_ = eng.resources_created();
+    news_seen_ = eng.news();
     last_request_ = now;
     in_flight_ = true;
     return req;
@@ -191,7 +192,7 @@ class basic_upstream {
   time_point next_{};
   time_point last_request_{};
   time_point earliest_expiry_ = time_point::max();  // of the parent's leases, at the last answer
-  std::uint64_t created_seen_ = 0;
+  std::uint64_t news_seen_ = 0;
   int failures_ = 0;
   bool answered_ = false;
   bool in_flight_ = false;

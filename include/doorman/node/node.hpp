@@ -185,9 +185,10 @@ class basic_node {
 
   std::optional<std::string> on_line(std::string_view line) {
     auto reply = handle_line(engine_, line, clock::now(), identity_);
-    // A client asked for a resource the node had no state for: tell the parent soon.
-    if (parent_ && engine_.resources_created() != created_seen_) {
-      created_seen_ = engine_.resources_created();
+    // A client asked for a resource the node had no state for, or gave back capacity the
+    // parent is waiting for: tell the parent soon.
+    if (parent_ && engine_.news() != news_seen_) {
+      news_seen_ = engine_.news();
       upstream_timer_.cancel();
     }
     return reply;
@@ -260,7 +261,7 @@ class basic_node {
   Election election_;
   node_identity identity_;
   std::string local_;
-  std::uint64_t created_seen_ = 0;
+  std::uint64_t news_seen_ = 0;
   bool stopping_ = false;
 };
 

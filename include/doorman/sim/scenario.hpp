@@ -74,6 +74,7 @@ struct scenario_info {
   o.refresh_after_learning = false;
   o.refresh_when_owed = false;
   o.echo_in_learning = false;
+  o.report_releases = false;
   return o;
 }
 
@@ -113,7 +114,8 @@ struct event_mark {
   std::string label;
   std::optional<std::size_t> client;  ///< the client it concerns (a demand change), if any
   /// Seconds until the watched value (the client's capacity for a demand change, else the total
-  /// granted) first came within 2% of its settled value (its value just before the next event).
+  /// granted) first came within 2% of its settled value (its mean over the last 30 s of the
+  /// 120 s after the event, or of the time until the next event if shorter).
   std::optional<double> converged_after;
   std::vector<double> watched;  ///< the watched value at each trace point after the event
 };
@@ -151,14 +153,23 @@ namespace detail {
      "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})";
 }
 
-// The settled value is the last one before the next event; the event converged when the value
-// first came within 2% of it (or 0.2% of the capacity, for values near 0). First entry, not
-// "stayed": under drifting wants the settled value itself moves a little.
+// The settled value: the mean over the last 30 s of the first 120 s after the event (or of
+// the time until the next event, if shorter), so that wants drifting long after the event do
+// not move it. The event converged when the value first came within 2% of it (or 0.2% of the
+// capacity, for values near 0).
 inline void converge(event_mark& m, double step, double capacity) {
   if (m.watched.empty()) return;
-  const double settled = m.watched.back();
+  const auto points = [&](double seconds) {
+    return static_cast<std::size_t>(std::llround(seconds / step));
+  };
+  const std::size_t end = std::min(m.watched.size(), points(120) + 1);
+  const std::size_t begin = end > points(30) ? end - points(30) : 0;
+  double settled = 0;
+  for (std::size_t i = begin; i < end; ++i)
+    settled += m.watched[i];
+  settled /= static_cast<double>(end - begin);
   const double band = std::max(0.02 * std::abs(settled), 0.002 * capacity);
-  for (std::size_t i = 0; i < m.watched.size(); ++i) {
+  for (std::size_t i = 0; i < end; ++i) {
     if (std::abs(m.watched[i] - settled) <= band) {
       m.converged_after = static_cast<double>(i) * step;
       return;

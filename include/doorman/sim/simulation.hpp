@@ -112,7 +112,7 @@ struct job {
   server_capacity_request request;
   server_capacity_response response;
   std::uint64_t parent_epoch_seen = 0;
-  std::uint64_t created_seen = 0;
+  std::uint64_t news_seen = 0;
 };
 
 /// One simulated client process holding the one resource.
@@ -334,7 +334,7 @@ class simulation {
     ++j.epoch;
     ++j.elections;
     j.in_flight = 0;
-    j.created_seen = 0;
+    j.news_seen = 0;
     if (j.parent) {
       upstream_options uo = options_.upstream;
       uo.server_id = j.name;
@@ -474,8 +474,8 @@ class simulation {
   void after_decision(std::size_t index) {
     job& j = jobs_[index];
     if (!j.upstream || j.in_flight != 0) return;
-    if (j.engine->resources_created() == j.created_seen) return;
-    j.created_seen = j.engine->resources_created();
+    if (j.engine->news() == j.news_seen) return;
+    j.news_seen = j.engine->news();
     const time_point t = j.upstream->next_request(*j.engine);
     if (t < j.wake_at) wake_node(index, t);
   }
@@ -489,7 +489,7 @@ class simulation {
       return;
     }
     j.request = j.upstream->make_request(*j.engine, now());
-    j.created_seen = j.engine->resources_created();
+    j.news_seen = j.engine->news();
     j.sent = now();
     j.in_flight = ++j.request_number;
     j.in_flight_epoch = j.epoch;
