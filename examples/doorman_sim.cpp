@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <doorman/sim/report.hpp>
+#include <doorman/sim.hpp>
 
 #include "arguments.hpp"
 

@@ -150,6 +150,7 @@ class basic_engine {
     if (!mastership_.is_master) return false;
     resource& r = resource_for(resource_id, now);
     r.parent_lease = lease;
+    r.parent_answers_at = now + lease.refresh_interval;
     if (algorithm && algorithm != r.parent_algorithm) {
       if (std::find(Algorithms::kinds.begin(), Algorithms::kinds.end(), algorithm->kind) ==
           Algorithms::kinds.end()) {
@@ -323,6 +324,7 @@ class basic_engine {
     typename Algorithms::variant algorithm;
     store_type store;
     std::optional<lease_type> parent_lease;
+    time_point parent_answers_at{};  // when this node asks its parent again, by its lease
     std::optional<algorithm_config> parent_algorithm;
   };
 
@@ -446,7 +448,9 @@ class basic_engine {
         echo.refresh_interval =
             std::min(to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
                      to_duration<duration>(options_.no_parent_refresh_interval.count()));
-        r.store.set_lease(c, echo, now);
+        // Not a decision: the minimum refresh interval must not hand it back again.
+        r.store.set_lease(
+            c, echo, now - to_duration<duration>(options_.minimum_refresh_interval.count()));
         return echo;
       }
       // What fits: the whole capacity (Doorman), or what the others' leases leave of it.
@@ -501,12 +505,13 @@ class basic_engine {
         // Never outlive our own lease; come back before it ends.
         l.expiry = std::min(l.expiry, r.parent_lease->expiry);
         l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
-        // A lease of 0 from the parent (it is learning, or has just been asked): as without
-        // one, come back soon rather than a whole refresh interval later.
+        // A lease of 0 from the parent (it is learning, or did not have the demand yet): come
+        // back shortly after this node has asked its parent again, rather than a whole
+        // refresh interval later.
         if (capacity <= 0 && options_.refresh_when_owed) {
+          const auto soon = to_duration<duration>(options_.no_parent_refresh_interval.count());
           l.refresh_interval =
-              std::min(l.refresh_interval,
-                       to_duration<duration>(options_.no_parent_refresh_interval.count()));
+              std::min(l.refresh_interval, std::max(soon, r.parent_answers_at - now + soon));
         }
       } else {
         // Nothing to give until the parent answers, which usually takes milliseconds: come

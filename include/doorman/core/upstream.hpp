@@ -140,7 +140,11 @@ class basic_upstream {
     double interval = std::numeric_limits<double>::infinity();
     for (const auto& g : resp.resources) {
       if (g.gets.capacity < 0 || g.gets.expires_in < 0 || g.gets.refresh_interval < 0) continue;
-      if (!eng.set_parent_lease(g.resource_id, from_lease_info<time_point>(g.gets, now), now,
+      // Counted from when the request was sent, as the client state does: the parent computed
+      // `expires_in` later than that, so this node never thinks its lease lasts longer than
+      // the parent does, however long the answer took.
+      if (!eng.set_parent_lease(g.resource_id, from_lease_info<time_point>(g.gets, last_request_),
+                                now,
                                 g.algorithm)) {
         continue;
       }

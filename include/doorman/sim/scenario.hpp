@@ -83,7 +83,7 @@ struct run_options {
   int scenario = 7;
   std::uint64_t seed = 1;
   double duration = 0;         ///< simulated seconds; 0: the scenario's
-  double trace_interval = 1;   ///< the time series' step (0: 1 s, 5 s for the scale scenario)
+  double trace_interval = 0;   ///< the time series. step (0: 1 s, 5 s for the scale scenario)
   double sample_interval = 5;  ///< metrics sample every this many seconds ...
   double warmup = 60;          ///< ... after this many
   network_options network{};
