@@ -39,6 +39,8 @@ void usage() {
       "  --jitter S          extra one-way delay, uniform in [0, S] (default 0)\n"
       "  --loss P            probability that a message is lost, each way (default 0)\n"
       "  --trace S           time-series step in seconds (default 1; 5 for scenario 8)\n"
+      "  --fallback MODE     what clients use once a lease expired: pessimistic (default),\n"
+      "                      optimistic or safe\n"
       "  --doorman           run without this project's changes to the protocol (the\n"
       "                      behaviour of Doorman's design), for comparison\n"
       "  --check             check the invariants at every decision (slower)\n"
@@ -97,6 +99,18 @@ int main(int argc, char** argv) try {
       if (options.network.loss >= 1) throw std::invalid_argument("--loss: must be below 1");
     } else if (args.arg() == "--trace") {
       options.trace_interval = number("--trace", args.value());
+    } else if (args.arg() == "--fallback") {
+      const std::string v = args.value();
+      if (v == "pessimistic") {
+        options.client_fallback = doorman::fallback::pessimistic;
+      } else if (v == "optimistic") {
+        options.client_fallback = doorman::fallback::optimistic;
+      } else if (v == "safe") {
+        options.client_fallback = doorman::fallback::safe;
+      } else {
+        throw std::invalid_argument("--fallback: expected pessimistic, optimistic or safe, got \"" +
+                                    v + "\"");
+      }
     } else if (args.arg() == "--doorman") {
       options.engine = doorman::sim::doorman_engine_options();
     } else if (args.arg() == "--check") {

@@ -1090,8 +1090,7 @@ TEST_CASE("a new resource is asked for at once, a hostile grant is ignored", "[c
 
 // ---- the changes measured in the simulator (docs/simulation.md) ----
 
-TEST_CASE("a parent counts what a server child still has out beyond its lease",
-          "[core][engine]") {
+TEST_CASE("a parent counts what a server child still has out beyond its lease", "[core][engine]") {
   const bool counting = GENERATE(true, false);
   doorman::engine_options o;
   o.count_outstanding = counting;
@@ -1121,8 +1120,8 @@ TEST_CASE("a parent counts what a server child still has out beyond its lease",
 TEST_CASE("a server child that lost its state keeps its old lease counted and its demand",
           "[core][engine]") {
   fixture f(repo_for("FAIR_SHARE", 90));
-  const auto serve = [&](const std::string& id, double subclients, double wants,
-                         double outstanding, std::optional<doorman::lease_info> has) {
+  const auto serve = [&](const std::string& id, double subclients, double wants, double outstanding,
+                         std::optional<doorman::lease_info> has) {
     auto r = f.engine.get_server_capacity(
         {id, {{"res", has, outstanding, {{0, static_cast<std::int64_t>(subclients), wants}}}}},
         f.clock.now());
@@ -1331,7 +1330,9 @@ TEST_CASE("simulation: the invariants hold at every decision in every scenario",
   INFO("scenario " << scenario << " seed " << seed);
   doorman::sim::run_options o{.scenario = scenario, .seed = seed, .duration = 400};
   o.check_invariants = true;
-  SECTION("a perfect network") { (void)doorman::sim::run_scenario(o); }
+  SECTION("a perfect network") {
+    (void)doorman::sim::run_scenario(o);
+  }
   SECTION("jitter and 5% loss") {
     o.network = {.latency = 0.01, .jitter = 0.05, .loss = 0.05, .timeout = 1};
     (void)doorman::sim::run_scenario(o);

@@ -158,9 +158,14 @@ class basic_client_state {
   /// fallback (−1: unlimited; an unknown id: 0).
   [[nodiscard]] double capacity(std::string_view id, time_point now) const {
     const auto* r = find(id);
-    if (r == nullptr) return 0;
-    if (r->lease && !r->lease->expired(now)) return r->lease->capacity;
-    return fallback_capacity(r->options, r->server_safe_capacity);
+    return r == nullptr ? 0 : capacity_of(*r, now);
+  }
+
+  /// The same for a resource already found (`find`; the pointer stays valid until the
+  /// resource is removed).
+  [[nodiscard]] static double capacity_of(const resource& r, time_point now) noexcept {
+    if (r.lease && !r.lease->expired(now)) return r.lease->capacity;
+    return fallback_capacity(r.options, r.server_safe_capacity);
   }
 
   /// Whether the lease of `id` is unexpired at `now` (so `capacity` is the lease, not a

@@ -449,8 +449,8 @@ class basic_engine {
             std::min(to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
                      to_duration<duration>(options_.no_parent_refresh_interval.count()));
         // Not a decision: the minimum refresh interval must not hand it back again.
-        r.store.set_lease(
-            c, echo, now - to_duration<duration>(options_.minimum_refresh_interval.count()));
+        r.store.set_lease(c, echo,
+                          now - to_duration<duration>(options_.minimum_refresh_interval.count()));
         return echo;
       }
       // What fits: the whole capacity (Doorman), or what the others' leases leave of it.

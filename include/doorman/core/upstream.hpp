@@ -144,8 +144,7 @@ class basic_upstream {
       // `expires_in` later than that, so this node never thinks its lease lasts longer than
       // the parent does, however long the answer took.
       if (!eng.set_parent_lease(g.resource_id, from_lease_info<time_point>(g.gets, last_request_),
-                                now,
-                                g.algorithm)) {
+                                now, g.algorithm)) {
         continue;
       }
       const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();

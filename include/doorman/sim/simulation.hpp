@@ -122,6 +122,8 @@ struct client {
   double wants = 0;
   bool active = false;
   std::unique_ptr<client_state_type> state;
+  const client_state_type::resource* held = nullptr;  ///< the resource in `state`
+  bool wants_changed = false;  ///< to hand to `state` before the next request
   std::uint64_t wake_generation = 0;
   std::uint64_t request_number = 0;
   std::uint64_t in_flight = 0;
@@ -183,6 +185,8 @@ class simulation {
     client_resource_options r = options_.client_resource;
     r.wants = wants;
     c.state->add(options_.resource, r);
+    c.held = c.state->find(options_.resource);
+    c.wants_changed = false;
     wake_client(index, now());
   }
 
@@ -193,6 +197,7 @@ class simulation {
     c.active = false;
     c.in_flight = 0;
     ++c.wake_generation;
+    c.held = nullptr;
     c.state.reset();
     if (lost()) return;
     schedule(now() + one_way(), kind::client_release, index, 0);
@@ -202,7 +207,11 @@ class simulation {
   void set_wants(std::size_t index, double wants) {
     client& c = clients_.at(index);
     c.wants = std::max(0.0, wants);
-    if (c.active) c.state->set_wants(options_.resource, c.wants);
+    c.wants_changed = true;  // only a request carries it: handed over then ...
+    if (c.active && options_.client_resource.mode == fallback::optimistic) {
+      c.state->set_wants(options_.resource, c.wants);  // ... unless the fallback uses it
+      c.wants_changed = false;
+    }
   }
 
   /// The job's master is gone for `for_seconds`: requests to the job go unanswered; then a new
@@ -256,7 +265,7 @@ class simulation {
   [[nodiscard]] double effective_capacity(std::size_t index) const {
     const client& c = clients_[index];
     if (!c.active) return 0;
-    const double x = c.state->capacity(options_.resource, now());
+    const double x = client_state_type::capacity_of(*c.held, now());
     return x < 0 ? c.wants : x;
   }
 
@@ -394,6 +403,10 @@ class simulation {
     if (!c.state->due(now())) {
       if (!c.state->in_flight()) wake_client(index, c.state->next_request());
       return;
+    }
+    if (c.wants_changed) {
+      c.state->set_wants(options_.resource, c.wants);
+      c.wants_changed = false;
     }
     c.request = c.state->make_request(now());
     c.sent = now();
