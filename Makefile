@@ -3,7 +3,7 @@
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo tree-demo test asan tsan bench format deps clean
+.PHONY: demo tree-demo sim test asan tsan bench format deps clean
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -26,6 +26,12 @@ tree-demo: deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-tree-demo
 	@./build/release/examples/doorman-tree-demo
+
+# Doorman's convergence scenarios on the simulator: charts and CSVs in build/sim/.
+sim: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target doorman-sim
+	@./build/release/examples/doorman-sim --scenario all --out build/sim
 
 ## Build and run the test suite (Debug, warnings as errors).
 test: deps

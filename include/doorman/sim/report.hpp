@@ -91,13 +91,17 @@ inline void write_svg(std::ostream& os, const run_result& r) {
       "\n",
       left, r.info.number, detail::svg_escape(r.info.name), r.seed, 100 * r.summary.mean_allocation,
       r.summary.over_samples, r.summary.samples, 100 * r.summary.max_allocation);
-  // Learning mode, shaded.
+  // Learning mode, shaded: one band per stretch of trace points in it.
   for (std::size_t i = 0; i + 1 < r.trace.size(); ++i) {
     if (!r.trace[i].learning) continue;
+    std::size_t j = i + 1;
+    while (j + 1 < r.trace.size() && r.trace[j].learning)
+      ++j;
     os << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
                       "\n",
-                      x(r.trace[i].t), top, x(r.trace[i + 1].t) - x(r.trace[i].t),
+                      x(r.trace[i].t), top, x(r.trace[j].t) - x(r.trace[i].t),
                       height - top - bottom);
+    i = j - 1;
   }
   // Axes and ticks.
   os << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="black"/>)"
