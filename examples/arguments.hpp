@@ -9,10 +9,18 @@
 //     else args.unknown();
 //   }
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
 namespace doorman_examples {
+
+// A number as short as it can be written ("0.1", "86400", "inf").
+inline std::string shortest(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
 
 class arguments {
  public:
@@ -43,6 +51,22 @@ class arguments {
   int i_ = 0;
   std::string arg_;
 };
+
+// `text` as a number in [lo, hi], or std::invalid_argument naming the flag.
+inline double parse_number(const std::string& flag, const std::string& text, double lo, double hi) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(x >= lo && x <= hi)) {
+    throw std::invalid_argument(flag + ": expected a number in [" + shortest(lo) + ", " +
+                                shortest(hi) + "], got \"" + text + "\"");
+  }
+  return x;
+}
 
 // The flags every client example takes.
 struct client_flags {

@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include "arguments.hpp"
+
 namespace {
 
 struct flag {
@@ -124,19 +126,7 @@ std::map<std::string, std::string> read_flags(int argc, char** argv) {
 }
 
 double number(const std::map<std::string, std::string>& v, const char* name, double lo, double hi) {
-  const std::string& s = v.at(name);
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || !(x >= lo && x <= hi)) {
-    throw std::invalid_argument(
-        fmt::format("--{}: expected a number in [{}, {}], got \"{}\"", name, lo, hi, s));
-  }
-  return x;
+  return doorman_examples::parse_number(std::string("--") + name, v.at(name), lo, hi);
 }
 
 std::string config_path(const std::string& source) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,17 +49,7 @@ void usage() {
 }
 
 double number(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || !(v >= 0)) {
-    throw std::invalid_argument(flag + ": expected a number >= 0, got \"" + text + "\"");
-  }
-  return v;
+  return doorman_examples::parse_number(flag, text, 0, std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

@@ -333,6 +333,27 @@ class simulation {
 
   duration timeout() const noexcept { return to_duration<duration>(options_.network.timeout); }
 
+  // A caller that knew an older master went there first and was redirected (or refused): one
+  // more round trip. `seen` is the master epoch the caller last talked to.
+  duration redirect_cost(std::uint64_t& seen, std::uint64_t epoch) const noexcept {
+    if (seen == epoch) return duration::zero();
+    const bool knew_another = seen != 0;
+    seen = epoch;
+    return knew_another ? 2 * to_duration<duration>(options_.network.latency) : duration::zero();
+  }
+
+  // Sends an answer back to a caller that sent its request at `sent`: it arrives after the
+  // network's delay (plus `extra`), unless it is lost or comes after the caller gave up.
+  void answer(time_point sent, duration extra, kind arrives, kind gives_up, std::size_t who,
+              std::uint64_t number) {
+    const time_point back = now() + extra + one_way();
+    if (lost() || back > sent + timeout()) {
+      schedule(sent + timeout(), gives_up, who, number);
+    } else {
+      schedule(back, arrives, who, number);
+    }
+  }
+
   void elect(std::size_t index, double quiet = 0) {
     job& j = jobs_[index];
     engine_options eo = options_.engine;
@@ -427,13 +448,7 @@ class simulation {
       schedule(c.sent + timeout(), kind::client_timeout, index, number);
       return;
     }
-    // A client that knew an older master went there first and was redirected (or refused):
-    // one more round trip.
-    duration extra{0};
-    if (c.epoch_seen != j.epoch) {
-      if (c.epoch_seen != 0) extra = 2 * to_duration<duration>(options_.network.latency);
-      c.epoch_seen = j.epoch;
-    }
+    const duration extra = redirect_cost(c.epoch_seen, j.epoch);
     const auto before = check_before(j, c.name);
     auto r = j.engine->get_capacity(c.request, now());
     if (!r)
@@ -442,12 +457,7 @@ class simulation {
     c.response = std::move(r).value();
     check_after(j, c.name, before);
     after_decision(c.job);
-    const time_point back = now() + extra + one_way();
-    if (lost() || back > c.sent + timeout()) {
-      schedule(c.sent + timeout(), kind::client_timeout, index, number);
-    } else {
-      schedule(back, kind::client_answer, index, number);
-    }
+    answer(c.sent, extra, kind::client_answer, kind::client_timeout, index, number);
   }
 
   void on_client_answer(std::size_t index, std::uint64_t number) {
@@ -522,11 +532,7 @@ class simulation {
       schedule(j.sent + timeout(), kind::node_timeout, index, number);
       return;
     }
-    duration extra{0};
-    if (j.parent_epoch_seen != p.epoch) {
-      if (j.parent_epoch_seen != 0) extra = 2 * to_duration<duration>(options_.network.latency);
-      j.parent_epoch_seen = p.epoch;
-    }
+    const duration extra = redirect_cost(j.parent_epoch_seen, p.epoch);
     const auto before = check_before(p, j.name);
     auto r = p.engine->get_server_capacity(j.request, now());
     if (!r)
@@ -535,12 +541,7 @@ class simulation {
     j.response = std::move(r).value();
     check_after(p, j.name, before);
     after_decision(*j.parent);
-    const time_point back = now() + extra + one_way();
-    if (lost() || back > j.sent + timeout()) {
-      schedule(j.sent + timeout(), kind::node_timeout, index, number);
-    } else {
-      schedule(back, kind::node_answer, index, number);
-    }
+    answer(j.sent, extra, kind::node_answer, kind::node_timeout, index, number);
   }
 
   void on_node_answer(std::size_t index, std::uint64_t number) {
