@@ -66,17 +66,21 @@ struct engine_options {
 
   /// A client granted less than its share because the capacity was still held by others is
   /// asked to come back after a quarter of the refresh interval (never sooner than
-  /// `minimum_refresh_interval`), instead of a whole one, to collect it once freed.
+  /// `minimum_refresh_interval` for clients), instead of a whole one, to collect it once
+  /// freed. At an intermediate whose parent lease is 0, clients come back just after the
+  /// node's next exchange with its parent.
   bool refresh_when_owed = true;
 
-  /// In learning mode, a client whose reported lease does not fit in what is left of the
-  /// node's capacity gets that lease back unchanged (not extended) and a short refresh
-  /// interval, instead of a lease cut to the capacity (or to 0, at an intermediate that has no
-  /// lease from its parent yet), which it would then report in every refresh until learning
-  /// mode ends. False: Doorman's behaviour.
+  /// In learning mode, an intermediate that has no capacity from its parent yet hands a
+  /// client's reported lease back unchanged (not extended) with a short refresh interval,
+  /// instead of cutting it to 0, which the client would then report until learning mode ends;
+  /// and a grant is capped by what the other leases leave of the capacity, not by all of it.
+  /// False: Doorman's behaviour.
   bool echo_in_learning = true;
 
-  /// See `news`.
+  /// An intermediate holding more than its capacity (its parent shrank its lease) that sees
+  /// its clients give some back tells its upstream through `news()`, so that its parent, which
+  /// counts that excess (`count_outstanding`), hears of it at once.
   bool report_releases = true;
 
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
