@@ -29,7 +29,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <queue>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -103,10 +102,10 @@ struct job {
   std::uint64_t requests = 0;               ///< requests received (any method)
   std::uint64_t elections = 0;
   // The upstream exchange in flight (at most one).
-  std::uint64_t wake_generation = 0;
+  std::uint32_t wake_generation = 0;
   time_point wake_at = time_point::max();
-  std::uint64_t request_number = 0;
-  std::uint64_t in_flight = 0;  ///< the request number awaited, 0 for none
+  std::uint32_t request_number = 0;
+  std::uint32_t in_flight = 0;  ///< the request number awaited, 0 for none
   std::uint64_t in_flight_epoch = 0;
   time_point sent{};
   server_capacity_request request;
@@ -124,9 +123,9 @@ struct client {
   std::unique_ptr<client_state_type> state;
   const client_state_type::resource* held = nullptr;  ///< the resource in `state`
   bool wants_changed = false;  ///< to hand to `state` before the next request
-  std::uint64_t wake_generation = 0;
-  std::uint64_t request_number = 0;
-  std::uint64_t in_flight = 0;
+  std::uint32_t wake_generation = 0;
+  std::uint32_t request_number = 0;
+  std::uint32_t in_flight = 0;
   time_point sent{};
   capacity_request request;
   capacity_response response;
@@ -299,26 +298,73 @@ class simulation {
     node_answer,
     node_timeout,
   };
-  struct event {
-    time_point t;
-    std::uint64_t seq;
-    kind k;
-    std::size_t who;
-    std::uint64_t tag;
-  };
-  struct later {
-    bool operator()(const event& a, const event& b) const noexcept {
-      return a.t != b.t ? a.t > b.t : a.seq > b.seq;
+  // The pending events, earliest first (among equal times, in the order scheduled). A 4-ary
+  // heap of 24-byte entries: a large run keeps one wake-up per client pending, and popping
+  // from a binary heap of 40-byte entries was a third of its time, most of it cache misses.
+  class event_queue {
+   public:
+    struct entry {
+      time_point t;
+      std::uint64_t order;  // sequence number << 8 | kind
+      std::uint32_t who;
+      std::uint32_t tag;
+      [[nodiscard]] kind what() const noexcept { return static_cast<kind>(order & 0xff); }
+    };
+
+    [[nodiscard]] bool empty() const noexcept { return heap_.empty(); }
+    [[nodiscard]] const entry& top() const noexcept { return heap_.front(); }
+
+    void push(time_point t, kind k, std::uint32_t who, std::uint32_t tag) {
+      const entry e{t, (seq_++ << 8) | static_cast<std::uint64_t>(k), who, tag};
+      std::size_t hole = heap_.size();
+      heap_.push_back(e);
+      while (hole > 0) {
+        const std::size_t parent = (hole - 1) / arity;
+        if (!before(e, heap_[parent])) break;
+        heap_[hole] = heap_[parent];
+        hole = parent;
+      }
+      heap_[hole] = e;
     }
+
+    void pop() noexcept {
+      const entry last = heap_.back();
+      heap_.pop_back();
+      const std::size_t n = heap_.size();
+      if (n == 0) return;
+      std::size_t hole = 0;
+      for (;;) {
+        const std::size_t first = hole * arity + 1;
+        if (first >= n) break;
+        std::size_t best = first;
+        const std::size_t end = std::min(first + arity, n);
+        for (std::size_t c = first + 1; c < end; ++c) {
+          if (before(heap_[c], heap_[best])) best = c;
+        }
+        if (!before(heap_[best], last)) break;
+        heap_[hole] = heap_[best];
+        hole = best;
+      }
+      heap_[hole] = last;
+    }
+
+   private:
+    static constexpr std::size_t arity = 4;
+    static bool before(const entry& a, const entry& b) noexcept {
+      return a.t != b.t ? a.t < b.t : a.order < b.order;
+    }
+    std::vector<entry> heap_;
+    std::uint64_t seq_ = 0;
   };
+  using event = event_queue::entry;
 
   static std::uint64_t mix(std::uint64_t seed, std::uint64_t salt, std::uint64_t index) noexcept {
     detail::splitmix64 g(seed ^ (salt << 56) ^ (index * 0x9e3779b97f4a7c15ULL));
     return g.next();
   }
 
-  void schedule(time_point t, kind k, std::size_t who, std::uint64_t tag) {
-    queue_.push({t, seq_++, k, who, tag});
+  void schedule(time_point t, kind k, std::size_t who, std::uint32_t tag) {
+    queue_.push(t, k, static_cast<std::uint32_t>(who), tag);
   }
 
   bool lost() noexcept {
@@ -345,7 +391,7 @@ class simulation {
   // Sends an answer back to a caller that sent its request at `sent`: it arrives after the
   // network's delay (plus `extra`), unless it is lost or comes after the caller gave up.
   void answer(time_point sent, duration extra, kind arrives, kind gives_up, std::size_t who,
-              std::uint64_t number) {
+              std::uint32_t number) {
     const time_point back = now() + extra + one_way();
     if (lost() || back > sent + timeout()) {
       schedule(sent + timeout(), gives_up, who, number);
@@ -377,7 +423,7 @@ class simulation {
 
   void dispatch(const event& e) {
     ++events_;
-    switch (e.k) {
+    switch (e.what()) {
       case kind::action:
         actions_[e.who]();
         break;
@@ -418,7 +464,7 @@ class simulation {
     schedule(std::max(t, now()), kind::client_wake, index, ++c.wake_generation);
   }
 
-  void on_client_wake(std::size_t index, std::uint64_t generation) {
+  void on_client_wake(std::size_t index, std::uint32_t generation) {
     client& c = clients_[index];
     if (!c.active || generation != c.wake_generation) return;
     if (!c.state->due(now())) {
@@ -439,7 +485,7 @@ class simulation {
     }
   }
 
-  void on_client_arrives(std::size_t index, std::uint64_t number) {
+  void on_client_arrives(std::size_t index, std::uint32_t number) {
     client& c = clients_[index];
     if (!c.active || number != c.in_flight) return;
     job& j = jobs_[c.job];
@@ -460,7 +506,7 @@ class simulation {
     answer(c.sent, extra, kind::client_answer, kind::client_timeout, index, number);
   }
 
-  void on_client_answer(std::size_t index, std::uint64_t number) {
+  void on_client_answer(std::size_t index, std::uint32_t number) {
     client& c = clients_[index];
     if (!c.active || number != c.in_flight) return;
     c.in_flight = 0;
@@ -468,7 +514,7 @@ class simulation {
     wake_client(index, c.state->next_request());
   }
 
-  void on_client_timeout(std::size_t index, std::uint64_t number) {
+  void on_client_timeout(std::size_t index, std::uint32_t number) {
     client& c = clients_[index];
     if (!c.active || number != c.in_flight) return;
     c.in_flight = 0;
@@ -503,7 +549,7 @@ class simulation {
     if (t < j.wake_at) wake_node(index, t);
   }
 
-  void on_node_wake(std::size_t index, std::uint64_t generation) {
+  void on_node_wake(std::size_t index, std::uint32_t generation) {
     job& j = jobs_[index];
     if (generation != j.wake_generation || !j.upstream) return;
     j.wake_at = time_point::max();
@@ -523,7 +569,7 @@ class simulation {
     }
   }
 
-  void on_node_arrives(std::size_t index, std::uint64_t number) {
+  void on_node_arrives(std::size_t index, std::uint32_t number) {
     job& j = jobs_[index];
     if (number != j.in_flight) return;
     job& p = jobs_[*j.parent];
@@ -544,7 +590,7 @@ class simulation {
     answer(j.sent, extra, kind::node_answer, kind::node_timeout, index, number);
   }
 
-  void on_node_answer(std::size_t index, std::uint64_t number) {
+  void on_node_answer(std::size_t index, std::uint32_t number) {
     job& j = jobs_[index];
     if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
     j.in_flight = 0;
@@ -552,7 +598,7 @@ class simulation {
     wake_node(index, j.upstream->next_request(*j.engine));
   }
 
-  void on_node_timeout(std::size_t index, std::uint64_t number) {
+  void on_node_timeout(std::size_t index, std::uint32_t number) {
     job& j = jobs_[index];
     if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
     j.in_flight = 0;
@@ -622,8 +668,7 @@ class simulation {
   std::vector<job> jobs_;
   std::vector<client> clients_;
   std::vector<std::function<void()>> actions_;
-  std::priority_queue<event, std::vector<event>, later> queue_;
-  std::uint64_t seq_ = 0;
+  event_queue queue_;
   std::uint64_t events_ = 0;
 };
 
