@@ -1339,6 +1339,78 @@ TEST_CASE("simulation: the invariants hold at every decision in every scenario",
   }
 }
 
+TEST_CASE("simulation: events run in time order, ties in the order scheduled", "[sim]") {
+  doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",
+      "capacity": 100, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60,
+      "refresh_interval": 16}}]})"});
+  std::vector<std::pair<std::string, double>> seen;
+  const auto note = [&](std::string name) {
+    return [&seen, &s, name] { seen.emplace_back(name, doorman::sim::seconds_of(s.now())); };
+  };
+  // Far beyond the ring of buckets (68 s), inside it, in one bucket, and now.
+  s.at(5000, note("far"));
+  s.at(10, note("b"));
+  s.at(10.000001, note("c"));
+  s.at(10, note("b2"));
+  s.at(200, [&] {
+    seen.emplace_back("e", doorman::sim::seconds_of(s.now()));
+    s.at(200, note("e-now"));  // scheduled for the current time: after e
+    s.at(4999, note("f"));     // before the far one
+  });
+  s.at(0, note("first"));
+  s.run_until(doorman::sim::at(6000));
+  const std::vector<std::pair<std::string, double>> want{
+      {"first", 0}, {"b", 10},      {"b2", 10},  {"c", 10.000001},
+      {"e", 200},   {"e-now", 200}, {"f", 4999}, {"far", 5000}};
+  CHECK(seen == want);
+}
+
+TEST_CASE("simulation: the traced totals are the clients' effective capacities", "[sim]") {
+  const auto fallback = GENERATE(doorman::fallback::pessimistic, doorman::fallback::optimistic,
+                                 doorman::fallback::safe);
+  INFO("fallback " << static_cast<int>(fallback));
+  doorman::sim::run_options o{.scenario = 7, .seed = 3, .duration = 400};
+  o.client_fallback = fallback;
+  o.network = {.latency = 0.01, .jitter = 0.05, .loss = 0.2, .timeout = 1};
+  int checked = 0;
+  o.on_trace = [&](const doorman::sim::simulation& s, const doorman::sim::trace_point& p) {
+    double granted = 0;
+    double wants = 0;
+    for (std::size_t i = 0; i < s.clients().size(); ++i) {
+      granted += s.effective_capacity(i);
+      wants += s.clients()[i].active ? s.clients()[i].wants : 0.0;
+    }
+    INFO("t=" << p.t);
+    REQUIRE(p.granted == granted);
+    REQUIRE(p.wants == wants);
+    ++checked;
+  };
+  (void)doorman::sim::run_scenario(o);
+  CHECK(checked == 401);
+
+  // Clients that leave and come back.
+  doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",
+      "capacity": 100, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20,
+      "refresh_interval": 5, "learning_mode_duration": 0}}]})"});
+  const auto root = s.add_job("root", std::nullopt);
+  const auto a = s.add_client("a", root, 70);
+  const auto b = s.add_client("b", root, 70);
+  const auto total = [&] { return s.effective_capacity(a) + s.effective_capacity(b); };
+  s.run_until(doorman::sim::at(10));
+  CHECK(s.total_granted() == total());
+  CHECK(s.total_granted() == Approx(100));
+  s.leave(a);
+  CHECK(s.total_granted() == total());
+  CHECK(s.total_wants() == 70);
+  s.run_until(doorman::sim::at(30));
+  s.arrive(a, 20);
+  s.set_wants(b, 50);
+  CHECK(s.total_wants() == 70);
+  s.run_until(doorman::sim::at(60));
+  CHECK(s.total_granted() == total());
+  CHECK(s.total_granted() == Approx(70));
+}
+
 TEST_CASE("simulation: a broken invariant fails with the time and the node", "[sim]") {
   // NO_ALGORITHM grants wants whatever the capacity: what the checker must catch.
   doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",

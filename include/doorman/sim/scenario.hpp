@@ -296,10 +296,8 @@ inline void converge(event_mark& m, double step, double capacity) {
     trace_point p;
     p.t = t;
     p.capacity = s.capacity();
-    for (std::size_t i = 0; i < clients; ++i) {
-      p.wants += s.clients()[i].active ? s.clients()[i].wants : 0.0;
-      p.granted += s.effective_capacity(i);
-    }
+    p.wants = s.total_wants();
+    p.granted = s.total_granted();
     p.learning = s.learning();
     if (ro.on_trace) ro.on_trace(s, p);
     out.trace.push_back(p);
