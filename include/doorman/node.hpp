@@ -5,4 +5,5 @@
 
 #include "doorman/net.hpp"
 #include "doorman/node/election.hpp"
+#include "doorman/node/etcd_election.hpp"
 #include "doorman/node/node.hpp"

@@ -1,0 +1,336 @@
+#pragma once
+
+/// \file
+/// A client of etcd's v3 JSON gateway (`POST /v3/...`, etcd 3.4) on `http_post`: leases,
+/// put-if-absent, range, put. Several endpoints: a request that fails on one goes on to the
+/// next until its deadline. Keys and values travel base64-encoded and 64-bit numbers as
+/// strings, as the gateway wants; callers see plain strings and integers.
+///
+///     doorman::net::etcd_client etcd(executor, {"127.0.0.1:2379"});
+///     auto lease = co_await etcd.grant(10, deadline);  // lease.value.id, lease.value.ttl
+///     auto won = co_await etcd.put_if_absent("/doorman/master", "10.0.0.7:7700",
+///                                            lease.value.id, deadline);
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/net/http.hpp"
+
+namespace doorman::net {
+
+[[nodiscard]] inline std::string base64_encode(std::string_view in) {
+  static constexpr char alphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const auto v = static_cast<std::uint32_t>(static_cast<unsigned char>(in[i])) << 16 |
+                   static_cast<std::uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8 |
+                   static_cast<unsigned char>(in[i + 2]);
+    for (int s = 18; s >= 0; s -= 6)
+      out += alphabet[(v >> s) & 63];
+  }
+  if (const auto left = in.size() - i; left > 0) {
+    std::uint32_t v = static_cast<std::uint32_t>(static_cast<unsigned char>(in[i])) << 16;
+    if (left == 2) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8;
+    out += alphabet[(v >> 18) & 63];
+    out += alphabet[(v >> 12) & 63];
+    out += left == 2 ? alphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+/// Nothing when `in` is not base64.
+[[nodiscard]] inline std::optional<std::string> base64_decode(std::string_view in) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+  };
+  while (!in.empty() && in.back() == '=')
+    in.remove_suffix(1);
+  if (in.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : in) {
+    const int v = value(c);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
+/// The outcome of an etcd request: `value` when `error` is empty.
+template <class T>
+struct etcd_result {
+  T value{};
+  std::string error;
+  int code = 0;  ///< the gRPC status code of an error answered by etcd (5: not found)
+  explicit operator bool() const noexcept { return error.empty(); }
+};
+
+/// A key's value and bookkeeping, as `range` finds it.
+struct etcd_kv {
+  std::string value;
+  std::int64_t mod_revision = 0;
+  std::int64_t lease = 0;  ///< 0: the key is held by no lease
+};
+
+/// A granted lease.
+struct etcd_lease {
+  std::int64_t id = 0;
+  std::int64_t ttl = 0;  ///< seconds
+};
+
+/// The outcome of `put_if_absent`: whether this put created the key, and who holds it now.
+struct etcd_claim {
+  bool created = false;
+  etcd_kv holder;  ///< the key as it is after the request (ours when created)
+};
+
+class etcd_client {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// `endpoints`: `host:port` of etcd members (their client URLs without `http://`).
+  etcd_client(asio::any_io_executor executor, std::vector<std::string> endpoints)
+      : executor_(std::move(executor)), endpoints_(std::move(endpoints)) {
+    for (auto& e : endpoints_) {
+      if (e.starts_with("http://")) e.erase(0, 7);
+      if (!e.empty() && e.back() == '/') e.pop_back();
+      if (!parse_address(e)) {
+        throw std::invalid_argument(
+            fmt::format("etcd endpoint: expected host:port, got \"{}\"", e));
+      }
+    }
+    if (endpoints_.empty()) throw std::invalid_argument("etcd endpoints: none given");
+  }
+
+  [[nodiscard]] const std::vector<std::string>& endpoints() const noexcept { return endpoints_; }
+
+  /// POSTs `body` to `/v3/<method>` on the endpoints in turn (starting with the last one that
+  /// answered) until one answers 200 or the deadline passes. The answer's JSON, or why not.
+  asio::awaitable<etcd_result<nlohmann::json>> call(std::string method, nlohmann::json body,
+                                                    clock::time_point deadline) {
+    etcd_result<nlohmann::json> r;
+    const std::string text = body.dump();
+    std::string errors;
+    for (std::size_t tried = 0; tried < endpoints_.size() && clock::now() < deadline; ++tried) {
+      const std::string endpoint = endpoints_[current_];
+      // Leave the other endpoints a share of the time when this one hangs.
+      const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
+      auto answer =
+          co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share);
+      std::string why = std::move(answer.error);
+      if (why.empty()) {
+        auto json = nlohmann::json::parse(answer.body, nullptr, false);
+        if (json.is_discarded() || !json.is_object()) {
+          why = fmt::format("HTTP {}, not a JSON object", answer.status);
+        } else if (answer.status != 200 || json.contains("error")) {
+          // A gateway error: {"error": ..., "message": ..., "code": ...}.
+          const auto m = json.find("message");
+          why =
+              fmt::format("HTTP {}: {}", answer.status,
+                          m != json.end() && m->is_string() ? m->get<std::string>() : json.dump());
+          if (answer.status >= 400 && answer.status < 500) {
+            if (const auto c = json.find("code"); c != json.end() && c->is_number_integer()) {
+              r.code = c->get<int>();
+            }
+            r.error =
+                fmt::format("{} at {}: {}", method, endpoint, why);  // not the endpoint's fault
+            co_return r;
+          }
+        } else {
+          r.value = std::move(json);
+          co_return r;
+        }
+      }
+      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", endpoint, why);
+      current_ = (current_ + 1) % endpoints_.size();
+    }
+    r.error = fmt::format("{}: {}", method, errors.empty() ? "deadline passed" : errors);
+    co_return r;
+  }
+
+  /// A lease of `ttl` seconds (etcd may grant a longer one: its minimum is about 2 s).
+  asio::awaitable<etcd_result<etcd_lease>> grant(std::int64_t ttl, clock::time_point deadline) {
+    etcd_result<etcd_lease> r;
+    nlohmann::json body = {{"TTL", ttl}};
+    auto a = co_await call("lease/grant", std::move(body), deadline);
+    if (!a) {
+      r.code = a.code;
+      r.error = std::move(a.error);
+    } else if (auto id = integer(a.value, "ID"); id && *id != 0) {
+      r.value = {*id, integer(a.value, "TTL").value_or(ttl)};
+    } else {
+      r.error = "lease/grant: answer without an ID";
+    }
+    co_return r;
+  }
+
+  /// Renews lease `id`: its remaining TTL in seconds, 0 when it has expired.
+  asio::awaitable<etcd_result<std::int64_t>> keep_alive(std::int64_t id,
+                                                        clock::time_point deadline) {
+    etcd_result<std::int64_t> r;
+    // A stream method: the gateway wraps each answer in "result".
+    nlohmann::json body = {{"ID", std::to_string(id)}};
+    auto a = co_await call("lease/keepalive", std::move(body), deadline);
+    if (!a) {
+      r.code = a.code;
+      r.error = std::move(a.error);
+    } else if (const auto res = a.value.find("result"); res == a.value.end() || !res->is_object()) {
+      r.error = "lease/keepalive: answer without a result";
+    } else {
+      r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
+    }
+    co_return r;
+  }
+
+  /// Revokes lease `id` (and so deletes its keys).
+  asio::awaitable<etcd_result<bool>> revoke(std::int64_t id, clock::time_point deadline) {
+    etcd_result<bool> r;
+    nlohmann::json body = {{"ID", std::to_string(id)}};
+    auto a = co_await call("lease/revoke", std::move(body), deadline);
+    r.value = static_cast<bool>(a);
+    r.error = std::move(a.error);
+    co_return r;
+  }
+
+  /// Creates `key` = `value` attached to `lease` unless the key exists (one transaction on
+  /// `create_revision == 0`); either way, the key as it is afterwards.
+  asio::awaitable<etcd_result<etcd_claim>> put_if_absent(std::string key, std::string value,
+                                                         std::int64_t lease,
+                                                         clock::time_point deadline) {
+    const auto k = base64_encode(key);
+    nlohmann::json body = {
+        {"compare",
+         nlohmann::json::array(
+             {{{"key", k}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
+        {"success", nlohmann::json::array({{{"request_put",
+                                             {{"key", k},
+                                              {"value", base64_encode(value)},
+                                              {"lease", std::to_string(lease)}}}}})},
+        {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
+    etcd_result<etcd_claim> r;
+    auto a = co_await call("kv/txn", std::move(body), deadline);
+    if (!a) {
+      r.code = a.code;
+      r.error = std::move(a.error);
+      co_return r;
+    }
+    const auto succeeded = a.value.find("succeeded");  // omitted when false
+    r.value.created =
+        succeeded != a.value.end() && succeeded->is_boolean() && succeeded->get<bool>();
+    if (r.value.created) {
+      r.value.holder.value = std::move(value);
+      r.value.holder.lease = lease;
+      r.value.holder.mod_revision = revision_of(a.value);
+      co_return r;
+    }
+    // The failure branch's range: responses[0].response_range.kvs[0].
+    const auto responses = a.value.value("responses", nlohmann::json::array());
+    if (!responses.is_array() || responses.empty() || !responses[0].is_object() ||
+        !responses[0].contains("response_range")) {
+      r.error = "kv/txn: answer without the range of the failure branch";
+      co_return r;
+    }
+    if (auto kv = first_kv(responses[0]["response_range"])) {
+      r.value.holder = std::move(*kv);
+    } else {
+      r.error = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
+    }
+    co_return r;
+  }
+
+  /// The key's value, or nothing when it does not exist.
+  asio::awaitable<etcd_result<std::optional<etcd_kv>>> get(std::string key,
+                                                           clock::time_point deadline) {
+    etcd_result<std::optional<etcd_kv>> r;
+    nlohmann::json body = {{"key", base64_encode(key)}};
+    auto a = co_await call("kv/range", std::move(body), deadline);
+    if (!a) {
+      r.code = a.code;
+      r.error = std::move(a.error);
+    } else {
+      r.value = first_kv(a.value);
+    }
+    co_return r;
+  }
+
+  /// Sets `key` = `value` (no lease).
+  asio::awaitable<etcd_result<bool>> put(std::string key, std::string value,
+                                         clock::time_point deadline) {
+    etcd_result<bool> r;
+    nlohmann::json body = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+    auto a = co_await call("kv/put", std::move(body), deadline);
+    r.value = static_cast<bool>(a);
+    r.error = std::move(a.error);
+    co_return r;
+  }
+
+ private:
+  // The gateway writes 64-bit integers as strings (and small ones sometimes as numbers).
+  static std::optional<std::int64_t> integer(const nlohmann::json& j, const char* field) {
+    const auto it = j.find(field);
+    if (it == j.end()) return std::nullopt;
+    if (it->is_number_integer()) return it->get<std::int64_t>();
+    if (!it->is_string()) return std::nullopt;
+    try {
+      std::size_t used = 0;
+      const auto s = it->get<std::string>();
+      const auto v = std::stoll(s, &used);
+      if (used != s.size()) return std::nullopt;
+      return v;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  static std::int64_t revision_of(const nlohmann::json& answer) {
+    const auto h = answer.find("header");
+    if (h == answer.end() || !h->is_object()) return 0;
+    return integer(*h, "revision").value_or(0);
+  }
+
+  static std::optional<etcd_kv> first_kv(const nlohmann::json& range) {
+    const auto kvs = range.find("kvs");
+    if (kvs == range.end() || !kvs->is_array() || kvs->empty() || !(*kvs)[0].is_object()) {
+      return std::nullopt;
+    }
+    const auto& kv = (*kvs)[0];
+    etcd_kv out;
+    if (const auto v = kv.find("value"); v != kv.end() && v->is_string()) {
+      out.value = base64_decode(v->get<std::string>()).value_or(std::string{});
+    }
+    out.mod_revision = integer(kv, "mod_revision").value_or(0);
+    out.lease = integer(kv, "lease").value_or(0);
+    return out;
+  }
+
+  asio::any_io_executor executor_;
+  std::vector<std::string> endpoints_;
+  std::size_t current_ = 0;
+};
+
+}  // namespace doorman::net

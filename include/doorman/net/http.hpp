@@ -1,0 +1,167 @@
+#pragma once
+
+/// \file
+/// The smallest HTTP/1.1 client the etcd gateway needs: one POST of a JSON body per
+/// connection (`Connection: close`), the whole answer read until the peer closes, within a
+/// deadline. Chunked answers are decoded; answers longer than a limit are refused.
+///
+///     auto r = co_await doorman::net::http_post(executor, "127.0.0.1:2379", "/v3/kv/range",
+///                                               R"({"key":"Zm9v"})", deadline);
+///     if (r.error.empty() && r.status == 200) use(r.body);
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+
+#include "doorman/net/address.hpp"
+
+namespace doorman::net {
+
+/// An HTTP answer, or why there is none (`error` non-empty).
+struct http_response {
+  int status = 0;
+  std::string body;
+  std::string error;
+};
+
+namespace detail {
+
+// Splits a raw answer (status line, headers, body) into an http_response.
+inline http_response parse_http_response(std::string_view raw) {
+  http_response r;
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string_view::npos || !raw.starts_with("HTTP/1.")) {
+    r.error = "malformed HTTP answer";
+    return r;
+  }
+  const std::string_view head = raw.substr(0, head_end);
+  std::string_view body = raw.substr(head_end + 4);
+  const auto sp = head.find(' ');
+  if (sp == std::string_view::npos || head.size() < sp + 4) {
+    r.error = "malformed HTTP status line";
+    return r;
+  }
+  r.status = 0;
+  for (std::size_t i = sp + 1; i < sp + 4; ++i) {
+    const char c = head[i];
+    if (c < '0' || c > '9') {
+      r.error = "malformed HTTP status line";
+      return r;
+    }
+    r.status = r.status * 10 + (c - '0');
+  }
+  std::string lower(head);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower.find("\r\ntransfer-encoding: chunked") == std::string::npos) {
+    r.body = std::string(body);
+    return r;
+  }
+  // Chunked: "<hex size>[;ext]\r\n<data>\r\n" ... "0\r\n\r\n".
+  for (;;) {
+    const auto eol = body.find("\r\n");
+    if (eol == std::string_view::npos) {
+      r.error = "truncated chunked HTTP answer";
+      return r;
+    }
+    std::size_t size = 0;
+    std::size_t digits = 0;
+    for (const char c : body.substr(0, eol)) {
+      int v = -1;
+      if (c >= '0' && c <= '9') v = c - '0';
+      if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+      if (v < 0) break;
+      if (++digits > 8) {
+        r.error = "HTTP chunk too long";
+        return r;
+      }
+      size = size * 16 + static_cast<std::size_t>(v);
+    }
+    if (digits == 0) {
+      r.error = "malformed HTTP chunk size";
+      return r;
+    }
+    body.remove_prefix(eol + 2);
+    if (size == 0) return r;
+    if (body.size() < size + 2) {
+      r.error = "truncated chunked HTTP answer";
+      return r;
+    }
+    r.body.append(body.substr(0, size));
+    body.remove_prefix(size + 2);
+  }
+}
+
+}  // namespace detail
+
+/// POSTs `body` (JSON) to `http://address/path`; the answer, or an error at `deadline`, when
+/// the peer is unreachable, or when the answer exceeds `max_bytes`.
+inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, std::string address,
+                                                std::string path, std::string body,
+                                                std::chrono::steady_clock::time_point deadline,
+                                                std::size_t max_bytes = std::size_t{1} << 20) {
+  http_response r;
+  const auto a = parse_address(address);
+  if (!a) {
+    r.error = fmt::format("expected host:port, got \"{}\"", address);
+    co_return r;
+  }
+  auto socket = std::make_shared<asio::ip::tcp::socket>(executor);
+  auto timed_out = std::make_shared<bool>(false);
+  asio::steady_timer timer(executor);
+  timer.expires_at(deadline);
+  timer.async_wait([socket, timed_out](std::error_code ec) {
+    if (ec) return;
+    *timed_out = true;
+    std::error_code ignored;
+    socket->close(ignored);
+  });
+  std::error_code ec;
+  asio::ip::tcp::resolver resolver(executor);
+  const auto endpoints = co_await resolver.async_resolve(
+      a->host, a->port, asio::redirect_error(asio::use_awaitable, ec));
+  if (!ec && !*timed_out) {
+    co_await asio::async_connect(*socket, endpoints, asio::redirect_error(asio::use_awaitable, ec));
+  }
+  std::string raw;
+  if (!ec && !*timed_out) {
+    const std::string request = fmt::format(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n"
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+        path, address, body.size(), body);
+    co_await asio::async_write(*socket, asio::buffer(request),
+                               asio::redirect_error(asio::use_awaitable, ec));
+  }
+  while (!ec && !*timed_out) {
+    char chunk[8192];
+    const std::size_t n = co_await socket->async_read_some(
+        asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+    raw.append(chunk, n);
+    if (raw.size() > max_bytes) {
+      timer.cancel();
+      r.error = fmt::format("answer longer than {} bytes", max_bytes);
+      co_return r;
+    }
+  }
+  timer.cancel();
+  std::error_code ignored;
+  socket->close(ignored);
+  if (*timed_out) {
+    r.error = "no answer before the deadline";
+  } else if (ec && ec != asio::error::eof) {
+    r.error = ec.message();
+  } else {
+    r = detail::parse_http_response(raw);
+  }
+  co_return r;
+}
+
+}  // namespace doorman::net
