@@ -4,7 +4,8 @@
 # Runs apt-get as root, or through sudo otherwise.
 set -eu
 
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev"
+# etcd-server: the high-availability tests start a real etcd (its service need not run).
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server"
 
 missing=""
 for p in $packages; do

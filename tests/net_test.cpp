@@ -584,4 +584,345 @@ TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][p
   ::unsetenv("DOORMAN_LISTEN");
   std::filesystem::remove_all(dir);
 }
+
+// ---- high availability: a real etcd server, several doorman-node tasks per position --------
+
+#include <doorman/client.hpp>
+
+#include <sys/stat.h>
+
+namespace {
+
+// A free TCP port on 127.0.0.1 (the kernel's pick; closed again at once).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string find_etcd() {
+  const char* path = std::getenv("PATH");
+  const std::string p = path ? path : "/usr/bin";
+  for (std::size_t start = 0; start <= p.size();) {
+    const auto end = std::min(p.find(':', start), p.size());
+    const std::string candidate = p.substr(start, end - start) + "/etcd";
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// One etcd member on loopback ports with a temporary data directory; killed and removed at
+// the end. `kill` then `start` again keeps its data (leases included).
+class etcd_server {
+ public:
+  etcd_server() : client_port_(free_port()), peer_port_(free_port()) {
+    binary_ = find_etcd();
+    if (binary_.empty()) FAIL("etcd not found on PATH: install etcd-server (make deps does)");
+    char dir_template[] = "/tmp/doorman-etcd-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template));
+    dir_ = dir_template;
+    start();
+  }
+  etcd_server(const etcd_server&) = delete;
+  etcd_server& operator=(const etcd_server&) = delete;
+  ~etcd_server() {
+    process_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  [[nodiscard]] std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  void start() {
+    const std::string client = "http://" + endpoint();
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    process_.reset();
+    process_ = std::make_unique<process>(
+        std::vector<std::string>{binary_, "--name", "doorman-test", "--data-dir", dir_ + "/data",
+                                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                 "--initial-cluster", "doorman-test=" + peer},
+        dir_ + "/etcd.log");
+    REQUIRE(process_->wait_for("ready to serve client requests", 30s));
+  }
+  void kill() { process_.reset(); }
+  void pause() { process_->signal(SIGSTOP); }
+  void resume() { process_->signal(SIGCONT); }
+
+  // Writes `key` = `value` through the library's own gateway client.
+  void put(const std::string& key, const std::string& value) {
+    asio::io_context io;
+    doorman::net::etcd_client etcd(io.get_executor(), {endpoint()});
+    std::string error = "not run";
+    asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
+                   [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
+                     error = e ? "exception" : r.error;
+                   });
+    io.run();
+    REQUIRE(error.empty());
+  }
+
+ private:
+  int client_port_;
+  int peer_port_;
+  std::string binary_;
+  std::string dir_;
+  std::unique_ptr<process> process_;
+};
+
+// The mastership a task reports through `discovery`, or nothing when it does not answer.
+std::optional<json> discover(const std::string& address) {
+  line_client c(address);
+  if (!c.connected()) return std::nullopt;
+  if (!c.send(request_line(1, "discovery", json::object()))) return std::nullopt;
+  const auto line = c.read_line(1s);
+  if (!line) return std::nullopt;
+  const auto j = json::parse(*line, nullptr, false);
+  if (!j.contains("result")) return std::nullopt;
+  return j["result"]["mastership"];
+}
+
+// Several doorman-node tasks of the root position, electing through `etcd`.
+struct root_position {
+  root_position(etcd_server& etcd, const std::string& config, int tasks, int ttl) {
+    for (int i = 0; i < tasks; ++i) {
+      const std::string log = etcd.dir() + "/task" + std::to_string(i) + ".log";
+      std::filesystem::remove(log);
+      nodes.push_back(std::make_unique<process>(
+          std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
+                                   config, "--etcd-endpoints", etcd.endpoint(), "--election-key",
+                                   "/doorman/test/root", "--election-ttl", std::to_string(ttl),
+                                   "--minimum-refresh-interval", "0"},
+          log));
+      addresses.push_back(listening_address(*nodes.back()));
+    }
+  }
+
+  // The index of the one task that says it is master while every other answering task names
+  // it; nothing otherwise.
+  [[nodiscard]] std::optional<std::size_t> master() const {
+    std::optional<std::size_t> found;
+    std::vector<json> answers;
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const auto m = nodes[i] ? discover(addresses[i]) : std::nullopt;
+      answers.push_back(m.value_or(json()));
+      if (m && m->value("is_master", false)) {
+        if (found) return std::nullopt;  // two masters
+        found = i;
+      }
+    }
+    if (!found) return std::nullopt;
+    for (std::size_t i = 0; i < answers.size(); ++i) {
+      if (i == *found || answers[i].is_null()) continue;
+      if (answers[i].value("master", json()) != addresses[*found]) return std::nullopt;
+    }
+    return found;
+  }
+
+  [[nodiscard]] bool none_master() const {
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const auto m = nodes[i] ? discover(addresses[i]) : std::nullopt;
+      if (m && m->value("is_master", false)) return false;
+    }
+    return true;
+  }
+
+  std::vector<std::unique_ptr<process>> nodes;
+  std::vector<std::string> addresses;
+};
+
+// Lease 5 s, refresh 0.4 s, learning mode as long as a lease.
+std::string ha_config(double capacity) {
+  return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
+         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5, "refresh_interval": 0.4,
+         "learning_mode_duration": 5}}]})";
+}
+
+doorman::client_options ha_client(std::vector<std::string> addresses) {
+  doorman::client_options o;
+  o.addresses = std::move(addresses);
+  o.minimum_refresh_interval = doorman::seconds(0.05);
+  o.call_timeout = doorman::seconds(1);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting", "[net][etcd]") {
+  etcd_server etcd;
+  const std::string config = etcd.dir() + "/resources.json";
+  std::ofstream(config) << ha_config(100);
+  constexpr int ttl = 2;
+  root_position root(etcd, config, 3, ttl);
+
+  // Exactly one master; the others redirect to it and name it in discovery.
+  std::optional<std::size_t> first;
+  REQUIRE(eventually([&] { return (first = root.master()).has_value(); }));
+  for (std::size_t i = 0; i < 3; ++i) {
+    line_client c(root.addresses[i]);
+    const auto r = c.call("get_capacity", capacity_params("probe", "other", 1));
+    if (i == *first) {
+      CHECK(gets(r) == 0);  // in learning mode: what the probe has, nothing
+      CHECK(r["result"]["mastership"]["is_master"] == true);
+    } else {
+      CHECK(r["result"]["resources"].empty());
+      CHECK(r["result"]["mastership"]["master"] == root.addresses[*first]);
+    }
+  }
+
+  // A client of the position and an intermediate (with a client of its own) know every task.
+  doorman::node_options mid_options;
+  mid_options.parents = root.addresses;
+  running_node<> mid("", mid_options);
+  doorman::client direct(ha_client(root.addresses));
+  doorman::client behind(ha_client({mid.address()}));
+  doorman::rate_resource a(direct, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
+  doorman::rate_resource b(behind, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
+  auto mid_capacity = [&] { return status_of(mid.address(), "db")["resources"][0]["capacity"]; };
+  REQUIRE(eventually([&] { return a.capacity() == 30 && mid_capacity() == 70; }));
+
+  // SIGKILL the master; the client now wants more than its share, which learning mode must
+  // not give it until every old lease has run out.
+  const auto killed_at = steady::now();
+  root.nodes[*first].reset();
+  a.set_wants(80);
+  std::optional<std::size_t> second;
+  double worst = 0;
+  bool a_leased_throughout = true;
+  REQUIRE(eventually(
+      [&] {
+        worst = std::max(worst, a.capacity() + mid_capacity().get<double>());
+        a_leased_throughout = a_leased_throughout && a.leased();
+        return (second = root.master()).has_value();
+      },
+      10s));
+  const double takeover = std::chrono::duration<double>(steady::now() - killed_at).count();
+  CHECK(*second != *first);
+  std::printf("etcd failover: a new master %.2f s after the SIGKILL (TTL %d s)\n", takeover, ttl);
+  // Within the TTL plus one refresh interval, plus etcd's own lease-expiry check period
+  // (500 ms) and the polls of this test.
+  CHECK(takeover < ttl + 0.4 + 1.0);
+
+  // The new master is in learning mode: the client keeps 30 however much it wants, and the sum
+  // of what is granted never exceeds the capacity while the old leases run out.
+  const std::string new_master = root.addresses[*second];
+  CHECK(eventually([&] {
+    worst = std::max(worst, a.capacity() + mid_capacity().get<double>());
+    a_leased_throughout = a_leased_throughout && a.leased();
+    const auto s = status_of(new_master, "db")["resources"][0];
+    return s["learning"] == true && s["clients"] == 2;
+  }));
+  const auto until = steady::now() + 3s;
+  while (steady::now() < until) {
+    worst = std::max(worst, a.capacity() + mid_capacity().get<double>());
+    a_leased_throughout = a_leased_throughout && a.leased();
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  CHECK(a.capacity() == 30);
+  CHECK(worst <= 100 + 1e-9);
+  CHECK(a_leased_throughout);  // the failover was invisible to the client beyond a refresh
+
+  // After learning mode: the fair shares of the new demands, 50 and 50.
+  CHECK(eventually([&] { return a.capacity() == 50 && mid_capacity() == 50; }, 10s));
+  CHECK(status_of(new_master, "db")["resources"][0]["learning"] == false);
+  CHECK(root.nodes[*second]->log().find("became master; learning mode starts") !=
+        std::string::npos);
+}
+
+TEST_CASE("etcd election: a short etcd outage keeps the master, a long one steps it down",
+          "[net][etcd]") {
+  etcd_server etcd;
+  const std::string config = etcd.dir() + "/resources.json";
+  std::ofstream(config) << ha_config(100);
+  constexpr int ttl = 3;
+  root_position root(etcd, config, 2, ttl);
+  std::optional<std::size_t> first;
+  REQUIRE(eventually([&] { return (first = root.master()).has_value(); }));
+  doorman::client cl(ha_client(root.addresses));
+  doorman::rate_resource r(cl, "db", {.wants = 40, .mode = doorman::fallback::optimistic});
+  REQUIRE(eventually([&] { return r.leased() && r.capacity() == 40; }));
+
+  // Frozen for 1.5 s (half the TTL): renewals fail and are retried; the master stays.
+  etcd.pause();
+  const auto until = steady::now() + 1500ms;
+  bool kept = true;
+  while (steady::now() < until) {
+    const auto m = discover(root.addresses[*first]);
+    kept = kept && m && m->value("is_master", false);
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  etcd.resume();
+  CHECK(kept);
+  CHECK(root.master() == first);
+  CHECK(root.nodes[*first]->wait_for("renewal failed", 3s));
+  CHECK_FALSE(root.nodes[*first]->log().find("stepping down") != std::string::npos);
+
+  // Gone for longer than the TTL: the master steps down before its lease could expire, no
+  // task grants, and the client falls back once its lease has run out.
+  r.set_wants(45);
+  etcd.kill();
+  const auto killed_at = steady::now();
+  REQUIRE(root.nodes[*first]->wait_for("stepping down", 10s));
+  CHECK(std::chrono::duration<double>(steady::now() - killed_at).count() < ttl + 0.5);
+  CHECK(root.none_master());
+  line_client c(root.addresses[*first]);
+  CHECK(c.call("get_capacity", capacity_params("probe", "db", 1))["result"]["resources"].empty());
+  CHECK(eventually([&] { return !r.leased(); }, 10s));
+  CHECK(r.capacity() == 45);  // optimistic: its wants
+
+  // etcd back: a master again, and the client is granted again.
+  etcd.start();
+  CHECK(eventually([&] { return root.master().has_value(); }, 15s));
+  CHECK(eventually([&] { return r.leased() && r.capacity() == 45; }, 15s));
+}
+
+TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missing key refused",
+          "[net][etcd]") {
+  etcd_server etcd;
+  const std::string log = etcd.dir() + "/node.log";
+  {
+    process p({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
+               "--etcd-endpoints", etcd.endpoint()},
+              log);
+    CHECK(p.wait_exit() == 2);
+    CHECK_THAT(p.log(), Catch::Contains("configuration etcd:/doorman/cfg: no such key"));
+  }
+  etcd.put("/doorman/cfg", fast_config(100));
+  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
+                "--etcd-endpoints", "http://" + etcd.endpoint()},
+               log);
+  const std::string address = listening_address(node);
+  REQUIRE(eventually([&] {  // it also elects itself (on the default key)
+    const auto m = discover(address);
+    return m && m->value("is_master", false);
+  }));
+  line_client a(address);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 100; }));
+
+  etcd.put("/doorman/cfg", fast_config(60));
+  REQUIRE(node.wait_for("accepted", 5s));
+  CHECK(capacity_at(address, "db") == 60);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60; }));
+
+  etcd.put("/doorman/cfg", R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})");
+  const auto rejected = node.wait_for("rejected", 5s);
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(address, "db") == 60);
+  CHECK(gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60);
+
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+}
 #endif
