@@ -481,6 +481,173 @@ TEST_CASE("hostile peers get errors or are cut off, a good client keeps being an
 
 // ---- the real doorman-node binary -----------------------------------------------------------
 
+// ---- the etcd gateway client against hostile HTTP peers -------------------------------------
+
+namespace {
+
+// A TCP peer on 127.0.0.1 that answers each connection with the next canned reply (after
+// reading the request head), or stays silent for an empty one.
+class canned_http_peer {
+ public:
+  explicit canned_http_peer(std::vector<std::string> replies) : replies_(std::move(replies)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    socklen_t len = sizeof sa;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+    thread_ = std::thread([this] {
+      for (const auto& reply : replies_) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        std::string request;
+        char chunk[4096];
+        while (request.find("\r\n\r\n") == std::string::npos) {
+          const auto n = ::recv(c, chunk, sizeof chunk, 0);
+          if (n <= 0) break;
+          request.append(chunk, static_cast<std::size_t>(n));
+        }
+        requests.push_back(request);
+        if (reply.empty()) {
+          pollfd p{c, POLLIN, 0};
+          ::poll(&p, 1, 3000);  // silent until the client gives up and closes
+        } else {
+          ::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        }
+        ::close(c);
+      }
+    });
+  }
+  canned_http_peer(const canned_http_peer&) = delete;
+  canned_http_peer& operator=(const canned_http_peer&) = delete;
+  ~canned_http_peer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  [[nodiscard]] const std::string& address() const { return address_; }
+  std::vector<std::string> requests;  // read after the destructor or when the peer is done
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+  std::vector<std::string> replies_;
+  std::thread thread_;
+};
+
+std::string http_reply(int status, const std::string& body) {
+  return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/json\r\n\r\n" +
+         body;
+}
+
+// Runs one etcd_client coroutine to completion on a fresh io_context.
+template <class F>
+auto run_etcd(const std::vector<std::string>& endpoints, F f) {
+  asio::io_context io;
+  doorman::net::etcd_client etcd(io.get_executor(), endpoints);
+  using result_type = typename decltype(f(etcd, steady::now()))::value_type;
+  std::optional<result_type> got;
+  asio::co_spawn(io, f(etcd, steady::now() + 2s), [&](std::exception_ptr e, result_type r) {
+    REQUIRE_FALSE(e);
+    got = std::move(r);
+  });
+  io.run();
+  REQUIRE(got);
+  return std::move(*got);
+}
+
+}  // namespace
+
+TEST_CASE("base64 and HTTP answer parsing", "[net][etcd]") {
+  using doorman::net::base64_decode;
+  using doorman::net::base64_encode;
+  for (const std::string s : {"", "a", "ab", "abc", "abcd", "/doorman/\xff\x01 master"}) {
+    CHECK(base64_decode(base64_encode(s)) == s);
+  }
+  CHECK(base64_encode("/doorman/root") == "L2Rvb3JtYW4vcm9vdA==");
+  CHECK_FALSE(base64_decode("a*b="));
+  CHECK_FALSE(base64_decode("abcde"));
+
+  using doorman::net::detail::parse_http_response;
+  auto r = parse_http_response(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3\r\n{\"a\r\n4;x=1\r\n\":1}\r\n0\r\nTrailer: y\r\n\r\n");
+  CHECK(r.error.empty());
+  CHECK(r.status == 200);
+  CHECK(r.body == R"({"a":1})");
+  CHECK(parse_http_response("HTTP/1.1 404 Not Found\r\n\r\nx").status == 404);
+  CHECK_FALSE(parse_http_response("HTTP/1.1 2x0 OK\r\n\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("SMTP ready\r\n\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc")
+                  .error.empty());
+  CHECK_FALSE(
+      parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffff\r\n")
+          .error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+                  .error.empty());
+}
+
+TEST_CASE("the etcd client survives hostile answers with an error each, within its deadline",
+          "[net][etcd]") {
+  using doorman::net::etcd_client;
+  const auto get = [](etcd_client& e, steady::time_point d) { return e.get("/k", d); };
+  const auto claim = [](etcd_client& e, steady::time_point d) {
+    return e.put_if_absent("/k", "me", 42, d);
+  };
+  SECTION("well-formed answers are decoded") {
+    canned_http_peer peer(
+        {http_reply(200, R"({"kvs": [{"key": "L2s=", "value": "MTIzOjQ1", "mod_revision": "7",
+                             "lease": "99"}]})"),
+         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
+             std::string("2\r\n{}\r\n0\r\n\r\n"),
+         http_reply(404, R"({"error": "lease not found", "message": "lease not found",
+                             "code": 5})")});
+    const auto found = run_etcd({peer.address()}, get);
+    REQUIRE(found);
+    REQUIRE(found.value);
+    CHECK(found.value->value == "123:45");
+    CHECK(found.value->mod_revision == 7);
+    CHECK(found.value->lease == 99);
+    const auto absent = run_etcd({peer.address()}, get);
+    CHECK(absent);
+    CHECK_FALSE(absent.value);
+    const auto gone = run_etcd({peer.address()}, claim);
+    CHECK_FALSE(gone);
+    CHECK(gone.code == 5);
+    CHECK_THAT(gone.error, Catch::Contains("lease not found"));
+  }
+  SECTION("garbage, wrong types, server errors, oversized and silent peers") {
+    const std::string big = http_reply(200, "{\"x\": \"" + std::string(std::size_t{2} << 20, 'a'));
+    canned_http_peer peer({http_reply(200, "not json"), http_reply(200, "[1, 2]"),
+                           http_reply(200, R"({"succeeded": "yes", "responses": {"a": 1}})"),
+                           http_reply(500, R"({"error": "boom", "message": "boom", "code": 2})"),
+                           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{}", big,
+                           ""});
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
+    CHECK_THAT(run_etcd({peer.address()}, claim).error,
+               Catch::Contains("without the range of the failure branch"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("HTTP 500: boom"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("truncated"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("answer longer than"));
+    const auto start = steady::now();
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("no answer before"));
+    CHECK(steady::now() - start < 3s);  // the 2 s deadline, not the peer, ended it
+  }
+  SECTION("a failing endpoint hands over to the next") {
+    canned_http_peer bad({http_reply(503, R"({"message": "unavailable"})")});
+    canned_http_peer good({http_reply(200, R"({"kvs": [{"value": "b2s="}]})")});
+    const auto r = run_etcd({bad.address(), "http://" + good.address()}, get);
+    REQUIRE(r);
+    CHECK(r.value->value == "ok");
+  }
+}
+
 #ifdef DOORMAN_NODE_BINARY
 #include "process.hpp"
 
