@@ -10,6 +10,7 @@
 ///     if (r.error.empty() && r.status == 200) use(r.body);
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <memory>
