@@ -1162,6 +1162,15 @@ TEST_CASE("learning mode: an intermediate without capacity hands leases back unc
   } else {
     CHECK(got.capacity == 0);  // cut to the capacity: the client would report 0 from now on
   }
+  if (echo) {
+    // A lease about to run out comes back halfway through what it has left, while the client
+    // can still report it (not after the 2 s of no_parent_refresh_interval).
+    const auto soon = f.engine.get_capacity(
+        {"a", {{"res", 0, 50, doorman::lease_info{10, 1.5, 16}}}}, f.clock.now());
+    REQUIRE(soon);
+    CHECK(soon.value().resources[0].gets.capacity == 10);
+    CHECK(soon.value().resources[0].gets.refresh_interval == Approx(0.75));
+  }
   // With a lease from the parent, what fits is confirmed (and extended).
   f.engine.set_parent_lease("res", {25, f.clock.now() + 60s, 8s}, f.clock.now());
   r = f.engine.get_capacity({"a", {{"res", 0, 50, doorman::lease_info{30, 18, 16}}}},

@@ -857,21 +857,28 @@ std::optional<json> discover(const std::string& address) {
   return j["result"]["mastership"];
 }
 
-// Several doorman-node tasks of the root position, electing through `etcd`, with the
-// configuration `config_text` in a file.
-struct root_position {
-  root_position(etcd_server& etcd, const std::string& config_text, int tasks, int ttl) {
-    const std::string config = etcd.dir() + "/resources.json";
-    std::ofstream(config) << config_text;
+// Several doorman-node tasks of one position, electing through `etcd` on `key`; `args` adds
+// the position's own flags (--config, --parent, --id).
+struct position {
+  position(etcd_server& etcd, const std::string& key, int tasks, int ttl,
+           const std::vector<std::string>& args) {
     for (int i = 0; i < tasks; ++i) {
-      const std::string log = etcd.dir() + "/task" + std::to_string(i) + ".log";
+      const std::string log =
+          etcd.dir() + "/" + key.substr(key.rfind('/') + 1) + "-task" + std::to_string(i) + ".log";
       std::filesystem::remove(log);
-      nodes.push_back(std::make_unique<process>(
-          std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
-                                   config, "--etcd-endpoints", etcd.endpoint(), "--election-key",
-                                   "/doorman/test/root", "--election-ttl", std::to_string(ttl),
-                                   "--minimum-refresh-interval", "0"},
-          log));
+      std::vector<std::string> argv{DOORMAN_NODE_BINARY,
+                                    "--listen",
+                                    "127.0.0.1:0",
+                                    "--etcd-endpoints",
+                                    etcd.endpoint(),
+                                    "--election-key",
+                                    key,
+                                    "--election-ttl",
+                                    std::to_string(ttl),
+                                    "--minimum-refresh-interval",
+                                    "0"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      nodes.push_back(std::make_unique<process>(argv, log));
       addresses.push_back(listening_address(*nodes.back()));
     }
   }
@@ -916,6 +923,13 @@ struct root_position {
   std::vector<std::string> addresses;
 };
 
+// The root position's tasks, with the configuration `config_text` in a file.
+position root_position(etcd_server& etcd, const std::string& config_text, int tasks, int ttl) {
+  const std::string config = etcd.dir() + "/resources.json";
+  std::ofstream(config) << config_text;
+  return position(etcd, "/doorman/test/root", tasks, ttl, {"--config", config});
+}
+
 // Lease 5 s, refresh 0.4 s, learning mode as long as a lease.
 std::string ha_config(double capacity) {
   return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
@@ -936,7 +950,7 @@ doorman::client_options ha_client(std::vector<std::string> addresses) {
 TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting", "[net][etcd]") {
   etcd_server etcd;
   constexpr int ttl = 2;
-  root_position root(etcd, ha_config(100), 3, ttl);
+  position root = root_position(etcd, ha_config(100), 3, ttl);
 
   // Exactly one master; the others redirect to it and name it in discovery.
   const std::optional<std::size_t> first = root.elected();
@@ -1018,11 +1032,62 @@ TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting"
         std::string::npos);
 }
 
+TEST_CASE("etcd election: an intermediate position fails over, its parent sees one child",
+          "[net][etcd]") {
+  etcd_server etcd;
+  running_node<> root(ha_config(100));
+  // Two tasks of one intermediate position, one id at the parent.
+  position mid(etcd, "/doorman/test/mid", 2, 2, {"--parent", root.address(), "--id", "mid"});
+  const std::size_t first = mid.elected();
+  doorman::client behind(ha_client(mid.addresses));
+  doorman::client direct(ha_client({root.address()}));
+  doorman::rate_resource a(behind, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
+  doorman::rate_resource b(direct, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
+  REQUIRE(eventually([&] { return a.capacity() == 30 && b.capacity() == 70; }, 20s));
+
+  mid.nodes[first].reset();  // SIGKILL
+  double root_most = 0;
+  std::size_t root_children = 0;
+  bool a_leased_throughout = true;
+  const auto sample = [&] {
+    const auto s = status_of(root.address(), "db")["resources"][0];
+    root_most = std::max(root_most, s["sum_has"].get<double>());
+    root_children = std::max(root_children, s["clients"].get<std::size_t>());
+    a_leased_throughout = a_leased_throughout && a.leased();
+  };
+  std::optional<std::size_t> second;
+  REQUIRE(eventually(
+      [&] {
+        sample();
+        return (second = mid.master()).has_value();
+      },
+      10s));
+  CHECK(*second != first);
+  // The client reaches the new master, which learns its lease; then nothing changes.
+  CHECK(eventually([&] {
+    sample();
+    return status_of(mid.addresses[*second], "db")["resources"][0]["clients"] == 1;
+  }));
+  const auto until = steady::now() + 2s;
+  while (steady::now() < until) {
+    sample();
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  INFO("new master: " << status_of(mid.addresses[*second], "db").dump());
+  INFO("root: " << status_of(root.address(), "db").dump());
+  INFO("new master's log: " << mid.nodes[*second]->log());
+  CHECK(a_leased_throughout);
+  CHECK(a.capacity() == 30);
+  CHECK(b.capacity() == 70);
+  CHECK(root_children == 2);  // the intermediate and the direct client: never a third
+  CHECK(root_most <= 100 + 1e-9);
+}
+
 TEST_CASE("etcd election: a short etcd outage keeps the master, a long one steps it down",
           "[net][etcd]") {
   etcd_server etcd;
   constexpr int ttl = 3;
-  root_position root(etcd, ha_config(100), 2, ttl);
+  position root = root_position(etcd, ha_config(100), 2, ttl);
   const std::optional<std::size_t> first = root.elected();
   doorman::client cl(ha_client(root.addresses));
   doorman::rate_resource r(cl, "db", {.wants = 40, .mode = doorman::fallback::optimistic});

@@ -449,9 +449,12 @@ class basic_engine {
         echo.capacity = gets;
         echo.expiry = now + to_duration<duration>(
                                 std::min(has->expires_in, r.tmpl.algorithm.lease_length.count()));
+        // Soon, and before the echoed lease runs out: a client coming back at its expiry
+        // would no longer report it, and would be granted nothing until learning mode ends.
         echo.refresh_interval =
-            std::min(to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
-                     to_duration<duration>(options_.no_parent_refresh_interval.count()));
+            std::min({to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
+                      to_duration<duration>(options_.no_parent_refresh_interval.count()),
+                      (echo.expiry - now) / 2});
         // Not a decision: the minimum refresh interval must not hand it back again.
         r.store.set_lease(c, echo,
                           now - to_duration<duration>(options_.minimum_refresh_interval.count()));
