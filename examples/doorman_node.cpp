@@ -357,8 +357,7 @@ int main(int argc, char** argv) {
       st.etcd_endpoints = doorman::net::split_list(v.at("etcd-endpoints"));
       if (st.etcd_endpoints.empty()) throw std::invalid_argument("--etcd-endpoints: none given");
       for (const auto& e : st.etcd_endpoints) {
-        const auto bare = e.starts_with("http://") ? e.substr(7) : e;
-        if (!doorman::net::parse_address(bare)) {
+        if (!doorman::net::etcd_client::parse_endpoint(e)) {
           throw std::invalid_argument(
               fmt::format("--etcd-endpoints: expected host:port, got \"{}\"", e));
         }

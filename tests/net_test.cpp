@@ -724,6 +724,22 @@ TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
   CHECK(q.wait_exit() == 2);
   CHECK_THAT(q.log(), Catch::Contains("--config is required"));
   std::filesystem::remove(log);
+  process e({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints",
+             "http://127.0.0.1:2379,bad"},
+            log.string());
+  CHECK(e.wait_exit() == 2);
+  CHECK_THAT(e.log(), Catch::Contains("--etcd-endpoints: expected host:port, got \"bad\""));
+  std::filesystem::remove(log);
+  process t({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints", "127.0.0.1:2379",
+             "--election-ttl", "2.5"},
+            log.string());
+  CHECK(t.wait_exit() == 2);
+  CHECK_THAT(t.log(), Catch::Contains("--election-ttl: expected whole seconds"));
+  std::filesystem::remove(log);
+  process c({DOORMAN_NODE_BINARY, "--config", "etcd:/doorman/config"}, log.string());
+  CHECK(c.wait_exit() == 2);
+  CHECK_THAT(c.log(), Catch::Contains("--config etcd:KEY needs --etcd-endpoints"));
+  std::filesystem::remove(log);
 }
 
 TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][process]") {

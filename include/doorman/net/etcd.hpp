@@ -113,18 +113,27 @@ class etcd_client {
  public:
   using clock = std::chrono::steady_clock;
 
-  /// `endpoints`: `host:port` of etcd members (their client URLs without `http://`).
+  /// `endpoints`: `host:port` of etcd members (`http://` and a trailing `/` allowed). Throws
+  /// `std::invalid_argument` on a malformed one, or none.
   etcd_client(asio::any_io_executor executor, std::vector<std::string> endpoints)
-      : executor_(std::move(executor)), endpoints_(std::move(endpoints)) {
-    for (auto& e : endpoints_) {
-      if (e.starts_with("http://")) e.erase(0, 7);
-      if (!e.empty() && e.back() == '/') e.pop_back();
-      if (!parse_address(e)) {
+      : executor_(std::move(executor)) {
+    for (const auto& e : endpoints) {
+      auto bare = parse_endpoint(e);
+      if (!bare) {
         throw std::invalid_argument(
             fmt::format("etcd endpoint: expected host:port, got \"{}\"", e));
       }
+      endpoints_.push_back(std::move(*bare));
     }
     if (endpoints_.empty()) throw std::invalid_argument("etcd endpoints: none given");
+  }
+
+  /// `host:port` from an etcd client URL (`http://` and a trailing `/` allowed), or nothing.
+  [[nodiscard]] static std::optional<std::string> parse_endpoint(std::string_view e) {
+    if (e.starts_with("http://")) e.remove_prefix(7);
+    if (e.ends_with('/')) e.remove_suffix(1);
+    if (!parse_address(e)) return std::nullopt;
+    return std::string(e);
   }
 
   [[nodiscard]] const std::vector<std::string>& endpoints() const noexcept { return endpoints_; }
