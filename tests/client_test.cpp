@@ -498,6 +498,33 @@ TEST_CASE("client state ignores hostile grants and grants for removed resources"
   }
 }
 
+TEST_CASE("client state adopts only grants it asked for, within bounds, and says so", "[client]") {
+  manual_clock clock;
+  std::vector<std::string> logged;
+  state_t s({.client_id = "c1", .log = [&](std::string_view l) { logged.emplace_back(l); }});
+  s.add("a", {.wants = 5});
+  (void)s.make_request(clock.now());
+  s.add("late", {.wants = 5});  // added after the request went out: not asked for yet
+  doorman::capacity_response r;
+  r.mastership.is_master = true;
+  r.resources.push_back({"late", {4, 60, 16}, 1});
+  r.resources.push_back({"a", {1e300, 60, 16}, 1});
+  r.resources.push_back({"a", {4, 1e12, 16}, 1});
+  r.resources.push_back({"a", {4, 60, 2e6}, 1});
+  r.resources.push_back({"a", {4, 60, 16}, 1e300});
+  r.resources.push_back({"a", {4, 60, 16}, 1});  // the one good grant
+  r.resources.push_back({"a", {7, 60, 16}, 1});  // a second grant for it
+  s.on_response(r, clock.now());
+  CHECK(s.capacity("a", clock.now()) == 4);
+  CHECK_FALSE(s.leased("late", clock.now()));
+  CHECK(s.invalid_grants() == 6);
+  REQUIRE(logged.size() == 1);
+  CHECK_THAT(logged[0], Catch::Contains("6 of 7 grants ignored") &&
+                            Catch::Contains("resources[0].resource_id: not asked for"));
+  CHECK_THROWS_WITH(s.add("b", {.wants = 2e15}),
+                    "wants must be a finite number between 0 and 1e15");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The asio client against in-process nodes (deadlines, no sleeps standing in for events)
 
@@ -589,6 +616,46 @@ TEST_CASE("clients with different demands converge to the fair shares and keep t
     b.set_wants(80);
     REQUIRE(eventually([&] { return b.capacity() == Approx(45) && c.capacity() == Approx(45); }));
   }
+}
+
+TEST_CASE("a client's refresh loop keeps running through wrongly typed answers", "[client][net]") {
+  // A server that first answers with members of the wrong type (each used to throw out of the
+  // channel and end the refresh loop silently), then with a good grant.
+  const std::vector<std::string> hostile = {
+      R"("error":{"code":"x","message":"busy"})",
+      R"("error":{"code":-32000,"message":5})",
+      R"("result":{"mastership":{"is_master":"yes","master":null},"resources":[]})",
+  };
+  std::atomic<std::size_t> calls{0};
+  asio::io_context io;
+  auto answer = [&](std::string_view line) -> std::optional<std::string> {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("id")) return std::nullopt;
+    const std::string id = j["id"].dump();
+    if (j.value("method", "") != "get_capacity") {
+      return R"({"jsonrpc":"2.0","id":)" + id +
+             R"(,"result":{"mastership":{"is_master":true,"master":null}}})";
+    }
+    const std::size_t n = calls++;
+    if (n < hostile.size()) return R"({"jsonrpc":"2.0","id":)" + id + "," + hostile[n] + "}";
+    return R"({"jsonrpc":"2.0","id":)" + id +
+           R"(,"result":{"mastership":{"is_master":true,"master":null},"resources":[)"
+           R"({"resource_id":"api","gets":{"capacity":42,"expires_in":60,"refresh_interval":1},)"
+           R"("safe_capacity":0}]}})";
+  };
+  doorman::net::server server(io.get_executor(), {}, answer);
+  server.listen({"127.0.0.1", "0"});
+  server.start();
+  const std::string address = "127.0.0.1:" + std::to_string(server.local_endpoint().port());
+  std::thread thread([&] { io.run(); });
+  {
+    doorman::client cl(fast_client(address));
+    doorman::rate_resource api(cl, "api", {.wants = 10});
+    CHECK(eventually([&] { return api.leased() && api.capacity() == 42; }));
+    CHECK(calls.load() > hostile.size());
+  }
+  asio::post(io, [&] { server.stop(); });
+  thread.join();
 }
 
 TEST_CASE("leases expire when the node goes away, then the fallbacks apply", "[client][net]") {

@@ -171,6 +171,15 @@ TEST_CASE("invalid globs are explained", "[core][glob]") {
   CHECK_THAT(*doorman::glob_error("x\\"), Contains("unescaped"));
   CHECK_THAT(*doorman::glob_error("x[z-a]"), Contains("reversed range"));
   CHECK_THAT(*doorman::glob_error("x[!]"), Contains("never closed"));
+  // Validation reads ranges exactly as the matcher does: escaped ends count as what they escape.
+  CHECK_THAT(*doorman::glob_error("[\\z-a]"), Contains("reversed range"));
+  CHECK_THAT(*doorman::glob_error("[\\a-\\Z]"), Contains("reversed range"));
+  CHECK(doorman::glob_error("[a-c-b]") == std::nullopt);  // a-c, '-', b: nothing reversed
+  CHECK(doorman::glob_match("[a-c-b]", "-"));
+  CHECK(doorman::glob_match("[a-c-b]", "b"));
+  CHECK_FALSE(doorman::glob_match("[a-c-b]", "d"));
+  CHECK(doorman::glob_error("[\\a-\\z]") == std::nullopt);
+  CHECK(doorman::glob_match("[\\a-\\z]", "q"));
 }
 
 // ---- config -----------------------------------------------------------------------------
@@ -256,11 +265,14 @@ TEST_CASE("each invalid configuration gives an error naming the field", "[core][
   CHECK(with_first(R"({"identifier_glob": "a*", "capacity": "5", )" + good_alg + "}") ==
         "resources[0].capacity: must be a number");
   CHECK(with_first(R"({"identifier_glob": "a*", "capacity": -1, )" + good_alg + "}") ==
-        "resources[0].capacity: must be >= 0");
+        "resources[0].capacity: must be between 0 and 1e15");
   CHECK_THAT(with_first(R"({"identifier_glob": "a*", "capacity": 1e999, )" + good_alg + "}"),
              Contains("not valid JSON") && Contains("number overflow"));
   CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "safe_capacity": -2, )" + good_alg +
-                   "}") == "resources[0].safe_capacity: must be >= 0, or -1 for unlimited");
+                   "}") ==
+        "resources[0].safe_capacity: must be between 0 and 1e15, or -1 for unlimited");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 2e15, )" + good_alg + "}") ==
+        "resources[0].capacity: must be between 0 and 1e15");
   CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "colour": 1, )" + good_alg + "}") ==
         "resources[0].colour: unknown field");
   CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1})") ==
@@ -706,15 +718,15 @@ TEST_CASE("invalid requests are refused with the field named and change nothing"
   CHECK(error_of({"", {}}) == "params.client_id: must be a non-empty string");
   CHECK(error_of({std::string(257, 'x'), {}}) == "params.client_id: must be at most 256 bytes");
   CHECK(error_of({"a", {{"res", 0, -1, std::nullopt}}}) ==
-        "params.resources[0].wants: must be a finite number >= 0");
+        "params.resources[0].wants: must be a finite number between 0 and 1e15");
   CHECK(error_of({"a", {{"res", 0, std::nan(""), std::nullopt}}}) ==
-        "params.resources[0].wants: must be a finite number >= 0");
+        "params.resources[0].wants: must be a finite number between 0 and 1e15");
   CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"", 0, 1, std::nullopt}}}) ==
         "params.resources[1].resource_id: must be a non-empty string");
   CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"res", 0, 1, std::nullopt}}}) ==
         "params.resources[1]: duplicate resource id \"res\"");
   CHECK(error_of({"a", {{"res", 0, 1, doorman::lease_info{-3, 1, 1}}}}) ==
-        "params.resources[0].has.capacity: must be a finite number >= 0");
+        "params.resources[0].has.capacity: must be a finite number between 0 and 1e15");
   doorman::capacity_request many{"a", {}};
   for (int i = 0; i <= 10'000; ++i)
     many.resources.push_back({"r" + std::to_string(i), 0, 1, {}});
@@ -729,7 +741,7 @@ TEST_CASE("invalid requests are refused with the field named and change nothing"
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 0, 10}}}}}) ==
         "params.resources[0].wants[0].num_clients: must be an integer between 1 and 1000000000");
   CHECK(server_error({"leaf", {{"res", std::nullopt, -1, {{0, 1, 10}}}}}) ==
-        "params.resources[0].outstanding: must be a finite number >= 0");
+        "params.resources[0].outstanding: must be a finite number between 0 and 1e15");
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {}}}}) ==
         "params.resources[0].wants: must hold at least one band");
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 1, 10}, {0, 2, 5}}}}}) ==
@@ -1451,4 +1463,236 @@ TEST_CASE("simulation: the changes beat Doorman's behaviour on scenario 7", "[si
   CHECK(ours.summary.over_samples * 3 < 14);  // a third of Doorman's published 14
   CHECK(ours.summary.mean_allocation > theirs.summary.mean_allocation);
   CHECK(ours.summary.over_samples < theirs.summary.over_samples);
+}
+
+// ---- hostile numbers: bounds, exact sums, untrusted answers -----------------------------------
+
+TEST_CASE("band wants are bounded, so a child's demand cannot sum to infinity", "[core][bounds]") {
+  fixture f(repo_for("NO_ALGORITHM", 1e15));
+  auto r = f.engine.get_server_capacity(
+      {"leaf", {{"res", std::nullopt, 0, {{0, 1, 1e308}, {1, 1, 1e308}}}}}, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message ==
+        "params.resources[0].wants[0].wants: must be a finite number between 0 and 1e15");
+  CHECK(f.engine.store("res") == nullptr);
+
+  // The largest accepted bands: the grant is finite, within bounds, and its answer decodes.
+  std::vector<doorman::priority_band> bands;
+  for (int p = 0; p < 1000; ++p)
+    bands.push_back({p, 1'000'000'000, 1e15});
+  auto ok =
+      f.engine.get_server_capacity({"leaf", {{"res", std::nullopt, 1e15, bands}}}, f.clock.now());
+  REQUIRE(ok);
+  const auto& gets = ok.value().resources[0].gets;
+  CHECK(std::isfinite(gets.capacity));
+  CHECK(gets.capacity == 1e15);
+  CHECK_FALSE(doorman::check_grant(gets, ok.value().resources[0].safe_capacity));
+  const auto* store = f.engine.store("res");
+  REQUIRE(store != nullptr);
+  CHECK(std::isfinite(store->totals().wants));
+  CHECK(std::isfinite(store->sum_held()));
+
+  bands.push_back({1000, 1, 1});
+  auto too_many =
+      f.engine.get_server_capacity({"leaf", {{"res", std::nullopt, 0, bands}}}, f.clock.now());
+  REQUIRE_FALSE(too_many);
+  CHECK(too_many.error().message == "params.resources[0].wants: must hold at most 1000 bands");
+}
+
+TEST_CASE("a duplicate priority is named among many bands too", "[core][bounds]") {
+  fixture f(repo_for("FAIR_SHARE", 100));
+  std::vector<doorman::priority_band> bands;
+  for (int p = 0; p < 40; ++p)
+    bands.push_back({p, 1, 1});
+  bands[31].priority = 7;
+  bands[35].priority = 3;
+  auto r = f.engine.get_server_capacity({"leaf", {{"res", std::nullopt, 0, bands}}}, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message ==
+        "params.resources[0].wants[31].priority: duplicates wants[7].priority");
+}
+
+TEST_CASE("a child's huge outstanding does not erase what the others hold", "[core][bounds]") {
+  fixture f(repo_for("FAIR_SHARE", 10));
+  CHECK(f.ask("a", 3.34) == Approx(3.34));
+  CHECK(f.ask("b", 3.34) == Approx(3.34));
+  for (const double outstanding : {1e17, 1.7e308, 1e15}) {
+    auto r = f.engine.get_server_capacity(
+        {"leaf", {{"res", std::nullopt, outstanding, {{0, 1, 10}}}}}, f.clock.now());
+    if (outstanding > 1e15) {
+      REQUIRE_FALSE(r);
+      CHECK(r.error().message ==
+            "params.resources[0].outstanding: must be a finite number between 0 and 1e15");
+      continue;
+    }
+    REQUIRE(r);
+    // a and b hold 6.68 of 10: never more than 3.32 for the child, whatever it reports.
+    CHECK(r.value().resources[0].gets.capacity <= 10 - 2 * 3.34 + 1e-9);
+  }
+  const auto* store = f.engine.store("res");
+  REQUIRE(store != nullptr);
+  CHECK(std::isfinite(store->sum_held()));
+  double leased = 0;
+  store->for_each([&](const auto& c) { leased += c.lease.capacity; });
+  CHECK(leased <= 10 + 1e-9);
+  // The others still see the child's grants as held: nothing is left for a newcomer.
+  CHECK(f.ask("c", 5) == 0);
+}
+
+TEST_CASE("a lease store keeps a small lease next to a huge one", "[core][bounds]") {
+  doorman::basic_lease_store<manual_clock::time_point> store;
+  const doorman::band_demand band{0, 1, 1};
+  const auto& a = store.set_demand("a", std::span(&band, 1)).who;
+  store.set_lease(a, {1e300, {}, {}}, {});
+  store.set_lease(a, {33.3, {}, {}}, {});
+  CHECK(store.sum_has() == 33.3);
+  CHECK(store.sum_held() == 33.3);
+  const auto& b = store.set_demand("b", std::span(&band, 1)).who;
+  store.set_lease(b, {1e15, {}, {}}, {});
+  CHECK(store.leased_by_others(b) == 33.3);
+  CHECK(store.held_by_others(b) == 33.3);
+  store.set_server_info(b, 1e15);
+  store.set_server_info(b, 0);
+  CHECK(store.sum_held() == 1e15 + 33.3);
+}
+
+TEST_CASE("demands that come and go leave no negative residue in the totals", "[core][bounds]") {
+  // Ordinary wants (0.1 ... 40.1) whose running total used to end at about -7e-15 once the last
+  // two clients wanted 0: an intermediate then sent a negative band and its parent refused it.
+  for (unsigned seed = 0; seed < 2000; ++seed) {
+    std::mt19937 rng(seed);
+    doorman::share_index idx;
+    std::vector<doorman::share_index::handle> hs;
+    const int n = 2 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i)
+      hs.push_back(idx.insert(0.1 + static_cast<double>(rng() % 41), 1));
+    std::shuffle(hs.begin(), hs.end(), rng);
+    for (int i = 2; i < n; ++i)
+      idx.erase(hs[static_cast<std::size_t>(i)]);
+    idx.update(hs[0], 0, 1);
+    idx.update(hs[1], 0, 1);
+    INFO("seed " << seed);
+    REQUIRE(idx.totals().wants == 0);
+    REQUIRE(idx.totals().subclients == 2);
+  }
+}
+
+namespace {
+
+// An intermediate under a root, wired directly, on one manual clock.
+struct hostile_tree {
+  manual_clock clock;
+  engine_t root{repo_for("FAIR_SHARE", 100)};
+  engine_t leaf;
+  std::vector<std::string> logged;
+  doorman::basic_upstream<engine_t> up;
+
+  static doorman::engine_options intermediate() {
+    doorman::engine_options o;
+    o.is_root = false;
+    o.minimum_refresh_interval = doorman::seconds(0);
+    return o;
+  }
+
+  hostile_tree()
+      : leaf(repo_for("FAIR_SHARE", 0), intermediate()),
+        up({.server_id = "leaf", .log = [this](std::string_view s) { logged.emplace_back(s); }}) {
+    root.set_mastership(true, "root", clock.now());
+    leaf.set_mastership(true, "leaf", clock.now());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an intermediate whose clients' demand cancels out still sends a valid request",
+          "[core][bounds][upstream]") {
+  hostile_tree t;
+  std::mt19937 rng(1);  // a seed whose sequence left -7e-15 in the band total
+  std::vector<std::string> clients;
+  for (int i = 0; i < 7; ++i) {
+    clients.push_back("c" + std::to_string(i));
+    REQUIRE(t.leaf.get_capacity(
+        {clients.back(), {{"res", 0, 0.1 + static_cast<double>(rng() % 41), std::nullopt}}},
+        t.clock.now()));
+  }
+  std::shuffle(clients.begin(), clients.end(), rng);
+  for (std::size_t i = 2; i < clients.size(); ++i)
+    REQUIRE(t.leaf.release_capacity({clients[i], {"res"}}, t.clock.now()));
+  REQUIRE(t.leaf.get_capacity({clients[0], {{"res", 0, 0, std::nullopt}}}, t.clock.now()));
+  REQUIRE(t.leaf.get_capacity({clients[1], {{"res", 0, 0, std::nullopt}}}, t.clock.now()));
+  const auto req = t.up.make_request(t.leaf, t.clock.now());
+  REQUIRE(req.resources.size() == 1);
+  for (const auto& band : req.resources[0].wants)
+    CHECK(band.wants >= 0);
+  CHECK(req.resources[0].outstanding >= 0);
+  CHECK(t.root.get_server_capacity(req, t.clock.now()));  // the parent accepts it
+}
+
+TEST_CASE("an intermediate's request stays within bounds whatever its clients sum to",
+          "[core][bounds][upstream]") {
+  hostile_tree t;
+  // 1200 priorities, each wanting the most a client may: more bands than a request may hold,
+  // and band sums beyond a band's bound.
+  for (int i = 0; i < 1200; ++i) {
+    REQUIRE(t.leaf.get_capacity({"c" + std::to_string(i), {{"res", i % 1200, 1e15, std::nullopt}}},
+                                t.clock.now()));
+    REQUIRE(t.leaf.get_capacity({"d" + std::to_string(i), {{"res", i % 1200, 1e15, std::nullopt}}},
+                                t.clock.now()));
+  }
+  const auto req = t.up.make_request(t.leaf, t.clock.now());
+  REQUIRE(req.resources.size() == 1);
+  const auto& bands = req.resources[0].wants;
+  CHECK(bands.size() == doorman::request_limits::max_bands);
+  CHECK(bands.front().priority == 1199);  // highest priority first
+  CHECK(bands.back().priority == 200);    // the lowest kept takes 200 ... 0
+  CHECK(bands.back().num_clients == 2 * 201);
+  for (const auto& b : bands)
+    CHECK(b.wants == 1e15);
+  CHECK(t.root.get_server_capacity(req, t.clock.now()));
+}
+
+TEST_CASE("an intermediate adopts only the grants it asked for, within bounds",
+          "[core][bounds][upstream]") {
+  hostile_tree t;
+  REQUIRE(t.leaf.get_capacity({"a", {{"res", 0, 30, std::nullopt}}}, t.clock.now()));
+  const auto req = t.up.make_request(t.leaf, t.clock.now());
+  REQUIRE(req.resources.size() == 1);
+
+  doorman::server_capacity_response bad;
+  bad.mastership = {true, "root"};
+  const doorman::lease_info good{30, 60, 8};
+  bad.resources.push_back({"", good, 0, {}});
+  bad.resources.push_back({std::string(300, 'x'), good, 0, {}});
+  for (int i = 0; i < 10'000; ++i)
+    bad.resources.push_back({"bogus-" + std::to_string(i), good, 0, {}});
+  bad.resources.push_back({"res", {1e300, 60, 8}, 0, {}});
+  bad.resources.push_back({"res", {30, 1e12, 8}, 0, {}});
+  bad.resources.push_back({"res", {30, 60, std::nan("")}, 0, {}});
+  bad.resources.push_back({"res", {30, 60, 8}, -7, {}});
+  (void)t.up.on_response(t.leaf, bad, t.clock.now());
+  CHECK(t.up.invalid_grants() == bad.resources.size());
+  REQUIRE(t.logged.size() == 1);
+  CHECK_THAT(t.logged[0], Contains("10006 of 10006 grants ignored") &&
+                              Contains("result.resources[0].resource_id: not asked for"));
+  CHECK_FALSE(t.leaf.parent_lease("res"));
+  CHECK(t.leaf.store("") == nullptr);
+  CHECK(t.leaf.store("bogus-1") == nullptr);
+  CHECK_FALSE(t.leaf.parent_lease("bogus-1"));
+
+  // The next request is as before: only the real resource, and the parent takes it.
+  t.clock.set(t.up.next_request(t.leaf));
+  REQUIRE(t.leaf.get_capacity({"a", {{"res", 0, 30, std::nullopt}}}, t.clock.now()));
+  const auto next = t.up.make_request(t.leaf, t.clock.now());
+  REQUIRE(next.resources.size() == 1);
+  CHECK(next.resources[0].resource_id == "res");
+  auto answer = t.root.get_server_capacity(next, t.clock.now());
+  REQUIRE(answer);
+  // A good grant with a second one for the same resource: the first counts.
+  auto twice = answer.value();
+  twice.resources.push_back(twice.resources[0]);
+  twice.resources.back().gets.capacity = 99;
+  (void)t.up.on_response(t.leaf, twice, t.clock.now());
+  REQUIRE(t.leaf.parent_lease("res"));
+  CHECK(t.leaf.parent_lease("res")->capacity == 30);
+  CHECK_THAT(t.logged.back(), Contains("1 of 2 grants ignored") && Contains("granted twice"));
 }

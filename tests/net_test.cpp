@@ -323,6 +323,36 @@ void run_until_ready(asio::io_context& io, Future& f) {
 
 // ---- redirects ------------------------------------------------------------------------------
 
+TEST_CASE("addresses with stray brackets are refused", "[net][address]") {
+  using doorman::net::parse_address;
+  CHECK_FALSE(parse_address("[[x]:11"));
+  CHECK_FALSE(parse_address("[x]]:11"));
+  CHECK_FALSE(parse_address("a]:11"));
+  CHECK_FALSE(parse_address("[::1]]:11"));
+  CHECK(parse_address("[::1]:11") == doorman::net::address{"::1", "11"});
+  CHECK(parse_address("host:0") == doorman::net::address{"host", "0"});
+}
+
+TEST_CASE("a coroutine that throws is reported and started again", "[net][supervise]") {
+  asio::io_context io;
+  std::vector<std::string> logged;
+  int runs = 0;
+  bool stopping = false;
+  asio::co_spawn(io,
+                 doorman::net::supervised(
+                     "test loop",
+                     [&]() -> asio::awaitable<void> {
+                       if (++runs < 3) throw std::runtime_error("boom");
+                       co_return;
+                     },
+                     [&] { return stopping; }, [&](std::string_view s) { logged.emplace_back(s); }),
+                 asio::detached);
+  io.run_for(10s);  // returns as soon as the loop ends
+  CHECK(runs == 3);
+  REQUIRE(logged.size() == 2);
+  CHECK(logged[0] == "test loop failed (boom); restarting");
+}
+
 TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
   running_node master(fast_config(10));
   running_node<fixed_election> follower(fast_config(10), {},

@@ -231,7 +231,7 @@ TEST_CASE("hostile params get an error naming the field, and change nothing", "[
   CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": "9"}]})") ==
         "params.resources[0].wants: must be a number");
   CHECK(err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": -1}]})") ==
-        "params.resources[0].wants: must be a finite number >= 0");
+        "params.resources[0].wants: must be a finite number between 0 and 1e15");
   CHECK(
       err(R"({"client_id": "c", "resources": [{"resource_id": "db", "wants": 1, "priority": 1.5}]})") ==
       "params.resources[0].priority: must be an integer");
@@ -266,7 +266,7 @@ TEST_CASE("hostile params get an error naming the field, and change nothing", "[
         "params.resources[0].wants[0].num_clients: is required");
   CHECK(server_err(R"({"server_id": "s", "resources": [{"resource_id": "db", "outstanding": -2,
                       "wants": [{"num_clients": 1, "wants": 1}]}]})") ==
-        "params.resources[0].outstanding: must be a finite number >= 0");
+        "params.resources[0].outstanding: must be a finite number between 0 and 1e15");
   CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"release_capacity","params":
                    {"client_id": "c", "resources": [1]}})") ==
         "params.resources[0]: must be a string");
@@ -274,4 +274,37 @@ TEST_CASE("hostile params get an error naming the field, and change nothing", "[
         "params.resource_id: must be a non-empty string");
 
   CHECK(n.engine.store("db") == nullptr);  // none of it reached the engine's state
+}
+
+TEST_CASE("answers are read without throwing, whatever the peer sent", "[protocol][answer]") {
+  using kind = doorman::rpc_answer::kind;
+  auto read = [](const char* text) { return doorman::read_answer(json::parse(text)); };
+  auto a = read(R"({"id":1,"error":{"code":"x","message":5}})");
+  CHECK(a.type == kind::error);
+  CHECK(a.code == 0);
+  CHECK(a.message == "error");
+  a = read(R"({"id":1,"error":{"code":1e300,"message":"busy"}})");
+  CHECK(a.type == kind::error);
+  CHECK(a.code == 0);  // not an integer: no float-to-int conversion
+  CHECK(a.message == "busy");
+  CHECK(read(R"({"id":1,"error":{"code":99999999999}})").code == 0);
+  CHECK(read(R"({"id":1,"error":{"code":18446744073709551615}})").code == 0);
+  CHECK(read(R"({"id":1,"error":{"code":-32602,"message":"bad"}})").code == -32602);
+  CHECK(read(R"({"id":1,"error":[1,2]})").type == kind::error);
+  CHECK(read(R"({"id":1,"result":5})").type == kind::malformed);
+  CHECK(read(R"([1])").type == kind::malformed);
+  a = read(R"({"id":1,"result":{"mastership":{"is_master":"yes"}}})");
+  REQUIRE(a.type == kind::result);
+  // Not a boolean: not a redirect; the result's decoder names the field instead.
+  CHECK_FALSE(doorman::read_redirect(a.result).not_master);
+  doorman::capacity_response resp;
+  CHECK(doorman::decode(a.result, resp)->message ==
+        "result.mastership.is_master: must be a boolean");
+  const auto hint =
+      doorman::read_redirect(json::parse(R"({"mastership":{"is_master":false,"master":7}})"));
+  CHECK(hint.not_master);
+  CHECK_FALSE(hint.master);
+  CHECK(doorman::read_redirect(
+            json::parse(R"({"mastership":{"is_master":false,"master":"10.0.0.7:7700"}})"))
+            .master == "10.0.0.7:7700");
 }

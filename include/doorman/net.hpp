@@ -9,3 +9,4 @@
 #include "doorman/net/etcd.hpp"
 #include "doorman/net/http.hpp"
 #include "doorman/net/server.hpp"
+#include "doorman/net/supervise.hpp"

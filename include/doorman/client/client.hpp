@@ -40,6 +40,7 @@
 #include "doorman/limit/gauge_limiter.hpp"
 #include "doorman/limit/rate_limiter.hpp"
 #include "doorman/net/channel.hpp"
+#include "doorman/net/supervise.hpp"
 #include "doorman/protocol/codec.hpp"
 
 namespace doorman {
@@ -181,9 +182,7 @@ class client {
     if (const char* problem = detail::id_problem(id)) {
       throw std::invalid_argument("resource id " + std::string(problem));
     }
-    if (!detail::finite_non_negative(opts.wants)) {
-      throw std::invalid_argument("wants must be a finite number >= 0");
-    }
+    detail::require_quantity(opts.wants, "wants");
     std::lock_guard lock(mutex_);
     auto& slot = registry_[std::string(id)];
     if (slot) {
@@ -224,9 +223,7 @@ class client {
 
   /// Sets fixed wants for a resource (thread-safe).
   void set_wants(const std::shared_ptr<detail::resource_entry>& e, double wants) {
-    if (!detail::finite_non_negative(wants)) {
-      throw std::invalid_argument("wants must be a finite number >= 0");
-    }
+    detail::require_quantity(wants, "wants");
     e->wants = wants;
     asio::post(strand_, [this, e, wants] {
       if (!stopping_ && active_.count(e->id) != 0) state_.set_wants(e->id, wants);
@@ -265,6 +262,7 @@ class client {
     s.client_id = o.client_id;
     s.minimum_interval = o.minimum_refresh_interval;
     s.seed = std::random_device{}();
+    s.log = o.log;
     return s;
   }
 
@@ -282,7 +280,11 @@ class client {
 
   void start() {
     next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
-    asio::co_spawn(strand_, run(), asio::detached);
+    asio::co_spawn(strand_,
+                   net::supervised(
+                       "client refresh loop", [this] { return run(); },
+                       [this] { return stopping_; }, options_.log),
+                   asio::detached);
   }
 
   static void apply(detail::resource_entry& e, double capacity) {
@@ -332,6 +334,8 @@ class client {
       double wants = e->demand.estimate();
       // Concurrency is whole operations: a gauge asks for the next whole number.
       if (e->kind == detail::resource_kind::gauge) wants = std::ceil(wants - 1e-6);
+      // Within the protocol's bound, whatever was measured (set_wants refuses more).
+      wants = std::clamp(wants, 0.0, request_limits::max_quantity);
       e->wants = wants;
       state_.set_wants(id, wants);
     }

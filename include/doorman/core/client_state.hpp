@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -63,6 +64,9 @@ struct client_state_options {
   seconds initial_backoff{0.5};      ///< after the first failure
   seconds maximum_backoff{15};       ///< ceiling of the exponential backoff
   std::uint64_t seed = 0xc11e'0175;  ///< of the jitter (the asio client draws a random one)
+  /// Receives one line per server answer that held invalid grants (which are ignored). Null:
+  /// silent.
+  std::function<void(std::string_view)> log{};
 };
 
 /// What a resource may use without a lease: its fallback, given the safe capacity the server
@@ -214,6 +218,9 @@ class basic_client_state {
       req.resources.push_back(std::move(rr));
     }
     unasked_ = resources_.size() > req.resources.size();
+    asked_.clear();
+    for (const auto& rr : req.resources)
+      asked_.push_back(rr.resource_id);  // in id order, as the map is
     last_request_ = now;
     in_flight_ = true;
     return req;
@@ -221,8 +228,10 @@ class basic_client_state {
 
   /// Adopts the server's answer (to the request sent last): each grant becomes its resource's
   /// lease; the next request is due after the shortest refresh interval. A non-master's answer
-  /// is a failure (the transport should have followed its redirect). Grants for resources
-  /// removed meanwhile, and malformed grants, are ignored.
+  /// is a failure (the transport should have followed its redirect). The answer is untrusted:
+  /// grants for resources the request did not ask for (or removed meanwhile), second grants for
+  /// one resource, and grants with a number out of bounds (`check_grant`) are ignored, change
+  /// nothing, and are logged (one line per answer).
   void on_response(const capacity_response& resp, time_point now) {
     if (!resp.mastership.is_master) {
       on_failure(now);
@@ -231,9 +240,28 @@ class basic_client_state {
     in_flight_ = false;
     failures_ = 0;
     double interval = std::numeric_limits<double>::infinity();
-    for (const auto& g : resp.resources) {
-      auto* r = lookup(g.resource_id);
-      if (r == nullptr || !valid(g)) continue;
+    std::vector<bool> granted(asked_.size(), false);
+    std::size_t ignored = 0;
+    std::string first_problem;
+    for (std::size_t i = 0; i < resp.resources.size(); ++i) {
+      const auto& g = resp.resources[i];
+      const auto at = std::lower_bound(asked_.begin(), asked_.end(), g.resource_id);
+      const bool asked = at != asked_.end() && *at == g.resource_id;
+      auto* r = asked ? lookup(g.resource_id) : nullptr;
+      std::optional<std::string> problem;
+      if (!asked) {
+        problem = "resource_id: not asked for";
+      } else if (granted[static_cast<std::size_t>(at - asked_.begin())]) {
+        problem = "resource_id: granted twice";
+      } else {
+        problem = check_grant(g.gets, g.safe_capacity);
+      }
+      if (problem) {
+        if (ignored++ == 0) first_problem = "resources[" + std::to_string(i) + "]." + *problem;
+        continue;
+      }
+      granted[static_cast<std::size_t>(at - asked_.begin())] = true;
+      if (r == nullptr) continue;  // removed since the request went out
       r->lease = basic_lease<time_point>{g.gets.capacity,
                                          last_request_ + to_duration<duration>(g.gets.expires_in),
                                          to_duration<duration>(g.gets.refresh_interval)};
@@ -244,9 +272,20 @@ class basic_client_state {
       const double left = to_seconds(r->lease->expiry - now);
       if (left > 0) interval = std::min(interval, left);
     }
+    if (ignored > 0) {
+      invalid_grants_ += ignored;
+      if (options_.log) {
+        options_.log("server's answer: " + std::to_string(ignored) + " of " +
+                     std::to_string(resp.resources.size()) +
+                     " grants ignored (first: " + first_problem + ")");
+      }
+    }
     if (!std::isfinite(interval)) interval = options_.idle_interval.count();
     next_ = now + to_duration<duration>(std::max(interval, options_.minimum_interval.count()));
   }
+
+  /// Grants of the server's answers that were ignored as invalid, since the start.
+  [[nodiscard]] std::uint64_t invalid_grants() const noexcept { return invalid_grants_; }
 
   /// The request failed: retry after an exponential backoff with jitter, but within half the
   /// time left on the earliest lease held. Leases already held stay until they expire; then
@@ -280,18 +319,7 @@ class basic_client_state {
     return it == resources_.end() ? nullptr : &it->second;
   }
 
-  static void check_wants(double wants) {
-    if (!detail::finite_non_negative(wants)) {
-      throw std::invalid_argument("wants must be a finite number >= 0");
-    }
-  }
-
-  static bool valid(const resource_grant& g) noexcept {
-    return std::isfinite(g.gets.capacity) && (g.gets.capacity >= 0) &&
-           detail::finite_non_negative(g.gets.expires_in) &&
-           detail::finite_non_negative(g.gets.refresh_interval) && std::isfinite(g.safe_capacity) &&
-           (g.safe_capacity >= 0 || g.safe_capacity == -1);
-  }
+  static void check_wants(double wants) { detail::require_quantity(wants, "wants"); }
 
   [[nodiscard]] duration floor() const noexcept {
     return to_duration<duration>(options_.minimum_interval.count());
@@ -301,6 +329,8 @@ class basic_client_state {
   jittered_backoff backoff_;
   std::map<std::string, resource, less> resources_;
   std::vector<std::string> releases_;
+  std::vector<std::string> asked_;  // the resources of the request in flight, in id order
+  std::uint64_t invalid_grants_ = 0;
   time_point next_{};
   time_point last_request_{};
   int failures_ = 0;

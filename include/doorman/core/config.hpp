@@ -33,6 +33,9 @@ struct config_limits {
   static constexpr double min_duration = 0.1;         ///< lease_length, refresh_interval
   static constexpr double max_duration = 86'400;      ///< one day, for every duration
   static constexpr std::size_t max_glob_bytes = 256;  ///< as resource ids on the wire
+  /// capacity and safe_capacity (and, on the wire, every wants, capacity and outstanding:
+  /// `request_limits::max_quantity`).
+  static constexpr double max_capacity = 1e15;
 };
 
 /// The algorithm kinds every engine knows, in Doorman's spelling. Each is also accepted in
@@ -183,11 +186,13 @@ class config_reader {
     }
 
     t.capacity = *number(j, "capacity", path + ".capacity", true);
-    if (t.capacity < 0) fail(path + ".capacity", "must be >= 0");
+    if (t.capacity < 0 || t.capacity > config_limits::max_capacity) {
+      fail(path + ".capacity", "must be between 0 and 1e15");
+    }
 
     if (auto safe = number(j, "safe_capacity", path + ".safe_capacity", false)) {
-      if (*safe < 0 && *safe != -1) {
-        fail(path + ".safe_capacity", "must be >= 0, or -1 for unlimited");
+      if ((*safe < 0 && *safe != -1) || *safe > config_limits::max_capacity) {
+        fail(path + ".safe_capacity", "must be between 0 and 1e15, or -1 for unlimited");
       }
       t.safe_capacity = *safe;
     }

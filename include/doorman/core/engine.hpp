@@ -432,14 +432,14 @@ class basic_engine {
     const double held_before = r.store.sum_held();
     // What the others hold: their leases, and (count_outstanding) what server children have
     // granted beyond theirs.
-    const double others = options_.count_outstanding ? r.store.sum_held() - store_type::held(c)
-                                                     : r.store.sum_has() - c.lease.capacity;
+    const double others =
+        options_.count_outstanding ? r.store.held_by_others(c) : r.store.leased_by_others(c);
     if (learning) {
       // Learning mode: the engine does not know who holds what yet, so it confirms what the
       // client says it has (0 for a newcomer) and learns the demand.
       if (has && has->expires_in > 0) gets = has->capacity;
       // Leases only: what server children hold beyond theirs is being given back.
-      const double leased_by_others = r.store.sum_has() - c.lease.capacity;
+      const double leased_by_others = r.store.leased_by_others(c);
       if (sharing && options_.echo_in_learning && capacity <= 0 && gets > 0) {
         // An intermediate with no capacity from its parent yet cannot confirm anything: hand
         // the client's lease back unchanged (no capacity is created, the expiry is not
@@ -488,7 +488,9 @@ class basic_engine {
     }
 
     lease_type l;
-    l.capacity = std::max(0.0, gets);
+    // Within the wire's bounds whatever the algorithm computed (NO_ALGORITHM grants the sum of
+    // a child's bands, which may exceed any one band's bound).
+    l.capacity = gets > 0 ? std::min(gets, request_limits::max_quantity) : 0.0;
     l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
     l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count() *
                                                (outstanding ? options_.decay_factor : 1.0));

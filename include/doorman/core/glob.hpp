@@ -14,16 +14,18 @@ namespace doorman {
 
 namespace detail {
 
-// Matches the class starting at pattern[i] == '['. Returns the index after the closing ']'
-// and sets `matched`, or npos when the class is not terminated.
-inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, bool& matched) {
+// Reads the class starting at pattern[i] == '[': calls `range(lo, hi)` for each member (a
+// single byte has lo == hi) and sets `negate`. Returns the index after the closing ']', or npos
+// when the class is not terminated. The one reading of a class: matching and validation both
+// use it, so validation checks exactly the ranges the matcher will test.
+template <class Range>
+std::size_t glob_walk_class(std::string_view p, std::size_t i, bool& negate, Range&& range) {
   ++i;  // past '['
-  bool negate = false;
+  negate = false;
   if (i < p.size() && (p[i] == '!' || p[i] == '^')) {
     negate = true;
     ++i;
   }
-  bool found = false;
   bool first = true;
   while (i < p.size() && (p[i] != ']' || first)) {
     first = false;
@@ -41,15 +43,24 @@ inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, b
         hi = p[i];
       }
     }
-    if (static_cast<unsigned char>(lo) <= static_cast<unsigned char>(c) &&
-        static_cast<unsigned char>(c) <= static_cast<unsigned char>(hi)) {
-      found = true;
-    }
+    range(static_cast<unsigned char>(lo), static_cast<unsigned char>(hi));
     ++i;
   }
   if (i >= p.size()) return std::string_view::npos;
-  matched = found != negate;
   return i + 1;
+}
+
+// Matches the class starting at pattern[i] == '['. Returns the index after the closing ']'
+// and sets `matched`, or npos when the class is not terminated.
+inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, bool& matched) {
+  const auto byte = static_cast<unsigned char>(c);
+  bool found = false;
+  bool negate = false;
+  const std::size_t end = glob_walk_class(p, i, negate, [&](unsigned char lo, unsigned char hi) {
+    if (lo <= byte && byte <= hi) found = true;
+  });
+  matched = found != negate;
+  return end;
 }
 
 }  // namespace detail
@@ -61,24 +72,14 @@ inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, b
       if (i + 1 == pattern.size()) return "ends with an unescaped '\\'";
       ++i;
     } else if (pattern[i] == '[') {
-      bool matched = false;
-      const std::size_t end = detail::glob_match_class(pattern, i, '\0', matched);
+      // A ']' right after '[' (or '[!') is a member, so a class is never empty.
+      bool negate = false;
+      bool reversed = false;
+      const std::size_t end = detail::glob_walk_class(
+          pattern, i, negate, [&](unsigned char lo, unsigned char hi) { reversed |= lo > hi; });
       if (end == std::string_view::npos)
         return "'[' at offset " + std::to_string(i) + " is never closed";
-      const std::string_view body = pattern.substr(i + 1, end - i - 2);
-      if (body.empty() || body == "!" || body == "^") {
-        return "empty character class at offset " + std::to_string(i);
-      }
-      for (std::size_t j = 0; j + 2 < body.size(); ++j) {
-        if (body[j] == '\\') {
-          ++j;
-          continue;
-        }
-        if (body[j + 1] == '-' &&
-            static_cast<unsigned char>(body[j]) > static_cast<unsigned char>(body[j + 2])) {
-          return "reversed range in character class at offset " + std::to_string(i);
-        }
-      }
+      if (reversed) return "reversed range in character class at offset " + std::to_string(i);
       i = end - 1;
     }
   }

@@ -37,26 +37,6 @@ struct band_demand {
 
 namespace detail {
 
-/// A running sum whose rounding error does not grow with the number of additions (Neumaier).
-class compensated_sum {
- public:
-  void add(double x) noexcept {
-    const double t = sum_ + x;
-    if ((sum_ >= 0 ? sum_ : -sum_) >= (x >= 0 ? x : -x)) {
-      compensation_ += (sum_ - t) + x;
-    } else {
-      compensation_ += (x - t) + sum_;
-    }
-    sum_ = t;
-  }
-  [[nodiscard]] double value() const noexcept { return sum_ + compensation_; }
-  void reset() noexcept { sum_ = compensation_ = 0; }
-
- private:
-  double sum_ = 0;
-  double compensation_ = 0;
-};
-
 /// A client's demand bands with their index positions. Almost every client has one band, so
 /// the first lives inline: a refresh touches no memory beyond the client record.
 class band_list {
@@ -124,8 +104,10 @@ class band_list {
 /// The leases and demands of one resource's clients.
 ///
 /// Cost: lookups O(1); a demand or lease change O(log n); `expire(now)` O(k log n) for k
-/// expired leases. Sums of `has` are compensated so that they do not drift over millions of
-/// updates.
+/// expired leases. The sums of leases (and of what is held) are compensated and take every
+/// change as two terms (old out, new in), so they do not drift over millions of updates and a
+/// small lease next to a huge one is not lost; they start again from exactly 0 whenever the
+/// store empties.
 template <class TimePoint>
 class basic_lease_store {
  public:
@@ -229,10 +211,13 @@ class basic_lease_store {
   /// Gives client `who` (as returned by `set_demand`) the lease `l`, decided at `now`.
   void set_lease(const client& who, const lease_type& l, time_point now) {
     client& c = clients_[who.slot_];
-    sum_has_.add(l.capacity - c.lease.capacity);
-    const double excess = excess_of(c);
+    // The old and new values go in as two terms, never as their difference: a difference is
+    // rounded before the compensated sum sees it (replacing 1e300 by 33.3 would add -1e300).
+    sum_has_.add(-c.lease.capacity);
+    sum_has_.add(l.capacity);
+    sum_held_.add(-held(c));
     c.lease = l;
-    sum_excess_.add(excess_of(c) - excess);
+    sum_held_.add(held(c));
     c.last_decision = now;
     ++c.generation_;
     push_expiry({l.expiry, c.slot_, c.generation_});
@@ -250,9 +235,9 @@ class basic_lease_store {
     client& c = clients_[who.slot_];
     if (!c.is_server) ++servers_;
     c.is_server = true;
-    const double excess = excess_of(c);
+    sum_held_.add(-held(c));
     c.outstanding = outstanding;
-    sum_excess_.add(excess_of(c) - excess);
+    sum_held_.add(held(c));
   }
 
   /// Forgets `id`, freeing its capacity and demand. Returns whether it was known.
@@ -308,7 +293,18 @@ class basic_lease_store {
 
   /// The sum of `held` over every client.
   [[nodiscard]] double sum_held() const noexcept {
-    return size_ == 0 ? 0.0 : std::max(0.0, sum_has_.value() + sum_excess_.value());
+    return size_ == 0 ? 0.0 : std::max(0.0, sum_held_.value());
+  }
+
+  /// What every client but `who` holds (`sum_held() - held(who)`), accurate to the others' own
+  /// magnitude even when `who` holds far more than all of them together.
+  [[nodiscard]] double held_by_others(const client& who) const noexcept {
+    return std::max(0.0, sum_held_.without(held(who)));
+  }
+
+  /// The leases of every client but `who` (`sum_has() - who's lease`), likewise accurate.
+  [[nodiscard]] double leased_by_others(const client& who) const noexcept {
+    return std::max(0.0, sum_has_.without(who.lease.capacity));
   }
 
   /// Sums of wants and subclients over every band of every client.
@@ -402,7 +398,7 @@ class basic_lease_store {
   void remove_slot(std::uint32_t slot) {
     client& c = clients_[slot];
     sum_has_.add(-c.lease.capacity);
-    sum_excess_.add(-excess_of(c));
+    sum_held_.add(-held(c));
     if (c.is_server) --servers_;
     remove_bands(c);
     slots_.erase(c.id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
@@ -412,7 +408,7 @@ class basic_lease_store {
     free_slots_.push_back(slot);
     if (--size_ == 0) {
       sum_has_.reset();
-      sum_excess_.reset();
+      sum_held_.reset();
     }
   }
 
@@ -422,8 +418,10 @@ class basic_lease_store {
   std::map<std::int64_t, share_index, std::greater<>> bands_;  // highest priority first
   std::deque<expiry_entry> in_order_;
   std::priority_queue<expiry_entry, std::vector<expiry_entry>, later> out_of_order_;
-  detail::compensated_sum sum_has_;
-  detail::compensated_sum sum_excess_;  // of server children's grants beyond their leases
+  // Each change goes in as two terms (old value out, new value in), never as a difference.
+  detail::compensated_sum sum_has_;   // of leases
+  detail::compensated_sum sum_held_;  // of held(): leases, and server children's grants beyond
+
   std::size_t size_ = 0;
   std::size_t servers_ = 0;
 };

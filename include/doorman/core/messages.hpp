@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,11 +23,24 @@
 
 namespace doorman {
 
-/// Limits on what one request may hold (DESIGN §5).
+/// Bounds on every number and list that crosses a trust boundary: requests to an engine, and
+/// the answers a client or an intermediate takes from a server (docs/protocol.md lists them).
+/// They are chosen so that no sum the engine keeps can overflow: a band's wants and a server
+/// child's `outstanding` are at most `max_quantity`, a resource of a server child has at most
+/// `max_bands` bands, so a client's demand is at most 1e18 and a sum over 2^32 clients at most
+/// about 4e27, far inside a double's range.
 struct request_limits {
   static constexpr std::size_t max_id_bytes = 256;
   static constexpr std::size_t max_resources = 10'000;
   static constexpr std::int64_t max_num_clients = 1'000'000'000;
+  /// Priority bands of one resource in a `get_server_capacity`.
+  static constexpr std::size_t max_bands = 1'000;
+  /// Wants, capacities (`has`, grants, configured capacities) and `outstanding`: at most 1e15
+  /// (units per second, or in flight), which leaves integer quantities exact in a double.
+  static constexpr double max_quantity = config_limits::max_capacity;
+  /// A lease's `expires_in` (within ±max_seconds) and `refresh_interval` (0 to max_seconds),
+  /// in seconds: about 11.6 days, more than the longest lease a configuration allows (a day).
+  static constexpr double max_seconds = 1e6;
 };
 
 /// Who is master: `{"is_master": true, "master": "10.0.0.7:7700"}`.
@@ -168,16 +182,42 @@ inline bool finite_non_negative(double v) noexcept {
   return std::isfinite(v) && v >= 0;
 }
 
+/// A quantity (wants, capacity, outstanding): finite, in [0, max_quantity]. (NaN fails both.)
+inline bool valid_quantity(double v) noexcept {
+  return v >= 0 && v <= request_limits::max_quantity;
+}
+inline constexpr const char* quantity_problem = "must be a finite number between 0 and 1e15";
+
+/// Throws `std::invalid_argument` ("wants must be ...") unless `v` is a valid quantity: for a
+/// user's own arguments, which the protocol would refuse later.
+inline void require_quantity(double v, std::string_view what) {
+  if (!valid_quantity(v)) {
+    throw std::invalid_argument(std::string(what) + " " + quantity_problem);
+  }
+}
+
+/// What is wrong with a lease on the wire (the field and why), or null: capacity a quantity,
+/// `expires_in` within ±max_seconds, `refresh_interval` within [0, max_seconds].
+struct lease_problem {
+  const char* field;
+  const char* reason;
+};
+inline std::optional<lease_problem> check_lease_values(const lease_info& l) noexcept {
+  constexpr double limit = request_limits::max_seconds;
+  if (!valid_quantity(l.capacity)) return lease_problem{".capacity", quantity_problem};
+  if (!(l.expires_in >= -limit && l.expires_in <= limit)) {
+    return lease_problem{".expires_in", "must be a finite number between -1e6 and 1e6"};
+  }
+  if (!(l.refresh_interval >= 0 && l.refresh_interval <= limit)) {
+    return lease_problem{".refresh_interval", "must be a finite number between 0 and 1e6"};
+  }
+  return std::nullopt;
+}
+
 inline std::optional<request_error> check_lease(const lease_info& l, std::string_view list,
                                                 std::size_t i) {
-  if (!finite_non_negative(l.capacity)) {
-    return invalid(element(list, i, ".has.capacity"), "must be a finite number >= 0");
-  }
-  if (!std::isfinite(l.expires_in)) {
-    return invalid(element(list, i, ".has.expires_in"), "must be a finite number");
-  }
-  if (!finite_non_negative(l.refresh_interval)) {
-    return invalid(element(list, i, ".has.refresh_interval"), "must be a finite number >= 0");
+  if (const auto p = check_lease_values(l)) {
+    return invalid(element(list, i, std::string(".has") + p->field), p->reason);
   }
   return std::nullopt;
 }
@@ -226,7 +266,56 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
   return std::nullopt;
 }
 
+// The first band (in order) whose priority an earlier band has: {earlier, later}. Sorting
+// keeps it O(n log n) for the largest band lists.
+inline std::optional<std::pair<std::size_t, std::size_t>> duplicate_priority(
+    const std::vector<priority_band>& bands) {
+  std::optional<std::pair<std::size_t, std::size_t>> found;
+  const std::size_t n = bands.size();
+  if (n <= 16) {
+    for (std::size_t j = 1; j < n && !found; ++j) {
+      for (std::size_t k = 0; k < j; ++k) {
+        if (bands[k].priority == bands[j].priority) {
+          found = {k, j};
+          break;
+        }
+      }
+    }
+    return found;
+  }
+  std::vector<std::pair<std::int64_t, std::size_t>> order;
+  order.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    order.emplace_back(bands[i].priority, i);
+  std::sort(order.begin(), order.end());
+  // In a run of equal priorities (sorted by index), the run's second band is its earliest
+  // duplicate, and the first is what it duplicates.
+  for (std::size_t i = 1; i < n; ++i) {
+    const bool run_starts_before =
+        order[i].first == order[i - 1].first && (i < 2 || order[i - 2].first != order[i].first);
+    if (run_starts_before && (!found || order[i].second < found->second)) {
+      found = {order[i - 1].second, order[i].second};
+    }
+  }
+  return found;
+}
+
 }  // namespace detail
+
+/// What is wrong with a grant in a server's answer (`gets.capacity: must be ...`), or nothing:
+/// the checks a client and an intermediate apply before adopting it. `gets` as a lease on the
+/// wire, with `expires_in` >= 0; `safe_capacity` in [0, max_quantity] or -1 (unlimited).
+[[nodiscard]] inline std::optional<std::string> check_grant(const lease_info& gets,
+                                                            double safe_capacity) {
+  if (const auto p = detail::check_lease_values(gets)) {
+    return std::string("gets") + p->field + ": " + p->reason;
+  }
+  if (gets.expires_in < 0) return std::string("gets.expires_in: must be >= 0");
+  if (!detail::valid_quantity(safe_capacity) && safe_capacity != -1) {
+    return std::string("safe_capacity: must be between 0 and 1e15, or -1 for unlimited");
+  }
+  return std::nullopt;
+}
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
@@ -238,9 +327,9 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
   }
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const auto& x = r.resources[i];
-    if (!detail::finite_non_negative(x.wants)) {
+    if (!detail::valid_quantity(x.wants)) {
       return detail::invalid(detail::element("params.resources", i, ".wants"),
-                             "must be a finite number >= 0");
+                             detail::quantity_problem);
     }
     if (x.has) {
       if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
@@ -264,10 +353,13 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
     if (x.has) {
       if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
     }
-    if (!detail::finite_non_negative(x.outstanding)) {
-      return detail::invalid(at(".outstanding"), "must be a finite number >= 0");
+    if (!detail::valid_quantity(x.outstanding)) {
+      return detail::invalid(at(".outstanding"), detail::quantity_problem);
     }
     if (x.wants.empty()) return detail::invalid(at(".wants"), "must hold at least one band");
+    if (x.wants.size() > request_limits::max_bands) {
+      return detail::invalid(at(".wants"), "must hold at most 1000 bands");
+    }
     for (std::size_t j = 0; j < x.wants.size(); ++j) {
       const auto& b = x.wants[j];
       auto band_at = [&](std::string_view field) {
@@ -277,15 +369,13 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
         return detail::invalid(band_at(".num_clients"),
                                "must be an integer between 1 and 1000000000");
       }
-      if (!detail::finite_non_negative(b.wants)) {
-        return detail::invalid(band_at(".wants"), "must be a finite number >= 0");
+      if (!detail::valid_quantity(b.wants)) {
+        return detail::invalid(band_at(".wants"), detail::quantity_problem);
       }
-      for (std::size_t k = 0; k < j; ++k) {
-        if (x.wants[k].priority == b.priority) {
-          return detail::invalid(band_at(".priority"),
-                                 "duplicates wants[" + std::to_string(k) + "].priority");
-        }
-      }
+    }
+    if (const auto dup = detail::duplicate_priority(x.wants)) {
+      return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
+                             "duplicates wants[" + std::to_string(dup->first) + "].priority");
     }
   }
   return std::nullopt;

@@ -20,6 +20,43 @@ struct demand_sums {
   double subclients = 0;
 };
 
+namespace detail {
+
+/// A running sum whose rounding error does not grow with the number of additions (Neumaier's
+/// variant of Kahan summation): each addition's rounding error is kept exactly (TwoSum) and
+/// added back, so the value is within a few units in the last place of the exact sum of every
+/// term added, plus n·ε² of the terms' magnitudes. A sum of terms that cancel exactly (x, −x)
+/// reads 0, not a residue.
+class compensated_sum {
+ public:
+  compensated_sum() = default;
+  explicit compensated_sum(double start) noexcept : sum_(start) {}
+  void add(double x) noexcept {
+    const double t = sum_ + x;
+    if ((sum_ >= 0 ? sum_ : -sum_) >= (x >= 0 ? x : -x)) {
+      compensation_ += (sum_ - t) + x;
+    } else {
+      compensation_ += (x - t) + sum_;
+    }
+    sum_ = t;
+  }
+  [[nodiscard]] double value() const noexcept { return sum_ + compensation_; }
+  /// The sum without one of its terms `x`: `value() - x`, but computed so that a term that
+  /// dominates the sum does not take the others with it in rounding. When x is close to the
+  /// running sum, `sum - x` is exact (Sterbenz), and the compensation then holds the rest.
+  [[nodiscard]] double without(double x) const noexcept { return (sum_ - x) + compensation_; }
+  void reset(double start = 0) noexcept {
+    sum_ = start;
+    compensation_ = 0;
+  }
+
+ private:
+  double sum_ = 0;
+  double compensation_ = 0;
+};
+
+}  // namespace detail
+
 /// A multiset of demands `(wants, subclients)` ordered by `wants / subclients`, answering: the
 /// sums of all demands below a ratio (PROPORTIONAL_SHARE), and the water level of a weighted
 /// max-min fair split (FAIR_SHARE).
@@ -86,8 +123,12 @@ class share_index {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
 
-  /// Sums over every demand.
-  [[nodiscard]] demand_sums totals() const noexcept { return total_; }
+  /// Sums over every demand. Never negative: the total is kept as a compensated sum of the
+  /// changes (no residue builds up as demands come and go), and clamped at 0 in case rounding
+  /// still leaves one below what a sum of non-negative numbers can be.
+  [[nodiscard]] demand_sums totals() const noexcept {
+    return {std::max(0.0, total_wants_.value()), std::max(0.0, total_subclients_.value())};
+  }
 
   /// Sums over the demands whose wants per subclient is strictly below `ratio`.
   [[nodiscard]] demand_sums below(double ratio) const noexcept {
@@ -116,7 +157,7 @@ class share_index {
   /// The level L at which `sum(min(wants_i, L * subclients_i)) == capacity`: weighted
   /// water-filling. Infinity when every demand fits (total wants <= capacity).
   [[nodiscard]] double water_level(double capacity) const noexcept {
-    const demand_sums total = total_;
+    const demand_sums total = totals();
     if (total.wants <= capacity) return std::numeric_limits<double>::infinity();
     // In ratio order, the prefix ending at element k is fully satisfied iff
     // g(k) = W(<= k) + ratio_k * S(> k) <= capacity, and g never decreases with k. Descend,
@@ -290,7 +331,12 @@ class share_index {
       n.set_key(path[d].slot, largest_of(child, child_level));
       child = path[d].node;
     }
-    total_ = sums_of(root_, height_);
+    set_total(sums_of(root_, height_));
+  }
+
+  void set_total(const demand_sums& s) noexcept {
+    total_wants_.reset(s.wants);
+    total_subclients_.reset(s.subclients);
   }
 
   // After a change in `leaf` (below path[depth-1]) that changed its sums by `delta` and, when
@@ -313,8 +359,8 @@ class share_index {
         key_changed = i + 1 == n.count;  // only the last child's key is the node's own
       }
     }
-    total_.wants += delta.wants;
-    total_.subclients += delta.subclients;
+    total_wants_.add(delta.wants);
+    total_subclients_.add(delta.subclients);
   }
 
   void add(const entry& e) {
@@ -323,7 +369,7 @@ class share_index {
       leaves_[root_].items[0] = e;
       leaves_[root_].count = 1;
       height_ = 1;
-      total_ = {e.wants, e.subclients};
+      set_total({e.wants, e.subclients});
       return;
     }
     const key k = key_of(e);
@@ -368,7 +414,7 @@ class share_index {
         n.set_key(1, largest_of(right, level));
         root_ = r;
         ++height_;
-        total_ = sums_of(root_, height_);
+        set_total(sums_of(root_, height_));
         return;
       }
       const std::uint32_t parent = path[depth - 1].node;
@@ -436,7 +482,7 @@ class share_index {
     }
     if (depth == 0) {  // the tree is empty
       height_ = 0;
-      total_ = {};
+      set_total({});
       return;
     }
     // A node was dropped (rare): exact sums on the way up.
@@ -458,7 +504,9 @@ class share_index {
   std::uint32_t root_ = 0;
   std::uint32_t height_ = 0;  // 0: empty; 1: the root is a leaf
   std::size_t size_ = 0;
-  demand_sums total_;
+  // The root's sums, kept by adding each change (compensated) and set exactly on a recompute.
+  detail::compensated_sum total_wants_;
+  detail::compensated_sum total_subclients_;
   std::uint32_t changes_ = 0;
 };
 

@@ -22,9 +22,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +46,9 @@ struct upstream_options {
   seconds idle_interval{5};             ///< how often to ask when there is nothing to ask for
   double decay_factor = 0.5;            ///< as the engine's: see the file comment
   std::uint64_t seed = 0x5eed'0f'd00d;  ///< of the jitter; fixed, so the simulation repeats
+  /// Receives one line per parent answer that held invalid grants (which are ignored). Null:
+  /// silent.
+  std::function<void(std::string_view)> log{};
 };
 
 /// What changed with a response or a failure, for the node's log.
@@ -91,9 +96,16 @@ class basic_upstream {
   /// Consecutive failures so far.
   [[nodiscard]] int failures() const noexcept { return failures_; }
 
+  /// Grants of the parent's answers that were ignored as invalid (an id not asked for, a
+  /// duplicate, a number out of bounds), since the start.
+  [[nodiscard]] std::uint64_t invalid_grants() const noexcept { return invalid_grants_; }
+
   /// The bulk request for every resource the engine has state for: its clients per priority
   /// band, its outstanding grants and the lease it holds from the parent. Marks a request in
-  /// flight until `on_response` or `on_failure`.
+  /// flight until `on_response` or `on_failure`. Every number is brought within the protocol's
+  /// bounds (`request_limits`), so that the parent never refuses the request for what this
+  /// node's clients sum to: wants and outstanding in [0, max_quantity], at most `max_bands`
+  /// bands (the lowest priorities beyond that are merged into the last one kept).
   [[nodiscard]] server_capacity_request make_request(Engine& eng, time_point now) {
     eng.expire(now);
     server_capacity_request req;
@@ -106,13 +118,21 @@ class basic_upstream {
       }
       // What is out beneath this node: its leases, and what its own server children still
       // hold beyond theirs (leases cannot be revoked).
-      r.outstanding = store.sum_held();
+      r.outstanding = bounded_quantity(store.sum_held());
+      double merged_subclients = 0;
+      double merged_wants = 0;
       store.for_each_band([&](std::int64_t priority, const auto& sums) {
-        const double n = std::ceil(sums.subclients - 1e-9);
-        r.wants.push_back({priority,
-                           static_cast<std::int64_t>(std::clamp(
-                               n, 1.0, static_cast<double>(request_limits::max_num_clients))),
-                           sums.wants});
+        if (r.wants.size() + 1 < request_limits::max_bands) {
+          r.wants.push_back(band_of(priority, sums.subclients, sums.wants));
+        } else {  // the last band kept: it takes every lower priority too
+          merged_subclients += sums.subclients;
+          merged_wants += sums.wants;
+          if (r.wants.size() + 1 == request_limits::max_bands) {
+            r.wants.push_back(band_of(priority, merged_subclients, merged_wants));
+          } else {
+            r.wants.back() = band_of(r.wants.back().priority, merged_subclients, merged_wants);
+          }
+        }
       });
       // No clients left (the resource lives on its parent lease): say so, which hands the
       // capacity back at the parent's next decision.
@@ -125,6 +145,9 @@ class basic_upstream {
     if (req.resources.size() > request_limits::max_resources) {
       req.resources.resize(request_limits::max_resources);
     }
+    asked_.clear();
+    for (const auto& r : req.resources)
+      asked_.push_back(r.resource_id);  // sorted, as the request is
     news_seen_ = eng.news();
     last_request_ = now;
     in_flight_ = true;
@@ -133,13 +156,35 @@ class basic_upstream {
 
   /// Adopts the parent's answer: each grant becomes the engine's lease (and algorithm) for its
   /// resource; the next request is scheduled by the refresh rule. A non-master's answer (no
-  /// grants) is a failure: the transport should have followed its redirect.
+  /// grants) is a failure: the transport should have followed its redirect. The answer is
+  /// untrusted: a grant for a resource the request did not ask for, a second grant for one,
+  /// or one with a number out of bounds (`check_grant`) is ignored, changes no state, and is
+  /// logged (one line per answer).
   upstream_event on_response(Engine& eng, const server_capacity_response& resp, time_point now) {
     if (!resp.mastership.is_master) return on_failure(now);
     in_flight_ = false;
     double interval = std::numeric_limits<double>::infinity();
-    for (const auto& g : resp.resources) {
-      if (g.gets.capacity < 0 || g.gets.expires_in < 0 || g.gets.refresh_interval < 0) continue;
+    std::vector<bool> granted(asked_.size(), false);
+    std::size_t ignored = 0;
+    std::string first_problem;
+    for (std::size_t i = 0; i < resp.resources.size(); ++i) {
+      const auto& g = resp.resources[i];
+      const auto at = std::lower_bound(asked_.begin(), asked_.end(), g.resource_id);
+      std::string problem;
+      if (at == asked_.end() || *at != g.resource_id) {
+        problem = "resource_id: not asked for";
+      } else if (granted[static_cast<std::size_t>(at - asked_.begin())]) {
+        problem = "resource_id: granted twice";
+      } else if (auto p = check_grant(g.gets, g.safe_capacity)) {
+        problem = std::move(*p);
+      }
+      if (!problem.empty()) {
+        if (ignored++ == 0) {
+          first_problem = "result.resources[" + std::to_string(i) + "]." + problem;
+        }
+        continue;
+      }
+      granted[static_cast<std::size_t>(at - asked_.begin())] = true;
       // Counted from when the request was sent, as the client state does: the parent computed
       // `expires_in` later than that, so this node never thinks its lease lasts longer than
       // the parent does, however long the answer took.
@@ -152,6 +197,14 @@ class basic_upstream {
       const double handed_out = own * (store && store->servers() > 0 ? options_.decay_factor : 1.0);
       interval = std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
       if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
+    }
+    if (ignored > 0) {
+      invalid_grants_ += ignored;
+      if (options_.log) {
+        options_.log("parent's answer: " + std::to_string(ignored) + " of " +
+                     std::to_string(resp.resources.size()) +
+                     " grants ignored (first: " + first_problem + ")");
+      }
     }
     earliest_expiry_ = time_point::max();
     eng.for_each_resource([&](std::string_view id, const auto&) {
@@ -188,6 +241,17 @@ class basic_upstream {
 
  private:
   [[nodiscard]] double floor_seconds() const noexcept { return options_.minimum_interval.count(); }
+
+  static double bounded_quantity(double x) noexcept {
+    return x > 0 ? std::min(x, request_limits::max_quantity) : 0.0;
+  }
+  static priority_band band_of(std::int64_t priority, double subclients, double wants) noexcept {
+    const double n = std::ceil(subclients - 1e-9);
+    return {priority,
+            static_cast<std::int64_t>(
+                std::clamp(n, 1.0, static_cast<double>(request_limits::max_num_clients))),
+            bounded_quantity(wants)};
+  }
   [[nodiscard]] duration floor() const noexcept { return to_duration<duration>(floor_seconds()); }
 
   upstream_options options_;
@@ -196,6 +260,8 @@ class basic_upstream {
   time_point last_request_{};
   time_point earliest_expiry_ = time_point::max();  // of the parent's leases, at the last answer
   std::uint64_t news_seen_ = 0;
+  std::vector<std::string> asked_;  // the resources of the request in flight, sorted
+  std::uint64_t invalid_grants_ = 0;
   int failures_ = 0;
   bool answered_ = false;
   bool in_flight_ = false;

@@ -45,6 +45,8 @@ struct address {
     port = s.substr(colon + 1);
   }
   if (a.host.empty() || port.empty() || port.size() > 5) return std::nullopt;
+  // Brackets only around the whole of an IPv6 host, never inside one.
+  if (a.host.find_first_of("[]") != std::string::npos) return std::nullopt;
   unsigned value = 0;
   for (const char c : port) {
     if (c < '0' || c > '9') return std::nullopt;

@@ -131,17 +131,14 @@ class channel {
         continue;  // the connection broke: reconnect and resend (calls are idempotent)
       }
       if (!reply || !follow_redirects) co_return reply;
-      const auto m = reply.result.find("mastership");
-      if (m == reply.result.end() || !m->is_object() || m->value("is_master", true)) {
-        co_return reply;
-      }
+      const redirect_hint hint = read_redirect(reply.result);
+      if (!hint.not_master) co_return reply;
       // A non-master: go where it says, or try the next address.
-      const auto master = m->find("master");
       if (++redirects > options_.max_redirects) {
         co_return fail(call_reply::status::unreachable, "too many mastership redirects");
       }
-      if (master != m->end() && master->is_string() && parse_address(master->get<std::string>())) {
-        redirect(master->get<std::string>());
+      if (hint.master && parse_address(*hint.master)) {
+        redirect(*hint.master);
       } else {
         current_ = (current_ + 1) % options_.addresses.size();
         drop();
@@ -274,20 +271,20 @@ class channel {
     co_await p.done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     s->pending.erase(id);
     if (p.answer) {
-      const auto& a = *p.answer;
-      if (const auto e = a.find("error"); e != a.end()) {
-        call_reply r =
-            fail(call_reply::status::rpc_error,
-                 e->is_object() ? e->value("message", std::string("error")) : std::string("error"));
-        r.code = e->is_object() ? e->value("code", 0) : 0;
-        co_return r;
-      }
-      const auto res = a.find("result");
-      if (res == a.end() || !res->is_object()) {
-        co_return fail(call_reply::status::bad_answer, "answer without a result object");
+      rpc_answer a = read_answer(*p.answer);  // never throws, whatever the types
+      switch (a.type) {
+        case rpc_answer::kind::error: {
+          call_reply r = fail(call_reply::status::rpc_error, std::move(a.message));
+          r.code = a.code;
+          co_return r;
+        }
+        case rpc_answer::kind::malformed:
+          co_return fail(call_reply::status::bad_answer, std::move(a.message));
+        case rpc_answer::kind::result:
+          break;
       }
       call_reply r;
-      r.result = *res;
+      r.result = std::move(a.result);
       co_return r;
     }
     if (p.lost) co_return fail(call_reply::status::unreachable, "connection lost");

@@ -32,6 +32,7 @@
 
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
+#include "doorman/net/supervise.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::net {
@@ -107,7 +108,13 @@ class server {
   }
 
   /// Starts accepting.
-  void start() { asio::co_spawn(executor_, accept_loop(), asio::detached); }
+  void start() {
+    asio::co_spawn(
+        executor_,
+        supervised(
+            "accept loop", [this] { return accept_loop(); }, [this] { return stopping_; }, log_),
+        asio::detached);
+  }
 
   /// Graceful stop: stops accepting, stops reading, writes the answers already computed, then
   /// closes every connection (after `stop_grace` at the latest). Call it on the executor.

@@ -38,6 +38,7 @@
 
 #include "doorman/core/time.hpp"
 #include "doorman/net/etcd.hpp"
+#include "doorman/net/supervise.hpp"
 #include "doorman/node/election.hpp"
 
 namespace doorman {
@@ -71,7 +72,12 @@ class etcd_election {
       std::lock_guard lock(state_->mutex);
       state_->callback = std::move(cb);
     }
-    asio::co_spawn(state_->strand, run(state_), asio::detached);
+    auto s = state_;
+    asio::co_spawn(state_->strand,
+                   net::supervised(
+                       "etcd election", [s] { return run(s); }, [s] { return s->stopping; },
+                       [s](std::string_view line) { s->log(std::string(line)); }),
+                   asio::detached);
   }
 
   /// No callback after it returns. The election then revokes its lease (within a second) and

@@ -31,6 +31,7 @@
 #include "doorman/net/address.hpp"
 #include "doorman/net/channel.hpp"
 #include "doorman/net/server.hpp"
+#include "doorman/net/supervise.hpp"
 #include "doorman/node/election.hpp"
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/dispatch.hpp"
@@ -129,7 +130,13 @@ class basic_node {
         }
       });
     });
-    if (parent_) asio::co_spawn(strand_, upstream_loop(), asio::detached);
+    if (parent_) {
+      asio::co_spawn(strand_,
+                     net::supervised(
+                         "upstream loop", [this] { return upstream_loop(); },
+                         [this] { return stopping_; }, options_.log),
+                     asio::detached);
+    }
   }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
@@ -176,6 +183,7 @@ class basic_node {
       }
     }
     if (!o.engine.log && o.log) o.engine.log = o.log;
+    if (!o.upstream.log && o.log) o.upstream.log = o.log;
     return o;
   }
 
@@ -242,11 +250,22 @@ class basic_node {
     }
   }
 
+  // The deepest tree `status` reports a level for (a parent's level is checked against it).
+  static constexpr int max_level = 1000;
+
   // The parent's level, for `status`.
   asio::awaitable<void> learn_level() {
     const auto reply = co_await parent_->call("status", nlohmann::json::object(), false);
-    if (reply && reply.result.contains("level") && reply.result["level"].is_number_integer()) {
-      identity_.level = reply.result["level"].template get<int>() + 1;
+    if (const auto level = reply ? reply.result.find("level") : reply.result.end();
+        reply && level != reply.result.end()) {
+      // An integer below max_level; anything else is the parent's mistake, not a level.
+      const double v = level->is_number_integer() ? level->template get<double>() : -1;
+      if (v >= 0 && v < max_level) {
+        identity_.level = static_cast<int>(v) + 1;
+      } else {
+        log(fmt::format("parent {} reports level {}, not an integer from 0 to {}; ignored",
+                        parent_->current(), to_line(*level), max_level - 1));
+      }
     }
     identity_.parent = parent_->current();
   }

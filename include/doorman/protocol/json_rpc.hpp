@@ -4,6 +4,8 @@
 /// The JSON-RPC 2.0 envelope (DESIGN §5): parsing one request line, building responses, the
 /// error codes. Sans-I/O; never throws on bad input.
 
+#include <climits>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +57,75 @@ struct rpc_failure {
 /// are not valid UTF-8 have their bad bytes replaced.
 [[nodiscard]] inline std::string to_line(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// What a caller makes of one answer object (matched to its call by id): a result, an error,
+/// or an answer it cannot use. Read by `read_answer`, which never throws whatever the peer sent.
+struct rpc_answer {
+  enum class kind { result, error, malformed };
+  kind type = kind::malformed;
+  nlohmann::json result;  ///< the result object, when `result`
+  int code = 0;           ///< the error's code when it is an integer in int's range, else 0
+  std::string message;    ///< the error's message (or "error"), or why the answer is malformed
+};
+
+/// Reads an answer object: `{"error": {...}}` wins over a result; a result must be an object.
+/// Wrongly typed members (`"code": "x"`, `"code": 1e300`, `"message": 5`) are read as absent.
+[[nodiscard]] inline rpc_answer read_answer(const nlohmann::json& answer) {
+  rpc_answer a;
+  if (!answer.is_object()) {
+    a.message = "answer is not an object";
+    return a;
+  }
+  if (const auto e = answer.find("error"); e != answer.end()) {
+    a.type = rpc_answer::kind::error;
+    a.message = "error";
+    if (e->is_object()) {
+      if (const auto m = e->find("message"); m != e->end() && m->is_string()) {
+        a.message = m->get<std::string>();
+      }
+      // Integers only, and within int: a float such as 1e300 would not convert.
+      if (const auto c = e->find("code"); c != e->end() && c->is_number_integer()) {
+        if (c->is_number_unsigned()) {
+          const auto v = c->get<std::uint64_t>();
+          if (v <= static_cast<std::uint64_t>(INT_MAX)) a.code = static_cast<int>(v);
+        } else {
+          const auto v = c->get<std::int64_t>();
+          if (v >= INT_MIN && v <= INT_MAX) a.code = static_cast<int>(v);
+        }
+      }
+    }
+    return a;
+  }
+  const auto res = answer.find("result");
+  if (res == answer.end() || !res->is_object()) {
+    a.message = "answer without a result object";
+    return a;
+  }
+  a.type = rpc_answer::kind::result;
+  a.result = *res;
+  return a;
+}
+
+/// Where a result says the master is, when it says this server is not master: the result's
+/// `mastership.is_master` is `false` (a boolean; anything else is not a redirect, and the
+/// result's decoder names it). `master` is set when it is a string.
+struct redirect_hint {
+  bool not_master = false;
+  std::optional<std::string> master;
+};
+[[nodiscard]] inline redirect_hint read_redirect(const nlohmann::json& result) {
+  redirect_hint h;
+  if (!result.is_object()) return h;
+  const auto m = result.find("mastership");
+  if (m == result.end() || !m->is_object()) return h;
+  const auto is = m->find("is_master");
+  if (is == m->end() || !is->is_boolean() || is->get<bool>()) return h;
+  h.not_master = true;
+  if (const auto where = m->find("master"); where != m->end() && where->is_string()) {
+    h.master = where->get<std::string>();
+  }
+  return h;
 }
 
 /// Parses one line into a request envelope, or the error response it deserves.
