@@ -3,7 +3,7 @@
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo tree-demo sim test asan tsan bench format deps clean
+.PHONY: demo tree-demo sim test asan tsan fuzz bench format deps clean
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -44,6 +44,14 @@ asan: deps
 ## The test suite under ThreadSanitizer.
 tsan: deps
 	$(call preset_tests,tsan)
+
+## The libFuzzer targets (clang-16, ASan + UBSan), each for FUZZ_SECONDS (docs/fuzzing.md).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@sh cmake/install-deps.sh fuzz
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 ## Benchmarks (Release), JSON written to build/release/{decision,load,limiter}.json.
 bench: deps

@@ -11,7 +11,9 @@
 ///     auto won = co_await etcd.put_if_absent("/doorman/master", "10.0.0.7:7700",
 ///                                            lease.value.id, deadline);
 
+#include <charconv>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/net/http.hpp"
+#include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::net {
 
@@ -109,6 +112,140 @@ struct etcd_claim {
   etcd_kv holder;  ///< the key as it is after the request (ours when created)
 };
 
+/// Reading etcd's answers, apart from the I/O so that each can be tested (and fuzzed) on its
+/// own. Every function takes untrusted input and never throws on it.
+namespace etcd_decode {
+
+/// What one gateway answer means: a JSON object (`value`), or why not (`why`), `final` when the
+/// request itself was refused (HTTP 4xx: another endpoint would refuse it too), with etcd's
+/// gRPC code when it gave one.
+struct gateway_answer {
+  std::optional<nlohmann::json> value;
+  std::string why;
+  bool final = false;
+  int code = 0;
+};
+
+/// A 64-bit integer field: the gateway writes them as strings (small ones sometimes as
+/// numbers). Nothing when absent, of another type, or not wholly an integer in range.
+[[nodiscard]] inline std::optional<std::int64_t> integer(const nlohmann::json& j,
+                                                         const char* field) {
+  if (!j.is_object()) return std::nullopt;
+  const auto it = j.find(field);
+  if (it == j.end()) return std::nullopt;
+  if (it->is_number_integer()) {
+    if (it->is_number_unsigned() && it->get<std::uint64_t>() > INT64_MAX) return std::nullopt;
+    return it->get<std::int64_t>();
+  }
+  if (!it->is_string()) return std::nullopt;
+  const auto& s = it->get_ref<const std::string&>();
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// Reads an HTTP answer of the gateway.
+[[nodiscard]] inline gateway_answer read(const http_response& answer) {
+  gateway_answer a;
+  auto json = nlohmann::json::parse(answer.body, nullptr, false);
+  if (json.is_discarded() || !json.is_object()) {
+    a.why = fmt::format("HTTP {}, not a JSON object", answer.status);
+    return a;
+  }
+  if (answer.status == 200 && !json.contains("error")) {
+    a.value = std::move(json);
+    return a;
+  }
+  // A gateway error: {"error": ..., "message": ..., "code": ...}.
+  const auto m = json.find("message");
+  a.why = fmt::format("HTTP {}: {}", answer.status,
+                      m != json.end() && m->is_string() ? m->get<std::string>() : to_line(json));
+  if (answer.status >= 400 && answer.status < 500) {
+    a.final = true;  // not the endpoint's fault
+    if (const auto c = integer(json, "code"); c && *c >= INT_MIN && *c <= INT_MAX) {
+      a.code = static_cast<int>(*c);
+    }
+  }
+  return a;
+}
+
+/// The first key of a range answer (`kvs[0]`), or nothing.
+[[nodiscard]] inline std::optional<etcd_kv> first_kv(const nlohmann::json& range) {
+  if (!range.is_object()) return std::nullopt;
+  const auto kvs = range.find("kvs");
+  if (kvs == range.end() || !kvs->is_array() || kvs->empty() || !(*kvs)[0].is_object()) {
+    return std::nullopt;
+  }
+  const auto& kv = (*kvs)[0];
+  etcd_kv out;
+  if (const auto v = kv.find("value"); v != kv.end() && v->is_string()) {
+    out.value = base64_decode(v->get<std::string>()).value_or(std::string{});
+  }
+  out.mod_revision = integer(kv, "mod_revision").value_or(0);
+  out.lease = integer(kv, "lease").value_or(0);
+  return out;
+}
+
+/// A `lease/grant` answer (`ttl`: what was asked, when the answer omits it).
+[[nodiscard]] inline etcd_result<etcd_lease> grant(const nlohmann::json& a, std::int64_t ttl) {
+  etcd_result<etcd_lease> r;
+  if (const auto id = integer(a, "ID"); id && *id != 0) {
+    r.value = {*id, integer(a, "TTL").value_or(ttl)};
+  } else {
+    r.error = "lease/grant: answer without an ID";
+  }
+  return r;
+}
+
+/// A `lease/keepalive` answer: the remaining TTL, 0 when the lease has expired.
+[[nodiscard]] inline etcd_result<std::int64_t> keep_alive(const nlohmann::json& a) {
+  etcd_result<std::int64_t> r;
+  // A stream method: the gateway wraps each answer in "result".
+  const auto res = a.is_object() ? a.find("result") : a.end();
+  if (!a.is_object() || res == a.end() || !res->is_object()) {
+    r.error = "lease/keepalive: answer without a result";
+  } else {
+    r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
+  }
+  return r;
+}
+
+/// A `kv/txn` answer of `put_if_absent(key, value, lease)`.
+[[nodiscard]] inline etcd_result<etcd_claim> claim(const nlohmann::json& a, std::string value,
+                                                   std::int64_t lease) {
+  etcd_result<etcd_claim> r;
+  if (!a.is_object()) {
+    r.error = "kv/txn: answer is not an object";
+    return r;
+  }
+  const auto succeeded = a.find("succeeded");  // omitted when false
+  r.value.created = succeeded != a.end() && succeeded->is_boolean() && succeeded->get<bool>();
+  if (r.value.created) {
+    r.value.holder.value = std::move(value);
+    r.value.holder.lease = lease;
+    const auto h = a.find("header");
+    r.value.holder.mod_revision =
+        h != a.end() ? integer(*h, "revision").value_or(0) : std::int64_t{0};
+    return r;
+  }
+  // The failure branch's range: responses[0].response_range.kvs[0].
+  const auto responses = a.find("responses");
+  if (responses == a.end() || !responses->is_array() || responses->empty() ||
+      !(*responses)[0].is_object() || !(*responses)[0].contains("response_range")) {
+    r.error = "kv/txn: answer without the range of the failure branch";
+    return r;
+  }
+  if (auto kv = first_kv((*responses)[0]["response_range"])) {
+    r.value.holder = std::move(*kv);
+  } else {
+    r.error = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
+  }
+  return r;
+}
+
+}  // namespace etcd_decode
+
 class etcd_client {
  public:
   using clock = std::chrono::steady_clock;
@@ -153,25 +290,15 @@ class etcd_client {
           co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share);
       std::string why = std::move(answer.error);
       if (why.empty()) {
-        auto json = nlohmann::json::parse(answer.body, nullptr, false);
-        if (json.is_discarded() || !json.is_object()) {
-          why = fmt::format("HTTP {}, not a JSON object", answer.status);
-        } else if (answer.status != 200 || json.contains("error")) {
-          // A gateway error: {"error": ..., "message": ..., "code": ...}.
-          const auto m = json.find("message");
-          why =
-              fmt::format("HTTP {}: {}", answer.status,
-                          m != json.end() && m->is_string() ? m->get<std::string>() : json.dump());
-          if (answer.status >= 400 && answer.status < 500) {
-            if (const auto c = json.find("code"); c != json.end() && c->is_number_integer()) {
-              r.code = c->get<int>();
-            }
-            r.error =
-                fmt::format("{} at {}: {}", method, endpoint, why);  // not the endpoint's fault
-            co_return r;
-          }
-        } else {
-          r.value = std::move(json);
+        auto a = etcd_decode::read(answer);
+        if (a.value) {
+          r.value = std::move(*a.value);
+          co_return r;
+        }
+        why = std::move(a.why);
+        if (a.final) {
+          r.code = a.code;
+          r.error = fmt::format("{} at {}: {}", method, endpoint, why);
           co_return r;
         }
       }
@@ -190,12 +317,9 @@ class etcd_client {
     if (!a) {
       r.code = a.code;
       r.error = std::move(a.error);
-    } else if (auto id = integer(a.value, "ID"); id && *id != 0) {
-      r.value = {*id, integer(a.value, "TTL").value_or(ttl)};
-    } else {
-      r.error = "lease/grant: answer without an ID";
+      co_return r;
     }
-    co_return r;
+    co_return etcd_decode::grant(a.value, ttl);
   }
 
   /// Renews lease `id`: its remaining TTL in seconds, 0 when it has expired.
@@ -208,12 +332,9 @@ class etcd_client {
     if (!a) {
       r.code = a.code;
       r.error = std::move(a.error);
-    } else if (const auto res = a.value.find("result"); res == a.value.end() || !res->is_object()) {
-      r.error = "lease/keepalive: answer without a result";
-    } else {
-      r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
+      co_return r;
     }
-    co_return r;
+    co_return etcd_decode::keep_alive(a.value);
   }
 
   /// Revokes lease `id` (and so deletes its keys).
@@ -241,35 +362,14 @@ class etcd_client {
                                               {"value", base64_encode(value)},
                                               {"lease", std::to_string(lease)}}}}})},
         {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
-    etcd_result<etcd_claim> r;
     auto a = co_await call("kv/txn", std::move(body), deadline);
     if (!a) {
+      etcd_result<etcd_claim> r;
       r.code = a.code;
       r.error = std::move(a.error);
       co_return r;
     }
-    const auto succeeded = a.value.find("succeeded");  // omitted when false
-    r.value.created =
-        succeeded != a.value.end() && succeeded->is_boolean() && succeeded->get<bool>();
-    if (r.value.created) {
-      r.value.holder.value = std::move(value);
-      r.value.holder.lease = lease;
-      r.value.holder.mod_revision = revision_of(a.value);
-      co_return r;
-    }
-    // The failure branch's range: responses[0].response_range.kvs[0].
-    const auto responses = a.value.value("responses", nlohmann::json::array());
-    if (!responses.is_array() || responses.empty() || !responses[0].is_object() ||
-        !responses[0].contains("response_range")) {
-      r.error = "kv/txn: answer without the range of the failure branch";
-      co_return r;
-    }
-    if (auto kv = first_kv(responses[0]["response_range"])) {
-      r.value.holder = std::move(*kv);
-    } else {
-      r.error = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
-    }
-    co_return r;
+    co_return etcd_decode::claim(a.value, std::move(value), lease);
   }
 
   /// The key's value, or nothing when it does not exist.
@@ -282,7 +382,7 @@ class etcd_client {
       r.code = a.code;
       r.error = std::move(a.error);
     } else {
-      r.value = first_kv(a.value);
+      r.value = etcd_decode::first_kv(a.value);
     }
     co_return r;
   }
@@ -299,44 +399,6 @@ class etcd_client {
   }
 
  private:
-  // The gateway writes 64-bit integers as strings (and small ones sometimes as numbers).
-  static std::optional<std::int64_t> integer(const nlohmann::json& j, const char* field) {
-    const auto it = j.find(field);
-    if (it == j.end()) return std::nullopt;
-    if (it->is_number_integer()) return it->get<std::int64_t>();
-    if (!it->is_string()) return std::nullopt;
-    try {
-      std::size_t used = 0;
-      const auto s = it->get<std::string>();
-      const auto v = std::stoll(s, &used);
-      if (used != s.size()) return std::nullopt;
-      return v;
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-
-  static std::int64_t revision_of(const nlohmann::json& answer) {
-    const auto h = answer.find("header");
-    if (h == answer.end() || !h->is_object()) return 0;
-    return integer(*h, "revision").value_or(0);
-  }
-
-  static std::optional<etcd_kv> first_kv(const nlohmann::json& range) {
-    const auto kvs = range.find("kvs");
-    if (kvs == range.end() || !kvs->is_array() || kvs->empty() || !(*kvs)[0].is_object()) {
-      return std::nullopt;
-    }
-    const auto& kv = (*kvs)[0];
-    etcd_kv out;
-    if (const auto v = kv.find("value"); v != kv.end() && v->is_string()) {
-      out.value = base64_decode(v->get<std::string>()).value_or(std::string{});
-    }
-    out.mod_revision = integer(kv, "mod_revision").value_or(0);
-    out.lease = integer(kv, "lease").value_or(0);
-    return out;
-  }
-
   asio::any_io_executor executor_;
   std::vector<std::string> endpoints_;
   std::size_t current_ = 0;
