@@ -264,8 +264,13 @@ int serve(asio::io_context& io, Node& node, const settings& st) {
   if (st.source && st.source->etcd) {
     config_etcd.emplace(io.get_executor(), st.etcd_endpoints);
     asio::co_spawn(io,
-                   follow_etcd_config(node, *config_etcd, st.source->where, st.config_revision,
-                                      config_wake, stopping),
+                   doorman::net::supervised(
+                       "etcd configuration poll",
+                       [&, revision = st.config_revision] {
+                         return follow_etcd_config(node, *config_etcd, st.source->where, revision,
+                                                   config_wake, stopping);
+                       },
+                       [&] { return stopping; }, log_line),
                    asio::detached);
   }
   asio::signal_set hup(io, SIGHUP);

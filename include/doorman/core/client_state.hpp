@@ -240,27 +240,11 @@ class basic_client_state {
     in_flight_ = false;
     failures_ = 0;
     double interval = std::numeric_limits<double>::infinity();
-    std::vector<bool> granted(asked_.size(), false);
-    std::size_t ignored = 0;
-    std::string first_problem;
+    const auto screen = screen_grants(resp.resources, asked_);
     for (std::size_t i = 0; i < resp.resources.size(); ++i) {
+      if (!screen.adopt[i]) continue;
       const auto& g = resp.resources[i];
-      const auto at = std::lower_bound(asked_.begin(), asked_.end(), g.resource_id);
-      const bool asked = at != asked_.end() && *at == g.resource_id;
-      auto* r = asked ? lookup(g.resource_id) : nullptr;
-      std::optional<std::string> problem;
-      if (!asked) {
-        problem = "resource_id: not asked for";
-      } else if (granted[static_cast<std::size_t>(at - asked_.begin())]) {
-        problem = "resource_id: granted twice";
-      } else {
-        problem = check_grant(g.gets, g.safe_capacity);
-      }
-      if (problem) {
-        if (ignored++ == 0) first_problem = "resources[" + std::to_string(i) + "]." + *problem;
-        continue;
-      }
-      granted[static_cast<std::size_t>(at - asked_.begin())] = true;
+      auto* r = lookup(g.resource_id);
       if (r == nullptr) continue;  // removed since the request went out
       r->lease = basic_lease<time_point>{g.gets.capacity,
                                          last_request_ + to_duration<duration>(g.gets.expires_in),
@@ -272,13 +256,9 @@ class basic_client_state {
       const double left = to_seconds(r->lease->expiry - now);
       if (left > 0) interval = std::min(interval, left);
     }
-    if (ignored > 0) {
-      invalid_grants_ += ignored;
-      if (options_.log) {
-        options_.log("server's answer: " + std::to_string(ignored) + " of " +
-                     std::to_string(resp.resources.size()) +
-                     " grants ignored (first: " + first_problem + ")");
-      }
+    if (screen.ignored > 0) {
+      invalid_grants_ += screen.ignored;
+      if (options_.log) options_.log(screen.log_line("server's answer"));
     }
     if (!std::isfinite(interval)) interval = options_.idle_interval.count();
     next_ = now + to_duration<duration>(std::max(interval, options_.minimum_interval.count()));

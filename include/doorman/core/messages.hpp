@@ -317,6 +317,51 @@ inline std::optional<std::pair<std::size_t, std::size_t>> duplicate_priority(
   return std::nullopt;
 }
 
+/// Which grants of a server's answer to adopt (`adopt[i]` for `grants[i]`): those for a resource
+/// the request asked for (`asked`, sorted), the first for each, and passing `check_grant`. The
+/// rest are counted, with the first one's problem for the log line.
+struct screened_grants {
+  std::vector<bool> adopt;
+  std::size_t ignored = 0;
+  std::string first_problem;  ///< e.g. `result.resources[3].resource_id: not asked for`
+
+  /// `"<who>: 2 of 5 grants ignored (first: ...)"`.
+  [[nodiscard]] std::string log_line(std::string_view who) const {
+    return std::string(who) + ": " + std::to_string(ignored) + " of " +
+           std::to_string(adopt.size()) + " grants ignored (first: " + first_problem + ")";
+  }
+};
+
+template <class Grant>
+[[nodiscard]] screened_grants screen_grants(const std::vector<Grant>& grants,
+                                            const std::vector<std::string>& asked) {
+  screened_grants out;
+  out.adopt.assign(grants.size(), false);
+  std::vector<bool> granted(asked.size(), false);
+  for (std::size_t i = 0; i < grants.size(); ++i) {
+    const auto& g = grants[i];
+    const auto at = std::lower_bound(asked.begin(), asked.end(), g.resource_id);
+    const auto k = static_cast<std::size_t>(at - asked.begin());
+    std::optional<std::string> problem;
+    if (at == asked.end() || *at != g.resource_id) {
+      problem = "resource_id: not asked for";
+    } else if (granted[k]) {
+      problem = "resource_id: granted twice";
+    } else {
+      problem = check_grant(g.gets, g.safe_capacity);
+    }
+    if (problem) {
+      if (out.ignored++ == 0) {
+        out.first_problem = "result.resources[" + std::to_string(i) + "]." + *problem;
+      }
+      continue;
+    }
+    granted[k] = true;
+    out.adopt[i] = true;
+  }
+  return out;
+}
+
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
   if (auto e = detail::check_id(r.client_id, "params.client_id")) return e;

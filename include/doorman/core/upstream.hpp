@@ -164,27 +164,10 @@ class basic_upstream {
     if (!resp.mastership.is_master) return on_failure(now);
     in_flight_ = false;
     double interval = std::numeric_limits<double>::infinity();
-    std::vector<bool> granted(asked_.size(), false);
-    std::size_t ignored = 0;
-    std::string first_problem;
+    const auto screen = screen_grants(resp.resources, asked_);
     for (std::size_t i = 0; i < resp.resources.size(); ++i) {
+      if (!screen.adopt[i]) continue;
       const auto& g = resp.resources[i];
-      const auto at = std::lower_bound(asked_.begin(), asked_.end(), g.resource_id);
-      std::string problem;
-      if (at == asked_.end() || *at != g.resource_id) {
-        problem = "resource_id: not asked for";
-      } else if (granted[static_cast<std::size_t>(at - asked_.begin())]) {
-        problem = "resource_id: granted twice";
-      } else if (auto p = check_grant(g.gets, g.safe_capacity)) {
-        problem = std::move(*p);
-      }
-      if (!problem.empty()) {
-        if (ignored++ == 0) {
-          first_problem = "result.resources[" + std::to_string(i) + "]." + problem;
-        }
-        continue;
-      }
-      granted[static_cast<std::size_t>(at - asked_.begin())] = true;
       // Counted from when the request was sent, as the client state does: the parent computed
       // `expires_in` later than that, so this node never thinks its lease lasts longer than
       // the parent does, however long the answer took.
@@ -198,13 +181,9 @@ class basic_upstream {
       interval = std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
       if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
     }
-    if (ignored > 0) {
-      invalid_grants_ += ignored;
-      if (options_.log) {
-        options_.log("parent's answer: " + std::to_string(ignored) + " of " +
-                     std::to_string(resp.resources.size()) +
-                     " grants ignored (first: " + first_problem + ")");
-      }
+    if (screen.ignored > 0) {
+      invalid_grants_ += screen.ignored;
+      if (options_.log) options_.log(screen.log_line("parent's answer"));
     }
     earliest_expiry_ = time_point::max();
     eng.for_each_resource([&](std::string_view id, const auto&) {

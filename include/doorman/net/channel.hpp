@@ -310,34 +310,40 @@ class channel {
     std::string in;
     std::array<char, 16384> chunk;
     std::string problem;
-    while (s->open) {
-      std::error_code ec;
-      const std::size_t n = co_await s->socket.async_read_some(
-          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        problem = ec.message();
-        break;
+    // Nothing below throws on what a peer sends; should anything else throw, the connection
+    // is dropped (its calls fail and reconnect) rather than left open with no reader.
+    try {
+      while (s->open) {
+        std::error_code ec;
+        const std::size_t n = co_await s->socket.async_read_some(
+            asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+          problem = ec.message();
+          break;
+        }
+        in.append(chunk.data(), n);
+        std::size_t start = 0;
+        for (std::size_t nl; (nl = in.find('\n', start)) != std::string::npos; start = nl + 1) {
+          auto answer =
+              nlohmann::json::parse(in.begin() + static_cast<std::ptrdiff_t>(start),
+                                    in.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+          if (!answer.is_object()) continue;
+          const auto id = answer.find("id");
+          if (id == answer.end() || !id->is_number_integer()) continue;
+          const auto it = s->pending.find(id->get<std::int64_t>());
+          if (it == s->pending.end()) continue;  // a call that timed out meanwhile
+          it->second->answer = std::move(answer);
+          it->second->done.cancel();
+          s->pending.erase(it);
+        }
+        in.erase(0, start);
+        if (in.size() > limit) {
+          problem = "answer longer than max_message_bytes";
+          break;
+        }
       }
-      in.append(chunk.data(), n);
-      std::size_t start = 0;
-      for (std::size_t nl; (nl = in.find('\n', start)) != std::string::npos; start = nl + 1) {
-        auto answer =
-            nlohmann::json::parse(in.begin() + static_cast<std::ptrdiff_t>(start),
-                                  in.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
-        if (!answer.is_object()) continue;
-        const auto id = answer.find("id");
-        if (id == answer.end() || !id->is_number_integer()) continue;
-        const auto it = s->pending.find(id->get<std::int64_t>());
-        if (it == s->pending.end()) continue;  // a call that timed out meanwhile
-        it->second->answer = std::move(answer);
-        it->second->done.cancel();
-        s->pending.erase(it);
-      }
-      in.erase(0, start);
-      if (in.size() > limit) {
-        problem = "answer longer than max_message_bytes";
-        break;
-      }
+    } catch (const std::exception& e) {
+      problem = std::string("reading answers failed: ") + e.what();
     }
     channel* self = *alive;
     if (self && s == self->state_ && s->open) {
