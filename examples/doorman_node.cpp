@@ -1,4 +1,4 @@
-// doorman-node: one server of a capacity tree (DESIGN §7).
+// doorman-node: one server of a capacity tree (docs/node.md).
 //
 //   doorman-node --listen 127.0.0.1:7700 --config resources.json            # a root
 //   doorman-node --listen 127.0.0.1:7701 --parent 127.0.0.1:7700            # an intermediate
@@ -49,7 +49,7 @@ struct flag {
 constexpr flag flags[] = {
     {"listen", "HOST:PORT", "address to listen on; port 0 picks a free port", "127.0.0.1:7700"},
     {"config", "[file:]PATH|etcd:KEY",
-     "resource configuration (JSON, DESIGN §6); required for a root, optional for an "
+     "resource configuration (JSON, docs/configuration.md); required for a root, optional for an "
      "intermediate (the parent's algorithm is used); etcd:KEY reads it from etcd and applies "
      "each valid change (polled every second)",
      nullptr},

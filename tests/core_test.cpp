@@ -397,7 +397,7 @@ TEST_CASE("the share index empties, refills and keeps exact sums", "[core][index
 
 // ---- algorithms through the engine ------------------------------------------------------------
 
-TEST_CASE("DESIGN worked vectors", "[core][algorithm]") {
+TEST_CASE("worked allocation vectors", "[core][algorithm]") {
   // Each client first arrives (registering its demand), then everyone refreshes in order.
   auto run = [](const std::string& kind, double capacity,
                 const std::vector<reference_client>& clients) {

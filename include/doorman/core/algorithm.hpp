@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The allocation algorithms (DESIGN §4): an `algorithm` concept, Doorman's four kinds, and
+/// The allocation algorithms (docs/engine.md): an `algorithm` concept, Doorman's four kinds, and
 /// `algorithm_list`, the run-time choice among them that a user can extend with their own.
 
 #include <algorithm>

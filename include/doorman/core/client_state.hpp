@@ -40,7 +40,7 @@
 
 namespace doorman {
 
-/// What a client may use once its lease has expired and it could not refresh (DESIGN §3).
+/// What a client may use once its lease has expired and it could not refresh (docs/client.md).
 enum class fallback {
   pessimistic,  ///< nothing (0)
   optimistic,   ///< its wants

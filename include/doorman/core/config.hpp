@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The resource repository (DESIGN §6): a list of resource templates, read from JSON with
+/// The resource repository (docs/configuration.md): a list of resource templates, read from JSON with
 /// Doorman's field names (comments allowed), validated with errors that name the field path.
 ///
 ///     auto repo = doorman::resource_repository::parse(R"({"resources": [

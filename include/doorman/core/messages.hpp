@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The requests and responses of the engine (DESIGN §5) as plain values, in the wire's terms
+/// The requests and responses of the engine (docs/protocol.md) as plain values, in the wire's terms
 /// (relative seconds), and their validation. The protocol layer maps them to and from JSON;
 /// the engine validates again, so that an embedding that calls it directly is as safe.
 

@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// A JSON-RPC server over TCP, one JSON object per line (DESIGN §5), on asio C++20 coroutines.
+/// A JSON-RPC server over TCP, one JSON object per line (docs/protocol.md), on asio C++20 coroutines.
 /// It frames lines and hands each to a synchronous handler; the handler's answer is written
 /// back. Requests on one connection may be pipelined; answers are written in batches.
 ///

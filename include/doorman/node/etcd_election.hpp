@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// Master election through etcd (DESIGN §7): every task of a tree position holds an etcd lease
+/// Master election through etcd (docs/high-availability.md): every task of a tree position holds an etcd lease
 /// and tries to create the election key with its advertised address, attached to that lease
 /// (put-if-absent, one transaction on `create_revision == 0`). The task whose lease holds the
 /// key is master; the others read the key's value and redirect there. Each task renews its

@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// A server process's composition (DESIGN §7): the engine, the JSON-RPC server, the upstream
+/// A server process's composition (docs/node.md): the engine, the JSON-RPC server, the upstream
 /// loop of an intermediate (its parent's leases become its capacity), the election and config
 /// reload. Everything of a node runs on one strand, so the engine is touched by one strand only.
 ///

@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// JSON forms of the wire messages (DESIGN §5): free `to_json` / `from_json` found by ADL, and
+/// JSON forms of the wire messages (docs/protocol.md): free `to_json` / `from_json` found by ADL, and
 /// `decode`, which never throws and names the offending field. Input from the network goes
 /// through `decode`; `from_json` (which throws `protocol_error`) is for trusted data.
 ///

@@ -1,7 +1,7 @@
 #pragma once
 
 /// \file
-/// The JSON-RPC 2.0 envelope (DESIGN §5): parsing one request line, building responses, the
+/// The JSON-RPC 2.0 envelope (docs/protocol.md): parsing one request line, building responses, the
 /// error codes. Sans-I/O; never throws on bad input.
 
 #include <climits>

@@ -120,7 +120,7 @@ struct event_mark {
   std::vector<double> watched;  ///< the watched value at each trace point after the event
 };
 
-/// The metrics of a run (DESIGN: Doorman's convergence and shortfall figures).
+/// The metrics of a run (Doorman's convergence and shortfall figures; docs/simulation.md).
 struct run_summary {
   std::size_t samples = 0;
   double mean_allocation = 0;               ///< granted / capacity

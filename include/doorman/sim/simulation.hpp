@@ -19,7 +19,7 @@
 /// Each position of the tree is a *job* of several tasks of which one is master; only the
 /// master holds state (the others would redirect), so a job is modelled as its master's engine
 /// and upstream state. A new master starts empty, in learning mode. Same options and seed, same
-/// run, bit for bit (DESIGN §8.4): no wall clock, no unordered iteration, and the random
+/// run, bit for bit (invariant 4 of docs/design.md): no wall clock, no unordered iteration, and the random
 /// numbers come from the seed alone.
 
 #include <algorithm>
@@ -68,7 +68,7 @@ struct network_options {
   double timeout = 1;      ///< a caller that heard nothing gives up after this
 };
 
-/// Thrown by a run with `check_invariants` when a DESIGN §8 invariant fails.
+/// Thrown by a run with `check_invariants` when an invariant of docs/design.md fails.
 class invariant_violation : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -773,7 +773,7 @@ class simulation {
     wake_node(index, j.upstream->next_request(*j.engine));
   }
 
-  // ---- invariants (DESIGN §8), when asked for ----
+  // ---- invariants (docs/design.md), when asked for ----
 
   struct granted {
     double sum = 0;  // unexpired leases
