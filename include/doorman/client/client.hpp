@@ -335,7 +335,7 @@ class client {
       // Concurrency is whole operations: a gauge asks for the next whole number.
       if (e->kind == detail::resource_kind::gauge) wants = std::ceil(wants - 1e-6);
       // Within the protocol's bound, whatever was measured (set_wants refuses more).
-      wants = std::clamp(wants, 0.0, request_limits::max_quantity);
+      wants = detail::bounded_quantity(wants);
       e->wants = wants;
       state_.set_wants(id, wants);
     }

@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// The resource repository (docs/configuration.md): a list of resource templates, read from JSON with
-/// Doorman's field names (comments allowed), validated with errors that name the field path.
+/// The resource repository (docs/configuration.md): a list of resource templates, read from JSON
+/// with Doorman's field names (comments allowed), validated with errors that name the field path.
 ///
 ///     auto repo = doorman::resource_repository::parse(R"({"resources": [
 ///       {"identifier_glob": "*", "capacity": 100,

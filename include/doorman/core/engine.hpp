@@ -490,7 +490,7 @@ class basic_engine {
     lease_type l;
     // Within the wire's bounds whatever the algorithm computed (NO_ALGORITHM grants the sum of
     // a child's bands, which may exceed any one band's bound).
-    l.capacity = gets > 0 ? std::min(gets, request_limits::max_quantity) : 0.0;
+    l.capacity = detail::bounded_quantity(gets);
     l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
     l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count() *
                                                (outstanding ? options_.decay_factor : 1.0));

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -178,15 +179,17 @@ inline std::optional<request_error> check_id(std::string_view id, std::string_vi
   return std::nullopt;
 }
 
-inline bool finite_non_negative(double v) noexcept {
-  return std::isfinite(v) && v >= 0;
-}
-
 /// A quantity (wants, capacity, outstanding): finite, in [0, max_quantity]. (NaN fails both.)
 inline bool valid_quantity(double v) noexcept {
   return v >= 0 && v <= request_limits::max_quantity;
 }
 inline constexpr const char* quantity_problem = "must be a finite number between 0 and 1e15";
+
+/// `v` brought within [0, max_quantity] (NaN and negatives to 0): for what a node computes and
+/// then sends (a grant, an intermediate's demand) or measures (a client's wants).
+inline double bounded_quantity(double v) noexcept {
+  return v > 0 ? std::min(v, request_limits::max_quantity) : 0.0;
+}
 
 /// Throws `std::invalid_argument` ("wants must be ...") unless `v` is a valid quantity: for a
 /// user's own arguments, which the protocol would refuse later.
@@ -222,6 +225,38 @@ inline std::optional<request_error> check_lease(const lease_info& l, std::string
   return std::nullopt;
 }
 
+// The first element (in order) whose key an earlier element has: {earlier, later}. Keys are
+// compared pairwise for a few elements and sorted beyond that, so a long list costs
+// O(n log n); nothing is allocated for a short one.
+template <class KeyOf>
+std::optional<std::pair<std::size_t, std::size_t>> first_duplicate(std::size_t n, KeyOf key_of) {
+  std::optional<std::pair<std::size_t, std::size_t>> found;
+  if (n <= 16) {
+    for (std::size_t j = 1; j < n; ++j) {
+      for (std::size_t k = 0; k < j; ++k) {
+        if (key_of(k) == key_of(j)) return std::pair{k, j};
+      }
+    }
+    return found;
+  }
+  using key = std::decay_t<decltype(key_of(std::size_t{}))>;
+  std::vector<std::pair<key, std::size_t>> order;
+  order.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    order.emplace_back(key_of(i), i);
+  std::sort(order.begin(), order.end());
+  // In a run of equal keys (sorted by index), the run's second element is its earliest
+  // duplicate, and the first is what it duplicates.
+  for (std::size_t i = 1; i < n; ++i) {
+    const bool run_starts_before =
+        order[i].first == order[i - 1].first && (i < 2 || order[i - 2].first != order[i].first);
+    if (run_starts_before && (!found || order[i].second < found->second)) {
+      found = {order[i - 1].second, order[i].second};
+    }
+  }
+  return found;
+}
+
 // Checks the count, each id (at `params.resources[i]` + `suffix`) and uniqueness.
 template <class Range, class IdOf>
 std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_of,
@@ -236,68 +271,14 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
       return invalid(element(list, i, suffix), problem);
     }
   }
-  // The first element (in request order) whose id appeared before it.
-  std::optional<std::size_t> duplicate;
-  if (n <= 16) {
-    for (std::size_t i = 1; i < n && !duplicate; ++i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (id_of(resources[i]) == id_of(resources[j])) {
-          duplicate = i;
-          break;
-        }
-      }
-    }
-  } else {
-    std::vector<std::pair<std::string_view, std::size_t>> ids;
-    ids.reserve(n);
-    for (std::size_t i = 0; i < n; ++i)
-      ids.emplace_back(id_of(resources[i]), i);
-    std::sort(ids.begin(), ids.end());
-    for (std::size_t i = 1; i < n; ++i) {
-      if (ids[i].first == ids[i - 1].first && (!duplicate || ids[i].second < *duplicate)) {
-        duplicate = ids[i].second;
-      }
-    }
-  }
+  const auto duplicate =
+      first_duplicate(n, [&](std::size_t i) -> std::string_view { return id_of(resources[i]); });
   if (duplicate) {
-    return invalid(element(list, *duplicate),
-                   "duplicate resource id \"" + std::string(id_of(resources[*duplicate])) + "\"");
+    return invalid(
+        element(list, duplicate->second),
+        "duplicate resource id \"" + std::string(id_of(resources[duplicate->second])) + "\"");
   }
   return std::nullopt;
-}
-
-// The first band (in order) whose priority an earlier band has: {earlier, later}. Sorting
-// keeps it O(n log n) for the largest band lists.
-inline std::optional<std::pair<std::size_t, std::size_t>> duplicate_priority(
-    const std::vector<priority_band>& bands) {
-  std::optional<std::pair<std::size_t, std::size_t>> found;
-  const std::size_t n = bands.size();
-  if (n <= 16) {
-    for (std::size_t j = 1; j < n && !found; ++j) {
-      for (std::size_t k = 0; k < j; ++k) {
-        if (bands[k].priority == bands[j].priority) {
-          found = {k, j};
-          break;
-        }
-      }
-    }
-    return found;
-  }
-  std::vector<std::pair<std::int64_t, std::size_t>> order;
-  order.reserve(n);
-  for (std::size_t i = 0; i < n; ++i)
-    order.emplace_back(bands[i].priority, i);
-  std::sort(order.begin(), order.end());
-  // In a run of equal priorities (sorted by index), the run's second band is its earliest
-  // duplicate, and the first is what it duplicates.
-  for (std::size_t i = 1; i < n; ++i) {
-    const bool run_starts_before =
-        order[i].first == order[i - 1].first && (i < 2 || order[i - 2].first != order[i].first);
-    if (run_starts_before && (!found || order[i].second < found->second)) {
-      found = {order[i - 1].second, order[i].second};
-    }
-  }
-  return found;
 }
 
 }  // namespace detail
@@ -418,7 +399,8 @@ template <class Grant>
         return detail::invalid(band_at(".wants"), detail::quantity_problem);
       }
     }
-    if (const auto dup = detail::duplicate_priority(x.wants)) {
+    if (const auto dup = detail::first_duplicate(
+            x.wants.size(), [&](std::size_t k) { return x.wants[k].priority; })) {
       return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
                              "duplicates wants[" + std::to_string(dup->first) + "].priority");
     }

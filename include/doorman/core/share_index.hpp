@@ -29,8 +29,6 @@ namespace detail {
 /// reads 0, not a residue.
 class compensated_sum {
  public:
-  compensated_sum() = default;
-  explicit compensated_sum(double start) noexcept : sum_(start) {}
   void add(double x) noexcept {
     const double t = sum_ + x;
     if ((sum_ >= 0 ? sum_ : -sum_) >= (x >= 0 ? x : -x)) {

@@ -118,20 +118,16 @@ class basic_upstream {
       }
       // What is out beneath this node: its leases, and what its own server children still
       // hold beyond theirs (leases cannot be revoked).
-      r.outstanding = bounded_quantity(store.sum_held());
-      double merged_subclients = 0;
-      double merged_wants = 0;
-      store.for_each_band([&](std::int64_t priority, const auto& sums) {
-        if (r.wants.size() + 1 < request_limits::max_bands) {
-          r.wants.push_back(band_of(priority, sums.subclients, sums.wants));
-        } else {  // the last band kept: it takes every lower priority too
-          merged_subclients += sums.subclients;
-          merged_wants += sums.wants;
-          if (r.wants.size() + 1 == request_limits::max_bands) {
-            r.wants.push_back(band_of(priority, merged_subclients, merged_wants));
-          } else {
-            r.wants.back() = band_of(r.wants.back().priority, merged_subclients, merged_wants);
-          }
+      r.outstanding = detail::bounded_quantity(store.sum_held());
+      demand_sums last;  // the last band sent, before rounding and bounds
+      store.for_each_band([&](std::int64_t priority, const demand_sums& sums) {
+        if (r.wants.size() < request_limits::max_bands) {
+          last = sums;
+          r.wants.push_back(band_of(priority, last));
+        } else {  // beyond the limit, lower priorities join the last band sent
+          last.wants += sums.wants;
+          last.subclients += sums.subclients;
+          r.wants.back() = band_of(r.wants.back().priority, last);
         }
       });
       // No clients left (the resource lives on its parent lease): say so, which hands the
@@ -221,15 +217,13 @@ class basic_upstream {
  private:
   [[nodiscard]] double floor_seconds() const noexcept { return options_.minimum_interval.count(); }
 
-  static double bounded_quantity(double x) noexcept {
-    return x > 0 ? std::min(x, request_limits::max_quantity) : 0.0;
-  }
-  static priority_band band_of(std::int64_t priority, double subclients, double wants) noexcept {
-    const double n = std::ceil(subclients - 1e-9);
+  // A band as the parent accepts it: whole clients from 1 to max_num_clients, bounded wants.
+  static priority_band band_of(std::int64_t priority, const demand_sums& sums) noexcept {
+    const double n = std::ceil(sums.subclients - 1e-9);
     return {priority,
             static_cast<std::int64_t>(
                 std::clamp(n, 1.0, static_cast<double>(request_limits::max_num_clients))),
-            bounded_quantity(wants)};
+            detail::bounded_quantity(sums.wants)};
   }
   [[nodiscard]] duration floor() const noexcept { return to_duration<duration>(floor_seconds()); }
 

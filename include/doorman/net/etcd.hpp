@@ -133,10 +133,7 @@ struct gateway_answer {
   if (!j.is_object()) return std::nullopt;
   const auto it = j.find(field);
   if (it == j.end()) return std::nullopt;
-  if (it->is_number_integer()) {
-    if (it->is_number_unsigned() && it->get<std::uint64_t>() > INT64_MAX) return std::nullopt;
-    return it->get<std::int64_t>();
-  }
+  if (it->is_number()) return as_int64(*it);
   if (!it->is_string()) return std::nullopt;
   const auto& s = it->get_ref<const std::string&>();
   std::int64_t v = 0;

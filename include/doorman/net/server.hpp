@@ -1,9 +1,9 @@
 #pragma once
 
 /// \file
-/// A JSON-RPC server over TCP, one JSON object per line (docs/protocol.md), on asio C++20 coroutines.
-/// It frames lines and hands each to a synchronous handler; the handler's answer is written
-/// back. Requests on one connection may be pipelined; answers are written in batches.
+/// A JSON-RPC server over TCP, one JSON object per line (docs/protocol.md), on asio C++20
+/// coroutines. It frames lines and hands each to a synchronous handler; the handler's answer is
+/// written back. Requests on one connection may be pipelined; answers are written in batches.
 ///
 ///     auto strand = asio::make_strand(io);
 ///     doorman::net::server srv(strand, {}, [&](std::string_view line) {

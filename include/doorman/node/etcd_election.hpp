@@ -1,9 +1,9 @@
 #pragma once
 
 /// \file
-/// Master election through etcd (docs/high-availability.md): every task of a tree position holds an etcd lease
-/// and tries to create the election key with its advertised address, attached to that lease
-/// (put-if-absent, one transaction on `create_revision == 0`). The task whose lease holds the
+/// Master election through etcd (docs/high-availability.md): every task of a tree position holds an
+/// etcd lease and tries to create the election key with its advertised address, attached to that
+/// lease (put-if-absent, one transaction on `create_revision == 0`). The task whose lease holds the
 /// key is master; the others read the key's value and redirect there. Each task renews its
 /// lease and polls the key every `ttl / 5`, so a dead master's key vanishes within the TTL and
 /// another task takes it at its next poll.

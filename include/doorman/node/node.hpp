@@ -256,12 +256,11 @@ class basic_node {
   // The parent's level, for `status`.
   asio::awaitable<void> learn_level() {
     const auto reply = co_await parent_->call("status", nlohmann::json::object(), false);
-    if (const auto level = reply ? reply.result.find("level") : reply.result.end();
-        reply && level != reply.result.end()) {
+    // A failed call leaves `result` null, where `find` finds nothing.
+    if (const auto level = reply.result.find("level"); level != reply.result.end()) {
       // An integer below max_level; anything else is the parent's mistake, not a level.
-      const double v = level->is_number_integer() ? level->template get<double>() : -1;
-      if (v >= 0 && v < max_level) {
-        identity_.level = static_cast<int>(v) + 1;
+      if (const auto v = as_int64(*level); v && *v >= 0 && *v < max_level) {
+        identity_.level = static_cast<int>(*v) + 1;
       } else {
         log(fmt::format("parent {} reports level {}, not an integer from 0 to {}; ignored",
                         parent_->current(), to_line(*level), max_level - 1));

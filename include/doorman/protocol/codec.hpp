@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// JSON forms of the wire messages (docs/protocol.md): free `to_json` / `from_json` found by ADL, and
-/// `decode`, which never throws and names the offending field. Input from the network goes
+/// JSON forms of the wire messages (docs/protocol.md): free `to_json` / `from_json` found by ADL,
+/// and `decode`, which never throws and names the offending field. Input from the network goes
 /// through `decode`; `from_json` (which throws `protocol_error`) is for trusted data.
 ///
 ///     doorman::capacity_request req;

@@ -59,6 +59,14 @@ struct rpc_failure {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+/// `v` as a 64-bit integer, when it is a JSON integer within that range (never a float: 1e300
+/// would not convert). Nothing otherwise.
+[[nodiscard]] inline std::optional<std::int64_t> as_int64(const nlohmann::json& v) noexcept {
+  if (!v.is_number_integer()) return std::nullopt;
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) return std::nullopt;
+  return v.get<std::int64_t>();
+}
+
 /// What a caller makes of one answer object (matched to its call by id): a result, an error,
 /// or an answer it cannot use. Read by `read_answer`, which never throws whatever the peer sent.
 struct rpc_answer {
@@ -84,14 +92,9 @@ struct rpc_answer {
       if (const auto m = e->find("message"); m != e->end() && m->is_string()) {
         a.message = m->get<std::string>();
       }
-      // Integers only, and within int: a float such as 1e300 would not convert.
-      if (const auto c = e->find("code"); c != e->end() && c->is_number_integer()) {
-        if (c->is_number_unsigned()) {
-          const auto v = c->get<std::uint64_t>();
-          if (v <= static_cast<std::uint64_t>(INT_MAX)) a.code = static_cast<int>(v);
-        } else {
-          const auto v = c->get<std::int64_t>();
-          if (v >= INT_MIN && v <= INT_MAX) a.code = static_cast<int>(v);
+      if (const auto c = e->find("code"); c != e->end()) {
+        if (const auto v = as_int64(*c); v && *v >= INT_MIN && *v <= INT_MAX) {
+          a.code = static_cast<int>(*v);
         }
       }
     }

@@ -19,8 +19,8 @@
 /// Each position of the tree is a *job* of several tasks of which one is master; only the
 /// master holds state (the others would redirect), so a job is modelled as its master's engine
 /// and upstream state. A new master starts empty, in learning mode. Same options and seed, same
-/// run, bit for bit (invariant 4 of docs/design.md): no wall clock, no unordered iteration, and the random
-/// numbers come from the seed alone.
+/// run, bit for bit (invariant 4 of docs/design.md): no wall clock, no unordered iteration, and the
+/// random numbers come from the seed alone.
 
 #include <algorithm>
 #include <array>
