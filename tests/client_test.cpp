@@ -367,7 +367,7 @@ TEST_CASE("client state builds one bulk request with wants, priority and held le
   auto resp = grant("a", 10, 60, 16);
   resp.resources.push_back({"b", {15, 60, 8}, 5});
   clock.advance(100ms);
-  s.on_response(resp, clock.now());
+  s.on_reply(resp, clock.now());
   CHECK(s.capacity("a", clock.now()) == 10);
   CHECK(s.capacity("b", clock.now()) == 15);
   // The shortest refresh interval (8 s) decides the next request.
@@ -410,7 +410,7 @@ TEST_CASE("client state applies the fallback when its lease expires", "[client]"
   resp.mastership.is_master = true;
   for (const char* id : {"p", "o", "s", "c", "u"})
     resp.resources.push_back({id, {30, 20, 5}, 9});
-  s.on_response(resp, clock.now());
+  s.on_reply(resp, clock.now());
   for (const char* id : {"p", "o", "s", "c", "u"})
     CHECK(s.capacity(id, clock.now()) == 30);
   CHECK(s.next_change(clock.now()) == clock.now() + 5s);
@@ -420,7 +420,7 @@ TEST_CASE("client state applies the fallback when its lease expires", "[client]"
     clock.set(std::max(clock.now() + 1ms, s.next_change(clock.now())));
     if (s.due(clock.now())) {
       (void)s.make_request(clock.now());
-      s.on_failure(clock.now());
+      s.on_reply(doorman::errc::timed_out, clock.now());
     }
   }
   CHECK(s.failures() >= 3);
@@ -434,10 +434,10 @@ TEST_CASE("client state applies the fallback when its lease expires", "[client]"
 
 TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", "[client]") {
   manual_clock clock;
-  state_t s({.client_id = "c1", .minimum_interval = 2s});
+  state_t s({.client_id = "c1", .refresh = {.minimum_interval = 2s}});
   s.add("a", {.wants = 1});
   (void)s.make_request(clock.now());
-  s.on_response(grant("a", 1, 60, 0.5), clock.now());
+  s.on_reply(grant("a", 1, 60, 0.5), clock.now());
   // The server asked for 0.5 s; the floor is 2 s.
   CHECK(s.next_request() == clock.now() + 2s);
 
@@ -449,14 +449,14 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
   SECTION("a lease shorter than its refresh interval is refreshed before it expires") {
     clock.advance(2s);
     (void)s.make_request(clock.now());
-    s.on_response(grant("a", 1, 5, 30), clock.now());
+    s.on_reply(grant("a", 1, 5, 30), clock.now());
     CHECK(s.next_request() == clock.now() + 5s);
   }
   SECTION("failures back off exponentially with jitter") {
     clock.advance(2s);
     for (int i = 1; i <= 6; ++i) {
       (void)s.make_request(clock.now());
-      s.on_failure(clock.now());
+      s.on_reply(doorman::errc::timed_out, clock.now());
       const double wait = doorman::to_seconds(s.next_request() - clock.now());
       const double step = std::min(15.0, 0.5 * std::pow(2, i - 1));
       CHECK(wait >= std::max(2.0, step / 2) - 1e-9);
@@ -469,7 +469,7 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
     (void)s.make_request(clock.now());
     doorman::capacity_response r;
     r.mastership = {false, "10.0.0.1:1"};
-    s.on_response(r, clock.now());
+    s.on_reply(r, clock.now());
     CHECK(s.failures() == 1);
   }
 }
@@ -485,7 +485,7 @@ TEST_CASE("client state ignores hostile grants and grants for removed resources"
   auto r = grant("a", -3);
   r.resources.push_back({"b", {4, 60, 16}, 1});
   r.resources.push_back({"zzz", {4, 60, 16}, 1});
-  s.on_response(r, clock.now());
+  s.on_reply(r, clock.now());
   CHECK_FALSE(s.leased("a", clock.now()));
   CHECK(s.find("b") == nullptr);
   CHECK(s.find("zzz") == nullptr);
@@ -514,7 +514,7 @@ TEST_CASE("client state adopts only grants it asked for, within bounds, and says
   r.resources.push_back({"a", {4, 60, 16}, 1e300});
   r.resources.push_back({"a", {4, 60, 16}, 1});  // the one good grant
   r.resources.push_back({"a", {7, 60, 16}, 1});  // a second grant for it
-  s.on_response(r, clock.now());
+  s.on_reply(r, clock.now());
   CHECK(s.capacity("a", clock.now()) == 4);
   CHECK_FALSE(s.leased("late", clock.now()));
   CHECK(s.invalid_grants() == 6);

@@ -949,13 +949,13 @@ struct small_tree {
   }
 
   // Runs one upstream exchange if it is due. Returns the event.
-  doorman::upstream_event refresh(engine_t& e, upstream_t& up, bool parent_up = true) {
-    if (!up.due(e, clock.now())) return doorman::upstream_event::none;
+  doorman::refresh_event refresh(engine_t& e, upstream_t& up, bool parent_up = true) {
+    if (!up.due(e, clock.now())) return doorman::refresh_event::none;
     auto req = up.make_request(e, clock.now());
-    if (!parent_up) return up.on_failure(clock.now());
+    if (!parent_up) return up.on_reply(doorman::errc::timed_out, clock.now());
     auto resp = root.get_server_capacity(req, clock.now());
     REQUIRE(resp);
-    return up.on_response(e, resp.value(), clock.now());
+    return up.on_reply(e, resp.value(), clock.now());
   }
 
   static double ask(engine_t& e, manual_clock& c, const std::string& client, double wants) {
@@ -1006,7 +1006,7 @@ TEST_CASE("a resource whose clients all left is still reported, with no demand",
   CHECK(req.resources[0].wants[0].wants == 0);
   auto resp = t.root.get_server_capacity(req, t.clock.now());
   REQUIRE(resp);  // a valid request
-  t.left_up.on_response(t.left, resp.value(), t.clock.now());
+  t.left_up.on_reply(t.left, resp.value(), t.clock.now());
   CHECK(t.left.capacity("res", t.clock.now()) == 0);  // the capacity went back to the root
 }
 
@@ -1041,7 +1041,7 @@ TEST_CASE("a two-level tree converges to the fair share and keeps the decay rule
       t.root.get_server_capacity(t.left_up.make_request(t.left, t.clock.now()), t.clock.now());
   REQUIRE(resp);
   CHECK(resp.value().resources[0].gets.refresh_interval == 8);
-  t.left_up.on_response(t.left, resp.value(), t.clock.now());
+  t.left_up.on_reply(t.left, resp.value(), t.clock.now());
   CHECK(t.left_up.next_request(t.left) - t.clock.now() == 8s);
 }
 
@@ -1049,7 +1049,7 @@ TEST_CASE("an intermediate losing its parent backs off and its capacity ends wit
           "[core][upstream]") {
   small_tree t;
   small_tree::ask(t.left, t.clock, "a", 30);
-  CHECK(t.refresh(t.left, t.left_up) == doorman::upstream_event::parent_reached);
+  CHECK(t.refresh(t.left, t.left_up) == doorman::refresh_event::reached);
   CHECK(t.left.capacity("res", t.clock.now()) == 30);
   const auto expiry = t.left.parent_lease("res")->expiry;
 
@@ -1058,7 +1058,7 @@ TEST_CASE("an intermediate losing its parent backs off and its capacity ends wit
   for (int i = 0; i < 8; ++i) {
     t.clock.set(t.left_up.next_request(t.left));
     const auto event = t.refresh(t.left, t.left_up, false);
-    CHECK(event == (i == 0 ? doorman::upstream_event::parent_lost : doorman::upstream_event::none));
+    CHECK(event == (i == 0 ? doorman::refresh_event::lost : doorman::refresh_event::none));
     delays.push_back(doorman::to_seconds(t.left_up.next_request(t.left) - t.clock.now()));
   }
   for (std::size_t i = 0; i < delays.size(); ++i) {
@@ -1078,7 +1078,7 @@ TEST_CASE("an intermediate losing its parent backs off and its capacity ends wit
   // The parent returns; the client keeps asking (its empty lease tells it to come back soon).
   t.clock.set(t.left_up.next_request(t.left));
   CHECK(small_tree::ask(t.left, t.clock, "b", 10) == 0);
-  CHECK(t.refresh(t.left, t.left_up) == doorman::upstream_event::parent_regained);
+  CHECK(t.refresh(t.left, t.left_up) == doorman::refresh_event::regained);
   CHECK(t.left.capacity("res", t.clock.now()) > 0);
 }
 
@@ -1095,7 +1095,7 @@ TEST_CASE("a new resource is asked for at once, a hostile grant is ignored", "[c
   bad.mastership = {true, "root"};
   bad.resources.push_back({"new", {-5, 10, 1}, 0, {}});
   (void)t.left_up.make_request(t.left, t.clock.now());
-  t.left_up.on_response(t.left, bad, t.clock.now());
+  t.left_up.on_reply(t.left, bad, t.clock.now());
   CHECK(t.left.capacity("new", t.clock.now()) == 0);
   CHECK_FALSE(t.left.parent_lease("new"));
 }
@@ -1263,12 +1263,12 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
     auto req = up.make_request(node, clock.now());
     auto resp = parent.get_server_capacity(req, clock.now());
     REQUIRE(resp);
-    up.on_response(node, resp.value(), clock.now());
+    up.on_reply(node, resp.value(), clock.now());
     const auto expiry = node.parent_lease("res")->expiry;
     for (int i = 0; i < 8; ++i) {  // the backoff alone would reach 15 s
       clock.set(up.next_request(node));
       (void)up.make_request(node, clock.now());
-      up.on_failure(clock.now());
+      up.on_reply(doorman::errc::timed_out, clock.now());
       if (clock.now() < expiry) {
         CHECK(up.next_request(node) - clock.now() <=
               std::max<manual_clock::duration>((expiry - clock.now()) / 2, 500ms));
@@ -1282,12 +1282,12 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
     doorman::capacity_response resp;
     resp.mastership = {true, "root"};
     resp.resources.push_back({"res", {10, 20, 16}, 1});
-    state.on_response(resp, clock.now());
+    state.on_reply(resp, clock.now());
     const auto expiry = clock.now() + 20s;
     for (int i = 0; i < 8; ++i) {
       clock.set(state.next_request());
       (void)state.make_request(clock.now());
-      state.on_failure(clock.now());
+      state.on_reply(doorman::errc::timed_out, clock.now());
       if (clock.now() < expiry) {
         CHECK(state.next_request() - clock.now() <=
               std::max<manual_clock::duration>((expiry - clock.now()) / 2, 1s));
@@ -1669,7 +1669,7 @@ TEST_CASE("an intermediate adopts only the grants it asked for, within bounds",
   bad.resources.push_back({"res", {30, 1e12, 8}, 0, {}});
   bad.resources.push_back({"res", {30, 60, std::nan("")}, 0, {}});
   bad.resources.push_back({"res", {30, 60, 8}, -7, {}});
-  (void)t.up.on_response(t.leaf, bad, t.clock.now());
+  (void)t.up.on_reply(t.leaf, bad, t.clock.now());
   CHECK(t.up.invalid_grants() == bad.resources.size());
   REQUIRE(t.logged.size() == 1);
   CHECK_THAT(t.logged[0], Contains("10006 of 10006 grants ignored") &&
@@ -1691,7 +1691,7 @@ TEST_CASE("an intermediate adopts only the grants it asked for, within bounds",
   auto twice = answer.value();
   twice.resources.push_back(twice.resources[0]);
   twice.resources.back().gets.capacity = 99;
-  (void)t.up.on_response(t.leaf, twice, t.clock.now());
+  (void)t.up.on_reply(t.leaf, twice, t.clock.now());
   REQUIRE(t.leaf.parent_lease("res"));
   CHECK(t.leaf.parent_lease("res")->capacity == 30);
   CHECK_THAT(t.logged.back(), Contains("1 of 2 grants ignored") && Contains("granted twice"));

@@ -393,7 +393,7 @@ TEST_CASE("a channel fails over to the next address and times out when none answ
   run_until_ready(io2, g);
   const auto reply = g.get();
   CHECK_FALSE(reply);
-  CHECK(reply.state == doorman::net::call_reply::status::unreachable);
+  CHECK(reply.error == doorman::errc::unreachable);
 }
 
 // ---- hostile peers ----------------------------------------------------------------------

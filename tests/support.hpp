@@ -26,9 +26,9 @@ class running_node {
                         Election election = {}) {
     if (options.listen == "127.0.0.1:7700") options.listen = "127.0.0.1:0";
     options.engine.minimum_refresh_interval = doorman::seconds(0);
-    options.upstream.minimum_interval = doorman::seconds(0.05);
-    options.upstream.initial_backoff = doorman::seconds(0.05);
-    options.upstream.maximum_backoff = doorman::seconds(0.4);
+    options.upstream.refresh.minimum_interval = doorman::seconds(0.05);
+    options.upstream.refresh.backoff.initial = doorman::seconds(0.05);
+    options.upstream.refresh.backoff.maximum = doorman::seconds(0.4);
     options.parent_timeout = doorman::seconds(1);
     auto repo = options.parents.empty() || !config.empty() ? doorman::engine::parse_config(config)
                                                            : doorman::intermediate_default_config();

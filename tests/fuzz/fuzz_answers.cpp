@@ -27,7 +27,7 @@ void client_side(const nlohmann::json& result, clock_type& clock) {
   (void)state.make_request(clock.now());
   doorman::capacity_response resp;
   if (doorman::decode(result, resp)) return;  // refused by the decoder: a failure
-  state.on_response(resp, clock.now());
+  state.on_reply(resp, clock.now());
   state.for_each([&](std::string_view id, const auto& r) {
     if (!r.lease) return;
     DOORMAN_FUZZ_CHECK(
@@ -59,7 +59,7 @@ void upstream_side(const nlohmann::json& result, clock_type& clock) {
   (void)up.make_request(leaf, clock.now());
   doorman::server_capacity_response resp;
   if (doorman::decode(result, resp)) return;
-  (void)up.on_response(leaf, resp, clock.now());
+  (void)up.on_reply(leaf, resp, clock.now());
   leaf.for_each_resource([&](std::string_view id, const auto&) {
     DOORMAN_FUZZ_CHECK(id == "f1" || id == "p1", std::string(id));  // nothing adopted unasked
     if (const auto l = leaf.parent_lease(id)) {

@@ -40,7 +40,7 @@
 #include "doorman/limit/gauge_limiter.hpp"
 #include "doorman/limit/rate_limiter.hpp"
 #include "doorman/net/channel.hpp"
-#include "doorman/net/supervise.hpp"
+#include "doorman/net/refresh_driver.hpp"
 #include "doorman/protocol/codec.hpp"
 
 namespace doorman {
@@ -125,7 +125,7 @@ class client {
         options_(prepare(std::move(options))),
         state_(state_options(options_)),
         channel_(strand_, channel_options_of(options_)),
-        timer_(strand_) {
+        driver_(strand_, requester_, channel_, "client refresh loop", options_.log) {
     start();
     thread_ = std::thread([this] { own_io_->run(); });
   }
@@ -137,7 +137,7 @@ class client {
         options_(prepare(std::move(options))),
         state_(state_options(options_)),
         channel_(strand_, channel_options_of(options_)),
-        timer_(strand_) {
+        driver_(strand_, requester_, channel_, "client refresh loop", options_.log) {
     start();
   }
 
@@ -163,7 +163,7 @@ class client {
     asio::post(strand_, [this] {
       if (stopping_) return;
       stopping_ = true;
-      timer_.cancel();
+      driver_.stop();
       // Nobody to release to: fail the call in flight now instead of at its deadline.
       if (!connected_) channel_.shutdown();
     });
@@ -203,7 +203,7 @@ class client {
       if (stopping_) return;
       active_[e->id] = e;
       state_.add(e->id, e->options);
-      timer_.cancel();
+      driver_.reschedule();
     });
     return slot;
   }
@@ -217,7 +217,7 @@ class client {
       if (stopping_) return;
       active_.erase(id);
       state_.remove(id);
-      timer_.cancel();
+      driver_.reschedule();
     });
   }
 
@@ -260,8 +260,8 @@ class client {
   static client_state_options state_options(const client_options& o) {
     client_state_options s;
     s.client_id = o.client_id;
-    s.minimum_interval = o.minimum_refresh_interval;
-    s.seed = std::random_device{}();
+    s.refresh.minimum_interval = o.minimum_refresh_interval;
+    s.refresh.seed = std::random_device{}();
     s.log = o.log;
     return s;
   }
@@ -280,11 +280,8 @@ class client {
 
   void start() {
     next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
-    asio::co_spawn(strand_,
-                   net::supervised(
-                       "client refresh loop", [this] { return run(); },
-                       [this] { return stopping_; }, options_.log),
-                   asio::detached);
+    last_sample_ = clock::now();
+    asio::co_spawn(strand_, run(), asio::detached);
   }
 
   static void apply(detail::resource_entry& e, double capacity) {
@@ -341,73 +338,87 @@ class client {
     }
   }
 
+  // Refreshes until stopped (the driver), then gives everything back and closes.
   asio::awaitable<void> run() {
-    last_sample_ = clock::now();
-    while (!stopping_) {
-      auto now = clock::now();
-      if (now >= next_sample_) {
-        sample(now);
-        next_sample_ = now + to_duration<clock::duration>(options_.sample_interval.count());
-      }
-      if (auto releases = state_.take_releases(); !releases.empty()) {
-        co_await release(std::move(releases), options_.call_timeout);
-        continue;
-      }
-      if (state_.due(now)) {
-        co_await refresh(now);
-        if (stopping_) break;
-      }
-      now = clock::now();
-      push_capacities(now);
-      timer_.expires_at(std::min(state_.next_change(now), next_sample_));
-      std::error_code ec;
-      co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-    // Stopping: give everything back, then close.
+    std::error_code ec;
+    co_await driver_.async_run(asio::redirect_error(asio::use_awaitable, ec));
     std::vector<std::string> all;
     for (const auto& [id, e] : active_)
       all.push_back(id);
     for (auto& id : state_.take_releases())
       all.push_back(std::move(id));
-    if (!all.empty()) co_await release(std::move(all), options_.release_timeout);
+    if (!all.empty()) {
+      const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
+                                                true, options_.release_timeout);
+      if (!reply) log_release_failure(reply);
+    }
     channel_.shutdown();
   }
 
-  asio::awaitable<void> refresh(clock::time_point now) {
-    const auto request = state_.make_request(now);
-    auto params = nlohmann::json(request);
-    const auto reply = co_await channel_.call("get_capacity", std::move(params));
-    const auto at = clock::now();
-    std::string why;
-    capacity_response resp;
-    if (!reply) {
-      why = reply.message;
-    } else if (auto err = decode(reply.result, resp)) {
-      why = "bad answer: " + err->message;
-    } else if (!resp.mastership.is_master) {
-      why = "no master found";
+  // The client's side of its refresh driver: measures demand, pushes capacities into the
+  // limiters, and sends releases first, then the state's refreshes.
+  struct requester {
+    client& c;
+    refresh_step<clock::time_point> next(clock::time_point now) const { return c.next_step(now); }
+    net::outgoing_call request(clock::time_point now) const { return c.next_call(now); }
+    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+      c.on_reply(std::move(reply), now);
+      co_return;
     }
-    if (why.empty()) {
-      state_.on_response(resp, at);
-      if (!connected_.exchange(true)) {
-        log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
-                        channel_.current(), resp.resources.size()));
-      }
-    } else {
-      state_.on_failure(at);
-      if (connected_.exchange(false) || state_.failures() == 1) {
-        log(fmt::format("client {}: refresh failed ({}); leases run out, then the fallbacks apply",
-                        options_.client_id, why));
-      }
+  };
+
+  refresh_step<clock::time_point> next_step(clock::time_point now) {
+    if (now >= next_sample_) {
+      sample(now);
+      next_sample_ = now + to_duration<clock::duration>(options_.sample_interval.count());
     }
+    push_capacities(now);
+    if (releases_.empty()) releases_ = state_.take_releases();
+    if (!releases_.empty()) return {true, now};
+    auto step = state_.next(now);
+    if (!step.send) step.at = std::min(step.at, next_sample_);
+    return step;
   }
 
-  asio::awaitable<void> release(std::vector<std::string> ids, seconds timeout) {
-    release_request req{options_.client_id, std::move(ids)};
-    auto params = nlohmann::json(req);
-    const auto reply = co_await channel_.call("release_capacity", std::move(params), true, timeout);
-    if (!reply)
-      log(fmt::format("client {}: release failed ({})", options_.client_id, reply.message));
+  net::outgoing_call next_call(clock::time_point now) {
+    releasing_ = !releases_.empty();
+    if (releasing_) return {"release_capacity", release_params(std::exchange(releases_, {}))};
+    return {"get_capacity", nlohmann::json(state_.make_request(now))};
+  }
+
+  nlohmann::json release_params(std::vector<std::string> ids) const {
+    return nlohmann::json(release_request{options_.client_id, std::move(ids)});
+  }
+
+  void log_release_failure(const net::call_reply& reply) const {
+    log(fmt::format("client {}: release failed ({})", options_.client_id, reply.message));
+  }
+
+  void on_reply(net::call_reply reply, clock::time_point now) {
+    if (releasing_) {
+      if (!reply) log_release_failure(reply);
+      return;
+    }
+    capacity_response resp;
+    if (reply) {
+      if (auto err = decode(reply.result, resp)) {
+        reply.error = errc::bad_answer;
+        reply.message = "bad answer: " + err->message;
+      } else if (!resp.mastership.is_master) {
+        reply.error = errc::no_master;
+        reply.message = "no master found";
+      }
+    }
+    const refresh_event event =
+        reply ? state_.on_reply(resp, now) : state_.on_reply(reply.error, now);
+    connected_ = state_.failures() == 0;
+    if (event == refresh_event::reached || event == refresh_event::regained) {
+      log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
+                      channel_.current(), resp.resources.size()));
+    } else if (reply.error && state_.failures() == 1) {  // lost, or never reached
+      log(fmt::format("client {}: refresh failed ({}); leases run out, then the fallbacks apply",
+                      options_.client_id, reply.message));
+    }
   }
 
   std::unique_ptr<asio::io_context> own_io_;
@@ -416,7 +427,8 @@ class client {
   client_options options_;
   client_state state_;
   net::channel channel_;
-  asio::steady_timer timer_;
+  requester requester_{*this};
+  net::refresh_driver<requester> driver_;
   std::thread thread_;
 
   std::mutex mutex_;  // guards registry_ and the entries' handle counts
@@ -426,6 +438,8 @@ class client {
   std::map<std::string, std::shared_ptr<detail::resource_entry>, std::less<>> active_;
   clock::time_point next_sample_{};
   clock::time_point last_sample_{};
+  std::vector<std::string> releases_;  // to send before the next refresh
+  bool releasing_ = false;             // the call in flight is a release
   bool stopping_ = false;
   std::atomic<bool> connected_{false};
 };

@@ -7,14 +7,15 @@
 ///
 ///     doorman::client_state state({.client_id = "web-1:4242:0"});
 ///     state.add("api", {.wants = 100, .mode = doorman::fallback::safe}, clock.now());
-///     if (state.due(now)) {
+///     if (const auto step = state.next(now); step.send) {
 ///       auto req = state.make_request(now);     // one bulk get_capacity
 ///       ... send it; then either
-///       state.on_response(response, clock.now());
-///       state.on_failure(clock.now());          // retried with backoff and jitter
+///       state.on_reply(response, clock.now());
+///       state.on_reply(error, clock.now());     // retried with backoff and jitter
+///     } else {
+///       timer.expires_at(step.at);              // a refresh or an expiry
 ///     }
 ///     double limit = state.capacity("api", now);  // the lease, or the fallback once expired
-///     timer.expires_at(state.next_change(now));   // a refresh or an expiry
 ///
 /// A lease's expiry counts from when the request was sent, not from when the answer came: the
 /// server computed `expires_in` later than that, so the client never holds a lease longer than
@@ -30,12 +31,14 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
-#include "doorman/core/backoff.hpp"
+#include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/messages.hpp"
+#include "doorman/core/refresh.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman {
@@ -58,12 +61,8 @@ struct client_resource_options {
 
 /// Options of the client state, with their defaults.
 struct client_state_options {
-  std::string client_id;             ///< unique per client object (default: hostname:pid:n)
-  seconds minimum_interval{1};       ///< floor between two requests
-  seconds idle_interval{16};         ///< how often to ask when no lease says otherwise
-  seconds initial_backoff{0.5};      ///< after the first failure
-  seconds maximum_backoff{15};       ///< ceiling of the exponential backoff
-  std::uint64_t seed = 0xc11e'0175;  ///< of the jitter (the asio client draws a random one)
+  std::string client_id;    ///< unique per client object (default: hostname:pid:n)
+  refresh_options refresh{};  ///< when to ask (the asio client draws a random jitter seed)
   /// Receives one line per server answer that held invalid grants (which are ignored). Null:
   /// silent.
   std::function<void(std::string_view)> log{};
@@ -103,8 +102,7 @@ class basic_client_state {
   using resource = client_resource<time_point>;
 
   explicit basic_client_state(client_state_options options)
-      : options_(std::move(options)),
-        backoff_({options_.initial_backoff, options_.maximum_backoff}, options_.seed) {}
+      : options_(std::move(options)), schedule_(options_.refresh) {}
 
   [[nodiscard]] const client_state_options& options() const noexcept { return options_; }
 
@@ -182,25 +180,27 @@ class basic_client_state {
   /// Whether a request should go out at `now`. Never while one is in flight or without
   /// resources.
   [[nodiscard]] bool due(time_point now) const noexcept {
-    return !in_flight_ && !resources_.empty() && now >= next_request();
+    return !resources_.empty() && schedule_.due(now, unasked_);
   }
 
   /// When the next request is due: the earliest refresh interval among the resources after
   /// the last answer, or at once for a resource not yet asked for; never sooner than the
   /// floor after the previous request (nor before a backoff ends).
   [[nodiscard]] time_point next_request() const noexcept {
-    if (unasked_ && failures_ == 0) return std::min(next_, last_request_ + floor());
-    return next_;
+    return schedule_.next_request(unasked_);
   }
 
   /// When the capacity of some resource may change by itself (a lease expires) or a request is
   /// due, whichever comes first after `now`: when the driver should look again.
   [[nodiscard]] time_point next_change(time_point now) const noexcept {
-    time_point t = in_flight_ || resources_.empty() ? time_point::max() : next_request();
-    for (const auto& [id, r] : resources_) {
-      if (r.lease && r.lease->expiry > now) t = std::min(t, r.lease->expiry);
-    }
-    return t;
+    time_point t = schedule_.in_flight() || resources_.empty() ? time_point::max() : next_request();
+    return std::min(t, earliest_expiry(now));
+  }
+
+  /// What the driver does next: send a request (`make_request`) now, or look again at `at`.
+  [[nodiscard]] refresh_step<time_point> next(time_point now) const noexcept {
+    if (due(now)) return {true, now};
+    return {false, next_change(now)};
   }
 
   /// The bulk `get_capacity` for every resource, with the leases still held. Marks a request
@@ -221,8 +221,7 @@ class basic_client_state {
     asked_.clear();
     for (const auto& rr : req.resources)
       asked_.push_back(rr.resource_id);  // in id order, as the map is
-    last_request_ = now;
-    in_flight_ = true;
+    schedule_.sent(now);
     return req;
   }
 
@@ -232,13 +231,8 @@ class basic_client_state {
   /// grants for resources the request did not ask for (or removed meanwhile), second grants for
   /// one resource, and grants with a number out of bounds (`check_grant`) are ignored, change
   /// nothing, and are logged (one line per answer).
-  void on_response(const capacity_response& resp, time_point now) {
-    if (!resp.mastership.is_master) {
-      on_failure(now);
-      return;
-    }
-    in_flight_ = false;
-    failures_ = 0;
+  refresh_event on_reply(const capacity_response& resp, time_point now) {
+    if (!resp.mastership.is_master) return on_reply(make_error_code(errc::no_master), now);
     double interval = std::numeric_limits<double>::infinity();
     const auto screen = screen_grants(resp.resources, asked_);
     for (std::size_t i = 0; i < resp.resources.size(); ++i) {
@@ -246,12 +240,10 @@ class basic_client_state {
       const auto& g = resp.resources[i];
       auto* r = lookup(g.resource_id);
       if (r == nullptr) continue;  // removed since the request went out
-      r->lease = basic_lease<time_point>{g.gets.capacity,
-                                         last_request_ + to_duration<duration>(g.gets.expires_in),
-                                         to_duration<duration>(g.gets.refresh_interval)};
+      r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
       r->server_safe_capacity = g.safe_capacity;
-      interval = std::min(interval, g.gets.refresh_interval > 0 ? g.gets.refresh_interval
-                                                                : options_.idle_interval.count());
+      interval = std::min(interval,
+                          g.gets.refresh_interval > 0 ? g.gets.refresh_interval : idle_seconds());
       // Come back before the lease runs out even if the server asked for a later refresh.
       const double left = to_seconds(r->lease->expiry - now);
       if (left > 0) interval = std::min(interval, left);
@@ -260,33 +252,23 @@ class basic_client_state {
       invalid_grants_ += screen.ignored;
       if (options_.log) options_.log(screen.log_line("server's answer"));
     }
-    if (!std::isfinite(interval)) interval = options_.idle_interval.count();
-    next_ = now + to_duration<duration>(std::max(interval, options_.minimum_interval.count()));
+    return schedule_.answered(now, interval);
+  }
+
+  /// The request failed (`error` says why): retry after an exponential backoff with jitter,
+  /// but within half the time left on the earliest lease held. Leases already held stay until
+  /// they expire; then the fallback applies.
+  refresh_event on_reply(std::error_code error, time_point now) {
+    (void)error;  // every failure is retried the same way
+    return schedule_.failed(now, earliest_expiry(now));
   }
 
   /// Grants of the server's answers that were ignored as invalid, since the start.
   [[nodiscard]] std::uint64_t invalid_grants() const noexcept { return invalid_grants_; }
 
-  /// The request failed: retry after an exponential backoff with jitter, but within half the
-  /// time left on the earliest lease held. Leases already held stay until they expire; then
-  /// the fallback applies.
-  void on_failure(time_point now) {
-    in_flight_ = false;
-    ++failures_;
-    double delay = backoff_.delay(failures_).count();
-    // Never sleep through the end of a lease still held: retry within half the time left.
-    for (const auto& [id, r] : resources_) {
-      if (r.lease && r.lease->expiry > now) {
-        delay = std::min(delay, to_seconds(r.lease->expiry - now) / 2);
-      }
-    }
-    delay = std::max(options_.minimum_interval.count(), delay);
-    next_ = now + to_duration<duration>(delay);
-  }
-
   /// Consecutive failures so far.
-  [[nodiscard]] int failures() const noexcept { return failures_; }
-  [[nodiscard]] bool in_flight() const noexcept { return in_flight_; }
+  [[nodiscard]] int failures() const noexcept { return schedule_.failures(); }
+  [[nodiscard]] bool in_flight() const noexcept { return schedule_.in_flight(); }
 
  private:
   struct less {
@@ -301,21 +283,26 @@ class basic_client_state {
 
   static void check_wants(double wants) { detail::require_quantity(wants, "wants"); }
 
-  [[nodiscard]] duration floor() const noexcept {
-    return to_duration<duration>(options_.minimum_interval.count());
+  [[nodiscard]] double idle_seconds() const noexcept {
+    return options_.refresh.idle_interval.count();
+  }
+
+  // The earliest expiry after `now` of the leases held (max: none).
+  [[nodiscard]] time_point earliest_expiry(time_point now) const noexcept {
+    time_point t = time_point::max();
+    for (const auto& [id, r] : resources_) {
+      if (r.lease && r.lease->expiry > now) t = std::min(t, r.lease->expiry);
+    }
+    return t;
   }
 
   client_state_options options_;
-  jittered_backoff backoff_;
+  refresh_schedule<time_point> schedule_;
   std::map<std::string, resource, less> resources_;
   std::vector<std::string> releases_;
   std::vector<std::string> asked_;  // the resources of the request in flight, in id order
   std::uint64_t invalid_grants_ = 0;
-  time_point next_{};
-  time_point last_request_{};
-  int failures_ = 0;
-  bool unasked_ = false;
-  bool in_flight_ = false;
+  bool unasked_ = false;  // the news: a resource not asked for yet
 };
 
 /// The client state on the steady clock.

@@ -1,7 +1,10 @@
 #pragma once
 
 /// \file
-/// Error codes shared by the layers, and the error value that names the offending field.
+/// The error vocabulary shared by the layers: `doorman::errc` values as `std::error_code`s
+/// (what a call failed with, on the network and hot paths), and the error value that names
+/// the offending field of a request (`request_error`, in a `result<T>`). Exceptions are kept
+/// for the startup edges (a configuration or option that cannot be used).
 
 #include <string>
 #include <system_error>
@@ -13,6 +16,14 @@ namespace doorman {
 enum class errc {
   invalid_config = 1,  ///< a resource repository failed validation (`config_error::code`)
   invalid_params,      ///< a request's parameters failed validation (JSON-RPC -32602)
+  no_master,           ///< no server answered as master (none known, or an answer said not)
+  too_many_redirects,  ///< servers kept naming another master
+  timed_out,           ///< no answer before the call's deadline
+  unreachable,         ///< no server could be connected to, or the connection was lost
+  error_answer,        ///< the server answered with an error (its message says which)
+  bad_answer,          ///< an answer that is not what the protocol says
+  line_too_long,       ///< a message beyond the line limit of its link
+  shut_down,           ///< the object was stopped; nothing more is sent
 };
 
 namespace detail {
@@ -26,6 +37,22 @@ class error_category_impl final : public std::error_category {
         return "invalid configuration";
       case errc::invalid_params:
         return "invalid params";
+      case errc::no_master:
+        return "no master found";
+      case errc::too_many_redirects:
+        return "too many mastership redirects";
+      case errc::timed_out:
+        return "no answer before the deadline";
+      case errc::unreachable:
+        return "server unreachable";
+      case errc::error_answer:
+        return "error answer";
+      case errc::bad_answer:
+        return "bad answer";
+      case errc::line_too_long:
+        return "line too long";
+      case errc::shut_down:
+        return "shut down";
     }
     return "unknown doorman error";
   }

@@ -5,13 +5,14 @@
 /// what to do with its answer. The network layer (or the simulator) only carries the messages.
 ///
 ///     doorman::basic_upstream<engine_type> up({.server_id = "dc-1:7701"});
-///     if (up.due(engine, now)) {
+///     if (const auto step = up.next(engine, now); step.send) {
 ///       auto req = up.make_request(engine, now);           // one bulk get_server_capacity
 ///       ... send it; then either
-///       up.on_response(engine, response, clock.now());     // leases become our capacity
-///       up.on_failure(clock.now());                        // back off with jitter
+///       up.on_reply(engine, response, clock.now());        // leases become our capacity
+///       up.on_reply(error, clock.now());                   // back off with jitter
+///     } else {
+///       timer.expires_at(step.at);
 ///     }
-///     timer.expires_at(up.next_request());
 ///
 /// Refresh rule (docs/node.md): a node asks again after the shortest, over its resources, of
 /// the parent's refresh interval and `decay_factor` × the refresh interval the node itself hands
@@ -27,36 +28,31 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
-#include "doorman/core/backoff.hpp"
+#include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/messages.hpp"
+#include "doorman/core/refresh.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman {
 
 /// Options of the upstream state, with their defaults.
 struct upstream_options {
-  std::string server_id;                ///< this node's id at its parent (e.g. its address)
-  seconds minimum_interval{0.5};        ///< the floor between two requests
-  seconds initial_backoff{0.5};         ///< after the first failure
-  seconds maximum_backoff{15};          ///< the ceiling of the exponential backoff
-  seconds idle_interval{5};             ///< how often to ask when there is nothing to ask for
-  double decay_factor = 0.5;            ///< as the engine's: see the file comment
-  std::uint64_t seed = 0x5eed'0f'd00d;  ///< of the jitter; fixed, so the simulation repeats
+  std::string server_id;  ///< this node's id at its parent (e.g. its address)
+  /// When to ask: at least 0.5 s apart, every 5 s when there is nothing to ask for, backing
+  /// off from 0.5 s to 15 s after failures.
+  refresh_options refresh{.minimum_interval = seconds(0.5),
+                          .idle_interval = seconds(5),
+                          .backoff = {},
+                          .seed = 0x5eed'0f'd00d};
+  double decay_factor = 0.5;  ///< as the engine's: see the file comment
   /// Receives one line per parent answer that held invalid grants (which are ignored). Null:
   /// silent.
   std::function<void(std::string_view)> log{};
-};
-
-/// What changed with a response or a failure, for the node's log.
-enum class upstream_event {
-  none,
-  parent_reached,   ///< the first answer
-  parent_lost,      ///< the first failure after answers
-  parent_regained,  ///< the first answer after failures
 };
 
 /// An intermediate node's relation to its parent. `Engine` is a `basic_engine`.
@@ -68,8 +64,7 @@ class basic_upstream {
   using duration = typename Engine::duration;
 
   explicit basic_upstream(upstream_options options)
-      : options_(std::move(options)),
-        backoff_({options_.initial_backoff, options_.maximum_backoff}, options_.seed) {}
+      : options_(std::move(options)), schedule_(options_.refresh) {}
 
   [[nodiscard]] const upstream_options& options() const noexcept { return options_; }
 
@@ -78,23 +73,31 @@ class basic_upstream {
   /// `basic_engine::news`) and the floor since the last request has passed. Never while one is
   /// in flight.
   [[nodiscard]] bool due(const Engine& eng, time_point now) const noexcept {
-    if (in_flight_) return false;
-    return now >= next_request(eng);
+    return schedule_.due(now, has_news(eng));
   }
 
   /// When the next request is due (see `due`).
   [[nodiscard]] time_point next_request(const Engine& eng) const noexcept {
-    if (failures_ == 0 && eng.news() != news_seen_) {
-      return std::min(next_, last_request_ + floor());
-    }
-    return next_;
+    return schedule_.next_request(has_news(eng));
   }
 
+  /// What the driver does next: send a request (`make_request`) now, or look again at `at`
+  /// (sooner if the engine has news meanwhile: see `next_request`).
+  [[nodiscard]] refresh_step<time_point> next(const Engine& eng, time_point now) const noexcept {
+    if (due(eng, now)) return {true, now};
+    return {false, schedule_.in_flight() ? time_point::max() : next_request(eng)};
+  }
+
+  /// Whether the engine has news the parent has not been asked with yet.
+  [[nodiscard]] bool has_news(const Engine& eng) const noexcept { return eng.news() != news_seen_; }
+
   /// Whether the parent answered the last request.
-  [[nodiscard]] bool connected() const noexcept { return answered_ && failures_ == 0; }
+  [[nodiscard]] bool connected() const noexcept { return schedule_.connected(); }
 
   /// Consecutive failures so far.
-  [[nodiscard]] int failures() const noexcept { return failures_; }
+  [[nodiscard]] int failures() const noexcept { return schedule_.failures(); }
+
+  [[nodiscard]] bool in_flight() const noexcept { return schedule_.in_flight(); }
 
   /// Grants of the parent's answers that were ignored as invalid (an id not asked for, a
   /// duplicate, a number out of bounds), since the start.
@@ -145,8 +148,7 @@ class basic_upstream {
     for (const auto& r : req.resources)
       asked_.push_back(r.resource_id);  // sorted, as the request is
     news_seen_ = eng.news();
-    last_request_ = now;
-    in_flight_ = true;
+    schedule_.sent(now);
     return req;
   }
 
@@ -156,9 +158,8 @@ class basic_upstream {
   /// untrusted: a grant for a resource the request did not ask for, a second grant for one,
   /// or one with a number out of bounds (`check_grant`) is ignored, changes no state, and is
   /// logged (one line per answer).
-  upstream_event on_response(Engine& eng, const server_capacity_response& resp, time_point now) {
-    if (!resp.mastership.is_master) return on_failure(now);
-    in_flight_ = false;
+  refresh_event on_reply(Engine& eng, const server_capacity_response& resp, time_point now) {
+    if (!resp.mastership.is_master) return on_reply(make_error_code(errc::no_master), now);
     double interval = std::numeric_limits<double>::infinity();
     const auto screen = screen_grants(resp.resources, asked_);
     for (std::size_t i = 0; i < resp.resources.size(); ++i) {
@@ -167,8 +168,9 @@ class basic_upstream {
       // Counted from when the request was sent, as the client state does: the parent computed
       // `expires_in` later than that, so this node never thinks its lease lasts longer than
       // the parent does, however long the answer took.
-      if (!eng.set_parent_lease(g.resource_id, from_lease_info<time_point>(g.gets, last_request_),
-                                now, g.algorithm)) {
+      if (!eng.set_parent_lease(g.resource_id,
+                                from_lease_info<time_point>(g.gets, schedule_.last_request()), now,
+                                g.algorithm)) {
         continue;
       }
       const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();
@@ -187,36 +189,19 @@ class basic_upstream {
         earliest_expiry_ = std::min(earliest_expiry_, l->expiry);
       }
     });
-    if (!std::isfinite(interval)) interval = options_.idle_interval.count();
-    next_ = now + to_duration<duration>(std::max(interval, floor_seconds()));
-    const upstream_event e = !answered_      ? upstream_event::parent_reached
-                             : failures_ > 0 ? upstream_event::parent_regained
-                                             : upstream_event::none;
-    answered_ = true;
-    failures_ = 0;
-    return e;
+    return schedule_.answered(now, interval);
   }
 
-  /// The request failed (transport error, deadline, error answer): retry after an exponential
-  /// backoff with jitter (uniform in [½, 1] of the step), but within half the time left on the
-  /// earliest lease held, so that a parent back in time is reached before a lease runs out. Leases
-  /// already held stay until they expire; the engine then has capacity 0 for them.
-  upstream_event on_failure(time_point now) {
-    in_flight_ = false;
-    ++failures_;
-    double delay = backoff_.delay(failures_).count();
-    // Never sleep through the end of a lease still held: retry within half the time left.
-    if (const auto left = earliest_expiry_ - now; earliest_expiry_ > now) {
-      delay = std::min(delay, to_seconds(left) / 2);
-    }
-    delay = std::max(floor_seconds(), delay);
-    next_ = now + to_duration<duration>(delay);
-    return failures_ == 1 && answered_ ? upstream_event::parent_lost : upstream_event::none;
+  /// The request failed (`error` says why): retry after an exponential backoff with jitter
+  /// (uniform in [½, 1] of the step), but within half the time left on the earliest lease
+  /// held, so that a parent back in time is reached before a lease runs out. Leases already
+  /// held stay until they expire; the engine then has capacity 0 for them.
+  refresh_event on_reply(std::error_code error, time_point now) {
+    (void)error;  // every failure is retried the same way
+    return schedule_.failed(now, earliest_expiry_);
   }
 
  private:
-  [[nodiscard]] double floor_seconds() const noexcept { return options_.minimum_interval.count(); }
-
   // A band as the parent accepts it: whole clients from 1 to max_num_clients, bounded wants.
   static priority_band band_of(std::int64_t priority, const demand_sums& sums) noexcept {
     const double n = std::ceil(sums.subclients - 1e-9);
@@ -225,19 +210,13 @@ class basic_upstream {
                 std::clamp(n, 1.0, static_cast<double>(request_limits::max_num_clients))),
             detail::bounded_quantity(sums.wants)};
   }
-  [[nodiscard]] duration floor() const noexcept { return to_duration<duration>(floor_seconds()); }
 
   upstream_options options_;
-  jittered_backoff backoff_;
-  time_point next_{};
-  time_point last_request_{};
+  refresh_schedule<time_point> schedule_;
   time_point earliest_expiry_ = time_point::max();  // of the parent's leases, at the last answer
   std::uint64_t news_seen_ = 0;
   std::vector<std::string> asked_;  // the resources of the request in flight, sorted
   std::uint64_t invalid_grants_ = 0;
-  int failures_ = 0;
-  bool answered_ = false;
-  bool in_flight_ = false;
 };
 
 }  // namespace doorman

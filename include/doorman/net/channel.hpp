@@ -22,6 +22,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/backoff.hpp"
+#include "doorman/core/error.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/protocol/json_rpc.hpp"
@@ -51,13 +53,14 @@ struct channel_options {
 
 /// The outcome of a call: a result, or why there is none.
 struct call_reply {
-  enum class status { ok, rpc_error, unreachable, timeout, bad_answer };
-  status state = status::ok;
+  /// Empty when ok; else `errc::unreachable`, `timed_out`, `error_answer` (see `code`),
+  /// `bad_answer`, `no_master`, `too_many_redirects` or `shut_down`.
+  std::error_code error;
   nlohmann::json result;  ///< when ok
-  int code = 0;           ///< the JSON-RPC error code, when rpc_error
-  std::string message;    ///< what went wrong, when not ok
+  int code = 0;           ///< the JSON-RPC error code, when `error_answer`
+  std::string message;    ///< what went wrong, when not ok, in words
 
-  explicit operator bool() const noexcept { return state == status::ok; }
+  explicit operator bool() const noexcept { return !error; }
 };
 
 class channel {
@@ -109,14 +112,14 @@ class channel {
     int failed_rounds = 0;
     std::size_t tried = 0;  // addresses tried in this round
     for (;;) {
-      if (shut_) co_return fail(call_reply::status::unreachable, "channel shut down");
+      if (shut_) co_return fail(errc::shut_down, "channel shut down");
       if (!state_->open) {
         const bool ok = co_await connect(deadline);
         if (!ok) {
           ++tried;
           current_ = (current_ + 1) % options_.addresses.size();
           if (clock::now() >= deadline) {
-            co_return fail(call_reply::status::unreachable,
+            co_return fail(errc::unreachable,
                            "no task of the position answered before the deadline");
           }
           if (tried >= options_.addresses.size()) {
@@ -127,7 +130,7 @@ class channel {
         }
       }
       call_reply reply = co_await send(method, params, deadline);
-      if (reply.state == call_reply::status::unreachable && clock::now() < deadline) {
+      if (reply.error == errc::unreachable && clock::now() < deadline) {
         continue;  // the connection broke: reconnect and resend (calls are idempotent)
       }
       if (!reply || !follow_redirects) co_return reply;
@@ -135,7 +138,7 @@ class channel {
       if (!hint.not_master) co_return reply;
       // A non-master: go where it says, or try the next address.
       if (++redirects > options_.max_redirects) {
-        co_return fail(call_reply::status::unreachable, "too many mastership redirects");
+        co_return fail(errc::too_many_redirects, "too many mastership redirects");
       }
       if (hint.master && parse_address(*hint.master)) {
         redirect(*hint.master);
@@ -145,7 +148,7 @@ class channel {
         co_await backoff(redirects, deadline);
       }
       if (clock::now() >= deadline) {
-        co_return fail(call_reply::status::unreachable, "no master found before the deadline");
+        co_return fail(errc::no_master, "no master found before the deadline");
       }
     }
   }
@@ -170,9 +173,9 @@ class channel {
     bool writing = false;
   };
 
-  static call_reply fail(call_reply::status s, std::string message) {
+  static call_reply fail(errc e, std::string message) {
     call_reply r;
-    r.state = s;
+    r.error = e;
     r.message = std::move(message);
     return r;
   }
@@ -274,12 +277,12 @@ class channel {
       rpc_answer a = read_answer(*p.answer);  // never throws, whatever the types
       switch (a.type) {
         case rpc_answer::kind::error: {
-          call_reply r = fail(call_reply::status::rpc_error, std::move(a.message));
+          call_reply r = fail(errc::error_answer, std::move(a.message));
           r.code = a.code;
           co_return r;
         }
         case rpc_answer::kind::malformed:
-          co_return fail(call_reply::status::bad_answer, std::move(a.message));
+          co_return fail(errc::bad_answer, std::move(a.message));
         case rpc_answer::kind::result:
           break;
       }
@@ -287,8 +290,8 @@ class channel {
       r.result = std::move(a.result);
       co_return r;
     }
-    if (p.lost) co_return fail(call_reply::status::unreachable, "connection lost");
-    co_return fail(call_reply::status::timeout, method + ": no answer before the deadline");
+    if (p.lost) co_return fail(errc::unreachable, "connection lost");
+    co_return fail(errc::timed_out, method + ": no answer before the deadline");
   }
 
   static asio::awaitable<void> write_loop(std::shared_ptr<connection_state> s) {

@@ -30,6 +30,7 @@
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/channel.hpp"
+#include "doorman/net/refresh_driver.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
 #include "doorman/node/election.hpp"
@@ -84,7 +85,6 @@ class basic_node {
             strand_, options_.server, [this](std::string_view line) { return on_line(line); },
             options_.log),
         upstream_(options_.upstream),
-        upstream_timer_(strand_),
         election_(std::move(election)) {
     if (!net::parse_address(options_.listen)) {
       throw std::invalid_argument("listen: expected host:port, got \"" + options_.listen + "\"");
@@ -95,6 +95,7 @@ class basic_node {
       ch.call_timeout = options_.parent_timeout;
       ch.log = options_.log;
       parent_.emplace(strand_, std::move(ch));
+      driver_.emplace(strand_, upstream_side_, *parent_, "upstream loop", options_.log);
     }
   }
 
@@ -130,13 +131,7 @@ class basic_node {
         }
       });
     });
-    if (parent_) {
-      asio::co_spawn(strand_,
-                     net::supervised(
-                         "upstream loop", [this] { return upstream_loop(); },
-                         [this] { return stopping_; }, options_.log),
-                     asio::detached);
-    }
+    if (driver_) driver_->async_run(asio::detached);
   }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
@@ -159,7 +154,7 @@ class basic_node {
       log("stopping");
       election_.stop();
       server_.stop();
-      upstream_timer_.cancel();
+      if (driver_) driver_->stop();
       if (parent_) parent_->shutdown();
     });
   }
@@ -194,57 +189,58 @@ class basic_node {
   std::optional<std::string> on_line(std::string_view line) {
     auto reply = handle_line(engine_, line, clock::now(), identity_);
     // A client asked for a resource the node had no state for, or gave back capacity the
-    // parent is waiting for: tell the parent soon.
-    if (parent_ && engine_.news() != news_seen_) {
-      news_seen_ = engine_.news();
-      upstream_timer_.cancel();
-    }
+    // parent is waiting for: that may make the next request to the parent due sooner.
+    if (driver_ && upstream_.next_request(engine_) < driver_->wakes_at()) driver_->reschedule();
     return reply;
   }
 
-  asio::awaitable<void> upstream_loop() {
-    while (!stopping_) {
-      if (upstream_.due(engine_, clock::now())) {
-        co_await refresh();
-        continue;
-      }
-      upstream_timer_.expires_at(upstream_.next_request(engine_));
-      std::error_code ec;
-      co_await upstream_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-  }
+  // The node's side of its refresh driver: the upstream machine over the engine.
+  struct upstream_requester {
+    basic_node& node;
 
-  asio::awaitable<void> refresh() {
-    const auto request = upstream_.make_request(engine_, clock::now());
-    const auto reply = co_await parent_->call("get_server_capacity", nlohmann::json(request));
-    if (stopping_) co_return;
-    upstream_event event;
-    std::string why;
-    if (!reply) {
-      why = reply.message;
-      event = upstream_.on_failure(clock::now());
-    } else if (server_capacity_response resp; auto err = decode(reply.result, resp)) {
-      why = "bad answer: " + err->message;
-      event = upstream_.on_failure(clock::now());
-    } else {
-      event = upstream_.on_response(engine_, resp, clock::now());
+    refresh_step<clock::time_point> next(clock::time_point now) const {
+      return node.upstream_.next(node.engine_, now);
     }
+
+    net::outgoing_call request(clock::time_point now) const {
+      auto r = node.upstream_.make_request(node.engine_, now);
+      node.asked_ = r.resources.size();
+      return {"get_server_capacity", nlohmann::json(r)};
+    }
+
+    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+      co_await node.on_parent_reply(std::move(reply), now);
+    }
+  };
+
+  asio::awaitable<void> on_parent_reply(net::call_reply reply, clock::time_point now) {
+    server_capacity_response resp;
+    if (reply) {
+      if (auto err = decode(reply.result, resp)) {
+        reply.error = errc::bad_answer;
+        reply.message = "bad answer: " + err->message;
+      } else if (!resp.mastership.is_master) {
+        reply.error = errc::no_master;
+        reply.message = "the parent answered as not master";
+      }
+    }
+    const refresh_event event =
+        reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
     switch (event) {
-      case upstream_event::parent_reached:
-        log(fmt::format("parent {} reached: {} resources leased", parent_->current(),
-                        request.resources.size()));
+      case refresh_event::reached:
+        log(fmt::format("parent {} reached: {} resources leased", parent_->current(), asked_));
         co_await learn_level();
         break;
-      case upstream_event::parent_lost:
+      case refresh_event::lost:
         log(fmt::format("parent lost ({}); leases run out as they expire, retrying with backoff",
-                        why));
+                        reply.message));
         break;
-      case upstream_event::parent_regained:
+      case refresh_event::regained:
         log(fmt::format("parent {} regained", parent_->current()));
         break;
-      case upstream_event::none:
-        if (!why.empty() && upstream_.failures() == 1) {
-          log(fmt::format("parent unreachable: {}", why));  // never reached yet
+      case refresh_event::none:
+        if (reply.error && upstream_.failures() == 1) {
+          log(fmt::format("parent unreachable: {}", reply.message));  // never reached yet
         }
         break;
     }
@@ -274,12 +270,13 @@ class basic_node {
   engine_type engine_;
   net::server server_;
   basic_upstream<engine_type> upstream_;
-  asio::steady_timer upstream_timer_;
   std::optional<net::channel> parent_;
+  upstream_requester upstream_side_{*this};
+  std::optional<net::refresh_driver<upstream_requester>> driver_;
+  std::size_t asked_ = 0;  // resources in the last request to the parent
   Election election_;
   node_identity identity_;
   std::string local_;
-  std::uint64_t news_seen_ = 0;
   bool stopping_ = false;
 };
 

@@ -92,6 +92,16 @@ struct simulation_options {
   bool check_invariants = false;
 };
 
+/// The exchange a requester (a client, or an intermediate facing its parent) has with the job
+/// it asks: at most one request in flight.
+struct exchange {
+  std::uint32_t wake_generation = 0;  ///< of the wake-up pending (older ones are stale)
+  std::uint32_t request_number = 0;
+  std::uint32_t in_flight = 0;  ///< the request number awaited, 0 for none
+  time_point sent{};
+  std::uint64_t epoch_seen = 0;  ///< the master epoch of the job it asked last
+};
+
 /// One task group at one position of the tree.
 struct job {
   std::string name;
@@ -102,17 +112,11 @@ struct job {
   std::uint64_t epoch = 0;                  ///< bumped whenever the master changes
   std::uint64_t requests = 0;               ///< requests received (any method)
   std::uint64_t elections = 0;
-  // The upstream exchange in flight (at most one).
-  std::uint32_t wake_generation = 0;
-  time_point wake_at = time_point::max();
-  std::uint32_t request_number = 0;
-  std::uint32_t in_flight = 0;  ///< the request number awaited, 0 for none
-  std::uint64_t in_flight_epoch = 0;
-  time_point sent{};
+  exchange up;                             ///< with the parent
+  time_point wake_at = time_point::max();  ///< of the wake-up pending
+  std::uint64_t in_flight_epoch = 0;       ///< this job's epoch when the request went out
   server_capacity_request request;
   server_capacity_response response;
-  std::uint64_t parent_epoch_seen = 0;
-  std::uint64_t news_seen = 0;
 };
 
 /// One simulated client process holding the one resource. Its state is kept in place (not
@@ -121,13 +125,9 @@ struct job {
 struct client {
   bool active = false;
   bool wants_changed = false;  ///< to hand to `state` before the next request
-  std::uint32_t wake_generation = 0;
-  std::uint32_t request_number = 0;
-  std::uint32_t in_flight = 0;
+  exchange up;                 ///< with its job
   std::size_t job = 0;
   double wants = 0;
-  time_point sent{};
-  std::uint64_t epoch_seen = 0;
   const client_state_type::resource* held = nullptr;  ///< the resource in `state`
   std::optional<client_state_type> state;
   capacity_request request;
@@ -180,18 +180,18 @@ class simulation {
     client& c = clients_.at(index);
     client_state_options o = options_.client;
     o.client_id = c.name;
-    o.seed = mix(options_.seed, 0xc1, index);
+    o.refresh.seed = mix(options_.seed, 0xc1, index);
     c.state.emplace(o);
     c.wants = wants;
     c.active = true;
-    c.in_flight = 0;
+    c.up.in_flight = 0;
     client_resource_options r = options_.client_resource;
     r.wants = wants;
     c.state->add(options_.resource, r);
     c.held = c.state->find(options_.resource);
     c.wants_changed = false;
     stand(index);
-    wake_client(index, now());
+    client_side{*this, index}.wake_at(now());
   }
 
   /// The client leaves: it releases its capacity (one message, not retried) and stops.
@@ -199,8 +199,8 @@ class simulation {
     client& c = clients_.at(index);
     if (!c.active) return;
     c.active = false;
-    c.in_flight = 0;
-    ++c.wake_generation;
+    c.up.in_flight = 0;
+    ++c.up.wake_generation;
     c.held = nullptr;
     c.state.reset();
     stand(index);
@@ -231,8 +231,8 @@ class simulation {
     j.engine.reset();
     j.upstream.reset();
     ++j.epoch;
-    j.in_flight = 0;
-    ++j.wake_generation;
+    j.up.in_flight = 0;
+    ++j.up.wake_generation;
     // The master that returns knows how long the position was unreachable: nobody was granted
     // anything meanwhile, so its learning mode is that much shorter.
     const double quiet = std::max(0.0, for_seconds);
@@ -544,15 +544,14 @@ class simulation {
     j.engine->set_mastership(true, j.name, now(), to_duration<duration>(quiet));
     ++j.epoch;
     ++j.elections;
-    j.in_flight = 0;
-    j.news_seen = 0;
+    j.up.in_flight = 0;
     if (j.parent) {
       upstream_options uo = options_.upstream;
       uo.server_id = j.name;
       uo.decay_factor = eo.decay_factor;
-      uo.seed = mix(options_.seed, 0x0b, index * 1000 + j.elections);
+      uo.refresh.seed = mix(options_.seed, 0x0b, index * 1000 + j.elections);
       j.upstream = std::make_unique<upstream_type>(uo);
-      wake_node(index, now());
+      node_side{*this, index}.wake_at(now());
     }
   }
 
@@ -562,32 +561,20 @@ class simulation {
       case kind::action:
         actions_[e.who]();
         break;
-      case kind::client_wake:
-        on_client_wake(e.who, e.tag);
-        break;
-      case kind::client_arrives:
-        on_client_arrives(e.who, e.tag);
-        break;
-      case kind::client_answer:
-        on_client_answer(e.who, e.tag);
-        break;
-      case kind::client_timeout:
-        on_client_timeout(e.who, e.tag);
-        break;
       case kind::client_release:
         on_client_release(e.who);
         break;
+      case kind::client_wake:
+      case kind::client_arrives:
+      case kind::client_answer:
+      case kind::client_timeout:
+        on_exchange(client_side{*this, e.who}, e.what(), e.tag);
+        break;
       case kind::node_wake:
-        on_node_wake(e.who, e.tag);
-        break;
       case kind::node_arrives:
-        on_node_arrives(e.who, e.tag);
-        break;
       case kind::node_answer:
-        on_node_answer(e.who, e.tag);
-        break;
       case kind::node_timeout:
-        on_node_timeout(e.who, e.tag);
+        on_exchange(node_side{*this, e.who}, e.what(), e.tag);
         break;
     }
   }
@@ -623,72 +610,6 @@ class simulation {
     s.otherwise = fallback_capacity(c.held->options, c.held->server_safe_capacity);
   }
 
-  void wake_client(std::size_t index, time_point t) {
-    client& c = clients_[index];
-    schedule(std::max(t, now()), kind::client_wake, index, ++c.wake_generation);
-  }
-
-  void on_client_wake(std::size_t index, std::uint32_t generation) {
-    client& c = clients_[index];
-    if (!c.active || generation != c.wake_generation) return;
-    if (!c.state->due(now())) {
-      if (!c.state->in_flight()) wake_client(index, c.state->next_request());
-      return;
-    }
-    if (c.wants_changed) {
-      c.state->set_wants(options_.resource, c.wants);
-      c.wants_changed = false;
-      stand(index);
-    }
-    c.request = c.state->make_request(now());
-    c.sent = now();
-    c.in_flight = ++c.request_number;
-    if (lost()) {
-      schedule(c.sent + timeout(), kind::client_timeout, index, c.in_flight);
-    } else {
-      schedule(now() + one_way(), kind::client_arrives, index, c.in_flight);
-    }
-  }
-
-  void on_client_arrives(std::size_t index, std::uint32_t number) {
-    client& c = clients_[index];
-    if (!c.active || number != c.in_flight) return;
-    job& j = jobs_[c.job];
-    ++j.requests;
-    if (!j.engine) {  // nobody answers
-      schedule(c.sent + timeout(), kind::client_timeout, index, number);
-      return;
-    }
-    const duration extra = redirect_cost(c.epoch_seen, j.epoch);
-    const auto before = check_before(j, c.name);
-    auto r = j.engine->get_capacity(c.request, now());
-    if (!r)
-      throw std::logic_error("simulation: the engine refused " + c.name +
-                             "'s request: " + r.error().message);
-    c.response = std::move(r).value();
-    check_after(j, c.name, before);
-    after_decision(c.job);
-    answer(c.sent, extra, kind::client_answer, kind::client_timeout, index, number);
-  }
-
-  void on_client_answer(std::size_t index, std::uint32_t number) {
-    client& c = clients_[index];
-    if (!c.active || number != c.in_flight) return;
-    c.in_flight = 0;
-    c.state->on_response(c.response, now());
-    stand(index);
-    wake_client(index, c.state->next_request());
-  }
-
-  void on_client_timeout(std::size_t index, std::uint32_t number) {
-    client& c = clients_[index];
-    if (!c.active || number != c.in_flight) return;
-    c.in_flight = 0;
-    c.state->on_failure(now());
-    stand(index);
-    wake_client(index, c.state->next_request());
-  }
-
   void on_client_release(std::size_t index) {
     client& c = clients_[index];
     job& j = jobs_[c.job];
@@ -698,79 +619,164 @@ class simulation {
     (void)j.engine->release_capacity(req, now());
   }
 
-  // ---- intermediates ----
+  // ---- requesters: clients and intermediates, through one path ----
+  //
+  // A requester wakes when its refresh machine says, sends its request through the network,
+  // and hands the answer (or a timeout) back to its machine. The two sides differ only in
+  // what they are: a client's machine is its `client_state`, it asks its own job with
+  // `get_capacity`; an intermediate's is its job's `upstream`, it asks the parent job with
+  // `get_server_capacity`.
 
-  void wake_node(std::size_t index, time_point t) {
-    job& j = jobs_[index];
-    j.wake_at = std::max(t, now());
-    schedule(j.wake_at, kind::node_wake, index, ++j.wake_generation);
+  struct client_side {
+    static constexpr kind wake = kind::client_wake, arrives = kind::client_arrives,
+                          answered = kind::client_answer, timed_out = kind::client_timeout;
+    simulation& s;
+    std::size_t index;
+
+    [[nodiscard]] client& me() const { return s.clients_[index]; }
+    [[nodiscard]] exchange& up() const { return me().up; }
+    [[nodiscard]] bool present() const { return me().active; }
+    [[nodiscard]] bool awaited() const { return true; }
+    [[nodiscard]] bool due() const { return me().state->due(s.now()); }
+    [[nodiscard]] time_point next_request() const { return me().state->next_request(); }
+    [[nodiscard]] std::size_t asks() const { return me().job; }
+    [[nodiscard]] const std::string& name() const { return me().name; }
+    void woke() const {}
+    void make_request() const {
+      client& c = me();
+      if (c.wants_changed) {  // handed over with the request (see set_wants)
+        c.state->set_wants(s.options_.resource, c.wants);
+        c.wants_changed = false;
+        s.stand(index);
+      }
+      c.request = c.state->make_request(s.now());
+    }
+    [[nodiscard]] auto decide(engine_type& e) const {
+      auto r = e.get_capacity(me().request, s.now());
+      if (r) me().response = std::move(r).value();
+      return r ? std::string() : r.error().message;
+    }
+    void reply(std::error_code error) const {
+      client& c = me();
+      if (error) {
+        (void)c.state->on_reply(error, s.now());
+      } else {
+        (void)c.state->on_reply(c.response, s.now());
+      }
+      s.stand(index);
+    }
+    void wake_at(time_point t) const {
+      s.schedule(std::max(t, s.now()), wake, index, ++up().wake_generation);
+    }
+  };
+
+  struct node_side {
+    static constexpr kind wake = kind::node_wake, arrives = kind::node_arrives,
+                          answered = kind::node_answer, timed_out = kind::node_timeout;
+    simulation& s;
+    std::size_t index;
+
+    [[nodiscard]] job& me() const { return s.jobs_[index]; }
+    [[nodiscard]] exchange& up() const { return me().up; }
+    [[nodiscard]] bool present() const { return me().upstream != nullptr; }
+    // An answer to a request of an earlier master of this job is nobody's.
+    [[nodiscard]] bool awaited() const { return me().in_flight_epoch == me().epoch; }
+    [[nodiscard]] bool due() const { return me().upstream->due(*me().engine, s.now()); }
+    [[nodiscard]] time_point next_request() const {
+      return me().upstream->next_request(*me().engine);
+    }
+    [[nodiscard]] std::size_t asks() const { return *me().parent; }
+    [[nodiscard]] const std::string& name() const { return me().name; }
+    void woke() const { me().wake_at = time_point::max(); }
+    void make_request() const {
+      job& j = me();
+      j.request = j.upstream->make_request(*j.engine, s.now());
+      j.in_flight_epoch = j.epoch;
+    }
+    [[nodiscard]] auto decide(engine_type& e) const {
+      auto r = e.get_server_capacity(me().request, s.now());
+      if (r) me().response = std::move(r).value();
+      return r ? std::string() : r.error().message;
+    }
+    void reply(std::error_code error) const {
+      job& j = me();
+      if (error) {
+        (void)j.upstream->on_reply(error, s.now());
+      } else {
+        (void)j.upstream->on_reply(*j.engine, j.response, s.now());
+      }
+    }
+    void wake_at(time_point t) const {
+      me().wake_at = std::max(t, s.now());
+      s.schedule(me().wake_at, wake, index, ++up().wake_generation);
+    }
+  };
+
+  template <class Side>
+  void on_exchange(const Side& side, kind what, std::uint32_t tag) {
+    if (!side.present()) return;
+    exchange& x = side.up();
+    if (what == Side::wake) {
+      if (tag == x.wake_generation) on_wake(side);
+    } else if (tag == x.in_flight) {
+      if (what == Side::arrives) {
+        on_arrives(side);
+      } else if (side.awaited()) {  // the answer, or the caller gives up
+        x.in_flight = 0;
+        side.reply(what == Side::answered ? std::error_code() : make_error_code(errc::timed_out));
+        side.wake_at(side.next_request());
+      }
+    }
   }
 
-  // A client's request may have created the resource at an intermediate: ask the parent soon.
+  // Sends the request if it is due, or else sleeps until it is.
+  template <class Side>
+  void on_wake(const Side& side) {
+    side.woke();
+    exchange& x = side.up();
+    if (!side.due()) {
+      if (x.in_flight == 0) side.wake_at(side.next_request());
+      return;
+    }
+    side.make_request();
+    x.sent = now();
+    x.in_flight = ++x.request_number;
+    if (lost()) {
+      schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+    } else {
+      schedule(now() + one_way(), Side::arrives, side.index, x.in_flight);
+    }
+  }
+
+  // The request reaches the job it asks: its master decides, and the answer travels back.
+  template <class Side>
+  void on_arrives(const Side& side) {
+    exchange& x = side.up();
+    const std::size_t target = side.asks();
+    job& j = jobs_[target];
+    ++j.requests;
+    if (!j.engine) {  // nobody answers
+      schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+      return;
+    }
+    const duration extra = redirect_cost(x.epoch_seen, j.epoch);
+    const auto before = check_before(j, side.name());
+    if (const std::string refused = side.decide(*j.engine); !refused.empty()) {
+      throw std::logic_error("simulation: the engine refused " + side.name() +
+                             "'s request: " + refused);
+    }
+    check_after(j, side.name(), before);
+    after_decision(target);
+    answer(x.sent, extra, Side::answered, Side::timed_out, side.index, x.in_flight);
+  }
+
+  // A decision at an intermediate may have given it news for its parent (a new resource, or
+  // capacity given back): if that makes its next request due sooner, wake it then.
   void after_decision(std::size_t index) {
     job& j = jobs_[index];
-    if (!j.upstream || j.in_flight != 0) return;
-    if (j.engine->news() == j.news_seen) return;
-    j.news_seen = j.engine->news();
-    const time_point t = j.upstream->next_request(*j.engine);
-    if (t < j.wake_at) wake_node(index, t);
-  }
-
-  void on_node_wake(std::size_t index, std::uint32_t generation) {
-    job& j = jobs_[index];
-    if (generation != j.wake_generation || !j.upstream) return;
-    j.wake_at = time_point::max();
-    if (!j.upstream->due(*j.engine, now())) {
-      wake_node(index, j.upstream->next_request(*j.engine));
-      return;
-    }
-    j.request = j.upstream->make_request(*j.engine, now());
-    j.news_seen = j.engine->news();
-    j.sent = now();
-    j.in_flight = ++j.request_number;
-    j.in_flight_epoch = j.epoch;
-    if (lost()) {
-      schedule(j.sent + timeout(), kind::node_timeout, index, j.in_flight);
-    } else {
-      schedule(now() + one_way(), kind::node_arrives, index, j.in_flight);
-    }
-  }
-
-  void on_node_arrives(std::size_t index, std::uint32_t number) {
-    job& j = jobs_[index];
-    if (number != j.in_flight) return;
-    job& p = jobs_[*j.parent];
-    ++p.requests;
-    if (!p.engine) {
-      schedule(j.sent + timeout(), kind::node_timeout, index, number);
-      return;
-    }
-    const duration extra = redirect_cost(j.parent_epoch_seen, p.epoch);
-    const auto before = check_before(p, j.name);
-    auto r = p.engine->get_server_capacity(j.request, now());
-    if (!r)
-      throw std::logic_error("simulation: the engine refused " + j.name +
-                             "'s request: " + r.error().message);
-    j.response = std::move(r).value();
-    check_after(p, j.name, before);
-    after_decision(*j.parent);
-    answer(j.sent, extra, kind::node_answer, kind::node_timeout, index, number);
-  }
-
-  void on_node_answer(std::size_t index, std::uint32_t number) {
-    job& j = jobs_[index];
-    if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
-    j.in_flight = 0;
-    (void)j.upstream->on_response(*j.engine, j.response, now());
-    wake_node(index, j.upstream->next_request(*j.engine));
-  }
-
-  void on_node_timeout(std::size_t index, std::uint32_t number) {
-    job& j = jobs_[index];
-    if (number != j.in_flight || j.in_flight_epoch != j.epoch || !j.upstream) return;
-    j.in_flight = 0;
-    (void)j.upstream->on_failure(now());
-    wake_node(index, j.upstream->next_request(*j.engine));
+    if (!j.upstream || j.up.in_flight != 0) return;
+    const time_point t = std::max(j.upstream->next_request(*j.engine), now());
+    if (t < j.wake_at) node_side{*this, index}.wake_at(t);
   }
 
   // ---- invariants (docs/design.md), when asked for ----

@@ -1,0 +1,138 @@
+#pragma once
+
+/// \file
+/// The one asio driver of a refresh machine: it asks the machine what to do, sends its request
+/// through a channel, hands the reply back, and sleeps on a timer until the machine's next
+/// step. The node drives its upstream with it and the client its state; the simulator drives
+/// the same machines through its event queue instead.
+///
+///     net::refresh_driver<my_requester> driver(strand, requester, channel, "refresh loop", log);
+///     driver.async_run([](std::error_code ec) { /* operation_aborted once stopped */ });
+///     ...
+///     driver.reschedule();  // news: look at the machine again now
+///     driver.stop();        // or cancel the run's cancellation slot
+///
+/// A `Requester` is called on the driver's executor only:
+/// - `refresh_step<clock::time_point> next(clock::time_point now)`: send now, or look again at
+///   `at` (it may do its own bookkeeping here, e.g. the client measures demand);
+/// - `outgoing_call request(clock::time_point now)`: the call to make (the machine marks it in
+///   flight);
+/// - `asio::awaitable<void> on_reply(call_reply reply, clock::time_point now)`: the answer, or
+///   why there is none (`reply.error`).
+///
+/// The run never ends by itself: it ends when stopped, completing with `operation_aborted`.
+/// Should the requester throw, the loop logs it and starts again (`supervised`).
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/refresh.hpp"
+#include "doorman/core/time.hpp"
+#include "doorman/net/channel.hpp"
+#include "doorman/net/supervise.hpp"
+
+namespace doorman::net {
+
+/// A call a requester wants made: `method` with `params`, within `timeout` (else the channel's
+/// `call_timeout`).
+struct outgoing_call {
+  std::string method;
+  nlohmann::json params;
+  std::optional<seconds> timeout{};
+};
+
+template <class Requester>
+class refresh_driver {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// `requester` and `channel` must outlive the driver; `name` is for the log
+  /// (`"<name> failed (…); restarting"`).
+  refresh_driver(asio::any_io_executor executor, Requester& requester, channel& ch,
+                 std::string name, std::function<void(std::string_view)> log)
+      : requester_(requester),
+        channel_(ch),
+        timer_(std::move(executor)),
+        name_(std::move(name)),
+        log_(std::move(log)) {}
+
+  refresh_driver(const refresh_driver&) = delete;
+  refresh_driver& operator=(const refresh_driver&) = delete;
+
+  /// Runs the loop until `stop` (or a cancellation of the handler's slot); completes with
+  /// `asio::error::operation_aborted` then. One run at a time.
+  template <class Token>
+  auto async_run(Token&& token) {
+    return asio::async_initiate<Token, void(std::error_code)>(
+        [this](auto handler) {
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          if (slot.is_connected()) {
+            slot.assign([this](asio::cancellation_type) { stop(); });
+          }
+          stopped_ = false;
+          asio::co_spawn(timer_.get_executor(),
+                         supervised(
+                             name_, [this] { return loop(); }, [this] { return stopped_; }, log_),
+                         [handler = std::move(handler)](const std::exception_ptr&) mutable {
+                           auto s = asio::get_associated_cancellation_slot(handler);
+                           if (s.is_connected()) s.clear();
+                           auto ex = asio::get_associated_executor(handler);
+                           asio::dispatch(ex, [h = std::move(handler)]() mutable {
+                             std::move(h)(std::error_code(asio::error::operation_aborted));
+                           });
+                         });
+        },
+        token);
+  }
+
+  /// Ends the run after the step under way (a call in flight is not waited for: its reply is
+  /// dropped). On the driver's executor.
+  void stop() {
+    stopped_ = true;
+    timer_.cancel();
+  }
+
+  /// Looks at the machine again now (something changed that may make a request due sooner).
+  /// On the driver's executor.
+  void reschedule() { timer_.cancel(); }
+
+  /// When the driver will look again by itself (max: not sleeping).
+  [[nodiscard]] clock::time_point wakes_at() const { return timer_.expiry(); }
+
+  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+
+ private:
+  asio::awaitable<void> loop() {
+    while (!stopped_) {
+      const auto step = requester_.next(clock::now());
+      if (step.send) {
+        outgoing_call call = requester_.request(clock::now());
+        auto reply = co_await channel_.call(std::move(call.method), std::move(call.params), true,
+                                            call.timeout);
+        if (stopped_) break;
+        co_await requester_.on_reply(std::move(reply), clock::now());
+        continue;
+      }
+      timer_.expires_at(step.at);
+      std::error_code ec;
+      co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  Requester& requester_;
+  channel& channel_;
+  asio::steady_timer timer_;
+  std::string name_;
+  std::function<void(std::string_view)> log_;
+  bool stopped_ = false;
+};
+
+}  // namespace doorman::net
