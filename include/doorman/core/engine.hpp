@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <variant>
@@ -370,174 +371,235 @@ class basic_engine {
         r.algorithm);
   }
 
-  // One decision: record the demand (and a server child's outstanding grants), run the
-  // algorithm (unless learning or refreshing too soon), cap by what is available and by this
-  // node's own lease, store the lease. One lookup of the client.
+  // ---- one decision, in steps ----
+  //
+  // The default path reads top to bottom in `decide`: record the demand, hand back a lease
+  // refreshed too soon, compute the grant (learning mode: confirm what the client has; else
+  // the algorithm's share of what the others leave), set its expiry and refresh interval, cap
+  // it by this node's own lease, store it. The Doorman-compatibility switches of
+  // `engine_options` each steer one step, named there.
+
+  using client_type = typename store_type::client;
+
+  // What every step of one decision reads.
+  struct decision {
+    resource& r;
+    std::string_view client_id;
+    const std::optional<lease_info>& has;
+    bool server;      // a server child (`get_server_capacity`), reporting `outstanding`
+    double capacity;  // this node's, now
+    bool sharing;     // the algorithm shares the capacity (not NO_ALGORITHM)
+    bool learning;
+    time_point now;
+  };
+
+  static duration as_duration(seconds s) noexcept { return to_duration<duration>(s.count()); }
+
   lease_type decide(resource& r, std::string_view client_id, std::span<const band_demand> bands,
                     const std::optional<lease_info>& has, std::optional<double> outstanding,
                     time_point now) {
     r.store.expire(now);
-    const double capacity = own_capacity(r, now);
-    const bool sharing = shares_capacity(r);
-    // A server child relearning (see below) knows only the clients that have come back to it
-    // so far: while it reports fewer subclients than before, keep its earlier demand, so that
-    // a partial count does not shrink its share (nor, through this node's own report, this
-    // node's).
+    const decision d{.r = r,
+                     .client_id = client_id,
+                     .has = has,
+                     .server = outstanding.has_value(),
+                     .capacity = own_capacity(r, now),
+                     .sharing = shares_capacity(r),
+                     .learning = now < learning_until(r.tmpl),
+                     .now = now};
     std::vector<band_demand> kept;
-    if (outstanding && options_.count_outstanding) {
-      if (const auto* known = r.store.find(client_id); known && relearning(*known, has, now)) {
-        const auto sub = [](const auto& list) {
-          double n = 0;
-          for (const auto& b : list)
-            n += b.subclients;
-          return n;
-        };
-        if (sub(bands) < sub(known->bands)) {
-          kept = known->bands.to_vector();
-          bands = kept;
-        }
-      }
-    }
-    // set_demand leaves the lease and the time of the last decision as they were.
-    const auto [c, created] = r.store.set_demand(client_id, bands);
-    if (outstanding) {
-      double out = *outstanding;
-      if (options_.count_outstanding) {
-        // A server child that held a live lease here but reports none lost its state (a new
-        // master): beneath it, its predecessor's grants may still be out, which it will only
-        // learn (and report) as its clients come back. Count the old lease until the child's
-        // learning mode is over.
-        if (!created && starts_relearning(c, has, now)) {
-          r.store.set_relearn(
-              c, c.lease.capacity,
-              now + to_duration<duration>(r.tmpl.algorithm.learning_mode_duration.count()));
-        }
-        if (now < c.relearn_until) out = std::max(out, c.relearn_floor);
-      }
-      r.store.set_server_info(c, out);
-    }
-
-    // Server children are few and refresh on purpose faster than clients: no minimum for them.
-    // Nor for a client holding nothing: rerunning the algorithm for it costs little and lets it
-    // in as soon as capacity appears (e.g. an intermediate's first lease from its parent).
-    if (!created && !c.lease.expired(now) && !outstanding && c.lease.capacity > 0 &&
-        options_.minimum_refresh_interval.count() > 0 &&
-        now - c.last_decision < to_duration<duration>(options_.minimum_refresh_interval.count())) {
-      return c.lease;
-    }
-
+    if (d.server && options_.count_outstanding) bands = demand_while_relearning(d, bands, kept);
+    const auto [c, created] = record_demand(d, bands, outstanding);
+    if (refreshed_too_soon(d, c, created)) return c.lease;
+    const double held_before = r.store.sum_held();
     double gets = 0;
     bool owed = false;
-    const bool learning = now < learning_until(r.tmpl);
-    const double held_before = r.store.sum_held();
-    // What the others hold: their leases, and (count_outstanding) what server children have
-    // granted beyond theirs.
-    const double others =
-        options_.count_outstanding ? r.store.held_by_others(c) : r.store.leased_by_others(c);
-    if (learning) {
-      // Learning mode: the engine does not know who holds what yet, so it confirms what the
-      // client says it has (0 for a newcomer) and learns the demand.
-      if (has && has->expires_in > 0) gets = has->capacity;
-      // Leases only: what server children hold beyond theirs is being given back.
-      const double leased_by_others = r.store.leased_by_others(c);
-      if (sharing && options_.echo_in_learning && capacity <= 0 && gets > 0) {
-        // An intermediate with no capacity from its parent yet cannot confirm anything: hand
-        // the client's lease back unchanged (no capacity is created, the expiry is not
-        // extended), recorded so that the parent hears of it as outstanding, and look again
-        // soon. (Cutting it to 0 instead would stick: the client would report 0 from then on.)
-        lease_type echo;
-        echo.capacity = gets;
-        echo.expiry = now + to_duration<duration>(
-                                std::min(has->expires_in, r.tmpl.algorithm.lease_length.count()));
-        // Soon, and before the echoed lease runs out: a client coming back at its expiry
-        // would no longer report it, and would be granted nothing until learning mode ends.
-        echo.refresh_interval =
-            std::min({to_duration<duration>(r.tmpl.algorithm.refresh_interval.count()),
-                      to_duration<duration>(options_.no_parent_refresh_interval.count()),
-                      (echo.expiry - now) / 2});
-        // Not a decision: the minimum refresh interval must not hand it back again.
-        r.store.set_lease(c, echo,
-                          now - to_duration<duration>(options_.minimum_refresh_interval.count()));
-        return echo;
-      }
-      // What fits: the whole capacity (Doorman), or what the others' leases leave of it.
-      if (sharing) {
-        gets = std::min(gets, options_.echo_in_learning ? capacity - leased_by_others : capacity);
-      }
+    if (d.learning) {
+      if (auto echo = echo_in_learning(d, c)) return *echo;
+      gets = confirm_in_learning(d, c);
     } else {
-      if (created && has && has->capacity > 0 && has->expires_in > 0 && options_.log) {
-        options_.log("resource " + r.id + ": client " + std::string(client_id) +
-                     " reports a lease of " + std::to_string(has->capacity) +
-                     " this engine does not know; treated as a newcomer");
-      }
-      double entitled = 0;  // the sum over the client's bands
-      std::visit(
-          [&](const auto& alg) {
-            for (const auto& b : c.bands) {
-              const share_index& idx = *r.store.band(b.priority);
-              const band_context ctx{idx, capacity, r.store.band_capacity(b.priority, capacity)};
-              entitled += alg.share(ctx, demand{b.wants, b.subclients});
-            }
-          },
-          r.algorithm);
-      gets = entitled;
-      if (sharing) {
-        gets = std::min(gets, capacity - others);
-        owed = gets < entitled * 0.99;
-      }
+      std::tie(gets, owed) = share_of(d, c, created);
     }
+    lease_type l = shape(d, gets, owed);
+    if (!options_.is_root) bound_by_parent(d, l);
+    r.store.set_lease(c, l, now);
+    if (options_.report_releases && !options_.is_root && held_before > d.capacity + 1e-9 &&
+        r.store.sum_held() < held_before - 1e-9) {
+      ++excess_released_;  // news for the upstream (see `news`)
+    }
+    return l;
+  }
 
+  // A server child relearning (see `record_demand`) knows only the clients that have come
+  // back to it so far: while it reports fewer subclients than before, keep its earlier
+  // demand, so that a partial count does not shrink its share (nor, through this node's own
+  // report, this node's). `kept` holds the earlier demand when it is used.
+  std::span<const band_demand> demand_while_relearning(const decision& d,
+                                                       std::span<const band_demand> bands,
+                                                       std::vector<band_demand>& kept) const {
+    const auto* known = d.r.store.find(d.client_id);
+    if (known == nullptr || !relearning(*known, d.has, d.now)) return bands;
+    const auto sub = [](const auto& list) {
+      double n = 0;
+      for (const auto& b : list)
+        n += b.subclients;
+      return n;
+    };
+    if (!(sub(bands) < sub(known->bands))) return bands;
+    kept = known->bands.to_vector();
+    return kept;
+  }
+
+  // Records the demand (the lease and the time of the last decision stay as they were) and a
+  // server child's outstanding grants. With `count_outstanding`, a server child that held a
+  // live lease here but reports none lost its state (a new master): beneath it, its
+  // predecessor's grants may still be out, which it will only learn (and report) as its
+  // clients come back, so the old lease counts until the child's learning mode is over.
+  typename store_type::demand_result record_demand(const decision& d,
+                                                   std::span<const band_demand> bands,
+                                                   std::optional<double> outstanding) {
+    auto [c, created] = d.r.store.set_demand(d.client_id, bands);
+    if (!outstanding) return {c, created};
+    double out = *outstanding;
+    if (options_.count_outstanding) {
+      if (!created && starts_relearning(c, d.has, d.now)) {
+        d.r.store.set_relearn(c, c.lease.capacity,
+                              d.now + as_duration(d.r.tmpl.algorithm.learning_mode_duration));
+      }
+      if (d.now < c.relearn_until) out = std::max(out, c.relearn_floor);
+    }
+    d.r.store.set_server_info(c, out);
+    return {c, created};
+  }
+
+  // A client asking again sooner than `minimum_refresh_interval` gets its lease back as it is.
+  // Server children are few and refresh on purpose faster than clients: no minimum for them.
+  // Nor for a client holding nothing: rerunning the algorithm for it costs little and lets it
+  // in as soon as capacity appears (e.g. an intermediate's first lease from its parent).
+  [[nodiscard]] bool refreshed_too_soon(const decision& d, const client_type& c,
+                                        bool created) const {
+    return !created && !c.lease.expired(d.now) && !d.server && c.lease.capacity > 0 &&
+           options_.minimum_refresh_interval.count() > 0 &&
+           d.now - c.last_decision < as_duration(options_.minimum_refresh_interval);
+  }
+
+  // What the client says it has, when its lease is live (0 for a newcomer).
+  [[nodiscard]] static double reported(const decision& d) noexcept {
+    return d.has && d.has->expires_in > 0 ? d.has->capacity : 0.0;
+  }
+
+  // `echo_in_learning`: an intermediate with no capacity from its parent yet cannot confirm
+  // anything in learning mode: it hands the client's lease back unchanged (no capacity is
+  // created, the expiry is not extended), recorded so that the parent hears of it as
+  // outstanding, and asks the client back soon. (Cutting it to 0 instead would stick: the
+  // client would report 0 from then on.) Nothing when that does not apply.
+  std::optional<lease_type> echo_in_learning(const decision& d, const client_type& c) {
+    const double has = reported(d);
+    if (!(d.sharing && options_.echo_in_learning && d.capacity <= 0 && has > 0)) return {};
+    const auto& alg = d.r.tmpl.algorithm;
+    lease_type echo;
+    echo.capacity = has;
+    echo.expiry =
+        d.now + to_duration<duration>(std::min(d.has->expires_in, alg.lease_length.count()));
+    // Soon, and before the echoed lease runs out: a client coming back at its expiry would no
+    // longer report it, and would be granted nothing until learning mode ends.
+    echo.refresh_interval =
+        std::min({as_duration(alg.refresh_interval),
+                  as_duration(options_.no_parent_refresh_interval), (echo.expiry - d.now) / 2});
+    // Not a decision: the minimum refresh interval must not hand it back again.
+    d.r.store.set_lease(c, echo, d.now - as_duration(options_.minimum_refresh_interval));
+    return echo;
+  }
+
+  // Learning mode: the engine does not know who holds what yet, so it confirms what the
+  // client says it has, within what fits: the whole capacity (Doorman), or (`echo_in_learning`)
+  // what the others' leases leave of it. Leases only: what server children hold beyond theirs
+  // is being given back.
+  [[nodiscard]] double confirm_in_learning(const decision& d, const client_type& c) const {
+    const double has = reported(d);
+    if (!d.sharing) return has;
+    return std::min(
+        has, options_.echo_in_learning ? d.capacity - d.r.store.leased_by_others(c) : d.capacity);
+  }
+
+  // The algorithm's share over the client's bands, within what the others hold (their leases,
+  // and with `count_outstanding` what server children granted beyond theirs). Also whether
+  // the client is owed: granted noticeably less than its share, because others still hold it.
+  std::pair<double, bool> share_of(const decision& d, const client_type& c, bool created) const {
+    if (created && d.has && d.has->capacity > 0 && d.has->expires_in > 0 && options_.log) {
+      options_.log("resource " + d.r.id + ": client " + std::string(d.client_id) +
+                   " reports a lease of " + std::to_string(d.has->capacity) +
+                   " this engine does not know; treated as a newcomer");
+    }
+    const double others =
+        options_.count_outstanding ? d.r.store.held_by_others(c) : d.r.store.leased_by_others(c);
+    double entitled = 0;
+    std::visit(
+        [&](const auto& alg) {
+          for (const auto& b : c.bands) {
+            const share_index& idx = *d.r.store.band(b.priority);
+            const band_context ctx{idx, d.capacity,
+                                   d.r.store.band_capacity(b.priority, d.capacity)};
+            entitled += alg.share(ctx, demand{b.wants, b.subclients});
+          }
+        },
+        d.r.algorithm);
+    if (!d.sharing) return {entitled, false};
+    const double gets = std::min(entitled, d.capacity - others);
+    return {gets, gets < entitled * 0.99};
+  }
+
+  // The lease for a grant: the template's length and refresh interval (× `decay_factor` for a
+  // server child), the refresh brought forward to the end of learning mode
+  // (`refresh_after_learning`: server children first, clients a little later, so that
+  // capacity has come down the tree when they ask) or, for a client owed capacity
+  // (`refresh_when_owed`), to a quarter of the interval (never below the minimum refresh
+  // interval for clients).
+  [[nodiscard]] lease_type shape(const decision& d, double gets, bool owed) const {
+    const auto& alg = d.r.tmpl.algorithm;
     lease_type l;
     // Within the wire's bounds whatever the algorithm computed (NO_ALGORITHM grants the sum of
     // a child's bands, which may exceed any one band's bound).
     l.capacity = detail::bounded_quantity(gets);
-    l.expiry = now + to_duration<duration>(r.tmpl.algorithm.lease_length.count());
-    l.refresh_interval = to_duration<duration>(r.tmpl.algorithm.refresh_interval.count() *
-                                               (outstanding ? options_.decay_factor : 1.0));
-    const auto minimum = to_duration<duration>(options_.minimum_refresh_interval.count());
-    if (learning && options_.refresh_after_learning) {
-      // Server children first, clients a little later, so that capacity has come down the
-      // tree when they ask.
-      const auto stagger = outstanding
-                               ? duration::zero()
-                               : to_duration<duration>(options_.no_parent_refresh_interval.count());
-      l.refresh_interval = std::min(
-          l.refresh_interval, std::max(learning_until(r.tmpl) - now + stagger, duration::zero()));
-    } else if (owed && options_.refresh_when_owed) {
-      // Server children have no minimum (see above).
+    l.expiry = d.now + as_duration(alg.lease_length);
+    l.refresh_interval = to_duration<duration>(alg.refresh_interval.count() *
+                                               (d.server ? options_.decay_factor : 1.0));
+    if (d.learning && options_.refresh_after_learning) {
+      const auto stagger =
+          d.server ? duration::zero() : as_duration(options_.no_parent_refresh_interval);
       l.refresh_interval =
-          std::min(l.refresh_interval, outstanding ? l.refresh_interval / 4
-                                                   : std::max(minimum, l.refresh_interval / 4));
-    }
-    if (!options_.is_root) {
-      if (r.parent_lease && !r.parent_lease->expired(now)) {
-        // Never outlive our own lease; come back before it ends.
-        l.expiry = std::min(l.expiry, r.parent_lease->expiry);
-        l.refresh_interval = std::min(l.refresh_interval, l.expiry - now);
-        // A lease of 0 from the parent (it is learning, or did not have the demand yet): come
-        // back shortly after this node has asked its parent again, rather than a whole
-        // refresh interval later.
-        if (capacity <= 0 && options_.refresh_when_owed) {
-          const auto soon = to_duration<duration>(options_.no_parent_refresh_interval.count());
-          l.refresh_interval =
-              std::min(l.refresh_interval, std::max(soon, r.parent_answers_at - now + soon));
-        }
-      } else {
-        // Nothing to give until the parent answers, which usually takes milliseconds: come
-        // back within `no_parent_refresh_interval`. The empty lease lasts that long so that the
-        // demand is kept for the parent to hear about.
-        l.capacity = 0;
-        l.refresh_interval = std::min(
-            l.refresh_interval, to_duration<duration>(options_.no_parent_refresh_interval.count()));
-        l.expiry = now + l.refresh_interval;
-      }
-    }
-    r.store.set_lease(c, l, now);
-    if (options_.report_releases && !options_.is_root && held_before > capacity + 1e-9 &&
-        r.store.sum_held() < held_before - 1e-9) {
-      ++excess_released_;
+          std::min(l.refresh_interval,
+                   std::max(learning_until(d.r.tmpl) - d.now + stagger, duration::zero()));
+    } else if (owed && options_.refresh_when_owed) {
+      const auto minimum = as_duration(options_.minimum_refresh_interval);
+      l.refresh_interval =
+          std::min(l.refresh_interval,
+                   d.server ? l.refresh_interval / 4 : std::max(minimum, l.refresh_interval / 4));
     }
     return l;
+  }
+
+  // An intermediate's grant never outlives its own lease and comes back before it ends. With
+  // a lease of 0 from the parent (it is learning, or did not have the demand yet) and
+  // `refresh_when_owed`, the client comes back shortly after this node has asked its parent
+  // again. Without a live lease there is nothing to give until the parent answers (usually
+  // milliseconds): 0, for `no_parent_refresh_interval`, so that the demand is kept for the
+  // parent to hear about.
+  void bound_by_parent(const decision& d, lease_type& l) const {
+    const auto soon = as_duration(options_.no_parent_refresh_interval);
+    const auto& parent = d.r.parent_lease;
+    if (!parent || parent->expired(d.now)) {
+      l.capacity = 0;
+      l.refresh_interval = std::min(l.refresh_interval, soon);
+      l.expiry = d.now + l.refresh_interval;
+      return;
+    }
+    l.expiry = std::min(l.expiry, parent->expiry);
+    l.refresh_interval = std::min(l.refresh_interval, l.expiry - d.now);
+    if (d.capacity <= 0 && options_.refresh_when_owed) {
+      l.refresh_interval =
+          std::min(l.refresh_interval, std::max(soon, d.r.parent_answers_at - d.now + soon));
+    }
   }
 
   // A server child that held a live lease here reports none: it lost its state.
