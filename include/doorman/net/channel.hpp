@@ -35,6 +35,7 @@
 #include "doorman/core/error.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
+#include "doorman/net/framing.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::net {
@@ -227,25 +228,26 @@ class channel {
   asio::awaitable<bool> connect(clock::time_point deadline) {
     const auto addr = parse_address(options_.addresses[current_]);
     auto s = state_;
-    asio::steady_timer timer(executor_);
-    timer.expires_at(std::min(
-        deadline, clock::now() + to_duration<clock::duration>(options_.connect_timeout.count())));
-    bool timed_out = false;
-    timer.async_wait([&timed_out, s](std::error_code ec) {
-      if (ec) return;
-      timed_out = true;
-      std::error_code ignored;
-      s->socket.close(ignored);
-    });
     std::error_code ec;
-    asio::ip::tcp::resolver resolver(executor_);
-    auto endpoints = co_await resolver.async_resolve(addr->host, addr->port,
-                                                     asio::redirect_error(asio::use_awaitable, ec));
-    if (!ec && !timed_out) {
-      co_await asio::async_connect(s->socket, endpoints,
-                                   asio::redirect_error(asio::use_awaitable, ec));
+    bool timed_out = false;
+    {
+      const socket_deadline guard(
+          executor_,
+          std::min(deadline,
+                   clock::now() + to_duration<clock::duration>(options_.connect_timeout.count())),
+          [s] {
+            std::error_code ignored;
+            s->socket.close(ignored);
+          });
+      asio::ip::tcp::resolver resolver(executor_);
+      auto endpoints = co_await resolver.async_resolve(
+          addr->host, addr->port, asio::redirect_error(asio::use_awaitable, ec));
+      if (!ec && !guard.expired()) {
+        co_await asio::async_connect(s->socket, endpoints,
+                                     asio::redirect_error(asio::use_awaitable, ec));
+      }
+      timed_out = guard.expired();
     }
-    timer.cancel();
     if (ec || timed_out || s != state_) {
       std::error_code ignored;
       s->socket.close(ignored);
@@ -310,7 +312,7 @@ class channel {
   // Reads answers and hands each to its call; on a broken connection fails them all.
   static asio::awaitable<void> read_loop(std::shared_ptr<channel*> alive,
                                          std::shared_ptr<connection_state> s, std::size_t limit) {
-    std::string in;
+    line_buffer in(limit);
     std::array<char, 16384> chunk;
     std::string problem;
     // Nothing below throws on what a peer sends; should anything else throw, the connection
@@ -324,12 +326,9 @@ class channel {
           problem = ec.message();
           break;
         }
-        in.append(chunk.data(), n);
-        std::size_t start = 0;
-        for (std::size_t nl; (nl = in.find('\n', start)) != std::string::npos; start = nl + 1) {
-          auto answer =
-              nlohmann::json::parse(in.begin() + static_cast<std::ptrdiff_t>(start),
-                                    in.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+        in.append(std::string_view(chunk.data(), n));
+        while (const auto line = in.next_line()) {
+          auto answer = nlohmann::json::parse(line->begin(), line->end(), nullptr, false);
           if (!answer.is_object()) continue;
           const auto id = answer.find("id");
           if (id == answer.end() || !id->is_number_integer()) continue;
@@ -339,11 +338,11 @@ class channel {
           it->second->done.cancel();
           s->pending.erase(it);
         }
-        in.erase(0, start);
-        if (in.size() > limit) {
+        if (in.too_long()) {
           problem = "answer longer than max_message_bytes";
           break;
         }
+        in.compact();
       }
     } catch (const std::exception& e) {
       problem = std::string("reading answers failed: ") + e.what();

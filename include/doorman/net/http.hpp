@@ -22,6 +22,7 @@
 #include <asio.hpp>
 
 #include "doorman/net/address.hpp"
+#include "doorman/net/framing.hpp"
 
 namespace doorman::net {
 
@@ -116,12 +117,7 @@ inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, 
     co_return r;
   }
   auto socket = std::make_shared<asio::ip::tcp::socket>(executor);
-  auto timed_out = std::make_shared<bool>(false);
-  asio::steady_timer timer(executor);
-  timer.expires_at(deadline);
-  timer.async_wait([socket, timed_out](std::error_code ec) {
-    if (ec) return;
-    *timed_out = true;
+  const socket_deadline guard(executor, deadline, [socket] {
     std::error_code ignored;
     socket->close(ignored);
   });
@@ -129,11 +125,11 @@ inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, 
   asio::ip::tcp::resolver resolver(executor);
   const auto endpoints = co_await resolver.async_resolve(
       a->host, a->port, asio::redirect_error(asio::use_awaitable, ec));
-  if (!ec && !*timed_out) {
+  if (!ec && !guard.expired()) {
     co_await asio::async_connect(*socket, endpoints, asio::redirect_error(asio::use_awaitable, ec));
   }
   std::string raw;
-  if (!ec && !*timed_out) {
+  if (!ec && !guard.expired()) {
     const std::string request = fmt::format(
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n"
         "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
@@ -141,21 +137,19 @@ inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, 
     co_await asio::async_write(*socket, asio::buffer(request),
                                asio::redirect_error(asio::use_awaitable, ec));
   }
-  while (!ec && !*timed_out) {
+  while (!ec && !guard.expired()) {
     char chunk[8192];
     const std::size_t n = co_await socket->async_read_some(
         asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
     raw.append(chunk, n);
     if (raw.size() > max_bytes) {
-      timer.cancel();
       r.error = fmt::format("answer longer than {} bytes", max_bytes);
       co_return r;
     }
   }
-  timer.cancel();
   std::error_code ignored;
   socket->close(ignored);
-  if (*timed_out) {
+  if (guard.expired()) {
     r.error = "no answer before the deadline";
   } else if (ec && ec != asio::error::eof) {
     r.error = ec.message();

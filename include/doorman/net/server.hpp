@@ -32,6 +32,7 @@
 
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
+#include "doorman/net/framing.hpp"
 #include "doorman/net/supervise.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
@@ -224,23 +225,13 @@ class server::session : public std::enable_shared_from_this<server::session> {
   }
 
   static asio::awaitable<void> read_loop(std::shared_ptr<session> self) {
-    const std::size_t limit = self->owner_.options_.max_message_bytes;
-    std::string in;
-    std::size_t scanned = 0;  // bytes of `in` known to hold no newline
+    line_buffer in(self->owner_.options_.max_message_bytes);
     std::array<char, 16384> chunk;
     while (!self->closed_ && !self->stopping_) {
       // Answer every complete line already read.
-      std::size_t start = 0;
-      for (;;) {
-        const auto nl = in.find('\n', std::max(start, scanned));
-        if (nl == std::string::npos) break;
-        if (nl - start > limit) {
-          self->too_long();
-          co_return;
-        }
-        self->answer(std::string_view(in).substr(start, nl - start));
-        start = nl + 1;
-        scanned = start;
+      const std::size_t answered = in.lines();
+      while (const auto line = in.next_line()) {
+        self->answer(*line);
         if (self->queued_ + self->in_write_ >= self->owner_.options_.max_in_flight) {
           self->flush();
           // Backpressure: read no further until the peer has taken some answers.
@@ -253,13 +244,12 @@ class server::session : public std::enable_shared_from_this<server::session> {
           if (self->closed_ || self->stopping_) co_return;
         }
       }
-      if (start > 0) self->touch();  // one clock read per batch of lines, not per line
-      in.erase(0, start);
-      scanned = in.size();
-      if (in.size() > limit) {
+      if (in.too_long()) {
         self->too_long();
         co_return;
       }
+      if (in.lines() != answered) self->touch();  // one clock read per batch, not per line
+      in.compact();
       self->flush();
 
       std::error_code ec;
@@ -271,7 +261,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
         self->flush();
         co_return;
       }
-      in.append(chunk.data(), n);
+      in.append(std::string_view(chunk.data(), n));
     }
   }
 
