@@ -1,15 +1,59 @@
 #pragma once
 
 // Test support shared by the network and client tests: in-process nodes on 127.0.0.1:0, each on
-// its own io_context and thread.
+// its own io_context and thread; the one way a test waits for another thread (`eventually`,
+// polling with a deadline); running a coroutine to its end under a deadline
+// (`run_coroutine_test`); the doorman-node binary as a child process.
 
+#include <catch2/catch.hpp>
+
+#include <doorman/client.hpp>
 #include <doorman/node.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace doorman_test {
+
+using namespace std::chrono_literals;
+
+// Polls `condition` until it holds or `timeout` passes; whether it held. Polling, not
+// synchronization: the period starts at 1 ms and doubles up to 20 ms, and the deadline, not
+// the period, bounds the wait.
+template <class Condition>
+bool eventually(Condition condition, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::chrono::milliseconds period = 1ms;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(period);
+    period = std::min(period * 2, std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// Runs `io` until `f` is ready; fails the test if it is not within `timeout`.
+template <class Future>
+void run_until_ready(asio::io_context& io, Future& f, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (f.wait_for(0s) != std::future_status::ready && std::chrono::steady_clock::now() < deadline)
+    io.run_one_for(50ms);
+  REQUIRE(f.wait_for(0s) == std::future_status::ready);
+}
+
+// Runs the coroutine `make()` returns on `io` to its end and gives its value (rethrowing what
+// it threw); fails the test if it has not ended within `timeout`.
+template <class Make>
+auto run_coroutine_test(asio::io_context& io, Make make, std::chrono::milliseconds timeout = 10s) {
+  auto f = asio::co_spawn(io, make(), asio::use_future);
+  run_until_ready(io, f, timeout);
+  return f.get();
+}
 
 // A FAIR_SHARE template for every resource, with short leases so that tests run fast.
 inline std::string fast_config(double capacity, double learning = 0) {
@@ -68,4 +112,32 @@ struct fixed_election {
   void stop() {}
 };
 
+// A client that refreshes fast, for tests.
+inline doorman::client_options fast_client(const std::string& address) {
+  doorman::client_options o;
+  o.addresses = {address};
+  o.minimum_refresh_interval = doorman::seconds(0.05);
+  o.call_timeout = doorman::seconds(1);
+  o.sample_interval = doorman::seconds(0.1);
+  o.demand_window = doorman::seconds(1);
+  return o;
+}
+
 }  // namespace doorman_test
+
+#ifdef DOORMAN_NODE_BINARY
+#include "process.hpp"
+
+namespace doorman_test {
+
+using doorman_examples::process;
+
+// The address a doorman-node child process says it listens on.
+inline std::string listening_address(process& p) {
+  const auto a = p.listening_address();
+  REQUIRE(a);
+  return *a;
+}
+
+}  // namespace doorman_test
+#endif

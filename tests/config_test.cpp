@@ -1,0 +1,200 @@
+// The time helpers, globs and the resource configuration.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/core.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core_support.hpp"
+
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+using doorman::manual_clock;
+using doorman_test::engine_t;
+
+// ---- time -------------------------------------------------------------------------------
+
+TEST_CASE("manual clock moves only when told", "[core][time]") {
+  manual_clock clock;
+  const auto t0 = clock.now();
+  clock.advance(1500ms);
+  CHECK(clock.now() - t0 == 1500ms);
+  clock.advance(doorman::seconds{0.25});
+  CHECK(doorman::to_seconds(clock.now() - t0) == Approx(1.75));
+}
+
+TEST_CASE("relative seconds convert to durations without overflow", "[core][time]") {
+  using ns = std::chrono::nanoseconds;
+  CHECK(doorman::to_duration<ns>(1.5) == 1500ms);
+  CHECK(doorman::to_duration<ns>(1e300) > 100'000h);
+  CHECK(doorman::to_duration<ns>(-1e300) < -100'000h);
+  CHECK(doorman::to_duration<ns>(std::nan("")) == ns::zero());
+}
+
+// ---- glob -------------------------------------------------------------------------------
+
+TEST_CASE("globs match like a shell, on opaque ids", "[core][glob]") {
+  using doorman::glob_match;
+  CHECK(glob_match("*", ""));
+  CHECK(glob_match("*", "anything/at all"));
+  CHECK(glob_match("mysql-*", "mysql-shard-17"));
+  CHECK_FALSE(glob_match("mysql-*", "pg-shard-1"));
+  CHECK(glob_match("shard-?", "shard-7"));
+  CHECK_FALSE(glob_match("shard-?", "shard-17"));
+  CHECK(glob_match("shard-[0-9][0-9]", "shard-17"));
+  CHECK_FALSE(glob_match("shard-[!0-9]", "shard-1"));
+  CHECK(glob_match("a*b*c", "aXXbYYbZc"));
+  CHECK(glob_match("lit\\*", "lit*"));
+  CHECK_FALSE(glob_match("lit\\*", "litX"));
+  // A pathological pattern stays linear-ish rather than exponential.
+  CHECK_FALSE(glob_match("*a*a*a*a*a*a*a*b", std::string(5000, 'a')));
+}
+
+TEST_CASE("invalid globs are explained", "[core][glob]") {
+  CHECK(doorman::glob_error("ok-*") == std::nullopt);
+  CHECK_THAT(*doorman::glob_error("x[ab"), Contains("never closed"));
+  CHECK_THAT(*doorman::glob_error("x\\"), Contains("unescaped"));
+  CHECK_THAT(*doorman::glob_error("x[z-a]"), Contains("reversed range"));
+  CHECK_THAT(*doorman::glob_error("x[!]"), Contains("never closed"));
+  // Validation reads ranges exactly as the matcher does: escaped ends count as what they escape.
+  CHECK_THAT(*doorman::glob_error("[\\z-a]"), Contains("reversed range"));
+  CHECK_THAT(*doorman::glob_error("[\\a-\\Z]"), Contains("reversed range"));
+  CHECK(doorman::glob_error("[a-c-b]") == std::nullopt);  // a-c, '-', b: nothing reversed
+  CHECK(doorman::glob_match("[a-c-b]", "-"));
+  CHECK(doorman::glob_match("[a-c-b]", "b"));
+  CHECK_FALSE(doorman::glob_match("[a-c-b]", "d"));
+  CHECK(doorman::glob_error("[\\a-\\z]") == std::nullopt);
+  CHECK(doorman::glob_match("[\\a-\\z]", "q"));
+}
+
+// ---- config -----------------------------------------------------------------------------
+
+TEST_CASE("a Doorman-style configuration parses, with comments and defaults", "[core][config]") {
+  const auto repo = doorman::resource_repository::parse(R"({
+    // MySQL replicas
+    "resources": [
+      { "identifier_glob": "mysql-*", "capacity": 500, "safe_capacity": 10,
+        "description": "MySQL replica shards, queries per second",
+        "algorithm": { "kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16,
+                       "learning_mode_duration": 30, "parameters": {"x": 1} } },
+      { "identifier_glob": "mysql-shard-17", "capacity": 5,
+        "algorithm": { "kind": "static", "lease_length": 20, "refresh_interval": 5 } },
+      /* everything else */
+      { "identifier_glob": "*", "capacity": 0,
+        "algorithm": { "kind": "no_algorithm", "lease_length": 60, "refresh_interval": 16 } }
+    ]})");
+  REQUIRE(repo.templates().size() == 3);
+  const auto& mysql = repo.templates()[0];
+  CHECK(mysql.safe_capacity == 10);
+  CHECK(mysql.algorithm.kind == "FAIR_SHARE");
+  CHECK(mysql.algorithm.learning_mode_duration.count() == 30);
+  CHECK(mysql.algorithm.parameters["x"] == 1);
+  CHECK(repo.templates()[1].algorithm.kind == "STATIC");
+  CHECK(repo.templates()[1].algorithm.learning_mode_duration.count() == 20);  // = lease_length
+  CHECK(repo.templates()[2].algorithm.kind == "NO_ALGORITHM");
+
+  SECTION("lookup: exact match first, then the first matching glob") {
+    CHECK(repo.find("mysql-shard-17").capacity == 5);
+    CHECK(repo.find("mysql-shard-18").capacity == 500);
+    CHECK(repo.find("redis").capacity == 0);
+  }
+  SECTION("round trip through JSON") {
+    CHECK(doorman::resource_repository::from_json(repo.to_json()) == repo);
+  }
+}
+
+TEST_CASE("each invalid configuration gives an error naming the field", "[core][config]") {
+  const std::string good_alg =
+      R"("algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16})";
+  const std::string tail = R"({"identifier_glob": "*", "capacity": 0, )" + good_alg + "}";
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      (void)doorman::resource_repository::parse(text);
+    } catch (const doorman::config_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto with_first = [&](const std::string& first) {
+    return error_of(R"({"resources": [)" + first + "," + tail + "]}");
+  };
+  auto with_alg = [&](const std::string& alg) {
+    return with_first(R"({"identifier_glob": "a*", "capacity": 1, "algorithm": )" + alg + "}");
+  };
+
+  try {
+    (void)doorman::resource_repository::parse("{}");
+    FAIL("no error");
+  } catch (const doorman::config_error& e) {
+    CHECK(e.path() == "resources");
+    CHECK(e.code() == doorman::errc::invalid_config);
+    CHECK(e.code().message() == "invalid configuration");
+    CHECK(std::string(e.code().category().name()) == "doorman");
+  }
+  CHECK_THAT(error_of("{"), Contains("not valid JSON"));
+  CHECK(error_of("[]") == "must be an object");
+  CHECK(error_of("{}") == "resources: is required");
+  CHECK(error_of(R"({"resources": {}})") == "resources: must be an array");
+  CHECK(error_of(R"({"resources": []})") == "resources: must hold at least one template");
+  CHECK(error_of(R"({"resources": [], "extra": 1})") == "extra: unknown field");
+  CHECK(with_first(R"({"capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: is required");
+  CHECK(with_first(R"({"identifier_glob": 3, "capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: must be a string");
+  CHECK(with_first(R"({"identifier_glob": "", "capacity": 1, )" + good_alg + "}") ==
+        "resources[0].identifier_glob: must not be empty");
+  CHECK_THAT(with_first(R"({"identifier_glob": "a[", "capacity": 1, )" + good_alg + "}"),
+             Contains("resources[0].identifier_glob: invalid glob"));
+  CHECK(with_first(R"({"identifier_glob": "a*", )" + good_alg + "}") ==
+        "resources[0].capacity: is required");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": "5", )" + good_alg + "}") ==
+        "resources[0].capacity: must be a number");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": -1, )" + good_alg + "}") ==
+        "resources[0].capacity: must be between 0 and 1e15");
+  CHECK_THAT(with_first(R"({"identifier_glob": "a*", "capacity": 1e999, )" + good_alg + "}"),
+             Contains("not valid JSON") && Contains("number overflow"));
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "safe_capacity": -2, )" + good_alg +
+                   "}") ==
+        "resources[0].safe_capacity: must be between 0 and 1e15, or -1 for unlimited");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 2e15, )" + good_alg + "}") ==
+        "resources[0].capacity: must be between 0 and 1e15");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1, "colour": 1, )" + good_alg + "}") ==
+        "resources[0].colour: unknown field");
+  CHECK(with_first(R"({"identifier_glob": "a*", "capacity": 1})") ==
+        "resources[0].algorithm: is required");
+  CHECK(with_alg(R"({"lease_length": 60, "refresh_interval": 16})") ==
+        "resources[0].algorithm.kind: is required");
+  CHECK(with_alg(R"({"kind": "BEST", "lease_length": 60, "refresh_interval": 16})") ==
+        "resources[0].algorithm.kind: unknown algorithm kind \"BEST\" (known: NO_ALGORITHM, "
+        "STATIC, PROPORTIONAL_SHARE, FAIR_SHARE)");
+  CHECK_THAT(with_alg(R"({"kind": "Fair_Share", "lease_length": 60, "refresh_interval": 16})"),
+             Contains("unknown algorithm kind"));
+  CHECK(with_alg(R"({"kind": "STATIC", "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: is required");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 10, "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: must be >= refresh_interval");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 100000, "refresh_interval": 16})") ==
+        "resources[0].algorithm.lease_length: must be between 0.1 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 0})") ==
+        "resources[0].algorithm.refresh_interval: must be between 0.1 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 16,
+                     "learning_mode_duration": -1})") ==
+        "resources[0].algorithm.learning_mode_duration: must be between 0 and 86400 seconds");
+  CHECK(with_alg(R"({"kind": "STATIC", "lease_length": 60, "refresh_interval": 16,
+                     "parameters": {"p": [1]}})") ==
+        "resources[0].algorithm.parameters.p: must be a string, number or boolean");
+  CHECK(with_first(tail) ==
+        "resources[1].identifier_glob: duplicates "
+        "resources[0].identifier_glob \"*\"");
+  CHECK(
+      error_of(R"({"resources": [{"identifier_glob": "a*", "capacity": 1, )" + good_alg + "}]}") ==
+      "resources[0].identifier_glob: the last template must have identifier_glob \"*\" so "
+      "that every resource id resolves");
+}

@@ -1,0 +1,631 @@
+// The etcd client against hostile HTTP peers, and a real etcd: election, failover, config.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/client.hpp>
+#include <doorman/node.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "line_client.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
+using doorman_test::capacity_at;
+using doorman_test::capacity_params;
+using doorman_test::eventually;
+using doorman_test::fast_config;
+using doorman_test::fixed_election;
+using doorman_test::gets;
+using doorman_test::line_client;
+using doorman_test::request_line;
+using doorman_test::run_until_ready;
+using doorman_test::running_node;
+using doorman_test::status_of;
+
+// ---- the etcd gateway client against hostile HTTP peers -------------------------------------
+
+namespace {
+
+// A TCP peer on 127.0.0.1 that answers each connection with the next canned reply (after
+// reading the request head), or stays silent for an empty one.
+class canned_http_peer {
+ public:
+  explicit canned_http_peer(std::vector<std::string> replies) : replies_(std::move(replies)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQUIRE(::listen(fd_, 8) == 0);
+    socklen_t len = sizeof sa;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+    thread_ = std::thread([this] {
+      for (const auto& reply : replies_) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        std::string request;
+        char chunk[4096];
+        while (request.find("\r\n\r\n") == std::string::npos) {
+          const auto n = ::recv(c, chunk, sizeof chunk, 0);
+          if (n <= 0) break;
+          request.append(chunk, static_cast<std::size_t>(n));
+        }
+        requests.push_back(request);
+        if (reply.empty()) {
+          pollfd p{c, POLLIN, 0};
+          ::poll(&p, 1, 3000);  // silent until the client gives up and closes
+        } else {
+          ::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+        }
+        ::close(c);
+      }
+    });
+  }
+  canned_http_peer(const canned_http_peer&) = delete;
+  canned_http_peer& operator=(const canned_http_peer&) = delete;
+  ~canned_http_peer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  [[nodiscard]] const std::string& address() const { return address_; }
+  std::vector<std::string> requests;  // read after the destructor or when the peer is done
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+  std::vector<std::string> replies_;
+  std::thread thread_;
+};
+
+std::string http_reply(int status, const std::string& body) {
+  return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/json\r\n\r\n" +
+         body;
+}
+
+// Runs one etcd_client coroutine to completion on a fresh io_context.
+template <class F>
+auto run_etcd(const std::vector<std::string>& endpoints, F f) {
+  asio::io_context io;
+  doorman::net::etcd_client etcd(io.get_executor(), endpoints);
+  using result_type = typename decltype(f(etcd, steady::now()))::value_type;
+  std::optional<result_type> got;
+  asio::co_spawn(io, f(etcd, steady::now() + 2s), [&](std::exception_ptr e, result_type r) {
+    REQUIRE_FALSE(e);
+    got = std::move(r);
+  });
+  io.run();
+  REQUIRE(got);
+  return std::move(*got);
+}
+
+}  // namespace
+
+TEST_CASE("base64 and HTTP answer parsing", "[net][etcd]") {
+  using doorman::net::base64_decode;
+  using doorman::net::base64_encode;
+  for (const std::string s : {"", "a", "ab", "abc", "abcd", "/doorman/\xff\x01 master"}) {
+    CHECK(base64_decode(base64_encode(s)) == s);
+  }
+  CHECK(base64_encode("/doorman/root") == "L2Rvb3JtYW4vcm9vdA==");
+  CHECK_FALSE(base64_decode("a*b="));
+  CHECK_FALSE(base64_decode("abcde"));
+
+  using doorman::net::detail::parse_http_response;
+  auto r = parse_http_response(
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3\r\n{\"a\r\n4;x=1\r\n\":1}\r\n0\r\nTrailer: y\r\n\r\n");
+  CHECK(r.error.empty());
+  CHECK(r.status == 200);
+  CHECK(r.body == R"({"a":1})");
+  CHECK(parse_http_response("HTTP/1.1 404 Not Found\r\n\r\nx").status == 404);
+  CHECK_FALSE(parse_http_response("HTTP/1.1 2x0 OK\r\n\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("SMTP ready\r\n\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\n").error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc")
+                  .error.empty());
+  CHECK_FALSE(
+      parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffff\r\n")
+          .error.empty());
+  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+                  .error.empty());
+}
+
+TEST_CASE("the etcd client survives hostile answers with an error each, within its deadline",
+          "[net][etcd]") {
+  using doorman::net::etcd_client;
+  const auto get = [](etcd_client& e, steady::time_point d) { return e.get("/k", d); };
+  const auto claim = [](etcd_client& e, steady::time_point d) {
+    return e.put_if_absent("/k", "me", 42, d);
+  };
+  SECTION("well-formed answers are decoded") {
+    canned_http_peer peer(
+        {http_reply(200, R"({"kvs": [{"key": "L2s=", "value": "MTIzOjQ1", "mod_revision": "7",
+                             "lease": "99"}]})"),
+         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
+             std::string("2\r\n{}\r\n0\r\n\r\n"),
+         http_reply(404, R"({"error": "lease not found", "message": "lease not found",
+                             "code": 5})")});
+    const auto found = run_etcd({peer.address()}, get);
+    REQUIRE(found);
+    REQUIRE(found.value);
+    CHECK(found.value->value == "123:45");
+    CHECK(found.value->mod_revision == 7);
+    CHECK(found.value->lease == 99);
+    const auto absent = run_etcd({peer.address()}, get);
+    CHECK(absent);
+    CHECK_FALSE(absent.value);
+    const auto gone = run_etcd({peer.address()}, claim);
+    CHECK_FALSE(gone);
+    CHECK(gone.code == 5);
+    CHECK_THAT(gone.error, Catch::Contains("lease not found"));
+  }
+  SECTION("garbage, wrong types, server errors, oversized and silent peers") {
+    const std::string big = http_reply(200, "{\"x\": \"" + std::string(std::size_t{2} << 20, 'a'));
+    canned_http_peer peer({http_reply(200, "not json"), http_reply(200, "[1, 2]"),
+                           http_reply(200, R"({"succeeded": "yes", "responses": {"a": 1}})"),
+                           http_reply(500, R"({"error": "boom", "message": "boom", "code": 2})"),
+                           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{}", big,
+                           ""});
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
+    CHECK_THAT(run_etcd({peer.address()}, claim).error,
+               Catch::Contains("without the range of the failure branch"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("HTTP 500: boom"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("truncated"));
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("answer longer than"));
+    const auto start = steady::now();
+    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("no answer before"));
+    CHECK(steady::now() - start < 3s);  // the 2 s deadline, not the peer, ended it
+  }
+  SECTION("a failing endpoint hands over to the next") {
+    canned_http_peer bad({http_reply(503, R"({"message": "unavailable"})")});
+    canned_http_peer good({http_reply(200, R"({"kvs": [{"value": "b2s="}]})")});
+    const auto r = run_etcd({bad.address(), "http://" + good.address()}, get);
+    REQUIRE(r);
+    CHECK(r.value->value == "ok");
+  }
+}
+
+#ifdef DOORMAN_NODE_BINARY
+using doorman_test::listening_address;
+using doorman_test::process;
+// ---- high availability: a real etcd server, several doorman-node tasks per position --------
+
+#include <doorman/client.hpp>
+
+#include <sys/stat.h>
+
+namespace {
+
+// A free TCP port on 127.0.0.1 (the kernel's pick; closed again at once).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string find_etcd() {
+  const char* path = std::getenv("PATH");
+  const std::string p = path ? path : "/usr/bin";
+  for (std::size_t start = 0; start <= p.size();) {
+    const auto end = std::min(p.find(':', start), p.size());
+    const std::string candidate = p.substr(start, end - start) + "/etcd";
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// One etcd member on loopback ports with a temporary data directory; killed and removed at
+// the end. `kill` then `start` again keeps its data (leases included).
+class etcd_server {
+ public:
+  etcd_server() : client_port_(free_port()), peer_port_(free_port()) {
+    binary_ = find_etcd();
+    if (binary_.empty()) FAIL("etcd not found on PATH: install etcd-server (make deps does)");
+    char dir_template[] = "/tmp/doorman-etcd-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template));
+    dir_ = dir_template;
+    start();
+  }
+  etcd_server(const etcd_server&) = delete;
+  etcd_server& operator=(const etcd_server&) = delete;
+  ~etcd_server() {
+    process_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  [[nodiscard]] std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  void start() {
+    const std::string client = "http://" + endpoint();
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    process_.reset();
+    process_ = std::make_unique<process>(
+        std::vector<std::string>{binary_, "--name", "doorman-test", "--data-dir", dir_ + "/data",
+                                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                 "--initial-cluster", "doorman-test=" + peer},
+        dir_ + "/etcd.log");
+    REQUIRE(process_->wait_for("ready to serve client requests", 30s));
+  }
+  void kill() { process_.reset(); }
+  void pause() { process_->signal(SIGSTOP); }
+  void resume() { process_->signal(SIGCONT); }
+
+  // Writes `key` = `value` through the library's own gateway client.
+  void put(const std::string& key, const std::string& value) {
+    asio::io_context io;
+    doorman::net::etcd_client etcd(io.get_executor(), {endpoint()});
+    std::string error = "not run";
+    asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
+                   [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
+                     error = e ? "exception" : r.error;
+                   });
+    io.run();
+    REQUIRE(error.empty());
+  }
+
+ private:
+  int client_port_;
+  int peer_port_;
+  std::string binary_;
+  std::string dir_;
+  std::unique_ptr<process> process_;
+};
+
+// The mastership a task reports through `discovery`, or nothing when it does not answer.
+std::optional<json> discover(const std::string& address) {
+  line_client c(address);
+  if (!c.connected()) return std::nullopt;
+  if (!c.send(request_line(1, "discovery", json::object()))) return std::nullopt;
+  const auto line = c.read_line(1s);
+  if (!line) return std::nullopt;
+  const auto j = json::parse(*line, nullptr, false);
+  if (!j.contains("result")) return std::nullopt;
+  return j["result"]["mastership"];
+}
+
+// Several doorman-node tasks of one position, electing through `etcd` on `key`; `args` adds
+// the position's own flags (--config, --parent, --id).
+struct position {
+  position(etcd_server& etcd, const std::string& key, int tasks, int ttl,
+           const std::vector<std::string>& args) {
+    for (int i = 0; i < tasks; ++i) {
+      const std::string log =
+          etcd.dir() + "/" + key.substr(key.rfind('/') + 1) + "-task" + std::to_string(i) + ".log";
+      std::filesystem::remove(log);
+      std::vector<std::string> argv{DOORMAN_NODE_BINARY,
+                                    "--listen",
+                                    "127.0.0.1:0",
+                                    "--etcd-endpoints",
+                                    etcd.endpoint(),
+                                    "--election-key",
+                                    key,
+                                    "--election-ttl",
+                                    std::to_string(ttl),
+                                    "--minimum-refresh-interval",
+                                    "0"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      nodes.push_back(std::make_unique<process>(argv, log));
+      addresses.push_back(listening_address(*nodes.back()));
+    }
+  }
+
+  // The index of the one task that says it is master while every other answering task names
+  // it; nothing otherwise.
+  [[nodiscard]] std::optional<std::size_t> master() const {
+    std::optional<std::size_t> found;
+    std::vector<json> answers;
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const auto m = nodes[i] ? discover(addresses[i]) : std::nullopt;
+      answers.push_back(m.value_or(json()));
+      if (m && m->value("is_master", false)) {
+        if (found) return std::nullopt;  // two masters
+        found = i;
+      }
+    }
+    if (!found) return std::nullopt;
+    for (std::size_t i = 0; i < answers.size(); ++i) {
+      if (i == *found || answers[i].is_null()) continue;
+      if (answers[i].value("master", json()) != addresses[*found]) return std::nullopt;
+    }
+    return found;
+  }
+
+  // Waits for `master()`.
+  std::size_t elected() const {
+    std::optional<std::size_t> m;
+    REQUIRE(eventually([&] { return (m = master()).has_value(); }));
+    return *m;
+  }
+
+  [[nodiscard]] bool none_master() const {
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const auto m = nodes[i] ? discover(addresses[i]) : std::nullopt;
+      if (m && m->value("is_master", false)) return false;
+    }
+    return true;
+  }
+
+  std::vector<std::unique_ptr<process>> nodes;
+  std::vector<std::string> addresses;
+};
+
+// The root position's tasks, with the configuration `config_text` in a file.
+position root_position(etcd_server& etcd, const std::string& config_text, int tasks, int ttl) {
+  const std::string config = etcd.dir() + "/resources.json";
+  std::ofstream(config) << config_text;
+  return position(etcd, "/doorman/test/root", tasks, ttl, {"--config", config});
+}
+
+// Lease 5 s, refresh 0.4 s, learning mode as long as a lease.
+std::string ha_config(double capacity) {
+  return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
+         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5, "refresh_interval": 0.4,
+         "learning_mode_duration": 5}}]})";
+}
+
+doorman::client_options ha_client(std::vector<std::string> addresses) {
+  doorman::client_options o;
+  o.addresses = std::move(addresses);
+  o.minimum_refresh_interval = doorman::seconds(0.05);
+  o.call_timeout = doorman::seconds(1);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting", "[net][etcd]") {
+  etcd_server etcd;
+  constexpr int ttl = 2;
+  position root = root_position(etcd, ha_config(100), 3, ttl);
+
+  // Exactly one master; the others redirect to it and name it in discovery.
+  const std::optional<std::size_t> first = root.elected();
+  for (std::size_t i = 0; i < 3; ++i) {
+    line_client c(root.addresses[i]);
+    const auto r = c.call("get_capacity", capacity_params("probe", "other", 1));
+    if (i == *first) {
+      CHECK(gets(r) == 0);  // in learning mode: what the probe has, nothing
+      CHECK(r["result"]["mastership"]["is_master"] == true);
+    } else {
+      CHECK(r["result"]["resources"].empty());
+      CHECK(r["result"]["mastership"]["master"] == root.addresses[*first]);
+    }
+  }
+
+  // A client of the position and an intermediate (with a client of its own) know every task.
+  doorman::node_options mid_options;
+  mid_options.parents = root.addresses;
+  running_node<> mid("", mid_options);
+  doorman::client direct(ha_client(root.addresses));
+  doorman::client behind(ha_client({mid.address()}));
+  doorman::rate_resource a(direct, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
+  doorman::rate_resource b(behind, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
+  auto mid_capacity = [&] { return status_of(mid.address(), "db")["resources"][0]["capacity"]; };
+  REQUIRE(eventually([&] { return a.capacity() == 30 && mid_capacity() == 70; }));
+
+  // SIGKILL the master; the client now wants more than its share, which learning mode must
+  // not give it until every old lease has run out.
+  const auto killed_at = steady::now();
+  root.nodes[*first].reset();
+  a.set_wants(80);
+  std::optional<std::size_t> second;
+  // Sampled all along: the most granted at once, and whether the client and the intermediate
+  // kept their leases.
+  double worst = 0;
+  double mid_least = 100;
+  bool a_leased_throughout = true;
+  const auto sample = [&] {
+    const double m = mid_capacity().get<double>();
+    worst = std::max(worst, a.capacity() + m);
+    mid_least = std::min(mid_least, m);
+    a_leased_throughout = a_leased_throughout && a.leased();
+  };
+  REQUIRE(eventually(
+      [&] {
+        sample();
+        return (second = root.master()).has_value();
+      },
+      10s));
+  const double takeover = std::chrono::duration<double>(steady::now() - killed_at).count();
+  CHECK(*second != *first);
+  std::printf("etcd failover: a new master %.2f s after the SIGKILL (TTL %d s)\n", takeover, ttl);
+  // Within the TTL plus one refresh interval, plus etcd's own lease-expiry check period
+  // (500 ms) and the polls of this test.
+  CHECK(takeover < ttl + 0.4 + 1.0);
+
+  // The new master is in learning mode: the client keeps 30 however much it wants, and the sum
+  // of what is granted never exceeds the capacity while the old leases run out.
+  const std::string new_master = root.addresses[*second];
+  CHECK(eventually([&] {
+    sample();
+    const auto s = status_of(new_master, "db")["resources"][0];
+    return s["learning"] == true && s["clients"] == 2;
+  }));
+  const auto until = steady::now() + 3s;
+  while (steady::now() < until) {
+    sample();
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  CHECK(a.capacity() == 30);
+  CHECK(worst <= 100 + 1e-9);
+  CHECK(a_leased_throughout);  // the failover was invisible to the client
+  CHECK(mid_least == 70);      // and to the intermediate
+
+  // After learning mode: the fair shares of the new demands, 50 and 50.
+  CHECK(eventually([&] { return a.capacity() == 50 && mid_capacity() == 50; }, 10s));
+  CHECK(status_of(new_master, "db")["resources"][0]["learning"] == false);
+  CHECK(root.nodes[*second]->log().find("became master; learning mode starts") !=
+        std::string::npos);
+}
+
+TEST_CASE("etcd election: an intermediate position fails over, its parent sees one child",
+          "[net][etcd]") {
+  etcd_server etcd;
+  running_node<> root(ha_config(100));
+  // Two tasks of one intermediate position, one id at the parent.
+  position mid(etcd, "/doorman/test/mid", 2, 2, {"--parent", root.address(), "--id", "mid"});
+  const std::size_t first = mid.elected();
+  doorman::client behind(ha_client(mid.addresses));
+  doorman::client direct(ha_client({root.address()}));
+  doorman::rate_resource a(behind, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
+  doorman::rate_resource b(direct, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
+  REQUIRE(eventually([&] { return a.capacity() == 30 && b.capacity() == 70; }, 20s));
+
+  mid.nodes[first].reset();  // SIGKILL
+  double root_most = 0;
+  std::size_t root_children = 0;
+  bool a_leased_throughout = true;
+  const auto sample = [&] {
+    const auto s = status_of(root.address(), "db")["resources"][0];
+    root_most = std::max(root_most, s["sum_has"].get<double>());
+    root_children = std::max(root_children, s["clients"].get<std::size_t>());
+    a_leased_throughout = a_leased_throughout && a.leased();
+  };
+  std::optional<std::size_t> second;
+  REQUIRE(eventually(
+      [&] {
+        sample();
+        return (second = mid.master()).has_value();
+      },
+      10s));
+  CHECK(*second != first);
+  // The client reaches the new master, which learns its lease; then nothing changes.
+  CHECK(eventually([&] {
+    sample();
+    return status_of(mid.addresses[*second], "db")["resources"][0]["clients"] == 1;
+  }));
+  const auto until = steady::now() + 2s;
+  while (steady::now() < until) {
+    sample();
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  INFO("new master: " << status_of(mid.addresses[*second], "db").dump());
+  INFO("root: " << status_of(root.address(), "db").dump());
+  INFO("new master's log: " << mid.nodes[*second]->log());
+  CHECK(a_leased_throughout);
+  CHECK(a.capacity() == 30);
+  CHECK(b.capacity() == 70);
+  CHECK(root_children == 2);  // the intermediate and the direct client: never a third
+  CHECK(root_most <= 100 + 1e-9);
+}
+
+TEST_CASE("etcd election: a short etcd outage keeps the master, a long one steps it down",
+          "[net][etcd]") {
+  etcd_server etcd;
+  constexpr int ttl = 3;
+  position root = root_position(etcd, ha_config(100), 2, ttl);
+  const std::optional<std::size_t> first = root.elected();
+  doorman::client cl(ha_client(root.addresses));
+  doorman::rate_resource r(cl, "db", {.wants = 40, .mode = doorman::fallback::optimistic});
+  REQUIRE(eventually([&] { return r.leased() && r.capacity() == 40; }));
+
+  // Frozen for 1.5 s (half the TTL): renewals fail and are retried; the master stays.
+  etcd.pause();
+  const auto until = steady::now() + 1500ms;
+  bool kept = true;
+  while (steady::now() < until) {
+    const auto m = discover(root.addresses[*first]);
+    kept = kept && m && m->value("is_master", false);
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  etcd.resume();
+  CHECK(kept);
+  CHECK(root.master() == first);
+  CHECK(root.nodes[*first]->wait_for("renewal failed", 3s));
+  CHECK_FALSE(root.nodes[*first]->log().find("stepping down") != std::string::npos);
+
+  // Gone for longer than the TTL: the master steps down before its lease could expire, no
+  // task grants, and the client falls back once its lease has run out.
+  r.set_wants(45);
+  etcd.kill();
+  const auto killed_at = steady::now();
+  REQUIRE(root.nodes[*first]->wait_for("stepping down", 10s));
+  CHECK(std::chrono::duration<double>(steady::now() - killed_at).count() < ttl + 0.5);
+  CHECK(root.none_master());
+  line_client c(root.addresses[*first]);
+  CHECK(c.call("get_capacity", capacity_params("probe", "db", 1))["result"]["resources"].empty());
+  CHECK(eventually([&] { return !r.leased(); }, 10s));
+  CHECK(r.capacity() == 45);  // optimistic: its wants
+
+  // etcd back: a master again, and the client is granted again.
+  etcd.start();
+  CHECK(eventually([&] { return root.master().has_value(); }, 15s));
+  CHECK(eventually([&] { return r.leased() && r.capacity() == 45; }, 15s));
+}
+
+TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missing key refused",
+          "[net][etcd]") {
+  etcd_server etcd;
+  const std::string log = etcd.dir() + "/node.log";
+  {
+    process p({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
+               "--etcd-endpoints", etcd.endpoint()},
+              log);
+    CHECK(p.wait_exit() == 2);
+    CHECK_THAT(p.log(), Catch::Contains("configuration etcd:/doorman/cfg: no such key"));
+  }
+  etcd.put("/doorman/cfg", fast_config(100));
+  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
+                "--etcd-endpoints", "http://" + etcd.endpoint()},
+               log);
+  const std::string address = listening_address(node);
+  REQUIRE(eventually([&] {  // it also elects itself (on the default key)
+    const auto m = discover(address);
+    return m && m->value("is_master", false);
+  }));
+  line_client a(address);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 100; }));
+
+  etcd.put("/doorman/cfg", fast_config(60));
+  REQUIRE(node.wait_for("accepted", 5s));
+  CHECK(capacity_at(address, "db") == 60);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60; }));
+
+  etcd.put("/doorman/cfg", R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})");
+  const auto rejected = node.wait_for("rejected", 5s);
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(address, "db") == 60);
+  CHECK(gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60);
+
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+}
+#endif

@@ -1,0 +1,256 @@
+// Nodes: in-process trees, and the doorman-node binary (flags, reload, signals).
+
+#include <catch2/catch.hpp>
+
+#include <doorman/client.hpp>
+#include <doorman/node.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "line_client.hpp"
+#include "support.hpp"
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
+using doorman_test::capacity_at;
+using doorman_test::capacity_params;
+using doorman_test::eventually;
+using doorman_test::fast_config;
+using doorman_test::fixed_election;
+using doorman_test::gets;
+using doorman_test::line_client;
+using doorman_test::request_line;
+using doorman_test::run_until_ready;
+using doorman_test::running_node;
+using doorman_test::status_of;
+
+// ---- a tree ------------------------------------------------------------------------------
+
+TEST_CASE("root and two intermediates converge to the FAIR_SHARE result", "[net][tree]") {
+  running_node root(fast_config(100));
+  doorman::node_options mid;
+  mid.parents = {root.address()};
+  running_node left("", mid);
+  running_node right("", mid);
+
+  // Left: 3 clients wanting 30 each; right: one wanting 60. 4 end clients share 100: the
+  // fair share is 25 each, so left holds 75 and right 25.
+  line_client a(left.address()), b(left.address()), c(left.address()), d(right.address());
+  std::map<std::string, double> got;
+  const bool converged = eventually([&] {
+    got["a"] = gets(a.call("get_capacity", capacity_params("a", "db", 30)));
+    got["b"] = gets(b.call("get_capacity", capacity_params("b", "db", 30)));
+    got["c"] = gets(c.call("get_capacity", capacity_params("c", "db", 30)));
+    got["d"] = gets(d.call("get_capacity", capacity_params("d", "db", 60)));
+    const auto near = [](double x, double y) { return std::abs(x - y) < 1e-6; };
+    return near(got["a"], 25) && near(got["b"], 25) && near(got["c"], 25) && near(got["d"], 25);
+  });
+  INFO("a=" << got["a"] << " b=" << got["b"] << " c=" << got["c"] << " d=" << got["d"]);
+  CHECK(converged);
+  CHECK(capacity_at(left.address(), "db") == Approx(75));
+  CHECK(capacity_at(right.address(), "db") == Approx(25));
+  const json st = status_of(left.address(), "db");
+  CHECK(st["role"] == "intermediate");
+  CHECK(st["level"] == 1);
+  CHECK(st["parent"] == root.address());
+  CHECK(st["resources"][0]["algorithm"] == "FAIR_SHARE");
+  const json rs = status_of(root.address(), "db");
+  CHECK(rs["resources"][0]["sum_has"].get<double>() <= 100 + 1e-9);
+  CHECK(rs["resources"][0]["subclients"] == 4);
+}
+
+TEST_CASE("an intermediate losing its parent runs dry, then recovers", "[net][tree]") {
+  auto root = std::make_unique<running_node<>>(fast_config(50));
+  const std::string root_address = root->address();
+  doorman::node_options mid;
+  mid.parents = {root_address};
+  running_node left("", mid);
+  line_client a(left.address());
+  REQUIRE(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 20; }));
+
+  root.reset();  // the parent goes away
+  // The intermediate's lease (3 s) runs out; so do the grants it made, which never outlived it.
+  REQUIRE(eventually([&] { return capacity_at(left.address(), "db") == 0; }, 8s));
+  CHECK(gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 0);
+
+  doorman::node_options back;
+  back.listen = root_address;  // the parent returns at the same address
+  running_node again(fast_config(50), back);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 20))) == 20; }));
+}
+
+TEST_CASE("a restarted root rebuilds its leases in learning mode without over-granting",
+          "[net][tree]") {
+  const double capacity = 90;
+  auto root = std::make_unique<running_node<>>(fast_config(capacity, 1.5));
+  const std::string address = root->address();
+  std::vector<std::unique_ptr<line_client>> clients;
+  std::vector<json> has(3);
+  for (int i = 0; i < 3; ++i)
+    clients.push_back(std::make_unique<line_client>(address));
+  // Learning mode at first start: newcomers get 0; after it they share 90 (30 each).
+  REQUIRE(eventually([&] {
+    bool all = true;
+    for (int i = 0; i < 3; ++i) {
+      const json r =
+          clients[i]->call("get_capacity", capacity_params("c" + std::to_string(i), "db", 50));
+      has[i] = r["result"]["resources"][0]["gets"];
+      all = all && has[i]["capacity"] == 30;
+    }
+    return all;
+  }));
+
+  root.reset();
+  doorman::node_options again;
+  again.listen = address;
+  running_node restarted(fast_config(capacity, 1.5), again);
+  // Clients come back reporting what they have; during learning mode the root confirms it,
+  // and the sum never exceeds the capacity.
+  bool saw_learning = false;
+  const bool settled = eventually([&] {
+    double sum = 0;
+    for (int i = 0; i < 3; ++i) {
+      line_client c(address);
+      const json r =
+          c.call("get_capacity", capacity_params("c" + std::to_string(i), "db", 50, has[i]));
+      has[i] = r["result"]["resources"][0]["gets"];
+      sum += has[i]["capacity"].get<double>();
+    }
+    const json st = status_of(address, "db");
+    CHECK(st["resources"][0]["sum_has"].get<double>() <= capacity + 1e-9);
+    CHECK(sum <= capacity + 1e-9);
+    if (st["resources"][0]["learning"] == true) saw_learning = true;
+    return st["resources"][0]["learning"] == false && sum == Approx(capacity);
+  });
+  CHECK(saw_learning);
+  CHECK(settled);
+}
+
+#ifdef DOORMAN_NODE_BINARY
+using doorman_test::listening_address;
+using doorman_test::process;
+
+TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM", "[net][process]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  const std::string config = std::string(dir_template) + "/resources.json";
+  std::ofstream(config) << fast_config(100);
+
+  const std::string dir = dir_template;
+  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config,
+                "--minimum-refresh-interval", "0"},
+               dir + "/root.log");
+  const std::string root_address = listening_address(root);
+  process mid({DOORMAN_NODE_BINARY, "--listen=127.0.0.1:0", "--parent", root_address},
+              dir + "/mid.log");
+  const std::string mid_address = listening_address(mid);
+
+  line_client a(mid_address);
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 100; }));
+  CHECK(mid.wait_for("parent " + root_address + " reached"));
+
+  // A good reload: capacity 60 applies, the lease stays.
+  std::ofstream(config) << fast_config(60);
+  root.signal(SIGHUP);
+  REQUIRE(root.wait_for("configuration reloaded"));
+  CHECK(eventually(
+      [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60; }));
+  CHECK(status_of(root_address, "db")["resources"][0]["clients"] == 1);
+
+  // A bad one: rejected with the field named, the old configuration stays.
+  std::ofstream(config) << R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})";
+  root.signal(SIGHUP);
+  const auto rejected = root.wait_for("rejected");
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(root_address, "db") == 60);
+
+  mid.signal(SIGTERM);
+  CHECK(mid.wait_exit() == 0);
+  root.signal(SIGINT);
+  CHECK(root.wait_exit() == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
+  const auto log = std::filesystem::temp_directory_path() / "doorman-test-flags.log";
+  std::filesystem::remove(log);
+  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere", "--parent", "127.0.0.1:1"}, log.string());
+  CHECK(p.wait_exit() == 2);
+  CHECK_THAT(p.log(), Catch::Contains("--listen: expected host:port, got \"nowhere\""));
+  std::filesystem::remove(log);
+  process r({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--parent", "a:1,b"}, log.string());
+  CHECK(r.wait_exit() == 2);
+  CHECK_THAT(r.log(), Catch::Contains("--parent: expected host:port, got \"b\""));
+  std::filesystem::remove(log);
+  process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"}, log.string());
+  CHECK(q.wait_exit() == 2);
+  CHECK_THAT(q.log(), Catch::Contains("--config is required"));
+  std::filesystem::remove(log);
+  process e({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints",
+             "http://127.0.0.1:2379,bad"},
+            log.string());
+  CHECK(e.wait_exit() == 2);
+  CHECK_THAT(e.log(), Catch::Contains("--etcd-endpoints: expected host:port, got \"bad\""));
+  std::filesystem::remove(log);
+  process t({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints", "127.0.0.1:2379",
+             "--election-ttl", "2.5"},
+            log.string());
+  CHECK(t.wait_exit() == 2);
+  CHECK_THAT(t.log(), Catch::Contains("--election-ttl: expected whole seconds"));
+  std::filesystem::remove(log);
+  process c({DOORMAN_NODE_BINARY, "--config", "etcd:/doorman/config"}, log.string());
+  CHECK(c.wait_exit() == 2);
+  CHECK_THAT(c.log(), Catch::Contains("--config etcd:KEY needs --etcd-endpoints"));
+  std::filesystem::remove(log);
+}
+
+TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][process]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("doorman-test-env-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "conf.json") << fast_config(10);
+  // The spawned process inherits this test process's environment.
+  ::setenv("DOORMAN_LISTEN", "127.0.0.1:0", 1);
+  ::setenv("DOORMAN_CONFIG", ("file:" + (dir / "conf.json").string()).c_str(), 1);
+  {
+    process p({DOORMAN_NODE_BINARY}, (dir / "good.log").string());
+    CHECK(p.listening_address());
+    p.signal(SIGTERM);
+    CHECK(p.wait_exit() == 0);
+  }
+  ::setenv("DOORMAN_DECAY_FACTOR", "7", 1);
+  {
+    process p({DOORMAN_NODE_BINARY}, (dir / "bad.log").string());
+    CHECK(p.wait_exit() == 2);
+    CHECK_THAT(p.log(), Catch::Contains("--decay-factor: expected a number in [0.001, 1]"));
+  }
+  ::unsetenv("DOORMAN_DECAY_FACTOR");
+  ::unsetenv("DOORMAN_CONFIG");
+  ::unsetenv("DOORMAN_LISTEN");
+  std::filesystem::remove_all(dir);
+}
+
+#endif

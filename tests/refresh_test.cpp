@@ -1,0 +1,168 @@
+// The refresh schedule shared by the client state and the upstream.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/core.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core_support.hpp"
+
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+using doorman::manual_clock;
+using doorman_test::engine_t;
+
+using doorman_test::repo_for;
+using doorman_test::upstream_t;
+
+TEST_CASE("retries come within half the time left on a lease", "[core][upstream][client]") {
+  manual_clock clock;
+  SECTION("upstream") {
+    engine_t parent(repo_for("FAIR_SHARE", 100));
+    parent.set_mastership(true, "root", clock.now());
+    doorman::engine_options o;
+    o.is_root = false;
+    engine_t node(repo_for("FAIR_SHARE", 100), o);
+    node.set_mastership(true, "node", clock.now());
+    (void)node.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+    upstream_t up({.server_id = "node"});
+    auto req = up.make_request(node, clock.now());
+    auto resp = parent.get_server_capacity(req, clock.now());
+    REQUIRE(resp);
+    up.on_reply(node, resp.value(), clock.now());
+    const auto expiry = node.parent_lease("res")->expiry;
+    for (int i = 0; i < 8; ++i) {  // the backoff alone would reach 15 s
+      clock.set(up.next_request(node));
+      (void)up.make_request(node, clock.now());
+      up.on_reply(doorman::errc::timed_out, clock.now());
+      if (clock.now() < expiry) {
+        CHECK(up.next_request(node) - clock.now() <=
+              std::max<manual_clock::duration>((expiry - clock.now()) / 2, 500ms));
+      }
+    }
+  }
+  SECTION("client state") {
+    doorman::basic_client_state<manual_clock> state({.client_id = "c"});
+    state.add("res", {.wants = 10});
+    (void)state.make_request(clock.now());
+    doorman::capacity_response resp;
+    resp.mastership = {true, "root"};
+    resp.resources.push_back({"res", {10, 20, 16}, 1});
+    state.on_reply(resp, clock.now());
+    const auto expiry = clock.now() + 20s;
+    for (int i = 0; i < 8; ++i) {
+      clock.set(state.next_request());
+      (void)state.make_request(clock.now());
+      state.on_reply(doorman::errc::timed_out, clock.now());
+      if (clock.now() < expiry) {
+        CHECK(state.next_request() - clock.now() <=
+              std::max<manual_clock::duration>((expiry - clock.now()) / 2, 1s));
+      }
+    }
+  }
+}
+
+TEST_CASE("refresh schedule: floor, idle interval, news, backoff and events", "[core][refresh]") {
+  using schedule_t = doorman::refresh_schedule<manual_clock::time_point>;
+  manual_clock clock;
+  schedule_t s({.minimum_interval = doorman::seconds(1),
+                .idle_interval = doorman::seconds(16),
+                .backoff = {.initial = doorman::seconds(2), .maximum = doorman::seconds(8)},
+                .seed = 7});
+  const auto t0 = clock.now();
+  CHECK(s.due(t0, false));  // nothing sent yet
+  s.sent(t0);
+  CHECK(s.in_flight());
+  CHECK_FALSE(s.due(t0 + 1h, true));  // never while in flight
+
+  SECTION("an answer sets the next request; the floor bounds it below") {
+    CHECK(s.answered(t0, 5) == doorman::refresh_event::reached);
+    CHECK(s.next_request(false) == t0 + 5s);
+    s.sent(t0 + 5s);
+    CHECK(s.answered(t0 + 5s, 0.25) == doorman::refresh_event::none);
+    CHECK(s.next_request(false) == t0 + 6s);  // the floor, not 0.25 s
+    s.sent(t0 + 6s);
+    (void)s.answered(t0 + 6s, std::numeric_limits<double>::infinity());
+    CHECK(s.next_request(false) == t0 + 22s);  // nothing said: the idle interval
+  }
+  SECTION("news makes the next request due once the floor has passed") {
+    (void)s.answered(t0, 10);
+    CHECK(s.next_request(true) == t0 + 1s);
+    CHECK_FALSE(s.due(t0 + 500ms, true));
+    CHECK(s.due(t0 + 1s, true));
+    CHECK_FALSE(s.due(t0 + 1s, false));
+  }
+  SECTION("failures back off with jitter, within half the time left on a lease") {
+    (void)s.answered(t0, 10);
+    s.sent(t0 + 10s);
+    const auto far = manual_clock::time_point::max();
+    CHECK(s.failed(t0 + 10s, far) == doorman::refresh_event::lost);
+    const auto first = s.next_request(false) - (t0 + 10s);
+    CHECK(first >= 1s);  // [1/2, 1] of the 2 s step
+    CHECK(first <= 2s);
+    CHECK(s.next_request(true) == s.next_request(false));  // news does not cut a backoff
+    for (int i = 0; i < 5; ++i) {
+      s.sent(s.next_request(false));
+      CHECK(s.failed(s.next_request(false), far) == doorman::refresh_event::none);
+    }
+    CHECK(s.failures() == 6);
+    const auto now = t0 + 100s;
+    s.sent(now);
+    (void)s.failed(now, now + 6s);  // a lease ends in 6 s: retry within 3 s
+    CHECK(s.next_request(false) - now <= 3s);
+    CHECK(s.next_request(false) - now >= 1s);  // but never below the floor
+    s.sent(now + 3s);
+    CHECK(s.answered(now + 3s, 5) == doorman::refresh_event::regained);
+    CHECK(s.connected());
+    CHECK(s.failures() == 0);
+  }
+  SECTION("a failure before any answer is no loss") {
+    CHECK(s.failed(t0, manual_clock::time_point::max()) == doorman::refresh_event::none);
+    CHECK_FALSE(s.connected());
+  }
+}
+
+TEST_CASE("the client state and the upstream say what to do next", "[core][refresh]") {
+  manual_clock clock;
+  doorman::basic_client_state<manual_clock> state({.client_id = "c"});
+  CHECK_FALSE(state.next(clock.now()).send);  // no resources: nothing to ask
+  state.add("res", {.wants = 10});
+  REQUIRE(state.next(clock.now()).send);
+  (void)state.make_request(clock.now());
+  CHECK(state.next(clock.now()).at == manual_clock::time_point::max());  // in flight
+  doorman::capacity_response resp;
+  resp.mastership = {true, "root"};
+  resp.resources.push_back({"res", {10, 20, 4}, 1});
+  CHECK(state.on_reply(resp, clock.now()) == doorman::refresh_event::reached);
+  const auto step = state.next(clock.now());
+  CHECK_FALSE(step.send);
+  CHECK(step.at == clock.now() + 4s);
+  // A non-master's answer is a failure.
+  clock.advance(4s);
+  (void)state.make_request(clock.now());
+  resp.mastership = {false, "elsewhere"};
+  CHECK(state.on_reply(resp, clock.now()) == doorman::refresh_event::lost);
+  CHECK(state.failures() == 1);
+
+  engine_t node(repo_for("FAIR_SHARE", 0), [] {
+    doorman::engine_options o;
+    o.is_root = false;
+    return o;
+  }());
+  node.set_mastership(true, "node", clock.now());
+  upstream_t up({.server_id = "node"});
+  REQUIRE(up.next(node, clock.now()).send);
+  (void)up.make_request(node, clock.now());
+  CHECK_FALSE(up.next(node, clock.now()).send);
+  CHECK(up.on_reply(doorman::errc::timed_out, clock.now()) == doorman::refresh_event::none);
+  CHECK(up.next(node, clock.now()).at > clock.now());
+  (void)node.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+  CHECK(up.has_news(node));  // a new resource; after a failure it still waits out the backoff
+}
