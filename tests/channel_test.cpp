@@ -38,6 +38,7 @@ using doorman_test::fixed_election;
 using doorman_test::gets;
 using doorman_test::line_client;
 using doorman_test::request_line;
+using doorman_test::run_coroutine_test;
 using doorman_test::run_until_ready;
 using doorman_test::running_node;
 using doorman_test::status_of;
@@ -55,10 +56,8 @@ TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
   }
   asio::io_context io;
   doorman::net::channel ch(io.get_executor(), {.addresses = {follower.address()}});
-  auto f =
-      asio::co_spawn(io, ch.call("get_capacity", capacity_params("a", "db", 5)), asio::use_future);
-  run_until_ready(io, f);
-  const auto reply = f.get();
+  const auto reply = run_coroutine_test(
+      io, [&] { return ch.call("get_capacity", capacity_params("a", "db", 5)); });
   REQUIRE(reply);
   CHECK(reply.result["resources"][0]["gets"]["capacity"] == 5);
   CHECK(ch.current() == master.address());
@@ -70,17 +69,14 @@ TEST_CASE("a channel fails over to the next address and times out when none answ
   asio::io_context io;
   // The first address refuses connections (nothing listens on port 1).
   doorman::net::channel ch(io.get_executor(), {.addresses = {"127.0.0.1:1", root.address()}});
-  auto f = asio::co_spawn(io, ch.call("discovery", json::object()), asio::use_future);
-  run_until_ready(io, f);
-  CHECK(f.get());
+  CHECK(run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); }));
   CHECK(ch.current() == root.address());
 
   asio::io_context io2;
   doorman::net::channel dead(io2.get_executor(),
                              {.addresses = {"127.0.0.1:1"}, .call_timeout = doorman::seconds(0.3)});
-  auto g = asio::co_spawn(io2, dead.call("discovery", json::object()), asio::use_future);
-  run_until_ready(io2, g);
-  const auto reply = g.get();
+  const auto reply =
+      run_coroutine_test(io2, [&] { return dead.call("discovery", json::object()); });
   CHECK_FALSE(reply);
   CHECK(reply.error == doorman::errc::unreachable);
 }
