@@ -190,7 +190,8 @@ std::pair<doorman::resource_repository, std::int64_t> load_etcd(
                  });
   io.run();
   if (!*got) {
-    throw std::runtime_error(fmt::format("cannot read configuration etcd:{}: {}", key, got->error));
+    throw std::runtime_error(
+        fmt::format("cannot read configuration etcd:{}: {}", key, got->message));
   }
   if (!got->value) throw std::runtime_error(fmt::format("configuration etcd:{}: no such key", key));
   try {
@@ -227,7 +228,7 @@ asio::awaitable<void> follow_etcd_config(Node& node, doorman::net::etcd_client& 
     if (!got) {
       if (!failing) {
         log_line(fmt::format("configuration etcd:{}: cannot read ({}); keeping the current one",
-                             key, got.error));
+                             key, got.message));
       }
       failing = true;
       continue;

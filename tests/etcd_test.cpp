@@ -130,20 +130,20 @@ TEST_CASE("base64 and HTTP answer parsing", "[net][etcd]") {
   auto r = parse_http_response(
       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
       "3\r\n{\"a\r\n4;x=1\r\n\":1}\r\n0\r\nTrailer: y\r\n\r\n");
-  CHECK(r.error.empty());
+  CHECK_FALSE(r.error);
   CHECK(r.status == 200);
   CHECK(r.body == R"({"a":1})");
   CHECK(parse_http_response("HTTP/1.1 404 Not Found\r\n\r\nx").status == 404);
-  CHECK_FALSE(parse_http_response("HTTP/1.1 2x0 OK\r\n\r\n").error.empty());
-  CHECK_FALSE(parse_http_response("SMTP ready\r\n\r\n").error.empty());
-  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\n").error.empty());
-  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc")
-                  .error.empty());
-  CHECK_FALSE(
-      parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffff\r\n")
-          .error.empty());
-  CHECK_FALSE(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
-                  .error.empty());
+  CHECK(parse_http_response("HTTP/1.1 2x0 OK\r\n\r\n").error == doorman::errc::bad_answer);
+  CHECK(parse_http_response("SMTP ready\r\n\r\n").error == doorman::errc::bad_answer);
+  CHECK(parse_http_response("HTTP/1.1 200 OK\r\n").error == doorman::errc::bad_answer);
+  CHECK(
+      parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc").error ==
+      doorman::errc::bad_answer);
+  CHECK(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffff\r\n")
+            .error == doorman::errc::bad_answer);
+  CHECK(parse_http_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").error ==
+        doorman::errc::bad_answer);
 }
 
 TEST_CASE("the etcd client survives hostile answers with an error each, within its deadline",
@@ -172,8 +172,9 @@ TEST_CASE("the etcd client survives hostile answers with an error each, within i
     CHECK_FALSE(absent.value);
     const auto gone = run_etcd({peer.address()}, claim);
     CHECK_FALSE(gone);
-    CHECK(gone.code == 5);
-    CHECK_THAT(gone.error, Catch::Contains("lease not found"));
+    CHECK(gone.error == doorman::net::etcd_errc::not_found);
+    CHECK(gone.grpc_code == 5);
+    CHECK_THAT(gone.message, Catch::Contains("lease not found"));
   }
   SECTION("garbage, wrong types, server errors, oversized and silent peers") {
     const std::string big = http_reply(200, "{\"x\": \"" + std::string(std::size_t{2} << 20, 'a'));
@@ -182,15 +183,18 @@ TEST_CASE("the etcd client survives hostile answers with an error each, within i
                            http_reply(500, R"({"error": "boom", "message": "boom", "code": 2})"),
                            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{}", big,
                            ""});
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("not a JSON object"));
-    CHECK_THAT(run_etcd({peer.address()}, claim).error,
-               Catch::Contains("without the range of the failure branch"));
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("HTTP 500: boom"));
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("truncated"));
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("answer longer than"));
+    CHECK_THAT(run_etcd({peer.address()}, get).message, Catch::Contains("not a JSON object"));
+    CHECK_THAT(run_etcd({peer.address()}, get).message, Catch::Contains("not a JSON object"));
+    const auto odd = run_etcd({peer.address()}, claim);
+    CHECK(odd.error == doorman::errc::bad_answer);
+    CHECK_THAT(odd.message, Catch::Contains("without the range of the failure branch"));
+    CHECK_THAT(run_etcd({peer.address()}, get).message, Catch::Contains("HTTP 500: boom"));
+    CHECK_THAT(run_etcd({peer.address()}, get).message, Catch::Contains("truncated"));
+    CHECK_THAT(run_etcd({peer.address()}, get).message, Catch::Contains("answer longer than"));
     const auto start = steady::now();
-    CHECK_THAT(run_etcd({peer.address()}, get).error, Catch::Contains("no answer before"));
+    const auto silent = run_etcd({peer.address()}, get);
+    CHECK(silent.error == doorman::errc::unreachable);  // the one endpoint failed
+    CHECK_THAT(silent.message, Catch::Contains("no answer before"));
     CHECK(steady::now() - start < 3s);  // the 2 s deadline, not the peer, ended it
   }
   SECTION("a failing endpoint hands over to the next") {
@@ -284,7 +288,7 @@ class etcd_server {
     std::string error = "not run";
     asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
                    [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
-                     error = e ? "exception" : r.error;
+                     error = e ? "exception" : r.message;
                    });
     io.run();
     REQUIRE(error.empty());

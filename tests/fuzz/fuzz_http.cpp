@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)net::base64_decode(raw);
 
   const auto r = net::detail::parse_http_response(raw);
-  if (!r.error.empty()) return 0;
+  if (r.error) return 0;
   DOORMAN_FUZZ_CHECK(r.status >= 0 && r.status <= 999, std::to_string(r.status));
   DOORMAN_FUZZ_CHECK(r.body.size() <= raw.size(), "");
   const auto a = net::etcd_decode::read(r);

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -84,14 +85,80 @@ namespace doorman::net {
   return out;
 }
 
-/// The outcome of an etcd request: `value` when `error` is empty.
+/// What etcd itself answered when it refused a request (errors of the "etcd" category). The
+/// other failures are `doorman::errc`: `unreachable` (no endpoint answered), `timed_out` (the
+/// deadline passed first), `bad_answer` (an answer not as the gateway documents it).
+enum class etcd_errc {
+  not_found = 1,  ///< gRPC NOT_FOUND: no such lease (it expired) or key
+  refused,        ///< any other error etcd answered (`etcd_result::grpc_code` says which)
+};
+
+}  // namespace doorman::net
+
+template <>
+struct std::is_error_code_enum<doorman::net::etcd_errc> : std::true_type {};
+
+namespace doorman::net {
+
+namespace detail {
+
+class etcd_category_impl final : public std::error_category {
+ public:
+  [[nodiscard]] const char* name() const noexcept override { return "etcd"; }
+  [[nodiscard]] std::string message(int ev) const override {
+    switch (static_cast<etcd_errc>(ev)) {
+      case etcd_errc::not_found:
+        return "not found";
+      case etcd_errc::refused:
+        return "refused by etcd";
+    }
+    return "unknown etcd error";
+  }
+};
+
+}  // namespace detail
+
+[[nodiscard]] inline const std::error_category& etcd_category() noexcept {
+  static const detail::etcd_category_impl category;
+  return category;
+}
+
+[[nodiscard]] inline std::error_code make_error_code(etcd_errc e) noexcept {
+  return {static_cast<int>(e), etcd_category()};
+}
+
+/// The outcome of an etcd request: `value` when `error` is empty, else why not (`message`, in
+/// words that name the method and endpoint).
 template <class T>
 struct etcd_result {
   T value{};
-  std::string error;
-  int code = 0;  ///< the gRPC status code of an error answered by etcd (5: not found)
-  explicit operator bool() const noexcept { return error.empty(); }
+  std::error_code error;
+  std::string message;
+  int grpc_code = 0;  ///< the gRPC status code of an error answered by etcd
+  explicit operator bool() const noexcept { return !error; }
+
+  /// The same failure, for a result of another type.
+  template <class U>
+  [[nodiscard]] etcd_result<U> failure() const {
+    etcd_result<U> r;
+    r.error = error;
+    r.message = message;
+    r.grpc_code = grpc_code;
+    return r;
+  }
 };
+
+namespace detail {
+
+template <class T>
+[[nodiscard]] etcd_result<T> etcd_bad_answer(std::string message) {
+  etcd_result<T> r;
+  r.error = errc::bad_answer;
+  r.message = std::move(message);
+  return r;
+}
+
+}  // namespace detail
 
 /// A key's value and bookkeeping, as `range` finds it.
 struct etcd_kv {
@@ -114,6 +181,9 @@ struct etcd_claim {
 
 /// Reading etcd's answers, apart from the I/O so that each can be tested (and fuzzed) on its
 /// own. Every function takes untrusted input and never throws on it.
+/// gRPC's NOT_FOUND, as the gateway reports it in `code`.
+inline constexpr int grpc_not_found = 5;
+
 namespace etcd_decode {
 
 /// What one gateway answer means: a JSON object (`value`), or why not (`why`), `final` when the
@@ -190,7 +260,8 @@ struct gateway_answer {
   if (const auto id = integer(a, "ID"); id && *id != 0) {
     r.value = {*id, integer(a, "TTL").value_or(ttl)};
   } else {
-    r.error = "lease/grant: answer without an ID";
+    r.error = errc::bad_answer;
+    r.message = "lease/grant: answer without an ID";
   }
   return r;
 }
@@ -201,7 +272,8 @@ struct gateway_answer {
   // A stream method: the gateway wraps each answer in "result".
   const auto res = a.is_object() ? a.find("result") : a.end();
   if (!a.is_object() || res == a.end() || !res->is_object()) {
-    r.error = "lease/keepalive: answer without a result";
+    r.error = errc::bad_answer;
+    r.message = "lease/keepalive: answer without a result";
   } else {
     r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
   }
@@ -213,7 +285,8 @@ struct gateway_answer {
                                                    std::int64_t lease) {
   etcd_result<etcd_claim> r;
   if (!a.is_object()) {
-    r.error = "kv/txn: answer is not an object";
+    r.error = errc::bad_answer;
+    r.message = "kv/txn: answer is not an object";
     return r;
   }
   const auto succeeded = a.find("succeeded");  // omitted when false
@@ -230,13 +303,15 @@ struct gateway_answer {
   const auto responses = a.find("responses");
   if (responses == a.end() || !responses->is_array() || responses->empty() ||
       !(*responses)[0].is_object() || !(*responses)[0].contains("response_range")) {
-    r.error = "kv/txn: answer without the range of the failure branch";
+    r.error = errc::bad_answer;
+    r.message = "kv/txn: answer without the range of the failure branch";
     return r;
   }
   if (auto kv = first_kv((*responses)[0]["response_range"])) {
     r.value.holder = std::move(*kv);
   } else {
-    r.error = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
+    r.error = errc::bad_answer;
+    r.message = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
   }
   return r;
 }
@@ -285,8 +360,8 @@ class etcd_client {
       const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
       auto answer =
           co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share);
-      std::string why = std::move(answer.error);
-      if (why.empty()) {
+      std::string why = std::move(answer.message);
+      if (!answer.error) {
         auto a = etcd_decode::read(answer);
         if (a.value) {
           r.value = std::move(*a.value);
@@ -294,43 +369,40 @@ class etcd_client {
         }
         why = std::move(a.why);
         if (a.final) {
-          r.code = a.code;
-          r.error = fmt::format("{} at {}: {}", method, endpoint, why);
+          r.grpc_code = a.code;
+          r.error = a.code == grpc_not_found ? etcd_errc::not_found : etcd_errc::refused;
+          r.message = fmt::format("{} at {}: {}", method, endpoint, why);
           co_return r;
         }
       }
       errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", endpoint, why);
       current_ = (current_ + 1) % endpoints_.size();
     }
-    r.error = fmt::format("{}: {}", method, errors.empty() ? "deadline passed" : errors);
+    if (errors.empty()) {
+      r.error = errc::timed_out;
+      r.message = method + ": deadline passed";
+    } else {
+      r.error = errc::unreachable;
+      r.message = fmt::format("{}: {}", method, errors);
+    }
     co_return r;
   }
 
   /// A lease of `ttl` seconds (etcd may grant a longer one: its minimum is about 2 s).
   asio::awaitable<etcd_result<etcd_lease>> grant(std::int64_t ttl, clock::time_point deadline) {
-    etcd_result<etcd_lease> r;
     nlohmann::json body = {{"TTL", ttl}};
     auto a = co_await call("lease/grant", std::move(body), deadline);
-    if (!a) {
-      r.code = a.code;
-      r.error = std::move(a.error);
-      co_return r;
-    }
+    if (!a) co_return a.template failure<etcd_lease>();
     co_return etcd_decode::grant(a.value, ttl);
   }
 
   /// Renews lease `id`: its remaining TTL in seconds, 0 when it has expired.
   asio::awaitable<etcd_result<std::int64_t>> keep_alive(std::int64_t id,
                                                         clock::time_point deadline) {
-    etcd_result<std::int64_t> r;
     // A stream method: the gateway wraps each answer in "result".
     nlohmann::json body = {{"ID", std::to_string(id)}};
     auto a = co_await call("lease/keepalive", std::move(body), deadline);
-    if (!a) {
-      r.code = a.code;
-      r.error = std::move(a.error);
-      co_return r;
-    }
+    if (!a) co_return a.template failure<std::int64_t>();
     co_return etcd_decode::keep_alive(a.value);
   }
 
@@ -339,8 +411,8 @@ class etcd_client {
     etcd_result<bool> r;
     nlohmann::json body = {{"ID", std::to_string(id)}};
     auto a = co_await call("lease/revoke", std::move(body), deadline);
-    r.value = static_cast<bool>(a);
-    r.error = std::move(a.error);
+    if (!a) co_return a.template failure<bool>();
+    r.value = true;
     co_return r;
   }
 
@@ -360,12 +432,7 @@ class etcd_client {
                                               {"lease", std::to_string(lease)}}}}})},
         {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
     auto a = co_await call("kv/txn", std::move(body), deadline);
-    if (!a) {
-      etcd_result<etcd_claim> r;
-      r.code = a.code;
-      r.error = std::move(a.error);
-      co_return r;
-    }
+    if (!a) co_return a.template failure<etcd_claim>();
     co_return etcd_decode::claim(a.value, std::move(value), lease);
   }
 
@@ -375,12 +442,8 @@ class etcd_client {
     etcd_result<std::optional<etcd_kv>> r;
     nlohmann::json body = {{"key", base64_encode(key)}};
     auto a = co_await call("kv/range", std::move(body), deadline);
-    if (!a) {
-      r.code = a.code;
-      r.error = std::move(a.error);
-    } else {
-      r.value = etcd_decode::first_kv(a.value);
-    }
+    if (!a) co_return a.template failure<std::optional<etcd_kv>>();
+    r.value = etcd_decode::first_kv(a.value);
     co_return r;
   }
 
@@ -390,8 +453,8 @@ class etcd_client {
     etcd_result<bool> r;
     nlohmann::json body = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
     auto a = co_await call("kv/put", std::move(body), deadline);
-    r.value = static_cast<bool>(a);
-    r.error = std::move(a.error);
+    if (!a) co_return a.template failure<bool>();
+    r.value = true;
     co_return r;
   }
 

@@ -7,7 +7,7 @@
 ///
 ///     auto r = co_await doorman::net::http_post(executor, "127.0.0.1:2379", "/v3/kv/range",
 ///                                               R"({"key":"Zm9v"})", deadline);
-///     if (r.error.empty() && r.status == 200) use(r.body);
+///     if (!r.error && r.status == 200) use(r.body);
 
 #include <algorithm>
 #include <cctype>
@@ -21,58 +21,38 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/error.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 
 namespace doorman::net {
 
-/// An HTTP answer, or why there is none (`error` non-empty).
+/// An HTTP answer, or why there is none: `error` (`errc::bad_answer`, `timed_out`,
+/// `unreachable` or a socket error) with `message` in words.
 struct http_response {
   int status = 0;
   std::string body;
-  std::string error;
+  std::error_code error;
+  std::string message;
 };
 
 namespace detail {
 
-// Splits a raw answer (status line, headers, body) into an http_response.
-inline http_response parse_http_response(std::string_view raw) {
+inline http_response http_failure(std::error_code error, std::string message) {
   http_response r;
-  const auto head_end = raw.find("\r\n\r\n");
-  if (head_end == std::string_view::npos || !raw.starts_with("HTTP/1.")) {
-    r.error = "malformed HTTP answer";
-    return r;
-  }
-  const std::string_view head = raw.substr(0, head_end);
-  std::string_view body = raw.substr(head_end + 4);
-  const auto sp = head.find(' ');
-  if (sp == std::string_view::npos || head.size() < sp + 4) {
-    r.error = "malformed HTTP status line";
-    return r;
-  }
-  r.status = 0;
-  for (std::size_t i = sp + 1; i < sp + 4; ++i) {
-    const char c = head[i];
-    if (c < '0' || c > '9') {
-      r.error = "malformed HTTP status line";
-      return r;
-    }
-    r.status = r.status * 10 + (c - '0');
-  }
-  std::string lower(head);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower.find("\r\ntransfer-encoding: chunked") == std::string::npos) {
-    r.body = std::string(body);
-    return r;
-  }
-  // Chunked: "<hex size>[;ext]\r\n<data>\r\n" ... "0\r\n\r\n".
+  r.error = error;
+  r.message = std::move(message);
+  return r;
+}
+
+// A chunked body ("<hex size>[;ext]\r\n<data>\r\n" ... "0\r\n\r\n") joined, or why not.
+inline http_response dechunk(std::string_view body, int status) {
+  http_response r;
+  r.status = status;
   for (;;) {
     const auto eol = body.find("\r\n");
-    if (eol == std::string_view::npos) {
-      r.error = "truncated chunked HTTP answer";
-      return r;
-    }
+    if (eol == std::string_view::npos)
+      return http_failure(errc::bad_answer, "truncated chunked HTTP answer");
     std::size_t size = 0;
     std::size_t digits = 0;
     for (const char c : body.substr(0, eol)) {
@@ -81,25 +61,46 @@ inline http_response parse_http_response(std::string_view raw) {
       if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
       if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
       if (v < 0) break;
-      if (++digits > 8) {
-        r.error = "HTTP chunk too long";
-        return r;
-      }
+      if (++digits > 8) return http_failure(errc::bad_answer, "HTTP chunk too long");
       size = size * 16 + static_cast<std::size_t>(v);
     }
-    if (digits == 0) {
-      r.error = "malformed HTTP chunk size";
-      return r;
-    }
+    if (digits == 0) return http_failure(errc::bad_answer, "malformed HTTP chunk size");
     body.remove_prefix(eol + 2);
     if (size == 0) return r;
-    if (body.size() < size + 2) {
-      r.error = "truncated chunked HTTP answer";
-      return r;
-    }
+    if (body.size() < size + 2)
+      return http_failure(errc::bad_answer, "truncated chunked HTTP answer");
     r.body.append(body.substr(0, size));
     body.remove_prefix(size + 2);
   }
+}
+
+// Splits a raw answer (status line, headers, body) into an http_response.
+inline http_response parse_http_response(std::string_view raw) {
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string_view::npos || !raw.starts_with("HTTP/1.")) {
+    return http_failure(errc::bad_answer, "malformed HTTP answer");
+  }
+  const std::string_view head = raw.substr(0, head_end);
+  const std::string_view body = raw.substr(head_end + 4);
+  const auto sp = head.find(' ');
+  if (sp == std::string_view::npos || head.size() < sp + 4) {
+    return http_failure(errc::bad_answer, "malformed HTTP status line");
+  }
+  int status = 0;
+  for (std::size_t i = sp + 1; i < sp + 4; ++i) {
+    const char c = head[i];
+    if (c < '0' || c > '9') return http_failure(errc::bad_answer, "malformed HTTP status line");
+    status = status * 10 + (c - '0');
+  }
+  std::string lower(head);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower.find("\r\ntransfer-encoding: chunked") != std::string::npos)
+    return dechunk(body, status);
+  http_response r;
+  r.status = status;
+  r.body = std::string(body);
+  return r;
 }
 
 }  // namespace detail
@@ -113,8 +114,8 @@ inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, 
   http_response r;
   const auto a = parse_address(address);
   if (!a) {
-    r.error = fmt::format("expected host:port, got \"{}\"", address);
-    co_return r;
+    co_return detail::http_failure(std::make_error_code(std::errc::invalid_argument),
+                                   fmt::format("expected host:port, got \"{}\"", address));
   }
   auto socket = std::make_shared<asio::ip::tcp::socket>(executor);
   const socket_deadline guard(executor, deadline, [socket] {
@@ -143,16 +144,16 @@ inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, 
         asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
     raw.append(chunk, n);
     if (raw.size() > max_bytes) {
-      r.error = fmt::format("answer longer than {} bytes", max_bytes);
-      co_return r;
+      co_return detail::http_failure(errc::bad_answer,
+                                     fmt::format("answer longer than {} bytes", max_bytes));
     }
   }
   std::error_code ignored;
   socket->close(ignored);
   if (guard.expired()) {
-    r.error = "no answer before the deadline";
+    r = detail::http_failure(errc::timed_out, "no answer before the deadline");
   } else if (ec && ec != asio::error::eof) {
-    r.error = ec.message();
+    r = detail::http_failure(ec, ec.message());
   } else {
     r = detail::parse_http_response(raw);
   }

@@ -151,9 +151,9 @@ class etcd_election {
     }
     if (s->lease != 0) {
       const auto r = co_await s->etcd.revoke(s->lease, clock::now() + std::chrono::seconds(1));
-      s->log(
-          r ? "etcd: lease revoked; another task can take over at once"
-            : fmt::format("etcd: could not revoke the lease ({}); it expires by itself", r.error));
+      s->log(r ? "etcd: lease revoked; another task can take over at once"
+               : fmt::format("etcd: could not revoke the lease ({}); it expires by itself",
+                             r.message));
     }
   }
 
@@ -164,13 +164,13 @@ class etcd_election {
         s.is_master ? std::min(sent + s.period(), s.at_risk()) : sent + s.period();
     if (s.lease == 0) {
       const auto g = co_await s.etcd.grant(std::llround(s.options.ttl.count()), deadline);
-      if (!g) co_return unreachable(s, g.error);
+      if (!g) co_return unreachable(s, g.message);
       s.lease = g.value.id;
       s.ttl = std::chrono::seconds(g.value.ttl);
       s.confirmed = sent;
     } else {
       const auto k = co_await s.etcd.keep_alive(s.lease, deadline);
-      if (!k) co_return unreachable(s, k.error);
+      if (!k) co_return unreachable(s, k.message);
       if (k.value <= 0) {
         s.log("etcd: our lease has expired; campaigning with a new one");
         s.lease = 0;
@@ -182,12 +182,12 @@ class etcd_election {
     if (s.stopping) co_return true;
     const auto c = co_await s.etcd.put_if_absent(s.options.key, s.advertise, s.lease,
                                                  std::min(clock::now() + s.period(), s.at_risk()));
-    if (!c && c.code == 5) {  // NOT_FOUND: the lease expired between renewal and claim
+    if (c.error == net::etcd_errc::not_found) {  // the lease expired between renewal and claim
       s.lease = 0;
       if (s.is_master) s.report(false, std::nullopt);
       co_return true;
     }
-    if (!c) co_return unreachable(s, c.error);
+    if (!c) co_return unreachable(s, c.message);
     if (!s.last_error.empty()) {
       s.log("etcd: reachable again");
       s.last_error.clear();
