@@ -498,22 +498,22 @@ TEST_CASE("invalid requests are refused with the field named and change nothing"
     CHECK(r.error().code == doorman::errc::invalid_params);
     return r.error().message;
   };
-  CHECK(error_of({"", {}}) == "params.client_id: must be a non-empty string");
-  CHECK(error_of({std::string(257, 'x'), {}}) == "params.client_id: must be at most 256 bytes");
+  CHECK(error_of({"", {}}) == "client_id: must be a non-empty string");
+  CHECK(error_of({std::string(257, 'x'), {}}) == "client_id: must be at most 256 bytes");
   CHECK(error_of({"a", {{"res", 0, -1, std::nullopt}}}) ==
-        "params.resources[0].wants: must be a finite number between 0 and 1e15");
+        "resources[0].wants: must be a finite number between 0 and 1e15");
   CHECK(error_of({"a", {{"res", 0, std::nan(""), std::nullopt}}}) ==
-        "params.resources[0].wants: must be a finite number between 0 and 1e15");
+        "resources[0].wants: must be a finite number between 0 and 1e15");
   CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"", 0, 1, std::nullopt}}}) ==
-        "params.resources[1].resource_id: must be a non-empty string");
+        "resources[1].resource_id: must be a non-empty string");
   CHECK(error_of({"a", {{"res", 0, 1, std::nullopt}, {"res", 0, 1, std::nullopt}}}) ==
-        "params.resources[1]: duplicate resource id \"res\"");
+        "resources[1]: duplicate resource id \"res\"");
   CHECK(error_of({"a", {{"res", 0, 1, doorman::lease_info{-3, 1, 1}}}}) ==
-        "params.resources[0].has.capacity: must be a finite number between 0 and 1e15");
+        "resources[0].has.capacity: must be a finite number between 0 and 1e15");
   doorman::capacity_request many{"a", {}};
   for (int i = 0; i <= 10'000; ++i)
     many.resources.push_back({"r" + std::to_string(i), 0, 1, {}});
-  CHECK(error_of(many) == "params.resources: must hold at most 10000 resources");
+  CHECK(error_of(many) == "resources: must hold at most 10000 resources");
   CHECK(f.engine.store("res") == nullptr);  // nothing was recorded
 
   auto server_error = [&](const doorman::server_capacity_request& req) {
@@ -522,19 +522,19 @@ TEST_CASE("invalid requests are refused with the field named and change nothing"
     return r.error().message;
   };
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 0, 10}}}}}) ==
-        "params.resources[0].wants[0].num_clients: must be an integer between 1 and 1000000000");
+        "resources[0].wants[0].num_clients: must be an integer between 1 and 1000000000");
   CHECK(server_error({"leaf", {{"res", std::nullopt, -1, {{0, 1, 10}}}}}) ==
-        "params.resources[0].outstanding: must be a finite number between 0 and 1e15");
+        "resources[0].outstanding: must be a finite number between 0 and 1e15");
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {}}}}) ==
-        "params.resources[0].wants: must hold at least one band");
+        "resources[0].wants: must hold at least one band");
   CHECK(server_error({"leaf", {{"res", std::nullopt, 0, {{0, 1, 10}, {0, 2, 5}}}}}) ==
-        "params.resources[0].wants[1].priority: duplicates wants[0].priority");
+        "resources[0].wants[1].priority: duplicates wants[0].priority");
   auto release = f.engine.release_capacity({"a", {"x", "x"}}, f.clock.now());
   REQUIRE_FALSE(release);
-  CHECK(release.error().message == "params.resources[1]: duplicate resource id \"x\"");
+  CHECK(release.error().message == "resources[1]: duplicate resource id \"x\"");
   auto status = f.engine.status({std::string()}, f.clock.now());
   REQUIRE_FALSE(status);
-  CHECK(status.error().message == "params.resource_id: must be a non-empty string");
+  CHECK(status.error().message == "resource_id: must be a non-empty string");
   CHECK(f.engine.store("res") == nullptr);
 }
 
@@ -852,7 +852,7 @@ TEST_CASE("band wants are bounded, so a child's demand cannot sum to infinity", 
       {"leaf", {{"res", std::nullopt, 0, {{0, 1, 1e308}, {1, 1, 1e308}}}}}, f.clock.now());
   REQUIRE_FALSE(r);
   CHECK(r.error().message ==
-        "params.resources[0].wants[0].wants: must be a finite number between 0 and 1e15");
+        "resources[0].wants[0].wants: must be a finite number between 0 and 1e15");
   CHECK(f.engine.store("res") == nullptr);
 
   // The largest accepted bands: the grant is finite, within bounds, and its answer decodes.
@@ -875,7 +875,7 @@ TEST_CASE("band wants are bounded, so a child's demand cannot sum to infinity", 
   auto too_many =
       f.engine.get_server_capacity({"leaf", {{"res", std::nullopt, 0, bands}}}, f.clock.now());
   REQUIRE_FALSE(too_many);
-  CHECK(too_many.error().message == "params.resources[0].wants: must hold at most 1000 bands");
+  CHECK(too_many.error().message == "resources[0].wants: must hold at most 1000 bands");
 }
 
 TEST_CASE("a duplicate priority is named among many bands too", "[core][bounds]") {
@@ -887,8 +887,7 @@ TEST_CASE("a duplicate priority is named among many bands too", "[core][bounds]"
   bands[35].priority = 3;
   auto r = f.engine.get_server_capacity({"leaf", {{"res", std::nullopt, 0, bands}}}, f.clock.now());
   REQUIRE_FALSE(r);
-  CHECK(r.error().message ==
-        "params.resources[0].wants[31].priority: duplicates wants[7].priority");
+  CHECK(r.error().message == "resources[0].wants[31].priority: duplicates wants[7].priority");
 }
 
 TEST_CASE("a child's huge outstanding does not erase what the others hold", "[core][bounds]") {
@@ -901,7 +900,7 @@ TEST_CASE("a child's huge outstanding does not erase what the others hold", "[co
     if (outstanding > 1e15) {
       REQUIRE_FALSE(r);
       CHECK(r.error().message ==
-            "params.resources[0].outstanding: must be a finite number between 0 and 1e15");
+            "resources[0].outstanding: must be a finite number between 0 and 1e15");
       continue;
     }
     REQUIRE(r);

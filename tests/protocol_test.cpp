@@ -105,7 +105,13 @@ TEST_CASE("a server grant carries its algorithm, which is checked when decoded",
   bad["resources"][0]["algorithm"]["refresh_interval"] = 90;  // longer than the lease
   auto err = doorman::decode(bad, back);
   REQUIRE(err);
-  CHECK_THAT(err->message, Contains("result.resources[0].algorithm.refresh_interval"));
+  // The configuration's rule and message, read by the same code.
+  CHECK(err->message == "result.resources[0].algorithm.lease_length: must be >= refresh_interval");
+  bad["resources"][0]["algorithm"]["refresh_interval"] = 0.01;
+  err = doorman::decode(bad, back);
+  REQUIRE(err);
+  CHECK(err->message ==
+        "result.resources[0].algorithm.refresh_interval: must be between 0.1 and 86400 seconds");
   bad = resp;
   bad["resources"][0]["algorithm"].erase("kind");
   err = doorman::decode(bad, back);

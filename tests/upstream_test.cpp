@@ -253,7 +253,7 @@ TEST_CASE("an intermediate adopts only the grants it asked for, within bounds",
   CHECK(t.up.invalid_grants() == bad.resources.size());
   REQUIRE(t.logged.size() == 1);
   CHECK_THAT(t.logged[0], Contains("10006 of 10006 grants ignored") &&
-                              Contains("result.resources[0].resource_id: not asked for"));
+                              Contains("(first: resources[0].resource_id: not asked for)"));
   CHECK_FALSE(t.leaf.parent_lease("res"));
   CHECK(t.leaf.store("") == nullptr);
   CHECK(t.leaf.store("bogus-1") == nullptr);

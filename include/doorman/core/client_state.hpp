@@ -61,7 +61,7 @@ struct client_resource_options {
 
 /// Options of the client state, with their defaults.
 struct client_state_options {
-  std::string client_id;    ///< unique per client object (default: hostname:pid:n)
+  std::string client_id;      ///< unique per client object (default: hostname:pid:n)
   refresh_options refresh{};  ///< when to ask (the asio client draws a random jitter seed)
   /// Receives one line per server answer that held invalid grants (which are ignored). Null:
   /// silent.

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -22,8 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/algorithm.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/glob.hpp"
+#include "doorman/core/json_reader.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman {
@@ -38,10 +41,9 @@ struct config_limits {
   static constexpr double max_capacity = 1e15;
 };
 
-/// The algorithm kinds every engine knows, in Doorman's spelling. Each is also accepted in
-/// lower case (`fair_share`).
-inline constexpr std::array<std::string_view, 4> standard_algorithm_kinds = {
-    "NO_ALGORITHM", "STATIC", "PROPORTIONAL_SHARE", "FAIR_SHARE"};
+/// The algorithm kinds every engine knows, in Doorman's spelling: those of
+/// `default_algorithms`. Each is also accepted in lower case (`fair_share`).
+inline constexpr const auto& standard_algorithm_kinds = default_algorithms::kinds;
 
 /// How a resource's capacity is divided, and the lease parameters of its grants.
 struct algorithm_config {
@@ -72,6 +74,9 @@ class config_error : public std::runtime_error {
   config_error(std::string path, const std::string& reason)
       : std::runtime_error(path.empty() ? reason : path + ": " + reason), path_(std::move(path)) {}
 
+  /// The problem a `detail::json_reader` found.
+  explicit config_error(const request_error& e) : std::runtime_error(e.message), path_(e.path) {}
+
   /// The field path, e.g. `resources[1].algorithm.lease_length` (empty for the whole document).
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
@@ -84,181 +89,156 @@ class config_error : public std::runtime_error {
   std::string path_;
 };
 
+/// The JSON form of an algorithm's settings, as the configuration and a server's grant write
+/// it.
+inline void to_json(nlohmann::json& j, const algorithm_config& a) {
+  j = {{"kind", a.kind},
+       {"lease_length", a.lease_length.count()},
+       {"refresh_interval", a.refresh_interval.count()},
+       {"learning_mode_duration", a.learning_mode_duration.count()},
+       {"parameters", a.parameters}};
+}
+
 namespace detail {
+
+// `name` in its canonical spelling among `kinds` (each also accepted in lower case), or
+// nothing.
+inline std::optional<std::string_view> canonical_kind(std::string_view name,
+                                                      std::span<const std::string_view> kinds) {
+  for (const auto k : kinds) {
+    if (name == k) return k;
+    if (name.size() != k.size()) continue;
+    bool lower = true;
+    for (std::size_t i = 0; i < k.size() && lower; ++i) {
+      const char c = k[i];
+      lower = name[i] == ((c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c);
+    }
+    if (lower) return k;
+  }
+  return std::nullopt;
+}
+
+/// Reads an algorithm's settings at field `key` of `parent`, as the configuration and a
+/// server's grant both write them: a kind (one of `kinds`, canonicalised; with no `kinds`, any
+/// non-empty name, which the engine that adopts it checks), lease_length and refresh_interval
+/// within the duration limits with lease_length >= refresh_interval, learning_mode_duration
+/// (default: lease_length), and scalar parameters. `strict`: unknown fields are refused.
+inline void read_algorithm(json_reader& parent, const char* key, algorithm_config& out,
+                           std::span<const std::string_view> kinds, bool strict) {
+  const nlohmann::json* j = parent.object(key);
+  if (j == nullptr) return;
+  json_reader r(*j, parent.at(key));
+  if (strict) {
+    r.only({"kind", "lease_length", "refresh_interval", "learning_mode_duration", "parameters"});
+  }
+  std::string name;
+  if (r.string("kind", name)) {
+    if (kinds.empty()) {
+      if (name.empty()) r.fail("kind", "must not be empty");
+      out.kind = std::move(name);
+    } else if (const auto k = canonical_kind(name, kinds)) {
+      out.kind = std::string(*k);
+    } else {
+      std::string known;
+      for (const auto kind : kinds)
+        known += (known.empty() ? "" : ", ") + std::string(kind);
+      r.fail("kind", "unknown algorithm kind \"" + name + "\" (known: " + known + ")");
+    }
+  }
+  constexpr std::string_view unit = " seconds";
+  double lease = 0, refresh = 0, learning = 0;
+  if (r.number("lease_length", lease)) {
+    r.within("lease_length", lease, config_limits::min_duration, config_limits::max_duration, unit);
+  }
+  if (r.number("refresh_interval", refresh)) {
+    r.within("refresh_interval", refresh, config_limits::min_duration, config_limits::max_duration,
+             unit);
+  }
+  if (!r.error() && lease < refresh) r.fail("lease_length", "must be >= refresh_interval");
+  learning = lease;
+  if (r.number("learning_mode_duration", learning, false)) {
+    r.within("learning_mode_duration", learning, 0, config_limits::max_duration, unit);
+  }
+  if (const auto* p = r.object("parameters", false)) {
+    for (const auto& [name_of, value] : p->items()) {
+      if (!value.is_primitive() || value.is_null()) {
+        r.fail("parameters." + name_of, "must be a string, number or boolean");
+        break;
+      }
+    }
+    out.parameters = *p;
+  }
+  out.lease_length = seconds(lease);
+  out.refresh_interval = seconds(refresh);
+  out.learning_mode_duration = seconds(learning);
+  parent.absorb(r.error());
+}
 
 class config_reader {
  public:
   explicit config_reader(std::span<const std::string_view> kinds) : kinds_(kinds) {}
 
   std::vector<resource_template> read(const nlohmann::json& doc) const {
-    require_object(doc, "");
-    reject_unknown(doc, "", {"resources"});
-    const auto it = doc.find("resources");
-    if (it == doc.end()) fail("resources", "is required");
-    if (!it->is_array()) fail("resources", "must be an array");
-    if (it->empty()) fail("resources", "must hold at least one template");
-
+    json_reader r(doc, "");
+    r.only({"resources"});
     std::vector<resource_template> out;
-    out.reserve(it->size());
-    for (std::size_t i = 0; i < it->size(); ++i) {
-      const std::string path = "resources[" + std::to_string(i) + "]";
-      out.push_back(read_template((*it)[i], path));
-      for (std::size_t j = 0; j < i; ++j) {
-        if (out[j].identifier_glob == out[i].identifier_glob) {
-          fail(path + ".identifier_glob", "duplicates resources[" + std::to_string(j) +
-                                              "].identifier_glob \"" + out[i].identifier_glob +
-                                              "\"");
-        }
-      }
-    }
+    const bool listed = r.array(
+        "resources",
+        [&](const nlohmann::json& t, const std::string& path) {
+          if (auto problem = read_template(t, path, out)) r.absorb(problem);
+        },
+        std::numeric_limits<std::size_t>::max());
+    if (r.error()) throw config_error(*r.error());
+    if (!listed || out.empty()) throw config_error("resources", "must hold at least one template");
     if (out.back().identifier_glob != "*") {
-      fail("resources[" + std::to_string(out.size() - 1) + "].identifier_glob",
-           "the last template must have identifier_glob \"*\" so that every resource id resolves");
+      throw config_error(
+          "resources[" + std::to_string(out.size() - 1) + "].identifier_glob",
+          "the last template must have identifier_glob \"*\" so that every resource id resolves");
     }
     return out;
   }
 
  private:
-  [[noreturn]] static void fail(std::string path, const std::string& reason) {
-    throw config_error(std::move(path), reason);
-  }
-
-  static void require_object(const nlohmann::json& j, const std::string& path) {
-    if (!j.is_object()) fail(path, "must be an object");
-  }
-
-  static void reject_unknown(const nlohmann::json& j, const std::string& path,
-                             std::initializer_list<std::string_view> known) {
-    for (const auto& [key, value] : j.items()) {
-      if (std::find(known.begin(), known.end(), key) == known.end()) {
-        fail(path.empty() ? key : path + "." + key, "unknown field");
-      }
-    }
-  }
-
-  static std::optional<double> number(const nlohmann::json& obj, const char* key,
-                                      const std::string& path, bool required) {
-    const auto it = obj.find(key);
-    if (it == obj.end()) {
-      if (required) fail(path, "is required");
-      return std::nullopt;
-    }
-    if (!it->is_number()) fail(path, "must be a number");
-    const double v = it->get<double>();
-    if (!std::isfinite(v)) fail(path, "must be finite");
-    return v;
-  }
-
-  static seconds duration(const nlohmann::json& obj, const char* key, const std::string& path,
-                          double min) {
-    const double v = *number(obj, key, path, true);
-    if (v < min || v > config_limits::max_duration) {
-      fail(path, fmt_range(min, config_limits::max_duration));
-    }
-    return seconds{v};
-  }
-
-  static std::string fmt_range(double lo, double hi) {
-    auto num = [](double v) {
-      std::string s = nlohmann::json(v).dump();
-      if (s.size() > 2 && s.ends_with(".0")) s.resize(s.size() - 2);
-      return s;
-    };
-    return "must be between " + num(lo) + " and " + num(hi) + " seconds";
-  }
-
-  resource_template read_template(const nlohmann::json& j, const std::string& path) const {
-    require_object(j, path);
-    reject_unknown(j, path,
-                   {"identifier_glob", "capacity", "safe_capacity", "description", "algorithm"});
+  // Reads one template into `out`; the problem, if any.
+  std::optional<request_error> read_template(const nlohmann::json& j, const std::string& path,
+                                             std::vector<resource_template>& out) const {
+    json_reader r(j, path);
+    r.only({"identifier_glob", "capacity", "safe_capacity", "description", "algorithm"});
     resource_template t;
-
-    const auto glob = j.find("identifier_glob");
-    if (glob == j.end()) fail(path + ".identifier_glob", "is required");
-    if (!glob->is_string()) fail(path + ".identifier_glob", "must be a string");
-    t.identifier_glob = glob->get<std::string>();
-    if (t.identifier_glob.empty()) fail(path + ".identifier_glob", "must not be empty");
-    if (t.identifier_glob.size() > config_limits::max_glob_bytes) {
-      fail(path + ".identifier_glob", "must be at most 256 bytes");
+    if (r.string("identifier_glob", t.identifier_glob)) check_glob(r, t.identifier_glob, out);
+    if (r.number("capacity", t.capacity)) {
+      r.within("capacity", t.capacity, 0, config_limits::max_capacity);
     }
-    if (auto err = glob_error(t.identifier_glob)) {
-      fail(path + ".identifier_glob", "invalid glob \"" + t.identifier_glob + "\": " + *err);
-    }
-
-    t.capacity = *number(j, "capacity", path + ".capacity", true);
-    if (t.capacity < 0 || t.capacity > config_limits::max_capacity) {
-      fail(path + ".capacity", "must be between 0 and 1e15");
-    }
-
-    if (auto safe = number(j, "safe_capacity", path + ".safe_capacity", false)) {
-      if ((*safe < 0 && *safe != -1) || *safe > config_limits::max_capacity) {
-        fail(path + ".safe_capacity", "must be between 0 and 1e15, or -1 for unlimited");
+    if (double safe = 0; r.number("safe_capacity", safe, false)) {
+      if (safe != -1 && !(safe >= 0 && safe <= config_limits::max_capacity)) {
+        r.fail("safe_capacity", "must be between 0 and " +
+                                    number_text(config_limits::max_capacity) +
+                                    ", or -1 for unlimited");
       }
-      t.safe_capacity = *safe;
+      t.safe_capacity = safe;
     }
-
-    if (const auto d = j.find("description"); d != j.end()) {
-      if (!d->is_string()) fail(path + ".description", "must be a string");
-      t.description = d->get<std::string>();
-    }
-
-    const auto alg = j.find("algorithm");
-    if (alg == j.end()) fail(path + ".algorithm", "is required");
-    t.algorithm = read_algorithm(*alg, path + ".algorithm");
-    return t;
+    r.string("description", t.description, false);
+    read_algorithm(r, "algorithm", t.algorithm, kinds_, true);
+    if (!r.error()) out.push_back(std::move(t));
+    return r.error();
   }
 
-  algorithm_config read_algorithm(const nlohmann::json& j, const std::string& path) const {
-    require_object(j, path);
-    reject_unknown(
-        j, path,
-        {"kind", "lease_length", "refresh_interval", "learning_mode_duration", "parameters"});
-    algorithm_config a;
-
-    const auto kind = j.find("kind");
-    if (kind == j.end()) fail(path + ".kind", "is required");
-    if (!kind->is_string()) fail(path + ".kind", "must be a string");
-    const auto name = kind->get<std::string>();
-    a.kind = canonical_kind(name, path + ".kind");
-
-    a.lease_length =
-        duration(j, "lease_length", path + ".lease_length", config_limits::min_duration);
-    a.refresh_interval =
-        duration(j, "refresh_interval", path + ".refresh_interval", config_limits::min_duration);
-    if (a.lease_length < a.refresh_interval) {
-      fail(path + ".lease_length", "must be >= refresh_interval");
+  static void check_glob(json_reader& r, const std::string& glob,
+                         const std::vector<resource_template>& earlier) {
+    if (glob.empty()) {
+      r.fail("identifier_glob", "must not be empty");
+    } else if (glob.size() > config_limits::max_glob_bytes) {
+      r.fail("identifier_glob",
+             "must be at most " + std::to_string(config_limits::max_glob_bytes) + " bytes");
+    } else if (auto err = glob_error(glob)) {
+      r.fail("identifier_glob", "invalid glob \"" + glob + "\": " + *err);
     }
-    a.learning_mode_duration = a.lease_length;
-    if (j.contains("learning_mode_duration")) {
-      a.learning_mode_duration =
-          duration(j, "learning_mode_duration", path + ".learning_mode_duration", 0);
-    }
-
-    if (const auto p = j.find("parameters"); p != j.end()) {
-      if (!p->is_object()) fail(path + ".parameters", "must be an object");
-      for (const auto& [key, value] : p->items()) {
-        if (!value.is_primitive() || value.is_null()) {
-          fail(path + ".parameters." + key, "must be a string, number or boolean");
-        }
+    for (std::size_t j = 0; j < earlier.size(); ++j) {
+      if (earlier[j].identifier_glob == glob) {
+        r.fail("identifier_glob",
+               "duplicates resources[" + std::to_string(j) + "].identifier_glob \"" + glob + "\"");
       }
-      a.parameters = *p;
     }
-    return a;
-  }
-
-  std::string canonical_kind(const std::string& name, const std::string& path) const {
-    for (const auto k : kinds_) {
-      if (name == k) return name;
-      std::string lower(k);
-      std::transform(lower.begin(), lower.end(), lower.begin(), [](char c) {
-        return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-      });
-      if (name == lower) return std::string(k);
-    }
-    std::string known;
-    for (const auto k : kinds_)
-      known += (known.empty() ? "" : ", ") + std::string(k);
-    fail(path, "unknown algorithm kind \"" + name + "\" (known: " + known + ")");
   }
 
   std::span<const std::string_view> kinds_;
@@ -313,14 +293,9 @@ class resource_repository {
   [[nodiscard]] nlohmann::json to_json() const {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& t : templates_) {
-      nlohmann::json alg = {{"kind", t.algorithm.kind},
-                            {"lease_length", t.algorithm.lease_length.count()},
-                            {"refresh_interval", t.algorithm.refresh_interval.count()},
-                            {"learning_mode_duration", t.algorithm.learning_mode_duration.count()},
-                            {"parameters", t.algorithm.parameters}};
       nlohmann::json j = {{"identifier_glob", t.identifier_glob},
                           {"capacity", t.capacity},
-                          {"algorithm", std::move(alg)}};
+                          {"algorithm", nlohmann::json(t.algorithm)}};
       if (t.safe_capacity) j["safe_capacity"] = *t.safe_capacity;
       if (!t.description.empty()) j["description"] = t.description;
       list.push_back(std::move(j));

@@ -71,10 +71,12 @@ class error_category_impl final : public std::error_category {
 }
 
 /// An error with a message that names what was wrong, e.g.
-/// `params.resources[0].wants: must be a finite number >= 0`.
+/// `resources[0].wants: must be a finite number between 0 and 1e15`. Paths are relative to the
+/// message checked (the JSON-RPC layer puts `params.` in front).
 struct request_error {
   errc code = errc::invalid_params;
-  std::string message;
+  std::string message;  ///< `path: reason`
+  std::string path{};   ///< the field's path alone (may be empty)
 };
 
 /// Either a value or a `request_error`: what the engine's calls return.

@@ -44,6 +44,13 @@ struct request_limits {
   static constexpr double max_seconds = 1e6;
 };
 
+// The messages below name these limits in words ("at most 10000 resources"), which the hot
+// path builds without formatting; these assertions keep the words and the numbers one.
+static_assert(request_limits::max_id_bytes == 256 && config_limits::max_glob_bytes == 256);
+static_assert(request_limits::max_resources == 10'000 && request_limits::max_bands == 1'000);
+static_assert(request_limits::max_num_clients == 1'000'000'000);
+static_assert(request_limits::max_quantity == 1e15 && request_limits::max_seconds == 1e6);
+
 /// Who is master: `{"is_master": true, "master": "10.0.0.7:7700"}`.
 struct mastership_info {
   bool is_master = false;
@@ -160,7 +167,8 @@ struct status_response {
 namespace detail {
 
 inline request_error invalid(std::string path, std::string_view reason) {
-  return {errc::invalid_params, std::move(path) + ": " + std::string(reason)};
+  std::string message = path + ": " + std::string(reason);
+  return {errc::invalid_params, std::move(message), std::move(path)};
 }
 
 // Paths are only built when something is wrong: validation of a good request allocates nothing.
@@ -257,11 +265,11 @@ std::optional<std::pair<std::size_t, std::size_t>> first_duplicate(std::size_t n
   return found;
 }
 
-// Checks the count, each id (at `params.resources[i]` + `suffix`) and uniqueness.
+// Checks the count, each id (at `resources[i]` + `suffix`) and uniqueness.
 template <class Range, class IdOf>
 std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_of,
                                                 std::string_view suffix) {
-  constexpr std::string_view list = "params.resources";
+  constexpr std::string_view list = "resources";
   const std::size_t n = resources.size();
   if (n > request_limits::max_resources) {
     return invalid(std::string(list), "must hold at most 10000 resources");
@@ -304,7 +312,7 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
 struct screened_grants {
   std::vector<bool> adopt;
   std::size_t ignored = 0;
-  std::string first_problem;  ///< e.g. `result.resources[3].resource_id: not asked for`
+  std::string first_problem;  ///< e.g. `resources[3].resource_id: not asked for`
 
   /// `"<who>: 2 of 5 grants ignored (first: ...)"`.
   [[nodiscard]] std::string log_line(std::string_view who) const {
@@ -333,7 +341,7 @@ template <class Grant>
     }
     if (problem) {
       if (out.ignored++ == 0) {
-        out.first_problem = "result.resources[" + std::to_string(i) + "]." + *problem;
+        out.first_problem = "resources[" + std::to_string(i) + "]." + *problem;
       }
       continue;
     }
@@ -345,7 +353,7 @@ template <class Grant>
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
-  if (auto e = detail::check_id(r.client_id, "params.client_id")) return e;
+  if (auto e = detail::check_id(r.client_id, "client_id")) return e;
   if (auto e = detail::check_resource_ids(
           r.resources, [](const resource_request& x) -> std::string_view { return x.resource_id; },
           ".resource_id")) {
@@ -354,11 +362,10 @@ template <class Grant>
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const auto& x = r.resources[i];
     if (!detail::valid_quantity(x.wants)) {
-      return detail::invalid(detail::element("params.resources", i, ".wants"),
-                             detail::quantity_problem);
+      return detail::invalid(detail::element("resources", i, ".wants"), detail::quantity_problem);
     }
     if (x.has) {
-      if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
+      if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
     }
   }
   return std::nullopt;
@@ -366,7 +373,7 @@ template <class Grant>
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const server_capacity_request& r) {
-  if (auto e = detail::check_id(r.server_id, "params.server_id")) return e;
+  if (auto e = detail::check_id(r.server_id, "server_id")) return e;
   if (auto e = detail::check_resource_ids(
           r.resources,
           [](const server_resource_request& x) -> std::string_view { return x.resource_id; },
@@ -375,9 +382,9 @@ template <class Grant>
   }
   for (std::size_t i = 0; i < r.resources.size(); ++i) {
     const auto& x = r.resources[i];
-    auto at = [i](std::string_view field) { return detail::element("params.resources", i, field); };
+    auto at = [i](std::string_view field) { return detail::element("resources", i, field); };
     if (x.has) {
-      if (auto e = detail::check_lease(*x.has, "params.resources", i)) return e;
+      if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
     }
     if (!detail::valid_quantity(x.outstanding)) {
       return detail::invalid(at(".outstanding"), detail::quantity_problem);
@@ -410,14 +417,14 @@ template <class Grant>
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const release_request& r) {
-  if (auto e = detail::check_id(r.client_id, "params.client_id")) return e;
+  if (auto e = detail::check_id(r.client_id, "client_id")) return e;
   return detail::check_resource_ids(
       r.resources, [](const std::string& x) -> std::string_view { return x; }, "");
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const status_request& r) {
-  if (r.resource_id) return detail::check_id(*r.resource_id, "params.resource_id");
+  if (r.resource_id) return detail::check_id(*r.resource_id, "resource_id");
   return std::nullopt;
 }
 

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/config.hpp"
+#include "doorman/core/json_reader.hpp"
 #include "doorman/core/messages.hpp"
 
 namespace doorman {
@@ -38,112 +40,8 @@ namespace detail {
 
 using json = nlohmann::json;
 
-// Reads one JSON object field by field; the first problem wins and names its path.
-class field_reader {
- public:
-  field_reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
-    if (!j_.is_object()) fail("", "must be an object");
-  }
-
-  [[nodiscard]] const std::optional<request_error>& error() const noexcept { return error_; }
-  [[nodiscard]] std::string at(std::string_view key) const {
-    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
-  }
-
-  // Each returns whether the field was present and well typed (false on a problem, which is
-  // recorded, or when an optional field is absent).
-  bool string(const char* key, std::string& out, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return false;
-    if (!v->is_string()) return fail(key, "must be a string");
-    out = v->get_ref<const std::string&>();
-    return true;
-  }
-  bool number(const char* key, double& out, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return false;
-    if (!v->is_number()) return fail(key, "must be a number");
-    out = v->get<double>();
-    if (!std::isfinite(out)) return fail(key, "must be a finite number");
-    return true;
-  }
-  bool integer(const char* key, std::int64_t& out, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return false;
-    if (v->is_number_integer()) {
-      if (v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX) {
-        return fail(key, "must be an integer in the 64-bit range");
-      }
-      out = v->get<std::int64_t>();
-      return true;
-    }
-    if (v->is_number_float()) {
-      const double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
-        out = static_cast<std::int64_t>(d);
-        return true;
-      }
-    }
-    return fail(key, "must be an integer");
-  }
-  bool boolean(const char* key, bool& out, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return false;
-    if (!v->is_boolean()) return fail(key, "must be a boolean");
-    out = v->get<bool>();
-    return true;
-  }
-  // An array field: calls f(element, path_of_element) for each until one fails.
-  template <class F>
-  bool array(const char* key, F&& f, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return false;
-    if (!v->is_array()) return fail(key, "must be an array");
-    if (v->size() > request_limits::max_resources) {
-      return fail(key, "must hold at most 10000 elements");
-    }
-    for (std::size_t i = 0; i < v->size() && !error_; ++i) {
-      f((*v)[i], at(key) + "[" + std::to_string(i) + "]");
-    }
-    return !error_;
-  }
-  const json* object(const char* key, bool required = true) {
-    const json* v = find(key, required);
-    if (!v) return nullptr;
-    if (!v->is_object()) {
-      fail(key, "must be an object");
-      return nullptr;
-    }
-    return v;
-  }
-  void absorb(const std::optional<request_error>& e) {
-    if (e && !error_) error_ = e;
-  }
-  // An optional lease object (`has`).
-  void lease(const char* key, std::optional<lease_info>& out);
-
- private:
-  const json* find(const char* key, bool required) {
-    if (error_) return nullptr;
-    const auto it = j_.find(key);
-    if (it == j_.end() || (it->is_null() && !required)) {
-      if (required) fail(key, "is required");
-      return nullptr;
-    }
-    return &*it;
-  }
-  bool fail(std::string_view key, std::string_view reason) {
-    if (!error_) {
-      const std::string where = key.empty() ? path_ : at(key);
-      error_ = request_error{errc::invalid_params, where + ": " + std::string(reason)};
-    }
-    return false;
-  }
-
-  const json& j_;
-  std::string path_;
-  std::optional<request_error> error_;
-};
+// The one JSON reader (doorman/core/json_reader.hpp); requests and answers are read with it.
+using field_reader = json_reader;
 
 inline std::optional<request_error> decode_lease(const json& j, const std::string& path,
                                                  lease_info& out) {
@@ -154,10 +52,11 @@ inline std::optional<request_error> decode_lease(const json& j, const std::strin
   return r.error();
 }
 
-inline void field_reader::lease(const char* key, std::optional<lease_info>& out) {
-  if (const json* v = object(key, false)) {
+// An optional lease object (`has`).
+inline void read_lease(field_reader& r, const char* key, std::optional<lease_info>& out) {
+  if (const json* v = r.object(key, false)) {
     lease_info l;
-    absorb(decode_lease(*v, at(key), l));
+    r.absorb(decode_lease(*v, r.at(key), l));
     out = l;
   }
 }
@@ -184,14 +83,6 @@ inline void to_json(nlohmann::json& j, const lease_info& l) {
 inline void to_json(nlohmann::json& j, const mastership_info& m) {
   j = {{"is_master", m.is_master}, {"master", nullptr}};
   if (m.master) j["master"] = *m.master;
-}
-
-inline void to_json(nlohmann::json& j, const algorithm_config& a) {
-  j = {{"kind", a.kind},
-       {"lease_length", a.lease_length.count()},
-       {"refresh_interval", a.refresh_interval.count()},
-       {"learning_mode_duration", a.learning_mode_duration.count()},
-       {"parameters", a.parameters}};
 }
 
 // ---- requests ------------------------------------------------------------------------------
@@ -237,16 +128,19 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   out = {};
   detail::field_reader r(j, "params");
   r.string("client_id", out.client_id);
-  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
-    detail::field_reader x(e, path);
-    resource_request res;
-    x.string("resource_id", res.resource_id);
-    x.integer("priority", res.priority, false);
-    x.number("wants", res.wants);
-    x.lease("has", res.has);
-    r.absorb(x.error());
-    out.resources.push_back(std::move(res));
-  });
+  r.array(
+      "resources",
+      [&](const nlohmann::json& e, const std::string& path) {
+        detail::field_reader x(e, path);
+        resource_request res;
+        x.string("resource_id", res.resource_id);
+        x.integer("priority", res.priority, false);
+        x.number("wants", res.wants);
+        read_lease(x, "has", res.has);
+        r.absorb(x.error());
+        out.resources.push_back(std::move(res));
+      },
+      request_limits::max_resources);
   return r.error();
 }
 
@@ -256,24 +150,30 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   out = {};
   detail::field_reader r(j, "params");
   r.string("server_id", out.server_id);
-  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
-    detail::field_reader x(e, path);
-    server_resource_request res;
-    x.string("resource_id", res.resource_id);
-    x.number("outstanding", res.outstanding, false);
-    x.lease("has", res.has);
-    x.array("wants", [&](const nlohmann::json& b, const std::string& bpath) {
-      detail::field_reader y(b, bpath);
-      priority_band band;
-      y.integer("priority", band.priority, false);
-      y.integer("num_clients", band.num_clients);
-      y.number("wants", band.wants);
-      x.absorb(y.error());
-      res.wants.push_back(band);
-    });
-    r.absorb(x.error());
-    out.resources.push_back(std::move(res));
-  });
+  r.array(
+      "resources",
+      [&](const nlohmann::json& e, const std::string& path) {
+        detail::field_reader x(e, path);
+        server_resource_request res;
+        x.string("resource_id", res.resource_id);
+        x.number("outstanding", res.outstanding, false);
+        read_lease(x, "has", res.has);
+        x.array(
+            "wants",
+            [&](const nlohmann::json& b, const std::string& bpath) {
+              detail::field_reader y(b, bpath);
+              priority_band band;
+              y.integer("priority", band.priority, false);
+              y.integer("num_clients", band.num_clients);
+              y.number("wants", band.wants);
+              x.absorb(y.error());
+              res.wants.push_back(band);
+            },
+            request_limits::max_resources);
+        r.absorb(x.error());
+        out.resources.push_back(std::move(res));
+      },
+      request_limits::max_resources);
   return r.error();
 }
 
@@ -283,13 +183,16 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   out = {};
   detail::field_reader r(j, "params");
   r.string("client_id", out.client_id);
-  r.array("resources", [&](const nlohmann::json& e, const std::string& path) {
-    if (!e.is_string()) {
-      r.absorb(request_error{errc::invalid_params, path + ": must be a string"});
-      return;
-    }
-    out.resources.push_back(e.get<std::string>());
-  });
+  r.array(
+      "resources",
+      [&](const nlohmann::json& e, const std::string& path) {
+        if (!e.is_string()) {
+          r.absorb(request_error{errc::invalid_params, path + ": must be a string", path});
+          return;
+        }
+        out.resources.push_back(e.get<std::string>());
+      },
+      request_limits::max_resources);
   return r.error();
 }
 
@@ -380,18 +283,21 @@ std::optional<request_error> decode_grants(const json& j, Response& out, More&& 
   out = {};
   field_reader r(j, "result");
   decode_mastership_field(r, out.mastership);
-  r.array("resources", [&](const json& e, const std::string& path) {
-    field_reader x(e, path);
-    typename decltype(out.resources)::value_type g;
-    x.string("resource_id", g.resource_id);
-    if (const auto* gets = x.object("gets")) {
-      x.absorb(decode_lease(*gets, x.at("gets"), g.gets));
-    }
-    x.number("safe_capacity", g.safe_capacity, false);
-    more(x, g);
-    r.absorb(x.error());
-    out.resources.push_back(std::move(g));
-  });
+  r.array(
+      "resources",
+      [&](const json& e, const std::string& path) {
+        field_reader x(e, path);
+        typename decltype(out.resources)::value_type g;
+        x.string("resource_id", g.resource_id);
+        if (const auto* gets = x.object("gets")) {
+          x.absorb(decode_lease(*gets, x.at("gets"), g.gets));
+        }
+        x.number("safe_capacity", g.safe_capacity, false);
+        more(x, g);
+        r.absorb(x.error());
+        out.resources.push_back(std::move(g));
+      },
+      request_limits::max_resources);
   return r.error();
 }
 
@@ -403,38 +309,13 @@ std::optional<request_error> decode_grants(const json& j, Response& out, More&& 
   return detail::decode_grants(j, out, [](detail::field_reader&, resource_grant&) {});
 }
 
-/// Decodes a `get_server_capacity` result. The algorithm's kind is only checked to be a
-/// non-empty string (the engine that adopts it checks it knows the kind); its durations must be
-/// within `config_limits`, with lease_length >= refresh_interval.
+/// Decodes a `get_server_capacity` result. The algorithm is read as the configuration reads it
+/// (`detail::read_algorithm`), except that its kind is only checked to be a non-empty string:
+/// the engine that adopts it checks it knows the kind.
 [[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
                                                          server_capacity_response& out) {
   return detail::decode_grants(j, out, [](detail::field_reader& x, server_resource_grant& g) {
-    if (const auto* alg = x.object("algorithm")) {
-      detail::field_reader a(*alg, x.at("algorithm"));
-      double lease = 0, refresh = 0, learning = -1;
-      a.string("kind", g.algorithm.kind);
-      a.number("lease_length", lease);
-      a.number("refresh_interval", refresh);
-      a.number("learning_mode_duration", learning, false);
-      if (const auto* p = a.object("parameters", false)) g.algorithm.parameters = *p;
-      x.absorb(a.error());
-      const auto bad = [&](const char* field, const char* why) {
-        x.absorb(request_error{errc::invalid_params, a.at(field) + ": " + why});
-      };
-      if (g.algorithm.kind.empty()) bad("kind", "must not be empty");
-      if (lease < config_limits::min_duration || lease > config_limits::max_duration) {
-        bad("lease_length", "must be within the configuration's duration limits");
-      }
-      if (refresh < config_limits::min_duration || refresh > lease) {
-        bad("refresh_interval", "must be within the limits and <= lease_length");
-      }
-      if (learning > config_limits::max_duration) {
-        bad("learning_mode_duration", "must be within the configuration's duration limits");
-      }
-      g.algorithm.lease_length = seconds(lease);
-      g.algorithm.refresh_interval = seconds(refresh);
-      g.algorithm.learning_mode_duration = seconds(learning < 0 ? lease : learning);
-    }
+    detail::read_algorithm(x, "algorithm", g.algorithm, {}, false);
   });
 }
 

@@ -37,7 +37,9 @@ nlohmann::json call_engine(const rpc_request& req, Call&& call) {
     return make_error(req.id, rpc_code::invalid_params, err->message);
   }
   auto result = call(decoded);
-  if (!result) return make_error(req.id, rpc_code::invalid_params, result.error().message);
+  if (!result) {  // the engine names fields within the params
+    return make_error(req.id, rpc_code::invalid_params, "params." + result.error().message);
+  }
   return make_result(req.id, nlohmann::json(result.value()));
 }
 
