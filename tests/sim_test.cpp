@@ -176,3 +176,20 @@ TEST_CASE("simulation: the changes beat Doorman's behaviour on scenario 7", "[si
   CHECK(ours.summary.mean_allocation > theirs.summary.mean_allocation);
   CHECK(ours.summary.over_samples < theirs.summary.over_samples);
 }
+
+TEST_CASE("simulation: an action may schedule more actions", "[sim]") {
+  doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",
+    "capacity": 10, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60,
+    "refresh_interval": 16}}]})"});
+  int ran = 0;
+  int* counter = &ran;
+  // Small enough to live inside its std::function: the list of actions growing under it
+  // (ASan sees a use after free) must not move it while it runs.
+  s.at(1, [&s, counter] {
+    for (int i = 0; i < 100; ++i)
+      s.at(2, [counter] { ++*counter; });
+    ++*counter;
+  });
+  s.run_until(doorman::sim::at(3));
+  CHECK(ran == 101);
+}

@@ -177,6 +177,210 @@ inline void converge(event_mark& m, double step, double capacity) {
   }
 }
 
+// One run of a numbered scenario, in the order it happens: the tree, the scripted events, the
+// run traced every `step` seconds, the metrics. The scripted events refer to the runner, which
+// lives until the run is over.
+class scenario_runner {
+ public:
+  scenario_runner(const run_options& ro, run_result& out)
+      : ro_(ro),
+        out_(out),
+        n_(ro.scenario),
+        scale_(n_ == 8),
+        length_(ro.duration > 0 ? ro.duration : out.info.duration),
+        capacity_(scale_ ? 1'000'000 : 500),
+        step_(ro.trace_interval > 0 ? ro.trace_interval : (scale_ ? 5.0 : 1.0)),
+        s_(options_of(ro, capacity_)) {}
+
+  void run() {
+    build();
+    script();
+    trace();
+    for (auto& m : out_.marks)
+      converge(m, step_, capacity_);
+    summarize();
+    out_.events = s_.events();
+  }
+
+ private:
+  static simulation_options options_of(const run_options& ro, double capacity) {
+    simulation_options so;
+    so.config = scenario_config(capacity);
+    so.network = ro.network;
+    so.engine = ro.engine;
+    so.seed = ro.seed;
+    so.check_invariants = ro.check_invariants;
+    so.client_resource.mode = ro.client_fallback;
+    return so;
+  }
+
+  void add_clients(std::size_t job, int count, double wants) {
+    for (int i = 0; i < count; ++i)
+      s_.add_client("client-" + std::to_string(clients_++), job, wants);
+  }
+
+  // The jobs (root first) and their clients.
+  void build() {
+    root_ = s_.add_job("root", std::nullopt);
+    jobs_.push_back(root_);
+    if (n_ <= 3) {
+      add_clients(root_, 5, 110);
+    } else if (n_ == 4) {
+      const std::size_t region = s_.add_job("region-0", root_);
+      jobs_.push_back(region);
+      add_clients(region, 5, 110);
+    } else {
+      const int regions = scale_ ? 10 : 3;
+      const int dcs = scale_ ? 10 : 3;
+      const int per_dc = scale_ ? 1000 : 5;
+      for (int r = 0; r < regions; ++r) {
+        const std::size_t region = s_.add_job("region-" + std::to_string(r), root_);
+        jobs_.push_back(region);
+        for (int d = 0; d < dcs; ++d) {
+          const std::size_t dc =
+              s_.add_job("dc-" + std::to_string(r) + "-" + std::to_string(d), region);
+          jobs_.push_back(dc);
+          add_clients(dc, per_dc, 15);
+        }
+      }
+    }
+    out_.clients = clients_;
+  }
+
+  void mark(std::string label, std::optional<std::size_t> client = std::nullopt) {
+    out_.marks.push_back({seconds_of(s_.now()), std::move(label), client, std::nullopt, {}});
+  }
+
+  // The scripted events of the scenario.
+  void script() {
+    if (n_ == 2) {
+      s_.at(120, [this] {
+        s_.lose_master(root_, 20);
+        mark("root master lost");
+      });
+      s_.at(140, [this] { mark("new root master"); });
+    } else if (n_ == 3) {
+      s_.at(120, [this] {
+        s_.lose_master(root_, 70);
+        mark("root master lost");
+      });
+      s_.at(190, [this] { mark("root master back"); });
+    } else if (n_ >= 5) {
+      for (double t = 10; t < length_; t += 10) {
+        s_.at(t, [this] {
+          for (std::size_t i = 0; i < clients_; ++i)
+            s_.set_wants(i, s_.clients()[i].wants * (0.9 + 0.2 * s_.uniform()));
+        });
+      }
+      if (n_ == 6) {
+        s_.at(150, [this] {
+          s_.set_wants(0, 1000);
+          s_.set_wants(clients_ / 2, 1000);
+          mark("two clients spike to 1000", 0);
+        });
+      }
+      if (n_ >= 7) {
+        for (double t = 60; t < length_; t += 60)
+          s_.at(t, [this] { mishap(); });
+      }
+    }
+  }
+
+  std::size_t pick(std::size_t count) {
+    return std::min(count - 1, static_cast<std::size_t>(s_.uniform() * static_cast<double>(count)));
+  }
+
+  // One of three mishaps, at random: a client +100, an election in a job, or a job's master
+  // lost for 0-60 s.
+  void mishap() {
+    const double u = s_.uniform();
+    if (u < 1.0 / 3) {
+      const std::size_t c = pick(clients_);
+      s_.set_wants(c, s_.clients()[c].wants + 100);
+      mark(s_.clients()[c].name + " +100", c);
+    } else if (u < 2.0 / 3) {
+      const std::size_t j = jobs_[pick(jobs_.size())];
+      s_.elect_master(j);
+      mark("election in " + s_.jobs()[j].name);
+    } else {
+      const std::size_t j = jobs_[pick(jobs_.size())];
+      const double d = 60 * s_.uniform();
+      s_.lose_master(j, d);
+      mark(s_.jobs()[j].name + " master lost for " + std::to_string(static_cast<int>(d)) + " s");
+    }
+  }
+
+  // Runs, tracing every `step` seconds (and what each event watches, until the next event).
+  void trace() {
+    double next_progress = 0.05;
+    for (double t = 0; t <= length_ + 1e-9; t += step_) {
+      s_.run_until(at(t));
+      trace_point p;
+      p.t = t;
+      p.capacity = s_.capacity();
+      p.wants = s_.total_wants();
+      p.granted = s_.total_granted();
+      p.learning = s_.learning();
+      if (ro_.on_trace) ro_.on_trace(s_, p);
+      out_.trace.push_back(p);
+      if (!out_.marks.empty() && out_.marks.back().t <= t) {
+        auto& m = out_.marks.back();
+        m.watched.push_back(m.client ? s_.effective_capacity(*m.client) : p.granted);
+      }
+      if (ro_.progress && t / length_ >= next_progress) {
+        ro_.progress(std::min(1.0, t / length_));
+        next_progress += 0.05;
+      }
+    }
+  }
+
+  // The allocation metrics over the samples after the warm-up, and requests per second per
+  // level of the tree.
+  void summarize() {
+    run_summary& sum = out_.summary;
+    double over_total = 0;
+    const auto every = std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::llround(ro_.sample_interval / step_)));
+    for (std::size_t i = 0; i < out_.trace.size(); i += every) {
+      const trace_point& p = out_.trace[i];
+      if (p.t < ro_.warmup) continue;
+      ++sum.samples;
+      const double a = p.granted / p.capacity;
+      sum.mean_allocation += a;
+      sum.mean_allocation_of_demand += p.granted / std::max(1e-9, std::min(p.capacity, p.wants));
+      sum.max_allocation = std::max(sum.max_allocation, a);
+      if (p.granted > p.capacity * (1 + 1e-9)) {
+        ++sum.over_samples;
+        over_total += a;
+      }
+    }
+    if (sum.samples > 0) {
+      sum.mean_allocation /= static_cast<double>(sum.samples);
+      sum.mean_allocation_of_demand /= static_cast<double>(sum.samples);
+    }
+    if (sum.over_samples > 0) {
+      sum.mean_when_over = over_total / static_cast<double>(sum.over_samples);
+    }
+    for (const job& j : s_.jobs()) {
+      const auto level = static_cast<std::size_t>(j.level);
+      if (sum.requests_per_second.size() <= level) sum.requests_per_second.resize(level + 1, 0.0);
+      sum.requests_per_second[level] += static_cast<double>(j.requests) / length_;
+    }
+  }
+
+  const run_options& ro_;
+  run_result& out_;
+  int n_;
+  bool scale_;
+  double length_;
+  double capacity_;
+  double step_;
+  simulation s_;
+  std::vector<std::size_t> jobs_;  // every job, root first
+  std::size_t root_ = 0;
+  std::size_t clients_ = 0;
+};
+
 }  // namespace detail
 
 /// Runs a scenario and measures it.
@@ -184,167 +388,7 @@ inline void converge(event_mark& m, double step, double capacity) {
   run_result out;
   out.info = find_scenario(ro.scenario);
   out.seed = ro.seed;
-  const int n = ro.scenario;
-  const bool scale = n == 8;
-  const double length = ro.duration > 0 ? ro.duration : out.info.duration;
-  const double capacity = scale ? 1'000'000 : 500;
-  const double step = ro.trace_interval > 0 ? ro.trace_interval : (scale ? 5.0 : 1.0);
-
-  simulation_options so;
-  so.config = detail::scenario_config(capacity);
-  so.network = ro.network;
-  so.engine = ro.engine;
-  so.seed = ro.seed;
-  so.check_invariants = ro.check_invariants;
-  so.client_resource.mode = ro.client_fallback;
-  simulation s(so);
-
-  std::vector<std::size_t> jobs;  // every job, root first
-  const std::size_t root = s.add_job("root", std::nullopt);
-  jobs.push_back(root);
-  std::size_t clients = 0;
-  const auto add_clients = [&](std::size_t job, int count, double wants) {
-    for (int i = 0; i < count; ++i)
-      s.add_client("client-" + std::to_string(clients++), job, wants);
-  };
-  if (n <= 3) {
-    add_clients(root, 5, 110);
-  } else if (n == 4) {
-    const std::size_t region = s.add_job("region-0", root);
-    jobs.push_back(region);
-    add_clients(region, 5, 110);
-  } else {
-    const int regions = scale ? 10 : 3;
-    const int dcs = scale ? 10 : 3;
-    const int per_dc = scale ? 1000 : 5;
-    for (int r = 0; r < regions; ++r) {
-      const std::size_t region = s.add_job("region-" + std::to_string(r), root);
-      jobs.push_back(region);
-      for (int d = 0; d < dcs; ++d) {
-        const std::size_t dc =
-            s.add_job("dc-" + std::to_string(r) + "-" + std::to_string(d), region);
-        jobs.push_back(dc);
-        add_clients(dc, per_dc, 15);
-      }
-    }
-  }
-  out.clients = clients;
-
-  const auto mark = [&](std::string label, std::optional<std::size_t> client = std::nullopt) {
-    out.marks.push_back({seconds_of(s.now()), std::move(label), client, std::nullopt, {}});
-  };
-
-  // The scripted events.
-  if (n == 2) {
-    s.at(120, [&] {
-      s.lose_master(root, 20);
-      mark("root master lost");
-    });
-    s.at(140, [&] { mark("new root master"); });
-  } else if (n == 3) {
-    s.at(120, [&] {
-      s.lose_master(root, 70);
-      mark("root master lost");
-    });
-    s.at(190, [&] { mark("root master back"); });
-  } else if (n >= 5) {
-    for (double t = 10; t < length; t += 10) {
-      s.at(t, [&] {
-        for (std::size_t i = 0; i < clients; ++i)
-          s.set_wants(i, s.clients()[i].wants * (0.9 + 0.2 * s.uniform()));
-      });
-    }
-    if (n == 6) {
-      s.at(150, [&] {
-        s.set_wants(0, 1000);
-        s.set_wants(clients / 2, 1000);
-        mark("two clients spike to 1000", 0);
-      });
-    }
-    if (n >= 7) {
-      for (double t = 60; t < length; t += 60) {
-        s.at(t, [&] {
-          const double u = s.uniform();
-          const auto pick = [&](std::size_t count) {
-            return std::min(count - 1,
-                            static_cast<std::size_t>(s.uniform() * static_cast<double>(count)));
-          };
-          if (u < 1.0 / 3) {
-            const std::size_t c = pick(clients);
-            s.set_wants(c, s.clients()[c].wants + 100);
-            mark(s.clients()[c].name + " +100", c);
-          } else if (u < 2.0 / 3) {
-            const std::size_t j = jobs[pick(jobs.size())];
-            s.elect_master(j);
-            mark("election in " + s.jobs()[j].name);
-          } else {
-            const std::size_t j = jobs[pick(jobs.size())];
-            const double d = 60 * s.uniform();
-            s.lose_master(j, d);
-            mark(s.jobs()[j].name + " master lost for " + std::to_string(static_cast<int>(d)) +
-                 " s");
-          }
-        });
-      }
-    }
-  }
-
-  // Run, tracing every `step` seconds.
-  double next_progress = 0.05;
-  for (double t = 0; t <= length + 1e-9; t += step) {
-    s.run_until(at(t));
-    trace_point p;
-    p.t = t;
-    p.capacity = s.capacity();
-    p.wants = s.total_wants();
-    p.granted = s.total_granted();
-    p.learning = s.learning();
-    if (ro.on_trace) ro.on_trace(s, p);
-    out.trace.push_back(p);
-    // The value each event watches, until the next event.
-    if (!out.marks.empty() && out.marks.back().t <= t) {
-      auto& m = out.marks.back();
-      m.watched.push_back(m.client ? s.effective_capacity(*m.client) : p.granted);
-    }
-    if (ro.progress && t / length >= next_progress) {
-      ro.progress(std::min(1.0, t / length));
-      next_progress += 0.05;
-    }
-  }
-  for (auto& m : out.marks)
-    detail::converge(m, step, capacity);
-
-  // The metrics.
-  run_summary& sum = out.summary;
-  double over_total = 0;
-  const auto every =
-      std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(ro.sample_interval / step)));
-  for (std::size_t i = 0; i < out.trace.size(); i += every) {
-    const trace_point& p = out.trace[i];
-    if (p.t < ro.warmup) continue;
-    ++sum.samples;
-    const double a = p.granted / p.capacity;
-    sum.mean_allocation += a;
-    sum.mean_allocation_of_demand += p.granted / std::max(1e-9, std::min(p.capacity, p.wants));
-    sum.max_allocation = std::max(sum.max_allocation, a);
-    if (p.granted > p.capacity * (1 + 1e-9)) {
-      ++sum.over_samples;
-      over_total += a;
-    }
-  }
-  if (sum.samples > 0) {
-    sum.mean_allocation /= static_cast<double>(sum.samples);
-    sum.mean_allocation_of_demand /= static_cast<double>(sum.samples);
-  }
-  if (sum.over_samples > 0) sum.mean_when_over = over_total / static_cast<double>(sum.over_samples);
-  for (const job& j : s.jobs()) {
-    if (sum.requests_per_second.size() <= static_cast<std::size_t>(j.level)) {
-      sum.requests_per_second.resize(static_cast<std::size_t>(j.level) + 1, 0.0);
-    }
-    sum.requests_per_second[static_cast<std::size_t>(j.level)] +=
-        static_cast<double>(j.requests) / length;
-  }
-  out.events = s.events();
+  detail::scenario_runner(ro, out).run();
   return out;
 }
 

@@ -558,9 +558,12 @@ class simulation {
   void dispatch(const event& e) {
     ++events_;
     switch (e.what()) {
-      case kind::action:
-        actions_[e.who]();
+      case kind::action: {
+        // Out of the list first: an action may schedule others, which grows the list.
+        const auto action = std::move(actions_[e.who]);
+        action();
         break;
+      }
       case kind::client_release:
         on_client_release(e.who);
         break;
