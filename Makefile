@@ -3,7 +3,7 @@
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo tree-demo sim test asan tsan fuzz bench format deps clean
+.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -66,6 +66,13 @@ bench: deps
 ## Format every C++ file with clang-format.
 format:
 	@clang-format -i $$(git ls-files '*.hpp' '*.cpp')
+
+## Style checks: clang-format clean, and no function in include/ longer than 60 lines.
+lint:
+	@sh cmake/install-deps.sh lint
+	@git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
+	@echo "clang-format: clean"
+	@sh .ci/function-lengths 60
 
 clean:
 	@rm -rf build

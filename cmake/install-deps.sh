@@ -11,6 +11,10 @@ packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev
 if [ "${1:-}" = fuzz ]; then
   packages="$packages clang-16 libclang-rt-16-dev"
 fi
+# `install-deps.sh lint`: the style checks' tools, for `make lint`.
+if [ "${1:-}" = lint ]; then
+  packages="$packages clang-format universal-ctags"
+fi
 
 missing=""
 for p in $packages; do

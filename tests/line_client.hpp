@@ -119,7 +119,7 @@ class line_client {
 };
 
 inline json capacity_params(const std::string& client, const std::string& resource, double wants,
-                     const std::optional<json>& has = std::nullopt) {
+                            const std::optional<json>& has = std::nullopt) {
   json r = {{"resource_id", resource}, {"wants", wants}};
   if (has) r["has"] = *has;
   return {{"client_id", client}, {"resources", json::array({r})}};

@@ -62,95 +62,136 @@ inline std::string svg_escape(const std::string& s) {
 
 }  // namespace detail
 
-/// A line chart: capacity, total wants and total granted over time, learning periods shaded,
-/// events marked.
-inline void write_svg(std::ostream& os, const run_result& r) {
-  constexpr double width = 1000;
-  constexpr double height = 420;
-  constexpr double left = 70;
-  constexpr double right = 20;
-  constexpr double top = 40;
-  constexpr double bottom = 50;
-  const double t_end = r.trace.empty() ? 1.0 : std::max(1.0, r.trace.back().t);
-  double y_max = 1;
-  for (const auto& p : r.trace)
-    y_max = std::max({y_max, p.capacity, p.granted, p.wants});
-  y_max *= 1.1;
-  const auto x = [&](double t) { return left + (width - left - right) * t / t_end; };
-  const auto y = [&](double v) { return top + (height - top - bottom) * (1 - v / y_max); };
+namespace detail {
 
-  os << fmt::format(
-      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)"
-      "\n",
-      width, height);
-  os << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)"
-                    "\n",
-                    width, height);
-  os << fmt::format(
-      R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
-      "\n",
-      left, r.info.number, detail::svg_escape(r.info.name), r.seed, 100 * r.summary.mean_allocation,
-      r.summary.over_samples, r.summary.samples, 100 * r.summary.max_allocation);
-  // Learning mode, shaded: one band per stretch of trace points in it.
-  for (std::size_t i = 0; i + 1 < r.trace.size(); ++i) {
-    if (!r.trace[i].learning) continue;
-    std::size_t j = i + 1;
-    while (j + 1 < r.trace.size() && r.trace[j].learning)
-      ++j;
-    os << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
-                      "\n",
-                      x(r.trace[i].t), top, x(r.trace[j].t) - x(r.trace[i].t),
-                      height - top - bottom);
-    i = j - 1;
-  }
-  // Axes and ticks.
-  os << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="black"/>)"
-                    "\n",
-                    left, top, height - bottom);
-  os << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="black"/>)"
-                    "\n",
-                    left, height - bottom, width - right);
-  for (int i = 0; i <= 5; ++i) {
-    const double v = y_max / 1.1 * i / 5;
-    os << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.0f}</text>)"
-                      "\n",
-                      left - 6, y(v) + 4, v);
-    const double t = t_end * i / 5;
-    os << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.0f} s</text>)"
-                      "\n",
-                      x(t), height - bottom + 18, t);
-  }
-  // Events.
-  for (const auto& m : r.marks) {
-    os << fmt::format(
-        R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
-        "\n",
-        x(m.t), top, height - bottom, m.t, detail::svg_escape(m.label));
-  }
-  const auto series = [&](auto value, const char* colour, const char* name, int row) {
-    std::string points;
+// The chart's geometry and its parts, drawn in order by `write_svg`.
+class svg_chart {
+ public:
+  svg_chart(std::ostream& os, const run_result& r) : os_(os), r_(r) {
+    t_end_ = r.trace.empty() ? 1.0 : std::max(1.0, r.trace.back().t);
     for (const auto& p : r.trace)
+      y_max_ = std::max({y_max_, p.capacity, p.granted, p.wants});
+    y_max_ *= 1.1;
+  }
+
+  void title() {
+    os_ << fmt::format(
+        R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)"
+        "\n",
+        width, height);
+    os_ << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)"
+                       "\n",
+                       width, height);
+    os_ << fmt::format(
+        R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
+        "\n",
+        left, r_.info.number, svg_escape(r_.info.name), r_.seed, 100 * r_.summary.mean_allocation,
+        r_.summary.over_samples, r_.summary.samples, 100 * r_.summary.max_allocation);
+  }
+
+  // Learning mode, shaded: one band per stretch of trace points in it.
+  void learning_bands() {
+    const auto& trace = r_.trace;
+    for (std::size_t i = 0; i + 1 < trace.size(); ++i) {
+      if (!trace[i].learning) continue;
+      std::size_t j = i + 1;
+      while (j + 1 < trace.size() && trace[j].learning)
+        ++j;
+      os_ << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
+                         "\n",
+                         x(trace[i].t), top, x(trace[j].t) - x(trace[i].t), height - top - bottom);
+      i = j - 1;
+    }
+  }
+
+  void axes() {
+    os_ << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{0}" y2="{2}" stroke="black"/>)"
+                       "\n",
+                       left, top, height - bottom);
+    os_ << fmt::format(R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="black"/>)"
+                       "\n",
+                       left, height - bottom, width - right);
+    for (int i = 0; i <= 5; ++i) {
+      const double v = y_max_ / 1.1 * i / 5;
+      os_ << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.0f}</text>)"
+                         "\n",
+                         left - 6, y(v) + 4, v);
+      const double t = t_end_ * i / 5;
+      os_ << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.0f} s</text>)"
+                         "\n",
+                         x(t), height - bottom + 18, t);
+    }
+  }
+
+  void events() {
+    for (const auto& m : r_.marks) {
+      os_ << fmt::format(
+          R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
+          "\n",
+          x(m.t), top, height - bottom, m.t, svg_escape(m.label));
+    }
+  }
+
+  // One line of the chart, and its entry in the legend (at `row`).
+  template <class Value>
+  void series(Value value, const char* colour, const char* name, int row) {
+    std::string points;
+    for (const auto& p : r_.trace)
       points += fmt::format("{:.1f},{:.1f} ", x(p.t), y(value(p)));
-    os << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)"
-                      "\n",
-                      colour, points);
-    os << fmt::format(
+    os_ << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)"
+                       "\n",
+                       colour, points);
+    os_ << fmt::format(
         R"(<rect x="{}" y="{}" width="14" height="3" fill="{}"/><text x="{}" y="{}">{}</text>)"
         "\n",
         left + 10 + 150 * row, height - 14, colour, left + 28 + 150 * row, height - 9, name);
-  };
-  series([](const trace_point& p) { return p.capacity; }, "#d62728", "capacity", 0);
-  series([](const trace_point& p) { return p.wants; }, "#2ca02c", "total wants", 1);
-  series([](const trace_point& p) { return p.granted; }, "#1f77b4", "total granted", 2);
-  os << fmt::format(
-      R"(<rect x="{}" y="{}" width="14" height="10" fill="#eeeeee"/><text x="{}" y="{}">learning mode</text>)"
-      "\n",
-      left + 460, height - 18, left + 478, height - 9);
-  os << fmt::format(
-      R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#cc8800" stroke-dasharray="3,3"/><text x="{3}" y="{4}">event</text>)"
-      "\n",
-      left + 590, height - 13, left + 604, left + 610, height - 9);
-  os << "</svg>\n";
+  }
+
+  void legend_end() {
+    os_ << fmt::format(
+        R"(<rect x="{}" y="{}" width="14" height="10" fill="#eeeeee"/><text x="{}" y="{}">learning mode</text>)"
+        "\n",
+        left + 460, height - 18, left + 478, height - 9);
+    os_ << fmt::format(
+        R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#cc8800" stroke-dasharray="3,3"/><text x="{3}" y="{4}">event</text>)"
+        "\n",
+        left + 590, height - 13, left + 604, left + 610, height - 9);
+    os_ << "</svg>\n";
+  }
+
+ private:
+  static constexpr double width = 1000;
+  static constexpr double height = 420;
+  static constexpr double left = 70;
+  static constexpr double right = 20;
+  static constexpr double top = 40;
+  static constexpr double bottom = 50;
+
+  [[nodiscard]] double x(double t) const { return left + (width - left - right) * t / t_end_; }
+  [[nodiscard]] double y(double v) const {
+    return top + (height - top - bottom) * (1 - v / y_max_);
+  }
+
+  std::ostream& os_;
+  const run_result& r_;
+  double t_end_ = 1;
+  double y_max_ = 1;
+};
+
+}  // namespace detail
+
+/// A line chart: capacity, total wants and total granted over time, learning periods shaded,
+/// events marked.
+inline void write_svg(std::ostream& os, const run_result& r) {
+  detail::svg_chart chart(os, r);
+  chart.title();
+  chart.learning_bands();
+  chart.axes();
+  chart.events();
+  chart.series([](const trace_point& p) { return p.capacity; }, "#d62728", "capacity", 0);
+  chart.series([](const trace_point& p) { return p.wants; }, "#2ca02c", "total wants", 1);
+  chart.series([](const trace_point& p) { return p.granted; }, "#1f77b4", "total granted", 2);
+  chart.legend_end();
 }
 
 /// The summary as a Markdown table, one row per run.
