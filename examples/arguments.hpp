@@ -3,11 +3,13 @@
 // Command-line walking shared by the examples: `--flag value` pairs, --help, clear errors.
 //
 //   doorman_examples::arguments args(argc, argv);
-//   while (args.next()) {
-//     if (args.help()) { print_usage(); return 0; }
-//     else if (args.arg() == "--server") server = args.value();
-//     else args.unknown();
-//   }
+//   const bool go = args.parse("usage: ...\n", [&](const std::string& flag) {
+//     if (flag == "--server") server = args.value();
+//     else if (flag == "--seconds") seconds = args.number(0.001, 86400);
+//     else return false;  // unknown: parse throws, naming it
+//     return true;
+//   });
+//   if (!go) return 0;  // --help was printed
 
 #include <cstdio>
 #include <stdexcept>
@@ -45,6 +47,25 @@ class arguments {
     throw std::invalid_argument("unknown option " + arg_ + " (see --help)");
   }
 
+  // Walks every argument: --help prints `usage` and returns false (the program then exits 0);
+  // any other flag goes to `on_flag(flag)`, which takes its value (`value`, `number`) and
+  // returns whether it knew the flag. An unknown flag throws std::invalid_argument.
+  template <class OnFlag>
+  bool parse(const char* usage, OnFlag on_flag) {
+    while (next()) {
+      if (help()) {
+        std::fputs(usage, stdout);
+        return false;
+      }
+      if (!on_flag(arg_)) unknown();
+    }
+    return true;
+  }
+
+  // The value after the current flag, as a number in [lo, hi] (else std::invalid_argument
+  // naming the flag).
+  double number(double lo, double hi);
+
  private:
   int argc_;
   char** argv_;
@@ -68,16 +89,21 @@ inline double parse_number(const std::string& flag, const std::string& text, dou
   return x;
 }
 
+inline double arguments::number(double lo, double hi) {
+  const std::string flag = arg_;
+  return parse_number(flag, value(), lo, hi);
+}
+
 // The flags every client example takes.
 struct client_flags {
   std::string server = "127.0.0.1:7700";  // --server HOST:PORT[,HOST:PORT...]
   std::string resource;                   // --resource ID
 
-  // Takes the current argument if it is one of these flags.
-  bool parse(arguments& args) {
-    if (args.arg() == "--server") {
+  // Takes `flag` (the current argument) if it is one of these flags.
+  bool parse(const std::string& flag, arguments& args) {
+    if (flag == "--server") {
       server = args.value();
-    } else if (args.arg() == "--resource") {
+    } else if (flag == "--resource") {
       resource = args.value();
     } else {
       return false;

@@ -165,30 +165,24 @@ int main(int argc, char** argv) {
   std::filesystem::path bin = std::filesystem::path(argv[0]).parent_path();
   try {
     doorman_examples::arguments args(argc, argv);
-    while (args.next()) {
-      const std::string& arg = args.arg();
-      auto value = [&] { return args.value(); };
-      if (args.help()) {
-        fmt::print(
-            "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
-            "  --duration SECONDS  how long the workers run (default 24)\n"
-            "  --capacity N        capacity of the resource \"api\" (default 200)\n"
-            "  --bin-dir DIR       where doorman-node and doorman-worker are (default: here)\n");
-        return 0;
-      } else if (arg == "--duration") {
-        duration = std::stod(value());
-        if (!(duration >= 1 && duration <= 3600)) {
-          throw std::invalid_argument("--duration must be in [1, 3600]");
-        }
-      } else if (arg == "--capacity") {
-        capacity = std::stod(value());
-        if (!(capacity >= 0)) throw std::invalid_argument("--capacity must be >= 0");
-      } else if (arg == "--bin-dir") {
-        bin = value();
-      } else {
-        args.unknown();
-      }
-    }
+    const bool go = args.parse(
+        "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
+        "  --duration SECONDS  how long the workers run (default 24)\n"
+        "  --capacity N        capacity of the resource \"api\" (default 200)\n"
+        "  --bin-dir DIR       where doorman-node and doorman-worker are (default: here)\n",
+        [&](const std::string& flag) {
+          if (flag == "--duration") {
+            duration = args.number(1, 3600);
+          } else if (flag == "--capacity") {
+            capacity = args.number(0, 1e15);
+          } else if (flag == "--bin-dir") {
+            bin = args.value();
+          } else {
+            return false;
+          }
+          return true;
+        });
+    if (!go) return 0;
     for (const char* b : {"doorman-node", "doorman-worker"}) {
       if (!std::filesystem::exists(bin / b)) {
         throw std::invalid_argument(

@@ -28,26 +28,20 @@ int main(int argc, char** argv) {
   double seconds = 10;
   try {
     doorman_examples::arguments args(argc, argv);
-    while (args.next()) {
-      const std::string& arg = args.arg();
-      auto value = [&] { return args.value(); };
-      if (args.help()) {
-        std::printf(
-            "usage: doorman-gauge-jobs [--server HOST:PORT[,...]] [--resource ID]"
-            " [--threads N] [--seconds S]\n");
-        return 0;
-      } else if (flags.parse(args)) {
-      } else if (arg == "--threads") {
-        threads = std::stoi(value());
-        if (threads < 1 || threads > 1024) throw std::invalid_argument("--threads: 1..1024");
-      } else if (arg == "--seconds") {
-        seconds = std::stod(value());
-        if (!(seconds > 0 && seconds <= 86400))
-          throw std::invalid_argument("--seconds: (0, 1 day]");
-      } else {
-        args.unknown();
-      }
-    }
+    const bool go = args.parse(
+        "usage: doorman-gauge-jobs [--server HOST:PORT[,...]] [--resource ID]"
+        " [--threads N] [--seconds S]\n",
+        [&](const std::string& flag) {
+          if (flag == "--threads") {
+            threads = static_cast<int>(args.number(1, 1024));
+          } else if (flag == "--seconds") {
+            seconds = args.number(0.001, 86400);
+          } else {
+            return flags.parse(flag, args);
+          }
+          return true;
+        });
+    if (!go) return 0;
     doorman::client_options options;
     options.addresses = doorman::net::split_list(flags.server);
     options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };

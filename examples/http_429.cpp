@@ -77,21 +77,15 @@ int main(int argc, char** argv) {
   doorman_examples::client_flags flags{.resource = "api"};
   try {
     doorman_examples::arguments args(argc, argv);
-    while (args.next()) {
-      const std::string& arg = args.arg();
-      auto value = [&] { return args.value(); };
-      if (args.help()) {
-        std::printf(
-            "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
-            " [--resource ID]\n");
-        return 0;
-      } else if (flags.parse(args)) {
-      } else if (arg == "--listen") {
-        listen = value();
-      } else {
-        args.unknown();
-      }
-    }
+    const bool go = args.parse(
+        "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
+        " [--resource ID]\n",
+        [&](const std::string& flag) {
+          if (flag != "--listen") return flags.parse(flag, args);
+          listen = args.value();
+          return true;
+        });
+    if (!go) return 0;
     const auto at = doorman::net::parse_address(listen);
     if (!at) throw std::invalid_argument("--listen: expected host:port, got " + listen);
 

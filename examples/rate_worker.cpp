@@ -37,26 +37,20 @@ int main(int argc, char** argv) {
   double demand = 10;
   try {
     doorman_examples::arguments args(argc, argv);
-    while (args.next()) {
-      const std::string& arg = args.arg();
-      auto value = [&] { return args.value(); };
-      if (args.help()) {
-        std::printf(
-            "usage: doorman-worker [--server HOST:PORT[,HOST:PORT...]] [--resource ID]\n"
-            "                      [--demand OPS_PER_SECOND] [--name NAME]\n");
-        return 0;
-      } else if (flags.parse(args)) {
-      } else if (arg == "--name") {
-        name = value();
-      } else if (arg == "--demand") {
-        demand = std::stod(value());
-        if (!(demand > 0 && demand <= 1e7)) {
-          throw std::invalid_argument("--demand: expected a number in (0, 1e7]");
-        }
-      } else {
-        args.unknown();
-      }
-    }
+    const bool go = args.parse(
+        "usage: doorman-worker [--server HOST:PORT[,HOST:PORT...]] [--resource ID]\n"
+        "                      [--demand OPS_PER_SECOND] [--name NAME]\n",
+        [&](const std::string& flag) {
+          if (flag == "--name") {
+            name = args.value();
+          } else if (flag == "--demand") {
+            demand = args.number(0.001, 1e7);
+          } else {
+            return flags.parse(flag, args);
+          }
+          return true;
+        });
+    if (!go) return 0;
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
 

@@ -202,30 +202,24 @@ int main(int argc, char** argv) {
   o.node_binary = (std::filesystem::path(argv[0]).parent_path() / "doorman-node").string();
   try {
     doorman_examples::arguments args(argc, argv);
-    while (args.next()) {
-      const std::string& arg = args.arg();
-      auto value = [&] { return args.value(); };
-      if (args.help()) {
-        fmt::print(
-            "usage: doorman-tree-demo [--duration SECONDS] [--capacity N] [--node-binary PATH]\n"
-            "  --duration SECONDS  how long the scripted load runs (default 24)\n"
-            "  --capacity N        capacity of the resource \"api\" (default 100)\n"
-            "  --node-binary PATH  the doorman-node to start (default: next to this program)\n");
-        return 0;
-      } else if (arg == "--duration") {
-        o.duration = std::stod(value());
-        if (!(o.duration > 0 && o.duration <= 3600)) {
-          throw std::invalid_argument("--duration must be in (0, 3600]");
-        }
-      } else if (arg == "--capacity") {
-        o.capacity = std::stod(value());
-        if (!(o.capacity >= 0)) throw std::invalid_argument("--capacity must be >= 0");
-      } else if (arg == "--node-binary") {
-        o.node_binary = value();
-      } else {
-        args.unknown();
-      }
-    }
+    const bool go = args.parse(
+        "usage: doorman-tree-demo [--duration SECONDS] [--capacity N] [--node-binary PATH]\n"
+        "  --duration SECONDS  how long the scripted load runs (default 24)\n"
+        "  --capacity N        capacity of the resource \"api\" (default 100)\n"
+        "  --node-binary PATH  the doorman-node to start (default: next to this program)\n",
+        [&](const std::string& flag) {
+          if (flag == "--duration") {
+            o.duration = args.number(0.001, 3600);
+          } else if (flag == "--capacity") {
+            o.capacity = args.number(0, 1e15);
+          } else if (flag == "--node-binary") {
+            o.node_binary = args.value();
+          } else {
+            return false;
+          }
+          return true;
+        });
+    if (!go) return 0;
     if (!std::filesystem::exists(o.node_binary)) {
       throw std::invalid_argument("no doorman-node at " + o.node_binary +
                                   " (build it, or pass --node-binary)");

@@ -1,23 +1,8 @@
 // The time helpers, globs and the resource configuration.
 
-#include <catch2/catch.hpp>
-
-#include <doorman/core.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <random>
-#include <sstream>
-#include <string>
-#include <vector>
-
 #include "core_support.hpp"
 
-using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
-using doorman::manual_clock;
-using doorman_test::engine_t;
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
 // ---- time -------------------------------------------------------------------------------
 

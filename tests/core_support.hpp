@@ -7,11 +7,19 @@
 
 #include <doorman/core.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace doorman_test {
+
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
 
 using engine_t = doorman::basic_engine<doorman::manual_clock>;
 using upstream_t = doorman::basic_upstream<engine_t>;

@@ -1,27 +1,9 @@
 // The engine: the share index, the algorithms, decisions, learning mode, properties on random
 // workloads, and hostile numbers.
 
-#include <catch2/catch.hpp>
-
-#include <doorman/core.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <random>
-#include <sstream>
-#include <string>
-#include <vector>
-
 #include "core_support.hpp"
 
-using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
-using doorman::manual_clock;
-using doorman_test::engine_t;
-
-using doorman_test::fixture;
-using doorman_test::repo_for;
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
 namespace {
 

@@ -1,46 +1,9 @@
 // Nodes: in-process trees, and the doorman-node binary (flags, reload, signals).
 
-#include <catch2/catch.hpp>
-
-#include <doorman/client.hpp>
-#include <doorman/node.hpp>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <functional>
-#include <future>
-#include <memory>
-#include <optional>
-#include <string>
-#include <thread>
-#include <vector>
-
 #include "line_client.hpp"
 #include "support.hpp"
 
-using namespace std::chrono_literals;
-using json = nlohmann::json;
-using steady = std::chrono::steady_clock;
-using doorman_test::capacity_at;
-using doorman_test::capacity_params;
-using doorman_test::eventually;
-using doorman_test::fast_config;
-using doorman_test::fixed_election;
-using doorman_test::gets;
-using doorman_test::line_client;
-using doorman_test::request_line;
-using doorman_test::run_until_ready;
-using doorman_test::running_node;
-using doorman_test::status_of;
+using namespace doorman_test;  // NOLINT: the tests' own helpers (support.hpp, line_client.hpp)
 
 // ---- a tree ------------------------------------------------------------------------------
 
@@ -147,8 +110,6 @@ TEST_CASE("a restarted root rebuilds its leases in learning mode without over-gr
 }
 
 #ifdef DOORMAN_NODE_BINARY
-using doorman_test::listening_address;
-using doorman_test::process;
 
 TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM", "[net][process]") {
   char dir_template[] = "/tmp/doorman-test-XXXXXX";

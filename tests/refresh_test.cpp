@@ -1,26 +1,8 @@
 // The refresh schedule shared by the client state and the upstream.
 
-#include <catch2/catch.hpp>
-
-#include <doorman/core.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <random>
-#include <sstream>
-#include <string>
-#include <vector>
-
 #include "core_support.hpp"
 
-using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
-using doorman::manual_clock;
-using doorman_test::engine_t;
-
-using doorman_test::repo_for;
-using doorman_test::upstream_t;
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
 TEST_CASE("retries come within half the time left on a lease", "[core][upstream][client]") {
   manual_clock clock;

@@ -10,17 +10,32 @@
 #include <doorman/client.hpp>
 #include <doorman/node.hpp>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace doorman_test {
 
 using namespace std::chrono_literals;
+using json = nlohmann::json;
+using steady = std::chrono::steady_clock;
 
 // Polls `condition` until it holds or `timeout` passes; whether it held. Polling, not
 // synchronization: the period starts at 1 ms and doubles up to 20 ms, and the deadline, not

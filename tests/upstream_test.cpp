@@ -1,28 +1,9 @@
 // The upstream of an intermediate node: aggregation, refresh, loss of its parent, hostile
 // grants, bounds.
 
-#include <catch2/catch.hpp>
-
-#include <doorman/core.hpp>
-
-#include <algorithm>
-#include <cmath>
-#include <map>
-#include <random>
-#include <sstream>
-#include <string>
-#include <vector>
-
 #include "core_support.hpp"
 
-using namespace std::chrono_literals;
-using Catch::Matchers::Contains;
-using doorman::manual_clock;
-using doorman_test::engine_t;
-
-using doorman_test::repo_for;
-using doorman_test::small_tree;
-using doorman_test::upstream_t;
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
 TEST_CASE("an intermediate aggregates its clients into one bulk request", "[core][upstream]") {
   small_tree t;

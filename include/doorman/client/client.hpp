@@ -400,15 +400,7 @@ class client {
       return;
     }
     capacity_response resp;
-    if (reply) {
-      if (auto err = decode(reply.result, resp)) {
-        reply.error = errc::bad_answer;
-        reply.message = "bad answer: " + err->message;
-      } else if (!resp.mastership.is_master) {
-        reply.error = errc::no_master;
-        reply.message = "no master found";
-      }
-    }
+    net::decode_refresh(reply, resp);
     const refresh_event event =
         reply ? state_.on_reply(resp, now) : state_.on_reply(reply.error, now);
     connected_ = state_.failures() == 0;

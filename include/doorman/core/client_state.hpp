@@ -234,24 +234,20 @@ class basic_client_state {
   refresh_event on_reply(const capacity_response& resp, time_point now) {
     if (!resp.mastership.is_master) return on_reply(make_error_code(errc::no_master), now);
     double interval = std::numeric_limits<double>::infinity();
-    const auto screen = screen_grants(resp.resources, asked_);
-    for (std::size_t i = 0; i < resp.resources.size(); ++i) {
-      if (!screen.adopt[i]) continue;
-      const auto& g = resp.resources[i];
-      auto* r = lookup(g.resource_id);
-      if (r == nullptr) continue;  // removed since the request went out
-      r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
-      r->server_safe_capacity = g.safe_capacity;
-      interval = std::min(interval,
-                          g.gets.refresh_interval > 0 ? g.gets.refresh_interval : idle_seconds());
-      // Come back before the lease runs out even if the server asked for a later refresh.
-      const double left = to_seconds(r->lease->expiry - now);
-      if (left > 0) interval = std::min(interval, left);
-    }
-    if (screen.ignored > 0) {
-      invalid_grants_ += screen.ignored;
-      if (options_.log) options_.log(screen.log_line("server's answer"));
-    }
+    adopt_screened(resp.resources, asked_, invalid_grants_, options_.log, "server's answer",
+                   [&](const resource_grant& g) {
+                     auto* r = lookup(g.resource_id);
+                     if (r == nullptr) return;  // removed since the request went out
+                     r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
+                     r->server_safe_capacity = g.safe_capacity;
+                     interval =
+                         std::min(interval, g.gets.refresh_interval > 0 ? g.gets.refresh_interval
+                                                                        : idle_seconds());
+                     // Come back before the lease runs out even if the server asked for a
+                     // later refresh.
+                     const double left = to_seconds(r->lease->expiry - now);
+                     if (left > 0) interval = std::min(interval, left);
+                   });
     return schedule_.answered(now, interval);
   }
 

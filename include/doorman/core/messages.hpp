@@ -351,6 +351,22 @@ template <class Grant>
   return out;
 }
 
+/// Screens `grants` (`screen_grants`) and calls `adopt(grant)` for each one adopted, in order;
+/// the others are added to `ignored` and, if there are any, `log` (when set) receives one line
+/// naming `who` answered ("parent's answer: 2 of 3 grants ignored (first: ...)").
+template <class Grant, class Adopt, class Log>
+void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::string>& asked,
+                    std::uint64_t& ignored, const Log& log, std::string_view who, Adopt&& adopt) {
+  const auto screen = screen_grants(grants, asked);
+  for (std::size_t i = 0; i < grants.size(); ++i) {
+    if (screen.adopt[i]) adopt(grants[i]);
+  }
+  if (screen.ignored > 0) {
+    ignored += screen.ignored;
+    if (log) log(screen.log_line(who));
+  }
+}
+
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
   if (auto e = detail::check_id(r.client_id, "client_id")) return e;

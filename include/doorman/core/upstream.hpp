@@ -161,28 +161,22 @@ class basic_upstream {
   refresh_event on_reply(Engine& eng, const server_capacity_response& resp, time_point now) {
     if (!resp.mastership.is_master) return on_reply(make_error_code(errc::no_master), now);
     double interval = std::numeric_limits<double>::infinity();
-    const auto screen = screen_grants(resp.resources, asked_);
-    for (std::size_t i = 0; i < resp.resources.size(); ++i) {
-      if (!screen.adopt[i]) continue;
-      const auto& g = resp.resources[i];
-      // Counted from when the request was sent, as the client state does: the parent computed
-      // `expires_in` later than that, so this node never thinks its lease lasts longer than
-      // the parent does, however long the answer took.
-      if (!eng.set_parent_lease(g.resource_id,
-                                from_lease_info<time_point>(g.gets, schedule_.last_request()), now,
-                                g.algorithm)) {
-        continue;
-      }
-      const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();
-      const auto* store = eng.store(g.resource_id);
-      const double handed_out = own * (store && store->servers() > 0 ? options_.decay_factor : 1.0);
-      interval = std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
-      if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
-    }
-    if (screen.ignored > 0) {
-      invalid_grants_ += screen.ignored;
-      if (options_.log) options_.log(screen.log_line("parent's answer"));
-    }
+    adopt_screened(
+        resp.resources, asked_, invalid_grants_, options_.log, "parent's answer",
+        [&](const server_resource_grant& g) {
+          // Counted from when the request was sent, as the client state does: the parent
+          // computed `expires_in` later than that, so this node never thinks its lease lasts
+          // longer than the parent does, however long the answer took.
+          const auto lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
+          if (!eng.set_parent_lease(g.resource_id, lease, now, g.algorithm)) return;
+          const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();
+          const auto* store = eng.store(g.resource_id);
+          const double handed_out =
+              own * (store && store->servers() > 0 ? options_.decay_factor : 1.0);
+          interval =
+              std::min({interval, g.gets.refresh_interval, options_.decay_factor * handed_out});
+          if (g.gets.expires_in > 0) interval = std::min(interval, g.gets.expires_in);
+        });
     earliest_expiry_ = time_point::max();
     eng.for_each_resource([&](std::string_view id, const auto&) {
       if (const auto l = eng.parent_lease(id); l && l->expiry > now) {

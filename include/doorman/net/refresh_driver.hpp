@@ -38,6 +38,7 @@
 #include "doorman/core/time.hpp"
 #include "doorman/net/channel.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/protocol/codec.hpp"
 
 namespace doorman::net {
 
@@ -48,6 +49,21 @@ struct outgoing_call {
   nlohmann::json params;
   std::optional<seconds> timeout{};
 };
+
+/// Decodes the answer of a refresh (`get_capacity`, `get_server_capacity`) into `out`. An
+/// answer that does not decode, or a non-master's, turns `reply` into a failure
+/// (`errc::bad_answer`, `errc::no_master`) with its reason in `reply.message`.
+template <class Response>
+void decode_refresh(call_reply& reply, Response& out) {
+  if (!reply) return;
+  if (auto err = decode(reply.result, out)) {
+    reply.error = errc::bad_answer;
+    reply.message = "bad answer: " + err->message;
+  } else if (!out.mastership.is_master) {
+    reply.error = errc::no_master;
+    reply.message = "answered as not master";
+  }
+}
 
 template <class Requester>
 class refresh_driver {

@@ -215,15 +215,7 @@ class basic_node {
 
   asio::awaitable<void> on_parent_reply(net::call_reply reply, clock::time_point now) {
     server_capacity_response resp;
-    if (reply) {
-      if (auto err = decode(reply.result, resp)) {
-        reply.error = errc::bad_answer;
-        reply.message = "bad answer: " + err->message;
-      } else if (!resp.mastership.is_master) {
-        reply.error = errc::no_master;
-        reply.message = "the parent answered as not master";
-      }
-    }
+    net::decode_refresh(reply, resp);
     const refresh_event event =
         reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
     switch (event) {
