@@ -215,3 +215,22 @@ TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][p
 }
 
 #endif
+
+TEST_CASE("a node that cannot bind says so, as an error_code or an exception", "[net][node]") {
+  running_node first(fast_config(10));
+  asio::io_context io;
+  doorman::node_options o;
+  o.listen = first.address();  // taken
+  doorman::node second(io.get_executor(), doorman::engine::parse_config(fast_config(10)), o);
+  std::error_code ec;
+  second.start(ec);
+  CHECK(ec == asio::error::address_in_use);
+  doorman::node third(io.get_executor(), doorman::engine::parse_config(fast_config(10)), o);
+  try {
+    third.start();
+    FAIL("no exception");
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == asio::error::address_in_use);
+    CHECK_THAT(e.what(), Catch::Contains("listening on " + first.address()));
+  }
+}

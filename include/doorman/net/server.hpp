@@ -89,18 +89,32 @@ class server {
   server& operator=(const server&) = delete;
   ~server();
 
-  /// Binds and listens (port 0 picks a free port). Throws `std::system_error`.
-  void listen(const address& where) {
+  /// Binds and listens (port 0 picks a free port); `ec` says why not (e.g.
+  /// `address_in_use`).
+  void listen(const address& where, std::error_code& ec) {
     asio::ip::tcp::resolver resolver(executor_);
-    const auto results = resolver.resolve(where.host, where.port);
+    const auto results = resolver.resolve(where.host, where.port, ec);
+    if (ec) return;
     if (results.empty()) {
-      throw std::system_error(asio::error::host_not_found, "resolving " + where.to_string());
+      ec = asio::error::host_not_found;
+      return;
     }
     const auto endpoint = results.begin()->endpoint();
-    acceptor_.open(endpoint.protocol());
-    acceptor_.set_option(asio::socket_base::reuse_address(true));
-    acceptor_.bind(endpoint);
-    acceptor_.listen(asio::socket_base::max_listen_connections);
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      std::error_code ignored;
+      acceptor_.close(ignored);
+    }
+  }
+
+  /// As above; throws `std::system_error` naming the address.
+  void listen(const address& where) {
+    std::error_code ec;
+    listen(where, ec);
+    if (ec) throw std::system_error(ec, "listening on " + where.to_string());
   }
 
   /// Where it listens.

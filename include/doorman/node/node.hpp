@@ -102,10 +102,19 @@ class basic_node {
   basic_node(const basic_node&) = delete;
   basic_node& operator=(const basic_node&) = delete;
 
-  /// Binds (throws `std::system_error`), then starts serving, the election and, for an
-  /// intermediate, the upstream loop. Call before running the io_context, or on it.
+  /// Binds, then starts serving, the election and, for an intermediate, the upstream loop.
+  /// Call before running the io_context, or on it. Throws `std::system_error` when it cannot
+  /// bind (e.g. the port is in use), naming the address.
   void start() {
-    server_.listen(*net::parse_address(options_.listen));
+    std::error_code ec;
+    start(ec);
+    if (ec) throw std::system_error(ec, "listening on " + options_.listen);
+  }
+
+  /// As above; `ec` says why it could not bind, and then nothing is started.
+  void start(std::error_code& ec) {
+    server_.listen(*net::parse_address(options_.listen), ec);
+    if (ec) return;
     const auto ep = server_.local_endpoint();
     local_ = net::address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
     if (options_.advertise.empty()) options_.advertise = local_;
