@@ -347,6 +347,8 @@ class client {
       all.push_back(id);
     for (auto& id : state_.take_releases())
       all.push_back(std::move(id));
+    for (auto& id : std::exchange(releases_, {}))
+      all.push_back(std::move(id));
     if (!all.empty()) {
       const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
                                                 true, options_.release_timeout);
