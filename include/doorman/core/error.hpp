@@ -22,7 +22,6 @@ enum class errc {
   unreachable,         ///< no server could be connected to, or the connection was lost
   error_answer,        ///< the server answered with an error (its message says which)
   bad_answer,          ///< an answer that is not what the protocol says
-  line_too_long,       ///< a message beyond the line limit of its link
   shut_down,           ///< the object was stopped; nothing more is sent
 };
 
@@ -49,8 +48,6 @@ class error_category_impl final : public std::error_category {
         return "error answer";
       case errc::bad_answer:
         return "bad answer";
-      case errc::line_too_long:
-        return "line too long";
       case errc::shut_down:
         return "shut down";
     }
