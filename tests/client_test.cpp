@@ -278,3 +278,49 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   std::filesystem::remove_all(dir);
 }
 #endif
+
+TEST_CASE("a gauge slot outlives moves of its handle", "[client][net][lifecycle]") {
+  running_node root(fast_config(10));
+  doorman::client cl(fast_client(root.address()));
+  std::optional<doorman::gauge_resource> g(std::in_place, cl, "jobs",
+                                           doorman::resource_options{.wants = 2});
+  REQUIRE(eventually([&] { return g->leased(); }));
+  auto slot = g->acquire();
+  CHECK(g->in_flight() == 1);
+  doorman::gauge_resource moved(std::move(*g));
+  g.reset();  // the handle the slot was taken from is gone
+  slot.release();
+  CHECK(moved.in_flight() == 0);
+}
+
+TEST_CASE("stopping or destroying a client ends its pending waits", "[client][net][lifecycle]") {
+  running_node root(fast_config(0));  // nothing to grant: waits can only end by the stop
+  std::future<void> pending;
+  std::future<void> rate_pending;
+  const auto aborted = [](std::future<void>& f) {
+    try {
+      f.get();
+    } catch (const std::system_error& e) {
+      return e.code() == asio::error::operation_aborted;
+    }
+    return false;
+  };
+  {
+    doorman::client cl(fast_client(root.address()));
+    doorman::gauge_resource g(cl, "jobs", {.wants = 1, .mode = doorman::fallback::pessimistic});
+    doorman::rate_resource r(cl, "api", {.wants = 1, .mode = doorman::fallback::pessimistic});
+    pending = g.async_acquire(asio::use_future);
+    rate_pending = r.async_wait(1, asio::use_future);
+    CHECK(pending.wait_for(50ms) == std::future_status::timeout);
+    SECTION("stop() with the handles alive") {
+      cl.stop();
+      REQUIRE(pending.wait_for(5s) == std::future_status::ready);
+      REQUIRE(rate_pending.wait_for(5s) == std::future_status::ready);
+    }
+    SECTION("the handles, then the client, destroyed") {}
+  }  // ~client must return, with both waits ended
+  REQUIRE(pending.wait_for(5s) == std::future_status::ready);
+  REQUIRE(rate_pending.wait_for(5s) == std::future_status::ready);
+  CHECK(aborted(pending));
+  CHECK(aborted(rate_pending));
+}

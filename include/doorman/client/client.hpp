@@ -100,6 +100,14 @@ struct resource_entry {
   std::function<void(double)> on_change;  // the user's callback
   asio::steady_timer changed;             // never expires; cancelled to wake async waiters
   std::atomic<int> async_waiters{0};
+  std::atomic<bool> stopped{false};  // the client stopped: pending and later waits end
+
+  // Ends the asynchronous waits (on the client's strand): they complete with
+  // `operation_aborted`.
+  void stop() {
+    stopped = true;
+    changed.cancel();
+  }
 };
 
 inline std::string default_client_id() {
@@ -163,6 +171,8 @@ class client {
     asio::post(strand_, [this] {
       if (stopping_) return;
       stopping_ = true;
+      for (auto& [id, e] : active_)
+        e->stop();
       driver_.stop();
       // Nobody to release to: fail the call in flight now instead of at its deadline.
       if (!connected_) channel_.shutdown();
@@ -200,7 +210,10 @@ class client {
     slot->demand = demand_estimator(options_.demand_window);
     apply(*slot, fallback_capacity(opts, std::nullopt));  // until the first answer
     asio::post(strand_, [this, e = slot] {
-      if (stopping_) return;
+      if (stopping_) {
+        e->stop();
+        return;
+      }
       active_[e->id] = e;
       state_.add(e->id, e->options);
       driver_.reschedule();
@@ -208,15 +221,17 @@ class client {
     return slot;
   }
 
-  /// Drops a handle; the last one releases the resource's capacity at the server.
+  /// Drops a handle; the last one releases the resource's capacity at the server and ends the
+  /// waits still pending on it (`operation_aborted`).
   void detach(const std::shared_ptr<detail::resource_entry>& e) {
     std::lock_guard lock(mutex_);
     if (--e->handles > 0) return;
     registry_.erase(e->id);
-    asio::post(strand_, [this, id = e->id] {
+    asio::post(strand_, [this, e] {
+      e->stop();  // its pending waits end: nothing will grant them any more
       if (stopping_) return;
-      active_.erase(id);
-      state_.remove(id);
+      active_.erase(e->id);
+      state_.remove(e->id);
       driver_.reschedule();
     });
   }

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <asio.hpp>
@@ -128,7 +129,10 @@ class rate_resource : public detail::resource_handle {
         co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         co_return;
       }
-      // Blocked (capacity 0): sleep until the client changes the capacity.
+      // Blocked (capacity 0): sleep until the client changes the capacity, or stops.
+      if (e->stopped) {
+        throw std::system_error(asio::error::operation_aborted, "the client stopped");
+      }
       std::error_code ec;
       co_await e->changed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
@@ -138,27 +142,31 @@ class rate_resource : public detail::resource_handle {
 /// A gauge resource: at most `capacity()` operations in flight, following the lease.
 class gauge_resource : public detail::resource_handle {
  public:
-  /// Holds one slot until destroyed (or `release()`d).
+  /// Holds one slot until destroyed (or `release()`d). It shares the resource's state with
+  /// the handles, so it stays valid when the handle it came from is moved or destroyed; like
+  /// the handles, it must not outlive the client.
   class slot {
    public:
     slot() = default;
-    explicit slot(gauge_resource* g) noexcept : gauge_(g) {}
-    slot(slot&& o) noexcept : gauge_(std::exchange(o.gauge_, nullptr)) {}
+    explicit slot(std::shared_ptr<detail::resource_entry> e) noexcept : entry_(std::move(e)) {}
+    /// Takes over a slot of `g` already held (e.g. after `try_acquire`).
+    explicit slot(gauge_resource* g) noexcept;
+    slot(slot&& o) noexcept = default;
     slot& operator=(slot&& o) noexcept {
       if (this != &o) {
         release();
-        gauge_ = std::exchange(o.gauge_, nullptr);
+        entry_ = std::move(o.entry_);
       }
       return *this;
     }
     ~slot() { release(); }
     void release() noexcept {
-      if (gauge_ != nullptr) std::exchange(gauge_, nullptr)->release();
+      if (entry_) release_slot(std::exchange(entry_, nullptr));
     }
-    explicit operator bool() const noexcept { return gauge_ != nullptr; }
+    explicit operator bool() const noexcept { return entry_ != nullptr; }
 
    private:
-    gauge_resource* gauge_ = nullptr;
+    std::shared_ptr<detail::resource_entry> entry_;
   };
 
   gauge_resource(client& c, std::string_view id, const resource_options& o = {})
@@ -171,16 +179,10 @@ class gauge_resource : public detail::resource_handle {
   /// Blocks until a slot is free; the returned guard gives it back.
   [[nodiscard]] slot acquire() {
     entry_->gauge.acquire();
-    return slot(this);
+    return slot(entry_);
   }
   /// Gives a slot back.
-  void release() noexcept {
-    entry_->gauge.release();
-    if (entry_->async_waiters.load() > 0) {
-      auto e = entry_;
-      client_->post([e] { e->changed.cancel(); });
-    }
-  }
+  void release() noexcept { release_slot(entry_); }
 
   /// Waits asynchronously for a slot (then held: `release()` it); completes with
   /// `void(std::exception_ptr)` through any asio completion token.
@@ -194,14 +196,28 @@ class gauge_resource : public detail::resource_handle {
   [[nodiscard]] gauge_limiter& limiter() noexcept { return entry_->gauge; }
 
  private:
+  // Gives a slot of `e` back, and wakes the asynchronous waiters (on the client's strand).
+  static void release_slot(const std::shared_ptr<detail::resource_entry>& e) noexcept {
+    e->gauge.release();
+    if (e->async_waiters.load() > 0) {
+      asio::post(e->changed.get_executor(), [e] { e->changed.cancel(); });
+    }
+  }
+
   static asio::awaitable<void> acquire_op(std::shared_ptr<detail::resource_entry> e) {
     ++e->async_waiters;
     while (!e->gauge.try_acquire()) {
+      if (e->stopped) {
+        --e->async_waiters;
+        throw std::system_error(asio::error::operation_aborted, "the client stopped");
+      }
       std::error_code ec;
       co_await e->changed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     --e->async_waiters;
   }
 };
+
+inline gauge_resource::slot::slot(gauge_resource* g) noexcept : entry_(g->entry_) {}
 
 }  // namespace doorman
