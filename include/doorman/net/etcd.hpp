@@ -256,27 +256,23 @@ struct gateway_answer {
 
 /// A `lease/grant` answer (`ttl`: what was asked, when the answer omits it).
 [[nodiscard]] inline etcd_result<etcd_lease> grant(const nlohmann::json& a, std::int64_t ttl) {
+  const auto id = integer(a, "ID");
+  if (!id || *id == 0)
+    return detail::etcd_bad_answer<etcd_lease>("lease/grant: answer without an ID");
   etcd_result<etcd_lease> r;
-  if (const auto id = integer(a, "ID"); id && *id != 0) {
-    r.value = {*id, integer(a, "TTL").value_or(ttl)};
-  } else {
-    r.error = errc::bad_answer;
-    r.message = "lease/grant: answer without an ID";
-  }
+  r.value = {*id, integer(a, "TTL").value_or(ttl)};
   return r;
 }
 
 /// A `lease/keepalive` answer: the remaining TTL, 0 when the lease has expired.
 [[nodiscard]] inline etcd_result<std::int64_t> keep_alive(const nlohmann::json& a) {
-  etcd_result<std::int64_t> r;
   // A stream method: the gateway wraps each answer in "result".
   const auto res = a.is_object() ? a.find("result") : a.end();
   if (!a.is_object() || res == a.end() || !res->is_object()) {
-    r.error = errc::bad_answer;
-    r.message = "lease/keepalive: answer without a result";
-  } else {
-    r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
+    return detail::etcd_bad_answer<std::int64_t>("lease/keepalive: answer without a result");
   }
+  etcd_result<std::int64_t> r;
+  r.value = integer(*res, "TTL").value_or(0);  // an omitted TTL is 0: the lease is gone
   return r;
 }
 
@@ -284,11 +280,7 @@ struct gateway_answer {
 [[nodiscard]] inline etcd_result<etcd_claim> claim(const nlohmann::json& a, std::string value,
                                                    std::int64_t lease) {
   etcd_result<etcd_claim> r;
-  if (!a.is_object()) {
-    r.error = errc::bad_answer;
-    r.message = "kv/txn: answer is not an object";
-    return r;
-  }
+  if (!a.is_object()) return detail::etcd_bad_answer<etcd_claim>("kv/txn: answer is not an object");
   const auto succeeded = a.find("succeeded");  // omitted when false
   r.value.created = succeeded != a.end() && succeeded->is_boolean() && succeeded->get<bool>();
   if (r.value.created) {
@@ -303,15 +295,14 @@ struct gateway_answer {
   const auto responses = a.find("responses");
   if (responses == a.end() || !responses->is_array() || responses->empty() ||
       !(*responses)[0].is_object() || !(*responses)[0].contains("response_range")) {
-    r.error = errc::bad_answer;
-    r.message = "kv/txn: answer without the range of the failure branch";
-    return r;
+    return detail::etcd_bad_answer<etcd_claim>(
+        "kv/txn: answer without the range of the failure branch");
   }
   if (auto kv = first_kv((*responses)[0]["response_range"])) {
     r.value.holder = std::move(*kv);
-  } else {
-    r.error = errc::bad_answer;
-    r.message = "kv/txn: the key vanished between compare and range";  // cannot happen in a txn
+  } else {  // cannot happen in a txn
+    return detail::etcd_bad_answer<etcd_claim>(
+        "kv/txn: the key vanished between compare and range");
   }
   return r;
 }

@@ -630,6 +630,14 @@ class simulation {
   // `get_capacity`; an intermediate's is its job's `upstream`, it asks the parent job with
   // `get_server_capacity`.
 
+  // An engine's answer into `out`; the refusal's message, or "" when it answered.
+  template <class Response>
+  static std::string adopt(result<Response> r, Response& out) {
+    if (!r) return r.error().message;
+    out = std::move(r).value();
+    return {};
+  }
+
   struct client_side {
     static constexpr kind wake = kind::client_wake, arrives = kind::client_arrives,
                           answered = kind::client_answer, timed_out = kind::client_timeout;
@@ -654,10 +662,8 @@ class simulation {
       }
       c.request = c.state->make_request(s.now());
     }
-    [[nodiscard]] auto decide(engine_type& e) const {
-      auto r = e.get_capacity(me().request, s.now());
-      if (r) me().response = std::move(r).value();
-      return r ? std::string() : r.error().message;
+    [[nodiscard]] std::string decide(engine_type& e) const {
+      return adopt(e.get_capacity(me().request, s.now()), me().response);
     }
     void reply(std::error_code error) const {
       client& c = me();
@@ -696,10 +702,8 @@ class simulation {
       j.request = j.upstream->make_request(*j.engine, s.now());
       j.in_flight_epoch = j.epoch;
     }
-    [[nodiscard]] auto decide(engine_type& e) const {
-      auto r = e.get_server_capacity(me().request, s.now());
-      if (r) me().response = std::move(r).value();
-      return r ? std::string() : r.error().message;
+    [[nodiscard]] std::string decide(engine_type& e) const {
+      return adopt(e.get_server_capacity(me().request, s.now()), me().response);
     }
     void reply(std::error_code error) const {
       job& j = me();
