@@ -297,6 +297,8 @@ TEST_CASE("stopping or destroying a client ends its pending waits", "[client][ne
   running_node root(fast_config(0));  // nothing to grant: waits can only end by the stop
   std::future<void> pending;
   std::future<void> rate_pending;
+  std::future<std::error_code> sync_rate;
+  std::future<std::error_code> sync_gauge;
   const auto aborted = [](std::future<void>& f) {
     try {
       f.get();
@@ -311,16 +313,229 @@ TEST_CASE("stopping or destroying a client ends its pending waits", "[client][ne
     doorman::rate_resource r(cl, "api", {.wants = 1, .mode = doorman::fallback::pessimistic});
     pending = g.async_acquire(asio::use_future);
     rate_pending = r.async_wait(1, asio::use_future);
+    sync_rate = std::async(std::launch::async, [&] {
+      std::error_code ec;
+      r.wait(1, ec);
+      return ec;
+    });
+    sync_gauge = std::async(std::launch::async, [&] {
+      std::error_code ec;
+      auto slot = g.acquire(ec);
+      CHECK_FALSE(slot);
+      return ec;
+    });
     CHECK(pending.wait_for(50ms) == std::future_status::timeout);
     SECTION("stop() with the handles alive") {
       cl.stop();
       REQUIRE(pending.wait_for(5s) == std::future_status::ready);
       REQUIRE(rate_pending.wait_for(5s) == std::future_status::ready);
+      REQUIRE(sync_rate.wait_for(5s) == std::future_status::ready);
+      REQUIRE(sync_gauge.wait_for(5s) == std::future_status::ready);
+      std::error_code ec;
+      r.wait(1, ec);  // a wait after the stop ends at once
+      CHECK(ec == asio::error::operation_aborted);
+      CHECK_THROWS_AS(g.acquire(), std::system_error);
     }
-    SECTION("the handles, then the client, destroyed") {}
-  }  // ~client must return, with both waits ended
+    SECTION("the handles, then the client, destroyed") {
+      // The synchronous waiters must be done before their handles go.
+      REQUIRE(sync_rate.wait_for(0s) == std::future_status::timeout);
+      cl.stop();
+      REQUIRE(sync_rate.wait_for(5s) == std::future_status::ready);
+      REQUIRE(sync_gauge.wait_for(5s) == std::future_status::ready);
+    }
+  }  // ~client must return, with every wait ended
   REQUIRE(pending.wait_for(5s) == std::future_status::ready);
   REQUIRE(rate_pending.wait_for(5s) == std::future_status::ready);
   CHECK(aborted(pending));
   CHECK(aborted(rate_pending));
+  CHECK(sync_rate.get() == asio::error::operation_aborted);
+  CHECK(sync_gauge.get() == asio::error::operation_aborted);
+}
+
+TEST_CASE("async_stop completes once the leases are released", "[client][net][lifecycle]") {
+  running_node root(fast_config(10));
+  doorman::client cl(fast_client(root.address()));
+  doorman::rate_resource r(cl, "api", {.wants = 4});
+  REQUIRE(eventually([&] { return r.leased(); }));
+  CHECK(held_at(root, "api").first == 4);
+  auto stopped = cl.async_stop(asio::use_future);
+  REQUIRE(stopped.wait_for(5s) == std::future_status::ready);
+  stopped.get();
+  CHECK(held_at(root, "api").second == 0);  // released before it completed
+  // Once stopped, it completes at once.
+  auto again = cl.async_stop(asio::use_future);
+  REQUIRE(again.wait_for(5s) == std::future_status::ready);
+}
+
+namespace {
+
+// A server that answers the first `answers` get_capacity calls with a lease of `capacity` for
+// every resource asked for, then reads on and answers nothing more (a server that hangs); or,
+// after `vanish()`, is gone altogether (connections closed, port refusing). It counts the
+// calls it read.
+class stalling_server {
+ public:
+  explicit stalling_server(int answers, double capacity = 10)
+      : answers_(answers), capacity_(capacity) {
+    acceptor_.open(asio::ip::tcp::v4());
+    acceptor_.bind({asio::ip::make_address("127.0.0.1"), 0});
+    acceptor_.listen();
+    address_ = "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+    asio::co_spawn(io_, accept(), asio::detached);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  stalling_server(const stalling_server&) = delete;
+  stalling_server& operator=(const stalling_server&) = delete;
+  ~stalling_server() {
+    vanish();
+    thread_.join();
+  }
+
+  [[nodiscard]] const std::string& address() const { return address_; }
+  [[nodiscard]] int calls() const { return calls_.load(); }
+
+  // Closes the port and every connection; later connection attempts are refused.
+  void vanish() {
+    asio::post(io_, [this] {
+      std::error_code ec;
+      acceptor_.close(ec);
+      for (auto& s : sockets_)
+        s->close(ec);
+    });
+  }
+
+ private:
+  asio::awaitable<void> accept() {
+    for (;;) {
+      auto s = std::make_shared<asio::ip::tcp::socket>(io_);
+      std::error_code ec;
+      co_await acceptor_.async_accept(*s, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return;
+      sockets_.push_back(s);
+      asio::co_spawn(io_, serve(s), asio::detached);
+    }
+  }
+
+  asio::awaitable<void> serve(std::shared_ptr<asio::ip::tcp::socket> s) {
+    std::string in;
+    for (;;) {
+      std::error_code ec;
+      const auto n = co_await asio::async_read_until(*s, asio::dynamic_buffer(in), '\n',
+                                                     asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return;
+      const json call = json::parse(in.substr(0, n));
+      in.erase(0, n);
+      ++calls_;
+      if (call["method"] != "get_capacity" || answered_ >= answers_) continue;
+      ++answered_;
+      json grants = json::array();
+      for (const auto& r : call["params"]["resources"]) {
+        grants.push_back(
+            {{"resource_id", r["resource_id"]},
+             {"gets", {{"capacity", capacity_}, {"expires_in", 60}, {"refresh_interval", 0.1}}},
+             {"safe_capacity", 0}});
+      }
+      const json answer = {
+          {"jsonrpc", "2.0"},
+          {"id", call["id"]},
+          {"result", {{"resources", grants}, {"mastership", {{"is_master", true}}}}}};
+      const std::string line = answer.dump() + "\n";
+      co_await asio::async_write(*s, asio::buffer(line),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_{io_};
+  std::vector<std::shared_ptr<asio::ip::tcp::socket>> sockets_;
+  std::string address_;
+  int answers_;
+  double capacity_;
+  int answered_ = 0;
+  std::atomic<int> calls_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a client stops within release_timeout when its server has gone away",
+          "[client][net][lifecycle]") {
+  stalling_server server(1);
+  auto options = fast_client(server.address());
+  options.call_timeout = doorman::seconds(5);
+  options.release_timeout = doorman::seconds(0.3);
+  auto cl = std::make_unique<doorman::client>(options);
+  auto r =
+      std::make_unique<doorman::rate_resource>(*cl, "api", doorman::resource_options{.wants = 5});
+  REQUIRE(eventually([&] { return r->leased(); }));
+  // The second refresh is in flight, and will never be answered.
+  REQUIRE(eventually([&] { return server.calls() >= 2; }));
+  SECTION("the server hangs") {}
+  SECTION("the server is gone (connection closed, port refusing)") {
+    server.vanish();
+  }
+  const auto started = steady::now();
+  auto destroyed = std::async(std::launch::async, [&] {
+    r.reset();
+    cl.reset();
+  });
+  // release_timeout, plus slack for a loaded machine; before, the refresh in flight was waited
+  // for up to call_timeout (5 s) first.
+  REQUIRE(destroyed.wait_for(3s) == std::future_status::ready);
+  CHECK(steady::now() - started < 1.5s);
+}
+
+TEST_CASE(
+    "cancelling an asynchronous operation ends it with operation_aborted and consumes "
+    "nothing",
+    "[client][net][lifecycle]") {
+  stalling_server server(1000, 1);  // 1 permit a second, burst 1
+  doorman::client cl(fast_client(server.address()));
+  asio::cancellation_signal cancel;
+  SECTION("rate_resource::async_wait") {
+    doorman::rate_resource r(cl, "api", {.wants = 1});
+    REQUIRE(eventually([&] { return r.capacity() == 1; }));
+    REQUIRE(r.try_acquire());  // the burst: the next permit is due in 1 s
+    std::promise<std::error_code> done;
+    r.async_wait(1, asio::bind_cancellation_slot(cancel.slot(),
+                                                 [&](std::error_code ec) { done.set_value(ec); }));
+    cancel.emit(asio::cancellation_type::terminal);
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(3s) == std::future_status::ready);
+    CHECK(f.get() == asio::error::operation_aborted);
+    // The cancelled reservation was given back: the next permit is still the one due in ~1 s
+    // (it would be 2 s away had the cancelled wait kept its permit).
+    const auto next = r.try_acquire();
+    CHECK_FALSE(next);
+    CHECK(next.retry_after < 1.5s);
+  }
+  SECTION("gauge_resource::async_acquire") {
+    doorman::gauge_resource g(cl, "jobs", {.wants = 1});
+    REQUIRE(eventually([&] { return g.capacity() == 1; }));
+    REQUIRE(g.try_acquire());  // the only slot
+    std::promise<std::error_code> done;
+    g.async_acquire(asio::bind_cancellation_slot(cancel.slot(),
+                                                 [&](std::error_code ec) { done.set_value(ec); }));
+    cancel.emit(asio::cancellation_type::terminal);
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(3s) == std::future_status::ready);
+    CHECK(f.get() == asio::error::operation_aborted);
+    g.release();
+    CHECK(g.in_flight() == 0);  // the cancelled acquire took nothing, then or later
+    REQUIRE(g.try_acquire());
+    g.release();
+  }
+  SECTION("client::async_stop (the stop goes on)") {
+    stalling_server silent(0);  // never answers: the release waits its whole release_timeout
+    auto options = fast_client(silent.address());
+    options.release_timeout = doorman::seconds(30);
+    doorman::client stopping(options);
+    std::promise<std::error_code> done;
+    stopping.async_stop(asio::bind_cancellation_slot(
+        cancel.slot(), [&](std::error_code ec) { done.set_value(ec); }));
+    cancel.emit(asio::cancellation_type::terminal);
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(3s) == std::future_status::ready);
+    CHECK(f.get() == asio::error::operation_aborted);
+  }
 }

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <random>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -196,6 +198,65 @@ TEST_CASE("rate limiter reservations are served in order", "[limit]") {
   CHECK_FALSE(lim.try_acquire());
   clock.advance(100ms);
   CHECK(lim.try_acquire());
+}
+
+TEST_CASE("rate limiter: a cancelled reservation gives its permits back while it is ahead",
+          "[limit]") {
+  manual_clock clock;
+  test_limiter lim({.rate = 10, .burst = 1}, clock_ref{&clock});
+  const auto t0 = clock.now();
+  REQUIRE(lim.try_acquire());
+  const auto at = lim.reserve();
+  CHECK(at == t0 + 100ms);
+  const auto later = lim.reserve();  // made after it: keeps its time
+  CHECK(later == t0 + 200ms);
+  CHECK(lim.cancel_reservation(1, at));
+  // The next reservation takes the place given back (it would be t0 + 300 ms otherwise).
+  CHECK(lim.reserve() == t0 + 200ms);
+  // Once its time has come, a reservation counts as used.
+  clock.advance(200ms);
+  CHECK_FALSE(lim.cancel_reservation(1, later));
+  CHECK_FALSE(lim.try_acquire());
+}
+
+TEST_CASE("rate limiter and gauge limiter waits end when stop is requested, taking nothing",
+          "[limit]") {
+  std::stop_source stop;
+  SECTION("rate: blocked at rate 0") {
+    doorman::basic_rate_limiter<std::chrono::steady_clock> lim({.rate = 0});
+    auto waiting = std::async(std::launch::async, [&] { return lim.wait(1, stop.get_token()); });
+    while (lim.delayed() == 0)
+      std::this_thread::yield();
+    stop.request_stop();
+    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
+    CHECK_FALSE(waiting.get());
+  }
+  SECTION("rate: a reservation ahead") {
+    doorman::basic_rate_limiter<std::chrono::steady_clock> lim({.rate = 0.1, .burst = 1});
+    REQUIRE(lim.try_acquire());  // the next permit is due in 10 s
+    auto waiting = std::async(std::launch::async, [&] { return lim.wait(1, stop.get_token()); });
+    while (lim.delayed() == 0)
+      std::this_thread::yield();
+    stop.request_stop();
+    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
+    CHECK_FALSE(waiting.get());
+    // Given back: the next permit is still ~10 s away, not ~20 s.
+    const auto next = lim.try_acquire();
+    CHECK_FALSE(next);
+    CHECK(next.retry_after < 11s);
+  }
+  SECTION("gauge: no free slot") {
+    doorman::gauge_limiter gauge(1);
+    REQUIRE(gauge.try_acquire());
+    auto waiting = std::async(std::launch::async, [&] { return gauge.acquire(stop.get_token()); });
+    while (gauge.waiting() == 0)
+      std::this_thread::yield();
+    stop.request_stop();
+    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
+    CHECK_FALSE(waiting.get());
+    CHECK(gauge.in_flight() == 1);
+    CHECK(gauge.waiting() == 0);
+  }
 }
 
 TEST_CASE("rate limiter wait blocks until the permit's time, and across a blocked rate",

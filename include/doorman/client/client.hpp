@@ -24,8 +24,10 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -67,9 +69,23 @@ namespace detail {
 /// The kind of local enforcement of a resource.
 enum class resource_kind { rate, gauge };
 
+/// One asynchronous wait pending on a resource; touched only on the client's strand.
+struct pending_wait {
+  explicit pending_wait(const asio::any_io_executor& strand)
+      : timer(strand, asio::steady_timer::time_point::max()) {}
+  asio::steady_timer timer;  // its own: until a reservation's time, or a wake-up
+  bool blocked = false;      // waiting for a capacity change or a free slot
+  bool cancelled = false;    // by its cancellation slot, or the client's stop
+
+  void cancel() {
+    cancelled = true;
+    timer.cancel();
+  }
+};
+
 /// What every handle to one resource id shares: the limiter, the demand, the capacity.
 struct resource_entry {
-  resource_entry(const asio::any_io_executor& strand, std::string id_, resource_kind kind_,
+  resource_entry(asio::any_io_executor strand_, std::string id_, resource_kind kind_,
                  client_resource_options options_, bool estimate_, double burst)
       : id(std::move(id_)),
         kind(kind_),
@@ -78,7 +94,7 @@ struct resource_entry {
         rate({.rate = 0, .burst = burst}),
         auto_burst(!(burst > 0)),
         gauge(0),
-        changed(strand, asio::steady_timer::time_point::max()) {}
+        strand(std::move(strand_)) {}
 
   const std::string id;
   const resource_kind kind;
@@ -90,6 +106,11 @@ struct resource_entry {
   std::atomic<double> capacity{0};
   std::atomic<double> wants{0};
   std::atomic<bool> leased{false};
+  const asio::any_io_executor strand;  // the client's
+  // Requested when the client stops or the last handle goes: every wait, synchronous or
+  // asynchronous, pending or later, ends with `operation_aborted`.
+  std::stop_source stop_source;
+  std::atomic<int> gauge_waiters{0};  // asynchronous acquires pending (read by releases)
 
   // Below: touched only by the client's loop.
   int handles = 0;  // guarded by the client's registry mutex
@@ -97,18 +118,94 @@ struct resource_entry {
   double attempted_seen = 0;
   std::uint64_t throttled_seen = 0;
   bool first_capacity = true;
-  std::function<void(double)> on_change;  // the user's callback
-  asio::steady_timer changed;             // never expires; cancelled to wake async waiters
-  std::atomic<int> async_waiters{0};
-  std::atomic<bool> stopped{false};  // the client stopped: pending and later waits end
+  std::function<void(double)> on_change;    // the user's callback
+  std::unordered_set<pending_wait*> waits;  // the asynchronous ones
 
-  // Ends the asynchronous waits (on the client's strand): they complete with
-  // `operation_aborted`.
+  [[nodiscard]] bool stopped() const noexcept { return stop_source.stop_requested(); }
+
+  // The capacity changed or a slot was freed: the blocked waits look again.
+  void wake() {
+    for (auto* w : waits)
+      if (w->blocked) w->timer.cancel();
+  }
+
+  // Ends every wait (on the strand).
   void stop() {
-    stopped = true;
-    changed.cancel();
+    stop_source.request_stop();
+    for (auto* w : waits)
+      w->cancel();
   }
 };
+
+class resource_handle;
+
+/// A completion handler waiting for an event, completed once — by the event, or earlier by a
+/// cancellation of its slot (`operation_aborted`). Completes on the handler's associated
+/// executor, which it keeps busy until then.
+/// `ex`, counting outstanding work while the result lives (for standard and older executors).
+template <class Executor>
+auto tracked(const Executor& ex) {
+  if constexpr (asio::execution::is_executor<Executor>::value) {
+    return asio::prefer(ex, asio::execution::outstanding_work.tracked);
+  } else {
+    return asio::make_work_guard(ex);
+  }
+}
+
+template <class Executor>
+auto executor_of(const Executor& ex) {
+  if constexpr (asio::execution::is_executor<Executor>::value) {
+    return ex;
+  } else {
+    return ex.get_executor();  // a work guard
+  }
+}
+
+template <class Handler>
+class pending_completion : public std::enable_shared_from_this<pending_completion<Handler>> {
+ public:
+  pending_completion(Handler h, const asio::any_io_executor& fallback)
+      : handler_(std::move(h)),
+        executor_(std::in_place, tracked(asio::get_associated_executor(handler_, fallback))) {}
+
+  // Calls `f()` when the handler's cancellation slot is signalled (call once, where the
+  // operation starts, so on the thread that owns the slot).
+  template <class F>
+  void on_cancel(F f) {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.assign([f = std::move(f)](asio::cancellation_type) { f(); });
+  }
+
+  // A cancellation completes it with `operation_aborted` at once.
+  void cancel_completes() {
+    on_cancel([weak = this->weak_from_this()] {
+      if (auto self = weak.lock()) self->complete(asio::error::operation_aborted);
+    });
+  }
+
+  // Completes it (the first call only), on the handler's executor.
+  void complete(std::error_code ec) {
+    if (done_.exchange(true)) return;
+    asio::post(executor_of(*executor_), [self = this->shared_from_this(), ec] {
+      auto slot = asio::get_associated_cancellation_slot(self->handler_);
+      if (slot.is_connected()) slot.clear();
+      std::move(self->handler_)(ec);
+      self->executor_.reset();  // no more work
+    });
+  }
+
+ private:
+  using executor_type = asio::associated_executor_t<Handler, asio::any_io_executor>;
+  Handler handler_;
+  // The handler's, counting outstanding work until the handler has run.
+  std::optional<decltype(tracked(std::declval<executor_type>()))> executor_;
+  std::atomic<bool> done_{false};
+};
+
+template <class Handler>
+auto make_completion(Handler h, const asio::any_io_executor& fallback) {
+  return std::make_shared<pending_completion<Handler>>(std::move(h), fallback);
+}
 
 inline std::string default_client_id() {
   static std::atomic<std::uint64_t> counter{0};
@@ -182,7 +279,38 @@ class client {
   /// Whether the last request was answered by a master.
   [[nodiscard]] bool connected() const noexcept { return connected_.load(); }
 
-  // ---- used by the resource handles ----
+  /// Stops as `stop()` does, and completes `void(std::error_code)` through any asio completion
+  /// token once the client is done: the release sent and answered, or `release_timeout`
+  /// passed, and the connection closed. Cancelling it (the handler's cancellation slot) ends
+  /// the wait early with `asio::error::operation_aborted`; the stop goes on.
+  template <class CompletionToken>
+  auto async_stop(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+        [this](auto handler) {
+          auto waiter = detail::make_completion(std::move(handler), strand_);
+          waiter->cancel_completes();
+          stop();
+          asio::post(strand_, [this, waiter] {
+            if (finished_) {
+              waiter->complete({});
+            } else {
+              when_finished_.push_back([waiter] { waiter->complete({}); });
+            }
+          });
+        },
+        token);
+  }
+
+  /// Runs `f()` on the client's strand (for callbacks that must not race the loop).
+  template <class F>
+  void post(F f) {
+    asio::post(strand_, std::move(f));
+  }
+
+  [[nodiscard]] asio::any_io_executor executor() const { return strand_; }
+
+ private:
+  friend class detail::resource_handle;
 
   /// A handle to the entry of `id`, shared with other handles to the same id (created with
   /// these options for the first one). Thread-safe.
@@ -250,15 +378,6 @@ class client {
     asio::post(strand_, [e, f = std::move(f)]() mutable { e->on_change = std::move(f); });
   }
 
-  /// Runs `f()` on the client's strand (for callbacks that must not race the loop).
-  template <class F>
-  void post(F f) {
-    asio::post(strand_, std::move(f));
-  }
-
-  [[nodiscard]] asio::any_io_executor executor() const { return strand_; }
-
- private:
   static client_options prepare(client_options o) {
     if (o.addresses.empty()) throw std::invalid_argument("client: no server addresses");
     for (const auto& a : o.addresses) {
@@ -317,7 +436,7 @@ class client {
       if (c == e->capacity.load() && !e->first_capacity) continue;
       e->first_capacity = false;
       apply(*e, c);
-      e->changed.cancel();
+      e->wake();
       if (e->on_change) e->on_change(c);
     }
   }
@@ -370,6 +489,9 @@ class client {
       if (!reply) log_release_failure(reply);
     }
     channel_.shutdown();
+    finished_ = true;
+    for (auto& f : std::exchange(when_finished_, {}))
+      f();
   }
 
   // The client's side of its refresh driver: measures demand, pushes capacities into the
@@ -450,6 +572,8 @@ class client {
   std::vector<std::string> releases_;  // to send before the next refresh
   bool releasing_ = false;             // the call in flight is a release
   bool stopping_ = false;
+  bool finished_ = false;                             // run() is over
+  std::vector<std::function<void()>> when_finished_;  // async_stop's waiters
   std::atomic<bool> connected_{false};
 };
 

@@ -45,6 +45,56 @@ struct resource_options {
 
 namespace detail {
 
+/// Starts `body(wait)` (an `asio::awaitable<std::error_code>`) on the client's strand as an
+/// asynchronous operation completing `void(std::error_code)` through `token`:
+/// - the handler's cancellation slot cancels the wait (`pending_wait::cancel`, on the strand);
+/// - the handler runs on its associated executor, which is kept busy meanwhile (work).
+template <class Token, class Body>
+auto async_pending(const asio::any_io_executor& strand, Body body, Token&& token) {
+  return asio::async_initiate<Token, void(std::error_code)>(
+      [strand](auto handler, Body b) {
+        auto w = std::make_shared<pending_wait>(strand);
+        auto done = make_completion(std::move(handler), strand);
+        done->on_cancel([weak = std::weak_ptr(w), strand] {
+          asio::post(strand, [weak] {
+            if (auto pending = weak.lock()) pending->cancel();
+          });
+        });
+        asio::co_spawn(strand, b(std::move(w)),
+                       [done](const std::exception_ptr& e, std::error_code ec) {
+                         done->complete(e ? asio::error::no_memory : ec);  // nothing else throws
+                       });
+      },
+      token, std::move(body));
+}
+
+/// Lists an asynchronous wait in its resource for its lifetime (so that a capacity change
+/// wakes it and a stop cancels it). On the strand.
+class listed_wait {
+ public:
+  listed_wait(resource_entry& e, pending_wait& w) : e_(e), w_(w) { e_.waits.insert(&w_); }
+  listed_wait(const listed_wait&) = delete;
+  listed_wait& operator=(const listed_wait&) = delete;
+  ~listed_wait() { e_.waits.erase(&w_); }
+
+  // Sleeps until the resource wakes its blocked waits (or the wait is cancelled).
+  asio::awaitable<void> until_woken() {
+    w_.blocked = true;
+    w_.timer.expires_at(asio::steady_timer::time_point::max());
+    std::error_code ec;
+    co_await w_.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    w_.blocked = false;
+  }
+
+ private:
+  resource_entry& e_;
+  pending_wait& w_;
+};
+
+inline std::system_error stopped_error() {
+  return {asio::error::operation_aborted, "the client stopped or the resource was released"};
+}
+
 class resource_handle {
  public:
   resource_handle(client& c, std::string_view id, resource_kind kind, const resource_options& o)
@@ -101,40 +151,58 @@ class rate_resource : public detail::resource_handle {
   /// (`duration::max()` while the capacity is 0).
   acquire_result try_acquire(double n = 1) noexcept { return entry_->rate.try_acquire(n); }
 
-  /// Blocks until `n` permits are admitted (first come, first served).
-  void wait(double n = 1) { (void)entry_->rate.wait(n); }
+  /// Blocks until `n` permits are admitted (first come, first served). Throws
+  /// `std::system_error` (`asio::error::operation_aborted`) when the client stops or the
+  /// resource is released first; a wait ended so consumes no permit.
+  void wait(double n = 1) {
+    std::error_code ec;
+    wait(n, ec);
+    if (ec) throw detail::stopped_error();
+  }
 
-  /// Waits asynchronously for `n` permits; completes with `void(std::exception_ptr)` through
-  /// any asio completion token (`asio::use_awaitable`, `asio::use_future`, a callback...).
+  /// As above, reporting the stop in `ec` instead.
+  void wait(double n, std::error_code& ec) {
+    ec = entry_->rate.wait(n, entry_->stop_source.get_token())
+             ? std::error_code()
+             : std::error_code(asio::error::operation_aborted);
+  }
+
+  /// Waits asynchronously for `n` permits, through any asio completion token, completing
+  /// `void(std::error_code)`: success once admitted, `asio::error::operation_aborted` when
+  /// cancelled (the handler's cancellation slot: terminal, partial or total) or when the client
+  /// stops. A cancelled wait consumes no permit. The handler runs on its associated executor.
   template <class CompletionToken>
   auto async_wait(double n, CompletionToken&& token) {
-    return asio::co_spawn(client_->executor(), wait_op(entry_, n),
-                          std::forward<CompletionToken>(token));
+    return detail::async_pending(
+        entry_->strand, [e = entry_, n](auto w) { return wait_op(e, n, std::move(w)); },
+        std::forward<CompletionToken>(token));
   }
 
   /// The local limiter (e.g. to change its burst).
   [[nodiscard]] rate_limiter& limiter() noexcept { return entry_->rate; }
 
  private:
-  static asio::awaitable<void> wait_op(std::shared_ptr<detail::resource_entry> e, double n) {
+  static asio::awaitable<std::error_code> wait_op(std::shared_ptr<detail::resource_entry> e,
+                                                  double n,
+                                                  std::shared_ptr<detail::pending_wait> w) {
+    detail::listed_wait listed(*e, *w);
     for (;;) {
+      if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
       const auto at = e->rate.reserve(n);
-      if (at != coarse_clock::time_point::max()) {
-        // coarse_clock and steady_clock count from the same epoch (CLOCK_MONOTONIC*).
-        asio::steady_timer timer(co_await asio::this_coro::executor);
-        timer.expires_at(std::chrono::steady_clock::time_point(
-            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                at.time_since_epoch())));
-        std::error_code ec;
-        co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        co_return;
+      if (at == coarse_clock::time_point::max()) {  // blocked (capacity 0): until it changes
+        co_await listed.until_woken();
+        continue;
       }
-      // Blocked (capacity 0): sleep until the client changes the capacity, or stops.
-      if (e->stopped) {
-        throw std::system_error(asio::error::operation_aborted, "the client stopped");
-      }
+      // coarse_clock and steady_clock count from the same epoch (CLOCK_MONOTONIC*).
+      w->timer.expires_at(std::chrono::steady_clock::time_point(
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(at.time_since_epoch())));
       std::error_code ec;
-      co_await e->changed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await w->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      // Cancelled before its time: the permits go back (after it, they count as used).
+      if (w->cancelled && e->rate.cancel_reservation(n, at)) {
+        co_return asio::error::operation_aborted;
+      }
+      co_return std::error_code();
     }
   }
 };
@@ -148,8 +216,7 @@ class gauge_resource : public detail::resource_handle {
   class slot {
    public:
     slot() = default;
-    explicit slot(std::shared_ptr<detail::resource_entry> e) noexcept : entry_(std::move(e)) {}
-    /// Takes over a slot of `g` already held (e.g. after `try_acquire`).
+    /// Takes over a slot of `g` already held (e.g. after `try_acquire` or `async_acquire`).
     explicit slot(gauge_resource* g) noexcept;
     slot(slot&& o) noexcept = default;
     slot& operator=(slot&& o) noexcept {
@@ -166,6 +233,8 @@ class gauge_resource : public detail::resource_handle {
     explicit operator bool() const noexcept { return entry_ != nullptr; }
 
    private:
+    friend class gauge_resource;
+    explicit slot(std::shared_ptr<detail::resource_entry> e) noexcept : entry_(std::move(e)) {}
     std::shared_ptr<detail::resource_entry> entry_;
   };
 
@@ -174,22 +243,48 @@ class gauge_resource : public detail::resource_handle {
 
   /// Takes a slot if one is free now (lock-free).
   [[nodiscard]] bool try_acquire() noexcept { return entry_->gauge.try_acquire(); }
-  /// Blocks until a slot is free and takes it.
-  void acquire_blocking() { entry_->gauge.acquire(); }
-  /// Blocks until a slot is free; the returned guard gives it back.
+
+  /// Blocks until a slot is free and takes it (then held: `release()` it). Throws
+  /// `std::system_error` (`asio::error::operation_aborted`) when the client stops or the
+  /// resource is released first, having taken nothing.
+  void acquire_blocking() {
+    std::error_code ec;
+    acquire_blocking(ec);
+    if (ec) throw detail::stopped_error();
+  }
+
+  /// As above, reporting the stop in `ec` instead.
+  void acquire_blocking(std::error_code& ec) {
+    ec = entry_->gauge.acquire(entry_->stop_source.get_token())
+             ? std::error_code()
+             : std::error_code(asio::error::operation_aborted);
+  }
+
+  /// Blocks until a slot is free; the returned guard gives it back. Throws as
+  /// `acquire_blocking()`.
   [[nodiscard]] slot acquire() {
-    entry_->gauge.acquire();
+    acquire_blocking();
     return slot(entry_);
   }
+
+  /// As above; an empty slot, with the reason in `ec`, when stopped first.
+  [[nodiscard]] slot acquire(std::error_code& ec) {
+    acquire_blocking(ec);
+    return ec ? slot() : slot(entry_);
+  }
+
   /// Gives a slot back.
   void release() noexcept { release_slot(entry_); }
 
-  /// Waits asynchronously for a slot (then held: `release()` it); completes with
-  /// `void(std::exception_ptr)` through any asio completion token.
+  /// Waits asynchronously for a slot and takes it (then held: `release()` it, or adopt it in
+  /// a `slot`), through any asio completion token, completing `void(std::error_code)`:
+  /// success once taken, `asio::error::operation_aborted` when cancelled (the handler's
+  /// cancellation slot) or when the client stops, having taken nothing.
   template <class CompletionToken>
   auto async_acquire(CompletionToken&& token) {
-    return asio::co_spawn(client_->executor(), acquire_op(entry_),
-                          std::forward<CompletionToken>(token));
+    return detail::async_pending(
+        entry_->strand, [e = entry_](auto w) { return acquire_op(e, std::move(w)); },
+        std::forward<CompletionToken>(token));
   }
 
   [[nodiscard]] std::int64_t in_flight() const noexcept { return entry_->gauge.in_flight(); }
@@ -199,22 +294,27 @@ class gauge_resource : public detail::resource_handle {
   // Gives a slot of `e` back, and wakes the asynchronous waiters (on the client's strand).
   static void release_slot(const std::shared_ptr<detail::resource_entry>& e) noexcept {
     e->gauge.release();
-    if (e->async_waiters.load() > 0) {
-      asio::post(e->changed.get_executor(), [e] { e->changed.cancel(); });
-    }
+    if (e->gauge_waiters.load() > 0) asio::post(e->strand, [e] { e->wake(); });
   }
 
-  static asio::awaitable<void> acquire_op(std::shared_ptr<detail::resource_entry> e) {
-    ++e->async_waiters;
-    while (!e->gauge.try_acquire()) {
-      if (e->stopped) {
-        --e->async_waiters;
-        throw std::system_error(asio::error::operation_aborted, "the client stopped");
+  // A waiter counts itself in `gauge_waiters` before it looks at the gauge, and a release
+  // frees its slot before it reads `gauge_waiters` (both sequentially consistent): either the
+  // waiter sees the free slot or the release sees the waiter and wakes it. No wake-up is lost.
+  static asio::awaitable<std::error_code> acquire_op(std::shared_ptr<detail::resource_entry> e,
+                                                     std::shared_ptr<detail::pending_wait> w) {
+    detail::listed_wait listed(*e, *w);
+    ++e->gauge_waiters;
+    std::error_code result;
+    for (;;) {
+      if (w->cancelled || e->stopped()) {
+        result = asio::error::operation_aborted;
+        break;
       }
-      std::error_code ec;
-      co_await e->changed.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (e->gauge.try_acquire()) break;
+      co_await listed.until_woken();
     }
-    --e->async_waiters;
+    --e->gauge_waiters;
+    co_return result;
   }
 };
 

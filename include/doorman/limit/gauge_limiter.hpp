@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stop_token>
 
 namespace doorman {
 
@@ -38,16 +39,27 @@ class gauge_limiter {
   }
 
   /// Blocks until a slot is free, then takes it.
-  void acquire() {
-    if (try_acquire()) return;
+  void acquire() { (void)acquire(std::stop_token{}); }
+
+  /// Blocks until a slot is free and takes it (true), or until `stop` is requested (false,
+  /// nothing taken).
+  bool acquire(std::stop_token stop) {
+    if (try_acquire()) return true;
     waiting_.fetch_add(1);
+    const std::stop_callback wake_on_stop(stop, [this] { notify(); });
+    bool taken = false;
     for (;;) {
       const std::uint32_t seen = changes_.load(std::memory_order_acquire);
-      if (try_take()) break;
+      if (try_take()) {
+        taken = true;
+        break;
+      }
+      if (stop.stop_requested()) break;
       note_demand(0);
       changes_.wait(seen, std::memory_order_acquire);
     }
     waiting_.fetch_sub(1, std::memory_order_relaxed);
+    return taken;
   }
 
   /// Gives a slot back (exactly once per successful acquire).
@@ -108,7 +120,10 @@ class gauge_limiter {
   }
 
   void wake() noexcept {
-    if (waiting_.load() == 0) return;
+    if (waiting_.load() != 0) notify();
+  }
+
+  void notify() noexcept {
     changes_.fetch_add(1);
     changes_.notify_all();
   }

@@ -34,8 +34,11 @@
 #include <chrono>
 #include <cmath>
 #include <concepts>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <stop_token>
 #include <thread>
 
 #include "doorman/limit/clock.hpp"
@@ -151,6 +154,41 @@ class basic_rate_limiter {
     }
   }
 
+  /// `wait` that gives up when `stop` is requested: whether the permits were admitted. A
+  /// caller stopped while its reservation was still ahead gives it back
+  /// (`cancel_reservation`), so a stopped wait consumes nothing.
+  bool wait(double n, std::stop_token stop) {
+    count(n);
+    for (;;) {
+      if (stop.stop_requested()) return false;
+      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
+      const time_point at = reserve_uncounted(n);
+      if (at != time_point::max()) {
+        // Stopped before its time: given back, unless the time came meanwhile.
+        return sleep_until(at, stop) || !cancel_reservation(n, at);
+      }
+      const std::stop_callback wake(stop, [this] { notify_change(); });
+      changes_.wait(seen, std::memory_order_acquire);
+    }
+  }
+
+  /// Gives back `n` permits reserved (`reserve`) for `at`, if `at` is still ahead: the caller
+  /// will not use them (a cancelled wait). Reservations made since keep their times; the next
+  /// ones may come up to `n` permits sooner. Whether they were given back (false once `at`
+  /// has come: the permits count as used).
+  bool cancel_reservation(double n, time_point at) noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (!(interval > 0) || std::isinf(interval)) return false;
+    const std::int64_t now = ticks(precise_now());
+    if (ticks(at) <= now) return false;
+    const std::int64_t increment = increment_for(n, interval);
+    std::int64_t tat = tat_.load(std::memory_order_relaxed);
+    while (!tat_.compare_exchange_weak(tat, std::max(tat - increment, now),
+                                       std::memory_order_relaxed)) {
+    }
+    return true;
+  }
+
   /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
   /// new rate; reservations already made keep their times. Wakes waiters blocked at rate 0.
   void set_rate(double rate) noexcept {
@@ -173,8 +211,7 @@ class basic_rate_limiter {
                               std::memory_order_relaxed)) {
       }
     }
-    changes_.fetch_add(1, std::memory_order_release);
-    changes_.notify_all();
+    notify_change();
   }
 
   /// Changes the burst (values below 1 become 1).
@@ -268,6 +305,24 @@ class basic_rate_limiter {
     for (auto now = precise_now(); now < at; now = precise_now()) {
       std::this_thread::sleep_for(at - now);
     }
+  }
+
+  // Whether `at` came before `stop` was requested.
+  bool sleep_until(time_point at, const std::stop_token& stop) const {
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    for (auto now = precise_now(); now < at; now = precise_now()) {
+      cv.wait_for(lock, stop, at - now, [] { return false; });
+      if (stop.stop_requested()) return false;
+    }
+    return true;
+  }
+
+  // Wakes the callers of `wait` blocked at rate 0, to look again.
+  void notify_change() noexcept {
+    changes_.fetch_add(1, std::memory_order_release);
+    changes_.notify_all();
   }
 
   static constexpr bool has_precise_clock = requires(const Clock& c) {

@@ -55,7 +55,8 @@ struct channel_options {
 /// The outcome of a call: a result, or why there is none.
 struct call_reply {
   /// Empty when ok; else `errc::unreachable`, `timed_out`, `error_answer` (see `code`),
-  /// `bad_answer`, `no_master`, `too_many_redirects` or `shut_down`.
+  /// `bad_answer`, `no_master`, `too_many_redirects`, `shut_down`, or
+  /// `asio::error::operation_aborted` (`cancel()`).
   std::error_code error;
   nlohmann::json result;  ///< when ok
   int code = 0;           ///< the JSON-RPC error code, when `error_answer`
@@ -93,6 +94,24 @@ class channel {
   /// Closes the connection; pending calls fail. Later calls reconnect.
   void close() { drop(); }
 
+  /// Ends the calls in flight at once with `asio::error::operation_aborted` (a connection
+  /// attempt under way is abandoned; an open connection stays open, and an answer that comes
+  /// later is dropped). Later calls proceed as usual.
+  void cancel() {
+    ++cancels_;
+    for (auto* t : sleeping_)
+      t->cancel();
+    if (!state_->open) {
+      std::error_code ignored;
+      state_->socket.close(ignored);  // a connect under way
+    }
+    for (auto& [id, p] : state_->pending) {
+      p->cancelled = true;
+      p->done.cancel();
+    }
+    state_->pending.clear();
+  }
+
   /// Closes for good: pending and later calls fail at once (for a graceful stop).
   void shutdown() {
     shut_ = true;
@@ -112,10 +131,13 @@ class channel {
     int redirects = 0;
     int failed_rounds = 0;
     std::size_t tried = 0;  // addresses tried in this round
+    const std::uint64_t cancels = cancels_;
     for (;;) {
       if (shut_) co_return fail(errc::shut_down, "channel shut down");
+      if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
       if (!state_->open) {
         const bool ok = co_await connect(deadline);
+        if (cancels_ != cancels) continue;
         if (!ok) {
           ++tried;
           current_ = (current_ + 1) % options_.addresses.size();
@@ -162,6 +184,7 @@ class channel {
     asio::steady_timer done;
     std::optional<nlohmann::json> answer;
     bool lost = false;
+    bool cancelled = false;
   };
 
   // Shared with the connection's reader coroutine, which may outlive a reconnect.
@@ -174,7 +197,7 @@ class channel {
     bool writing = false;
   };
 
-  static call_reply fail(errc e, std::string message) {
+  static call_reply fail(std::error_code e, std::string message) {
     call_reply r;
     r.error = e;
     r.message = std::move(message);
@@ -292,6 +315,7 @@ class channel {
       r.result = std::move(a.result);
       co_return r;
     }
+    if (p.cancelled) co_return fail(asio::error::operation_aborted, "call cancelled");
     if (p.lost) co_return fail(errc::unreachable, "connection lost");
     co_return fail(errc::timed_out, method + ": no answer before the deadline");
   }
@@ -360,6 +384,7 @@ class channel {
   std::size_t current_ = 0;
   std::int64_t next_id_ = 1;
   bool shut_ = false;
+  std::uint64_t cancels_ = 0;  // calls begun before the latest cancel() end
   std::unordered_set<asio::steady_timer*> sleeping_;
   jittered_backoff backoff_;
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);

@@ -109,11 +109,12 @@ class refresh_driver {
         token);
   }
 
-  /// Ends the run after the step under way (a call in flight is not waited for: its reply is
-  /// dropped). On the driver's executor.
+  /// Ends the run at once: a refresh call in flight is cancelled (`channel::cancel`), so a
+  /// stop never waits for a server that does not answer. On the driver's executor.
   void stop() {
     stopped_ = true;
     timer_.cancel();
+    channel_.cancel();
   }
 
   /// Looks at the machine again now (something changed that may make a request due sooner).
