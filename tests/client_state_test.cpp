@@ -208,3 +208,60 @@ TEST_CASE("client state adopts only grants it asked for, within bounds, and says
   CHECK_THROWS_WITH(s.add("b", {.wants = 2e15}),
                     "wants must be a finite number between 0 and 1e15");
 }
+
+TEST_CASE("client state: a resource held back at capacity 0 asks for its start wants at once",
+          "[client]") {
+  manual_clock clock;
+  state_t s({.client_id = "c1"});  // floor 1 s
+  s.add("api", {.wants = 0});      // measured wants, none measured yet
+  REQUIRE(s.due(clock.now()));
+  (void)s.make_request(clock.now());
+  // A caller is held back before the answer: nothing to do until it comes.
+  s.hold_back("api", clock.now());
+  CHECK_FALSE(s.due(clock.now()));
+  clock.advance(2ms);
+  s.on_reply(grant("api", 0, 60, 5, /*safe=*/50), clock.now());  // nothing asked, nothing got
+  // Due at once, ahead of the 1 s floor and the 5 s interval, asking for the equal share.
+  REQUIRE(s.due(clock.now()));
+  s.set_wants("api", 2);  // a measurement meanwhile does not lower the start wants
+  auto req = s.make_request(clock.now());
+  REQUIRE(req.resources.size() == 1);
+  CHECK(req.resources[0].wants == 50);
+  clock.advance(2ms);
+  s.on_reply(grant("api", 50, 60, 5, 50), clock.now());
+  CHECK(s.capacity("api", clock.now()) == 50);
+  CHECK(s.next_request() == clock.now() + 5s);  // the usual schedule again
+  s.set_wants("api", 2);                        // no longer held back: measurements rule
+  CHECK(s.find("api")->options.wants == 2);
+
+  SECTION("a later stretch at 0 asks past the floor only, once") {
+    clock.advance(5s);
+    (void)s.make_request(clock.now());
+    clock.advance(2ms);
+    s.on_reply(grant("api", 0, 60, 5, 50), clock.now());
+    s.hold_back("api", clock.now());
+    CHECK_FALSE(s.due(clock.now()));
+    CHECK(s.next_request() == s.find("api")->lease->expiry - 60s + 1s);  // the floor
+    clock.advance(1s);
+    REQUIRE(s.due(clock.now()));
+    CHECK(s.make_request(clock.now()).resources[0].wants == 50);
+    clock.advance(2ms);
+    s.on_reply(grant("api", 0, 60, 5, 50), clock.now());  // still nothing: no hammering
+    s.hold_back("api", clock.now());
+    CHECK(s.next_request() == clock.now() + 5s);
+  }
+  SECTION("an unlimited or tiny safe capacity starts at 1") {
+    state_t t({.client_id = "c2"});
+    t.add("x", {.wants = 0});
+    (void)t.make_request(clock.now());
+    t.on_reply(grant("x", 0, 60, 5, -1), clock.now());
+    t.hold_back("x", clock.now());
+    REQUIRE(t.due(clock.now()));
+    CHECK(t.make_request(clock.now()).resources[0].wants == 1);
+  }
+  SECTION("nothing while the resource has capacity") {
+    s.hold_back("api", clock.now());
+    CHECK_FALSE(s.due(clock.now()));
+    CHECK(s.find("api")->options.wants == 2);
+  }
+}

@@ -539,3 +539,31 @@ TEST_CASE(
     CHECK(f.get() == asio::error::operation_aborted);
   }
 }
+
+TEST_CASE("a new client's wait loop gets its first permit at once and the whole capacity soon",
+          "[client][net]") {
+  running_node root(fast_config(50));
+  doorman::client_options options;  // the defaults: 1 s floor, demand sampled each second
+  options.addresses = {root.address()};
+  doorman::client cl(options);
+  doorman::rate_resource api(cl, "api");  // wants measured
+  std::atomic<int> admitted{0};
+  std::atomic<bool> done{false};
+  auto loop = std::async(std::launch::async, [&] {
+    while (!done) {
+      std::error_code ec;
+      api.wait(1, ec);
+      if (ec) return;
+      ++admitted;
+    }
+  });
+  // Before, nothing came until the first demand sample (1 s), and then only 2 permits a second.
+  CHECK(eventually([&] { return admitted.load() > 0; }, 900ms));
+  CHECK(eventually([&] { return api.capacity() == 50; }, 900ms));
+  // Saturated, it reports what it could use (2 × the lease, throttled), and no more.
+  CHECK(eventually([&] { return api.wants() == 100; }));
+  CHECK(api.wants() <= 2 * api.capacity());
+  done = true;
+  cl.stop();  // ends the loop's wait
+  REQUIRE(loop.wait_for(5s) == std::future_status::ready);
+}

@@ -84,7 +84,7 @@ struct pending_wait {
 };
 
 /// What every handle to one resource id shares: the limiter, the demand, the capacity.
-struct resource_entry {
+struct resource_entry : std::enable_shared_from_this<resource_entry> {
   resource_entry(asio::any_io_executor strand_, std::string id_, resource_kind kind_,
                  client_resource_options options_, bool estimate_, double burst)
       : id(std::move(id_)),
@@ -110,7 +110,9 @@ struct resource_entry {
   // Requested when the client stops or the last handle goes: every wait, synchronous or
   // asynchronous, pending or later, ends with `operation_aborted`.
   std::stop_source stop_source;
-  std::atomic<int> gauge_waiters{0};  // asynchronous acquires pending (read by releases)
+  std::atomic<int> gauge_waiters{0};      // asynchronous acquires pending (read by releases)
+  std::atomic<bool> holding_back{false};  // told the client (`held_back`) since capacity was 0
+  std::function<void()> on_held_back;     // the client's, set before the entry is shared
 
   // Below: touched only by the client's loop.
   int handles = 0;  // guarded by the client's registry mutex
@@ -122,6 +124,19 @@ struct resource_entry {
   std::unordered_set<pending_wait*> waits;  // the asynchronous ones
 
   [[nodiscard]] bool stopped() const noexcept { return stop_source.stop_requested(); }
+
+  // A caller is held back by a capacity of 0: with measured wants, the client asks for the
+  // start wants (fast start; `client_state::hold_back`). Once per stretch at 0; lock-free
+  // until then.
+  void held_back() noexcept {
+    if (!estimate || capacity.load(std::memory_order_relaxed) != 0) return;
+    if (holding_back.exchange(true)) return;
+    try {
+      on_held_back();
+    } catch (...) {
+      holding_back = false;  // out of memory: the next caller tries again
+    }
+  }
 
   // The capacity changed or a slot was freed: the blocked waits look again.
   void wake() {
@@ -335,6 +350,14 @@ class client {
                                                     burst);
     slot->handles = 1;
     slot->wants = opts.wants;
+    slot->on_held_back = [this, e = slot.get()] {
+      asio::post(strand_, [this, entry = e->shared_from_this()] {
+        if (stopping_ || active_.count(entry->id) == 0) return;
+        state_.hold_back(entry->id, clock::now());
+        entry->wants = state_.find(entry->id)->options.wants;
+        driver_.reschedule();
+      });
+    };
     slot->demand = demand_estimator(options_.demand_window);
     apply(*slot, fallback_capacity(opts, std::nullopt));  // until the first answer
     asio::post(strand_, [this, e = slot] {
@@ -433,43 +456,56 @@ class client {
     for (auto& [id, e] : active_) {
       const double c = state_.capacity(id, now);
       e->leased = state_.leased(id, now);
+      if (e->estimate) e->wants = state_.find(id)->options.wants;  // a fast start raises them
       if (c == e->capacity.load() && !e->first_capacity) continue;
       e->first_capacity = false;
       apply(*e, c);
+      if (c != 0) e->holding_back = false;
       e->wake();
       if (e->on_change) e->on_change(c);
     }
   }
 
   // Measures demand: for a rate, permits asked per second (admitted or not); for a gauge, the
-  // peak in flight + waiting. A rate whose waiters were delayed asks for capacity × headroom.
+  // peak in flight + waiting. A rate whose waiters were delayed asks for capacity × headroom,
+  // at once: a throttled sample raises the wants past the moving average (which only brings
+  // them down as demand falls), so a saturated client doubles its lease each refresh.
   void sample(clock::time_point now) {
     const double span = to_seconds(now - last_sample_);
     last_sample_ = now;
     for (auto& [id, e] : active_) {
       if (!e->estimate || !(span > 0)) continue;
+      bool throttled = false;
       double value = 0;
       if (e->kind == detail::resource_kind::rate) {
-        const double attempted = e->rate.attempted();
-        const std::uint64_t throttled = e->rate.delayed();
-        value = (attempted - e->attempted_seen) / span;
-        if (throttled != e->throttled_seen) {
-          value = std::max(value, std::max(e->capacity.load(), 1.0) * options_.throttled_headroom);
-        }
-        e->attempted_seen = attempted;
-        e->throttled_seen = throttled;
+        value = rate_sample(*e, span, throttled);
       } else {
         value = static_cast<double>(e->gauge.take_peak());
       }
       e->demand.add(value, seconds(span));
       double wants = e->demand.estimate();
+      if (throttled) wants = std::max(wants, value);
       // Concurrency is whole operations: a gauge asks for the next whole number.
       if (e->kind == detail::resource_kind::gauge) wants = std::ceil(wants - 1e-6);
       // Within the protocol's bound, whatever was measured (set_wants refuses more).
-      wants = detail::bounded_quantity(wants);
-      e->wants = wants;
-      state_.set_wants(id, wants);
+      state_.set_wants(id, detail::bounded_quantity(wants));
+      e->wants = state_.find(id)->options.wants;  // the start wants may hold it up
     }
+  }
+
+  // Permits asked for per second since the last sample; at least capacity × headroom when a
+  // waiter was delayed (`throttled`).
+  double rate_sample(detail::resource_entry& e, double span, bool& throttled) const {
+    const double attempted = e.rate.attempted();
+    const std::uint64_t delayed = e.rate.delayed();
+    double value = (attempted - e.attempted_seen) / span;
+    throttled = delayed != e.throttled_seen;
+    if (throttled) {
+      value = std::max(value, std::max(e.capacity.load(), 1.0) * options_.throttled_headroom);
+    }
+    e.attempted_seen = attempted;
+    e.throttled_seen = delayed;
+    return value;
   }
 
   // Refreshes until stopped (the driver), then gives everything back and closes.

@@ -149,7 +149,11 @@ class rate_resource : public detail::resource_handle {
 
   /// Takes `n` permits if available now (lock-free); else says how long until they would be
   /// (`duration::max()` while the capacity is 0).
-  acquire_result try_acquire(double n = 1) noexcept { return entry_->rate.try_acquire(n); }
+  acquire_result try_acquire(double n = 1) noexcept {
+    auto r = entry_->rate.try_acquire(n);
+    if (!r && r.retry_after == acquire_result{}.retry_after.max()) entry_->held_back();
+    return r;
+  }
 
   /// Blocks until `n` permits are admitted (first come, first served). Throws
   /// `std::system_error` (`asio::error::operation_aborted`) when the client stops or the
@@ -162,6 +166,7 @@ class rate_resource : public detail::resource_handle {
 
   /// As above, reporting the stop in `ec` instead.
   void wait(double n, std::error_code& ec) {
+    entry_->held_back();  // (when the capacity is 0)
     ec = entry_->rate.wait(n, entry_->stop_source.get_token())
              ? std::error_code()
              : std::error_code(asio::error::operation_aborted);
@@ -190,6 +195,7 @@ class rate_resource : public detail::resource_handle {
       if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
       const auto at = e->rate.reserve(n);
       if (at == coarse_clock::time_point::max()) {  // blocked (capacity 0): until it changes
+        e->held_back();
         co_await listed.until_woken();
         continue;
       }
@@ -242,7 +248,11 @@ class gauge_resource : public detail::resource_handle {
       : resource_handle(c, id, detail::resource_kind::gauge, o) {}
 
   /// Takes a slot if one is free now (lock-free).
-  [[nodiscard]] bool try_acquire() noexcept { return entry_->gauge.try_acquire(); }
+  [[nodiscard]] bool try_acquire() noexcept {
+    if (entry_->gauge.try_acquire()) return true;
+    entry_->held_back();  // (when the capacity is 0)
+    return false;
+  }
 
   /// Blocks until a slot is free and takes it (then held: `release()` it). Throws
   /// `std::system_error` (`asio::error::operation_aborted`) when the client stops or the
@@ -255,6 +265,7 @@ class gauge_resource : public detail::resource_handle {
 
   /// As above, reporting the stop in `ec` instead.
   void acquire_blocking(std::error_code& ec) {
+    entry_->held_back();  // (when the capacity is 0)
     ec = entry_->gauge.acquire(entry_->stop_source.get_token())
              ? std::error_code()
              : std::error_code(asio::error::operation_aborted);
@@ -311,6 +322,7 @@ class gauge_resource : public detail::resource_handle {
         break;
       }
       if (e->gauge.try_acquire()) break;
+      e->held_back();  // (when the capacity is 0)
       co_await listed.until_woken();
     }
     --e->gauge_waiters;

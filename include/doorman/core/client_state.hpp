@@ -90,6 +90,8 @@ struct client_resource {
   client_resource_options options;
   std::optional<basic_lease<TimePoint>> lease;  ///< the last lease granted
   std::optional<double> server_safe_capacity;   ///< the last one the server returned
+  bool held_back = false;                       ///< callers wait at capacity 0 for it (`hold_back`)
+  bool fast_started = false;                    ///< its one request ahead of the floor was made
 };
 
 /// The client state. `Clock` fixes the time types (`std::chrono::steady_clock` in the client,
@@ -136,7 +138,25 @@ class basic_client_state {
   /// with the next refresh.
   void set_wants(std::string_view id, double wants) {
     check_wants(wants);
-    if (auto* r = lookup(id)) r->options.wants = wants;
+    auto* r = lookup(id);
+    if (r == nullptr) return;
+    // Held back: the start wants stay until capacity comes (see `hold_back`).
+    if (r->held_back) wants = std::max(wants, start_wants(*r).value_or(0));
+    r->options.wants = wants;
+  }
+
+  /// Fast start, for a resource whose wants are measured: its callers are held back by a
+  /// capacity of 0 (its first request went out before any use, so it asked for nothing, or
+  /// its lease ran dry). Its wants become at least its start wants — the safe capacity the
+  /// server returned for it (by default the resource's equal share: capacity / clients), at
+  /// least 1 — and it is asked for again at once, ahead of the floor, the first time; later
+  /// times, once the floor has passed. Before the server's first answer, this waits for it.
+  /// Nothing for an unknown id or one with capacity at `now`.
+  void hold_back(std::string_view id, time_point now) {
+    auto* r = lookup(id);
+    if (r == nullptr || capacity_of(*r, now) != 0 || r->held_back) return;
+    r->held_back = true;
+    start(*r, now);
   }
 
   /// The ids whose capacity should be released (removed since the last call).
@@ -180,15 +200,13 @@ class basic_client_state {
   /// Whether a request should go out at `now`. Never while one is in flight or without
   /// resources.
   [[nodiscard]] bool due(time_point now) const noexcept {
-    return !resources_.empty() && schedule_.due(now, unasked_);
+    return !resources_.empty() && schedule_.due(now, news());
   }
 
   /// When the next request is due: the earliest refresh interval among the resources after
   /// the last answer, or at once for a resource not yet asked for; never sooner than the
   /// floor after the previous request (nor before a backoff ends).
-  [[nodiscard]] time_point next_request() const noexcept {
-    return schedule_.next_request(unasked_);
-  }
+  [[nodiscard]] time_point next_request() const noexcept { return schedule_.next_request(news()); }
 
   /// When the capacity of some resource may change by itself (a lease expires) or a request is
   /// due, whichever comes first after `now`: when the driver should look again.
@@ -218,6 +236,7 @@ class basic_client_state {
       req.resources.push_back(std::move(rr));
     }
     unasked_ = resources_.size() > req.resources.size();
+    start_unsent_ = false;
     asked_.clear();
     for (const auto& rr : req.resources)
       asked_.push_back(rr.resource_id);  // in id order, as the map is
@@ -247,8 +266,14 @@ class basic_client_state {
                      // later refresh.
                      const double left = to_seconds(r->lease->expiry - now);
                      if (left > 0) interval = std::min(interval, left);
+                     if (r->lease->capacity > 0) r->held_back = false;
                    });
-    return schedule_.answered(now, interval);
+    const refresh_event e = schedule_.answered(now, interval);
+    // Resources held back before this first answer: their start wants are known now.
+    for (auto& [id, r] : resources_) {
+      if (r.held_back && !r.fast_started) start(r, now);
+    }
+    return e;
   }
 
   /// The request failed (`error` says why): retry after an exponential backoff with jitter,
@@ -279,6 +304,30 @@ class basic_client_state {
 
   static void check_wants(double wants) { detail::require_quantity(wants, "wants"); }
 
+  // The server's safe capacity for `r` (unlimited: not a hint), at least 1; none before the
+  // server's first answer.
+  static std::optional<double> start_wants(const resource& r) noexcept {
+    if (!r.server_safe_capacity) return std::nullopt;
+    const double hint = *r.server_safe_capacity;
+    return hint > 1 ? std::min(hint, request_limits::max_quantity) : 1.0;
+  }
+
+  // News: a resource not asked for yet, or start wants not sent yet.
+  [[nodiscard]] bool news() const noexcept { return unasked_ || start_unsent_; }
+
+  // A held-back resource's wants rise to its start wants, known from the server's answer; the
+  // first time, the request goes out at once.
+  void start(resource& r, time_point now) {
+    const auto wants = start_wants(r);
+    if (!wants) return;  // no answer yet: on_reply comes back here
+    r.options.wants = std::max(r.options.wants, *wants);
+    start_unsent_ = true;
+    if (!r.fast_started) {
+      r.fast_started = true;
+      schedule_.expedite(now);
+    }
+  }
+
   [[nodiscard]] double idle_seconds() const noexcept {
     return options_.refresh.idle_interval.count();
   }
@@ -298,7 +347,8 @@ class basic_client_state {
   std::vector<std::string> releases_;
   std::vector<std::string> asked_;  // the resources of the request in flight, in id order
   std::uint64_t invalid_grants_ = 0;
-  bool unasked_ = false;  // the news: a resource not asked for yet
+  bool unasked_ = false;       // a resource not asked for yet
+  bool start_unsent_ = false;  // start wants (`hold_back`) not sent yet
 };
 
 /// The client state on the steady clock.

@@ -110,6 +110,13 @@ class refresh_schedule {
     return failures_ == 1 && answered_ ? refresh_event::lost : refresh_event::none;
   }
 
+  /// Makes the next request due at `now`, ahead of the floor and of the interval the last
+  /// answer set (once: the next answer sets the schedule again). Nothing while a request is in
+  /// flight (its answer sets the schedule) or after failures (the backoff stands).
+  void expedite(time_point now) noexcept {
+    if (!in_flight_ && failures_ == 0) next_ = std::min(next_, now);
+  }
+
   /// When the last request went out.
   [[nodiscard]] time_point last_request() const noexcept { return last_request_; }
   [[nodiscard]] bool in_flight() const noexcept { return in_flight_; }
