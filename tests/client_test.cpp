@@ -1,5 +1,7 @@
 // The asio client against in-process nodes, and the doorman-http-429 example.
 
+#include <asio/experimental/awaitable_operators.hpp>
+
 #include "line_client.hpp"
 #include "support.hpp"
 
@@ -505,6 +507,23 @@ TEST_CASE(
     CHECK(f.get() == asio::error::operation_aborted);
     // The cancelled reservation was given back: the next permit is still the one due in ~1 s
     // (it would be 2 s away had the cancelled wait kept its permit).
+    const auto next = r.try_acquire();
+    CHECK_FALSE(next);
+    CHECK(next.retry_after < 1.5s);
+  }
+  SECTION("a deadline raced against async_wait (awaitable operators)") {
+    doorman::rate_resource r(cl, "api", {.wants = 1});
+    REQUIRE(eventually([&] { return r.capacity() == 1; }));
+    REQUIRE(r.try_acquire());
+    asio::io_context io;
+    const auto winner = run_coroutine_test(io, [&]() -> asio::awaitable<std::size_t> {
+      using namespace asio::experimental::awaitable_operators;
+      asio::steady_timer deadline(co_await asio::this_coro::executor, 50ms);
+      auto result = co_await (r.async_wait(1, asio::use_awaitable) ||
+                              deadline.async_wait(asio::use_awaitable));
+      co_return result.index();
+    });
+    CHECK(winner == 1);  // the deadline; the wait was cancelled and gave its permit back
     const auto next = r.try_acquire();
     CHECK_FALSE(next);
     CHECK(next.retry_after < 1.5s);
