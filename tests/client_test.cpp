@@ -458,6 +458,20 @@ class stalling_server {
   std::thread thread_;
 };
 
+// Starts an asynchronous operation, `start(handler)`, cancels it at once through the
+// handler's cancellation slot, and gives what it completed with (which must be within 3 s).
+template <class Start>
+std::error_code cancelled_at_once(Start start) {
+  asio::cancellation_signal cancel;
+  auto done = std::make_shared<std::promise<std::error_code>>();
+  auto f = done->get_future();
+  start(asio::bind_cancellation_slot(cancel.slot(),
+                                     [done](std::error_code ec) { done->set_value(ec); }));
+  cancel.emit(asio::cancellation_type::terminal);
+  REQUIRE(f.wait_for(3s) == std::future_status::ready);
+  return f.get();
+}
+
 }  // namespace
 
 TEST_CASE("a client stops within release_timeout when its server has gone away",
@@ -493,18 +507,12 @@ TEST_CASE(
     "[client][net][lifecycle]") {
   stalling_server server(1000, 1);  // 1 permit a second, burst 1
   doorman::client cl(fast_client(server.address()));
-  asio::cancellation_signal cancel;
   SECTION("rate_resource::async_wait") {
     doorman::rate_resource r(cl, "api", {.wants = 1});
     REQUIRE(eventually([&] { return r.capacity() == 1; }));
     REQUIRE(r.try_acquire());  // the burst: the next permit is due in 1 s
-    std::promise<std::error_code> done;
-    r.async_wait(1, asio::bind_cancellation_slot(cancel.slot(),
-                                                 [&](std::error_code ec) { done.set_value(ec); }));
-    cancel.emit(asio::cancellation_type::terminal);
-    auto f = done.get_future();
-    REQUIRE(f.wait_for(3s) == std::future_status::ready);
-    CHECK(f.get() == asio::error::operation_aborted);
+    CHECK(cancelled_at_once([&](auto handler) { r.async_wait(1, std::move(handler)); }) ==
+          asio::error::operation_aborted);
     // The cancelled reservation was given back: the next permit is still the one due in ~1 s
     // (it would be 2 s away had the cancelled wait kept its permit).
     const auto next = r.try_acquire();
@@ -532,13 +540,8 @@ TEST_CASE(
     doorman::gauge_resource g(cl, "jobs", {.wants = 1});
     REQUIRE(eventually([&] { return g.capacity() == 1; }));
     REQUIRE(g.try_acquire());  // the only slot
-    std::promise<std::error_code> done;
-    g.async_acquire(asio::bind_cancellation_slot(cancel.slot(),
-                                                 [&](std::error_code ec) { done.set_value(ec); }));
-    cancel.emit(asio::cancellation_type::terminal);
-    auto f = done.get_future();
-    REQUIRE(f.wait_for(3s) == std::future_status::ready);
-    CHECK(f.get() == asio::error::operation_aborted);
+    CHECK(cancelled_at_once([&](auto handler) { g.async_acquire(std::move(handler)); }) ==
+          asio::error::operation_aborted);
     g.release();
     CHECK(g.in_flight() == 0);  // the cancelled acquire took nothing, then or later
     REQUIRE(g.try_acquire());
@@ -549,13 +552,8 @@ TEST_CASE(
     auto options = fast_client(silent.address());
     options.release_timeout = doorman::seconds(30);
     doorman::client stopping(options);
-    std::promise<std::error_code> done;
-    stopping.async_stop(asio::bind_cancellation_slot(
-        cancel.slot(), [&](std::error_code ec) { done.set_value(ec); }));
-    cancel.emit(asio::cancellation_type::terminal);
-    auto f = done.get_future();
-    REQUIRE(f.wait_for(3s) == std::future_status::ready);
-    CHECK(f.get() == asio::error::operation_aborted);
+    CHECK(cancelled_at_once([&](auto handler) { stopping.async_stop(std::move(handler)); }) ==
+          asio::error::operation_aborted);
   }
 }
 

@@ -219,27 +219,37 @@ TEST_CASE("rate limiter: a cancelled reservation gives its permits back while it
   CHECK_FALSE(lim.try_acquire());
 }
 
+namespace {
+
+// Runs `wait(token)` on another thread until `waiting()` says it waits, then requests stop;
+// what the wait returned (it must return within 5 s).
+template <class Wait, class Waiting>
+bool stopped_wait(Wait wait, Waiting waiting) {
+  std::stop_source stop;
+  auto f = std::async(std::launch::async, [&] { return wait(stop.get_token()); });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!waiting() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  REQUIRE(waiting());
+  stop.request_stop();
+  REQUIRE(f.wait_for(5s) == std::future_status::ready);
+  return f.get();
+}
+
+}  // namespace
+
 TEST_CASE("rate limiter and gauge limiter waits end when stop is requested, taking nothing",
           "[limit]") {
-  std::stop_source stop;
   SECTION("rate: blocked at rate 0") {
     doorman::basic_rate_limiter<std::chrono::steady_clock> lim({.rate = 0});
-    auto waiting = std::async(std::launch::async, [&] { return lim.wait(1, stop.get_token()); });
-    while (lim.delayed() == 0)
-      std::this_thread::yield();
-    stop.request_stop();
-    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
-    CHECK_FALSE(waiting.get());
+    CHECK_FALSE(stopped_wait([&](std::stop_token t) { return lim.wait(1, t); },
+                             [&] { return lim.delayed() > 0; }));
   }
   SECTION("rate: a reservation ahead") {
     doorman::basic_rate_limiter<std::chrono::steady_clock> lim({.rate = 0.1, .burst = 1});
     REQUIRE(lim.try_acquire());  // the next permit is due in 10 s
-    auto waiting = std::async(std::launch::async, [&] { return lim.wait(1, stop.get_token()); });
-    while (lim.delayed() == 0)
-      std::this_thread::yield();
-    stop.request_stop();
-    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
-    CHECK_FALSE(waiting.get());
+    CHECK_FALSE(stopped_wait([&](std::stop_token t) { return lim.wait(1, t); },
+                             [&] { return lim.delayed() > 0; }));
     // Given back: the next permit is still ~10 s away, not ~20 s.
     const auto next = lim.try_acquire();
     CHECK_FALSE(next);
@@ -248,12 +258,8 @@ TEST_CASE("rate limiter and gauge limiter waits end when stop is requested, taki
   SECTION("gauge: no free slot") {
     doorman::gauge_limiter gauge(1);
     REQUIRE(gauge.try_acquire());
-    auto waiting = std::async(std::launch::async, [&] { return gauge.acquire(stop.get_token()); });
-    while (gauge.waiting() == 0)
-      std::this_thread::yield();
-    stop.request_stop();
-    REQUIRE(waiting.wait_for(5s) == std::future_status::ready);
-    CHECK_FALSE(waiting.get());
+    CHECK_FALSE(stopped_wait([&](std::stop_token t) { return gauge.acquire(t); },
+                             [&] { return gauge.waiting() > 0; }));
     CHECK(gauge.in_flight() == 1);
     CHECK(gauge.waiting() == 0);
   }
