@@ -54,7 +54,7 @@ auto async_pending(const asio::any_io_executor& strand, Body body, Token&& token
   return asio::async_initiate<Token, void(std::error_code)>(
       [strand](auto handler, Body b) {
         auto w = std::make_shared<pending_wait>(strand);
-        auto done = make_completion(std::move(handler), strand);
+        auto done = net::detail::make_completion(std::move(handler), strand);
         done->on_cancel([weak = std::weak_ptr(w), strand] {
           asio::post(strand, [weak] {
             if (auto pending = weak.lock()) pending->cancel();
@@ -151,7 +151,7 @@ class rate_resource : public detail::resource_handle {
   /// (`duration::max()` while the capacity is 0).
   acquire_result try_acquire(double n = 1) noexcept {
     auto r = entry_->rate.try_acquire(n);
-    if (!r && r.retry_after == acquire_result{}.retry_after.max()) entry_->held_back();
+    if (!r && r.retry_after == rate_limiter::duration::max()) entry_->held_back();
     return r;
   }
 

@@ -37,6 +37,7 @@
 #include "doorman/core/refresh.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/channel.hpp"
+#include "doorman/net/completion.hpp"
 #include "doorman/net/supervise.hpp"
 #include "doorman/protocol/codec.hpp"
 
@@ -89,21 +90,14 @@ class refresh_driver {
   auto async_run(Token&& token) {
     return asio::async_initiate<Token, void(std::error_code)>(
         [this](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
-            slot.assign([this](asio::cancellation_type) { stop(); });
-          }
+          auto done = detail::make_completion(std::move(handler), timer_.get_executor());
+          done->on_cancel([this] { stop(); });
           stopped_ = false;
           asio::co_spawn(timer_.get_executor(),
                          supervised(
                              name_, [this] { return loop(); }, [this] { return stopped_; }, log_),
-                         [handler = std::move(handler)](const std::exception_ptr&) mutable {
-                           auto s = asio::get_associated_cancellation_slot(handler);
-                           if (s.is_connected()) s.clear();
-                           auto ex = asio::get_associated_executor(handler);
-                           asio::dispatch(ex, [h = std::move(handler)]() mutable {
-                             std::move(h)(std::error_code(asio::error::operation_aborted));
-                           });
+                         [done](const std::exception_ptr&) {
+                           done->complete(asio::error::operation_aborted);
                          });
         },
         token);
