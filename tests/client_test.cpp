@@ -396,6 +396,11 @@ class stalling_server {
 
   [[nodiscard]] const std::string& address() const { return address_; }
   [[nodiscard]] int calls() const { return calls_.load(); }
+  // The resources of each release_capacity call read so far.
+  [[nodiscard]] std::vector<json> released() const {
+    const std::lock_guard lock(mutex_);
+    return released_;
+  }
 
   // Closes the port and every connection; later connection attempts are refused.
   void vanish() {
@@ -429,6 +434,10 @@ class stalling_server {
       const json call = json::parse(in.substr(0, n));
       in.erase(0, n);
       ++calls_;
+      if (call["method"] == "release_capacity") {
+        const std::lock_guard lock(mutex_);
+        released_.push_back(call["params"]["resources"]);
+      }
       if (call["method"] != "get_capacity" || answered_ >= answers_) continue;
       ++answered_;
       json grants = json::array();
@@ -456,6 +465,8 @@ class stalling_server {
   double capacity_;
   int answered_ = 0;
   std::atomic<int> calls_{0};
+  mutable std::mutex mutex_;
+  std::vector<json> released_;
   std::thread thread_;
 };
 
@@ -500,6 +511,25 @@ TEST_CASE("a client stops within release_timeout when its server has gone away",
   // for up to call_timeout (5 s) first.
   REQUIRE(destroyed.wait_for(3s) == std::future_status::ready);
   CHECK(steady::now() - started < 1.5s);
+}
+
+TEST_CASE("a release still unanswered when the client stops goes out again with the final one",
+          "[client][net][lifecycle]") {
+  stalling_server server(1);  // answers the first refresh, then nothing
+  auto options = fast_client(server.address());
+  options.release_timeout = doorman::seconds(0.2);
+  auto cl = std::make_unique<doorman::client>(options);
+  auto a =
+      std::make_unique<doorman::rate_resource>(*cl, "a", doorman::resource_options{.wants = 1});
+  doorman::rate_resource b(*cl, "b", {.wants = 1});
+  REQUIRE(eventually([&] { return a->leased() && b.leased(); }));
+  a.reset();  // its release goes out, and is never answered
+  REQUIRE(eventually([&] { return server.released().size() == 1; }));
+  cl->stop();
+  REQUIRE(eventually([&] { return server.released().size() == 2; }));
+  const json last = server.released().back();
+  CHECK(std::find(last.begin(), last.end(), "a") != last.end());
+  CHECK(std::find(last.begin(), last.end(), "b") != last.end());
 }
 
 TEST_CASE(

@@ -452,6 +452,9 @@ class client {
       all.push_back(std::move(id));
     for (auto& id : std::exchange(releases_, {}))
       all.push_back(std::move(id));
+    // A release cut short by the stop (its answer was not waited for) goes out again.
+    for (auto& id : std::exchange(releasing_, {}))
+      all.push_back(std::move(id));
     if (!all.empty()) {
       const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
                                                 true, options_.release_timeout);
@@ -489,8 +492,8 @@ class client {
   }
 
   net::outgoing_call next_call(clock::time_point now) {
-    releasing_ = !releases_.empty();
-    if (releasing_) return {"release_capacity", release_params(std::exchange(releases_, {}))};
+    releasing_ = std::exchange(releases_, {});
+    if (!releasing_.empty()) return {"release_capacity", release_params(releasing_)};
     return {"get_capacity", nlohmann::json(state_.make_request(now))};
   }
 
@@ -503,7 +506,9 @@ class client {
   }
 
   void on_reply(net::call_reply reply, clock::time_point now) {
-    if (releasing_) {
+    if (!releasing_.empty()) {
+      releasing_.clear();
+      // Not retried: the server lets the lease run out (a refresh must not wait behind it).
       if (!reply) log_release_failure(reply);
       return;
     }
@@ -538,8 +543,8 @@ class client {
   std::map<std::string, std::shared_ptr<detail::resource_entry>, std::less<>> active_;
   clock::time_point next_sample_{};
   clock::time_point last_sample_{};
-  std::vector<std::string> releases_;  // to send before the next refresh
-  bool releasing_ = false;             // the call in flight is a release
+  std::vector<std::string> releases_;   // to send before the next refresh
+  std::vector<std::string> releasing_;  // those of the release in flight (none: a refresh)
   bool stopping_ = false;
   bool finished_ = false;                             // run() is over
   std::vector<std::function<void()>> when_finished_;  // async_stop's waiters
