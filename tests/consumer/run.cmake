@@ -17,3 +17,11 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+
+# The installed tools (TOOLS, when the examples were built) run: their usage, exit 0.
+foreach(tool IN LISTS TOOLS)
+  if(NOT EXISTS ${prefix}/bin/${tool})
+    message(FATAL_ERROR "not installed: ${prefix}/bin/${tool}")
+  endif()
+  run(${prefix}/bin/${tool} --help)
+endforeach()
