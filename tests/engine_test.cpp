@@ -769,6 +769,18 @@ TEST_CASE("learning mode: an intermediate without capacity hands leases back unc
   CHECK(r.value().resources[0].gets.expires_in > 50);
 }
 
+TEST_CASE("learning mode: a root whose capacity is 0 confirms nothing", "[core][engine]") {
+  // Found by the engine fuzzer: the echo meant for an intermediate without a parent lease also
+  // answered a root configured with capacity 0, handing back a client's reported lease, which
+  // then outlived learning mode (2 s) by a whole lease (10 s) over a capacity of 0.
+  fixture f(repo_for("PROPORTIONAL_SHARE", 0, 2));  // echo_in_learning is on by default
+  REQUIRE(f.engine.learning("res", f.clock.now()));
+  auto r = f.engine.get_capacity({"c2", {{"res", -1, 1e15, doorman::lease_info{38.6, 3e5, 2}}}},
+                                 f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 0);
+}
+
 TEST_CASE("refresh intervals: soon when owed, at the end of learning mode", "[core][engine]") {
   SECTION("owed") {
     const bool owed = GENERATE(true, false);

@@ -495,7 +495,11 @@ class basic_engine {
   // client would report 0 from then on.) Nothing when that does not apply.
   std::optional<lease_type> echo_in_learning(const decision& d, const client_type& c) {
     const double has = reported(d);
-    if (!(d.sharing && options_.echo_in_learning && d.capacity <= 0 && has > 0)) return {};
+    // A root's capacity is configured, so a 0 there is known, not missing: nothing to echo.
+    if (!(!options_.is_root && d.sharing && options_.echo_in_learning && d.capacity <= 0 &&
+          has > 0)) {
+      return {};
+    }
     const auto& alg = d.r.tmpl.algorithm;
     lease_type echo;
     echo.capacity = has;
