@@ -515,7 +515,9 @@ TEST_CASE("a client stops within release_timeout when its server has gone away",
 
 TEST_CASE("a release still unanswered when the client stops goes out again with the final one",
           "[client][net][lifecycle]") {
-  stalling_server server(1);  // answers the first refresh, then nothing
+  // Answers every refresh (both resources are granted, whichever request first carries them)
+  // and never a release.
+  stalling_server server(1000);
   auto options = fast_client(server.address());
   options.release_timeout = doorman::seconds(0.2);
   auto cl = std::make_unique<doorman::client>(options);

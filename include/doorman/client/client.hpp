@@ -287,8 +287,7 @@ class client {
       asio::post(strand_, [this, entry = e->shared_from_this()] {
         if (stopping_ || active_.count(entry->id) == 0) return;
         state_.hold_back(entry->id, clock::now());
-        entry->wants = state_.find(entry->id)->options.wants;
-        driver_.reschedule();
+        driver_.reschedule();  // its next step shows the raised wants (push_capacities)
       });
     };
     slot->demand = demand_estimator(options_.demand_window);
@@ -421,8 +420,7 @@ class client {
       // Concurrency is whole operations: a gauge asks for the next whole number.
       if (e->kind == detail::resource_kind::gauge) wants = std::ceil(wants - 1e-6);
       // Within the protocol's bound, whatever was measured (set_wants refuses more).
-      state_.set_wants(id, detail::bounded_quantity(wants));
-      e->wants = state_.find(id)->options.wants;  // the start wants may hold it up
+      state_.set_wants(id, detail::bounded_quantity(wants));  // shown by push_capacities
     }
   }
 

@@ -141,35 +141,13 @@ class basic_rate_limiter {
   /// the limiter is blocked (rate 0) it waits for a rate change. A reservation already made
   /// keeps its time if the rate changes meanwhile. Returns the time the permits were due (the
   /// caller runs at most a scheduling delay after it).
-  time_point wait(double n = 1) {
-    count(n);
-    for (;;) {
-      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
-      const time_point at = reserve_uncounted(n);
-      if (at != time_point::max()) {
-        sleep_until(at);
-        return at;
-      }
-      changes_.wait(seen, std::memory_order_acquire);
-    }
-  }
+  time_point wait(double n = 1) { return wait_until_admitted(n, std::stop_token{}); }
 
   /// `wait` that gives up when `stop` is requested: whether the permits were admitted. A
   /// caller stopped while its reservation was still ahead gives it back
   /// (`cancel_reservation`), so a stopped wait consumes nothing.
   bool wait(double n, std::stop_token stop) {
-    count(n);
-    for (;;) {
-      if (stop.stop_requested()) return false;
-      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
-      const time_point at = reserve_uncounted(n);
-      if (at != time_point::max()) {
-        // Stopped before its time: given back, unless the time came meanwhile.
-        return sleep_until(at, stop) || !cancel_reservation(n, at);
-      }
-      const std::stop_callback wake(stop, [this] { notify_change(); });
-      changes_.wait(seen, std::memory_order_acquire);
-    }
+    return wait_until_admitted(n, stop) != time_point::max();
   }
 
   /// Gives back `n` permits reserved (`reserve`) for `at`, if `at` is still ahead: the caller
@@ -301,14 +279,31 @@ class basic_rate_limiter {
     return from_tick_point(now);
   }
 
-  void sleep_until(time_point at) const {
-    for (auto now = precise_now(); now < at; now = precise_now()) {
-      std::this_thread::sleep_for(at - now);
+  // The one waiting loop of both `wait` forms: the time the permits were due, or max when
+  // `stop` was requested first (then nothing is consumed: a reservation still ahead is given
+  // back, unless its time came meanwhile).
+  time_point wait_until_admitted(double n, const std::stop_token& stop) {
+    count(n);
+    for (;;) {
+      if (stop.stop_requested()) return time_point::max();
+      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
+      const time_point at = reserve_uncounted(n);
+      if (at != time_point::max()) {
+        return sleep_until(at, stop) || !cancel_reservation(n, at) ? at : time_point::max();
+      }
+      const std::stop_callback wake(stop, [this] { notify_change(); });
+      changes_.wait(seen, std::memory_order_acquire);
     }
   }
 
-  // Whether `at` came before `stop` was requested.
+  // Whether `at` came before `stop` was requested; without a stop that can be requested, a
+  // plain sleep.
   bool sleep_until(time_point at, const std::stop_token& stop) const {
+    if (!stop.stop_possible()) {
+      for (auto now = precise_now(); now < at; now = precise_now())
+        std::this_thread::sleep_for(at - now);
+      return true;
+    }
     std::mutex m;
     std::condition_variable_any cv;
     std::unique_lock lock(m);
