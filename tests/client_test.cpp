@@ -585,10 +585,14 @@ TEST_CASE(
     g.release();
   }
   SECTION("client::async_stop (the stop goes on)") {
-    stalling_server silent(0);  // never answers: the release waits its whole release_timeout
+    // Answers refreshes, never a release: once connected, the final release waits its whole
+    // release_timeout. (Never connected, a client stops at once, which could beat the cancel.)
+    stalling_server silent(1000);
     auto options = fast_client(silent.address());
-    options.release_timeout = doorman::seconds(30);
+    options.release_timeout = doorman::seconds(2);  // far beyond the cancel; the test waits it
     doorman::client stopping(options);
+    doorman::rate_resource held(stopping, "held", {.wants = 1});
+    REQUIRE(eventually([&] { return stopping.connected() && held.leased(); }));
     CHECK(cancelled_at_once([&](auto handler) { stopping.async_stop(std::move(handler)); }) ==
           asio::error::operation_aborted);
   }
