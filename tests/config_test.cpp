@@ -25,10 +25,21 @@ TEST_CASE("relative seconds convert to durations without overflow", "[core][time
 
 // ---- glob -------------------------------------------------------------------------------
 
-TEST_CASE("globs match like a shell, on opaque ids", "[core][glob]") {
+TEST_CASE("globs match as Go's filepath.Match (Doorman's): * and ? stop at /", "[core][glob]") {
   using doorman::glob_match;
   CHECK(glob_match("*", ""));
-  CHECK(glob_match("*", "anything/at all"));
+  CHECK(glob_match("*", "anything at all"));
+  CHECK_FALSE(glob_match("*", "anything/at all"));
+  CHECK_FALSE(glob_match("fair*", "fair/shard-1"));
+  CHECK(glob_match("fair*", "fair-shard-1"));
+  CHECK(glob_match("fair/*", "fair/shard-1"));
+  CHECK_FALSE(glob_match("fair/?", "fair//"));
+  CHECK(glob_match("*/*", "a/b"));
+  CHECK_FALSE(glob_match("*/*", "a/b/c"));
+  // A class may match '/', and a later star then starts after it.
+  CHECK(glob_match("*[a/]*b", "a/b"));
+  CHECK(glob_match("a**b", "axxb"));
+  CHECK(glob_match("\\/x", "/x"));
   CHECK(glob_match("mysql-*", "mysql-shard-17"));
   CHECK_FALSE(glob_match("mysql-*", "pg-shard-1"));
   CHECK(glob_match("shard-?", "shard-7"));
@@ -40,6 +51,18 @@ TEST_CASE("globs match like a shell, on opaque ids", "[core][glob]") {
   CHECK_FALSE(glob_match("lit\\*", "litX"));
   // A pathological pattern stays linear-ish rather than exponential.
   CHECK_FALSE(glob_match("*a*a*a*a*a*a*a*b", std::string(5000, 'a')));
+  CHECK(glob_match(std::string(600, '*') + "b", std::string(600, 'a') + "b"));  // a long pattern
+}
+
+TEST_CASE("an id that no glob matches for its '/' gets the last template", "[core][glob]") {
+  const auto repo = doorman::resource_repository::parse(R"({"resources": [
+    {"identifier_glob": "fair*", "capacity": 5,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}},
+    {"identifier_glob": "*", "capacity": 9,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}}]})");
+  CHECK(repo.find("fair-1").capacity == 5);
+  CHECK(repo.find("fair/shard-1").capacity == 9);
+  CHECK(repo.find("a/b/c").capacity == 9);
 }
 
 TEST_CASE("invalid globs are explained", "[core][glob]") {

@@ -92,6 +92,24 @@ class line_client {
     }
   }
 
+  // Everything until the peer closes (what came before the deadline, if it does not).
+  std::string read_until_closed(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = steady::now() + timeout;
+    std::string out = std::move(buffer_);
+    buffer_.clear();
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
+      if (left.count() <= 0) return out;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return out;
+      char chunk[65536];
+      const auto n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return out;
+      out.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
   // Whether the peer closed the connection before the deadline.
   bool closed_by_peer(std::chrono::milliseconds timeout = 5s) {
     const auto deadline = steady::now() + timeout;
@@ -117,6 +135,34 @@ class line_client {
   bool connected_ = false;
   std::string buffer_;
 };
+
+// An HTTP exchange on a fresh connection: sends `request` as is, reads until the peer closes
+// (or the deadline). The status code and the body; status 0 when no whole answer came (or no
+// connection).
+struct http_result {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+inline http_result http_exchange(const std::string& address, std::string_view request,
+                                 std::chrono::milliseconds timeout = 5s) {
+  line_client c(address);
+  if (!c.connected()) return {};
+  c.send(request);
+  const std::string raw = c.read_until_closed(timeout);
+  http_result r;
+  const auto end = raw.find("\r\n\r\n");
+  if (!raw.starts_with("HTTP/1.1 ") || end == std::string::npos) return r;
+  r.status = std::stoi(raw.substr(9, 3));
+  r.head = raw.substr(0, end);
+  r.body = raw.substr(end + 4);
+  return r;
+}
+
+inline http_result http_get(const std::string& address, const std::string& target) {
+  return http_exchange(address, "GET " + target + " HTTP/1.1\r\nHost: test\r\n\r\n");
+}
 
 inline json capacity_params(const std::string& client, const std::string& resource, double wants,
                             const std::optional<json>& has = std::nullopt) {

@@ -8,5 +8,7 @@
 #include "doorman/net/channel.hpp"
 #include "doorman/net/etcd.hpp"
 #include "doorman/net/http.hpp"
+#include "doorman/net/http_request.hpp"
+#include "doorman/net/http_server.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"

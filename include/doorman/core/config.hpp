@@ -278,7 +278,9 @@ class resource_repository {
     return templates_;
   }
 
-  /// The template for `resource_id`: exact match first, then the first matching glob.
+  /// The template for `resource_id`: exact match first, then the first matching glob, else the
+  /// last template (whose glob is `*`): the default also for ids that `*` does not match
+  /// because they hold a `/`.
   [[nodiscard]] const resource_template& find(std::string_view resource_id) const noexcept {
     for (const auto& t : templates_) {
       if (t.identifier_glob == resource_id) return t;
@@ -286,7 +288,7 @@ class resource_repository {
     for (const auto& t : templates_) {
       if (glob_match(t.identifier_glob, resource_id)) return t;
     }
-    return templates_.back();  // "*" matches everything; kept for safety
+    return templates_.back();
   }
 
   /// The JSON form, as `parse` accepts it.

@@ -1,14 +1,19 @@
 #pragma once
 
 /// \file
-/// Shell-style globs for resource templates: `*` matches any run of bytes (also empty), `?` one
-/// byte, `[abc]`, `[a-z]` and `[!a-z]` (or `[^a-z]`) one byte of a set, `\x` the byte x itself.
-/// Matching is on bytes; `/` has no special meaning (resource ids are opaque).
+/// Globs for resource templates, with the semantics of Go's `filepath.Match`, which Doorman uses:
+/// `*` matches any run of bytes other than `/` (also empty), `?` one byte other than `/`,
+/// `[abc]`, `[a-z]` and `[!a-z]` (or `[^a-z]`) one byte of a set (`/` included, when listed),
+/// `\x` the byte x itself. So `fair*` matches `fair-1` but not `fair/shard-1`; `fair/*` does.
+/// Matching is on bytes.
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace doorman {
 
@@ -86,51 +91,56 @@ inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, b
   return std::nullopt;
 }
 
-/// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`). Backtracks over
-/// the last `*` only: at most O(pattern x text) steps, so hostile ids cannot make it exponential.
-[[nodiscard]] inline bool glob_match(std::string_view pattern, std::string_view text) noexcept {
-  std::size_t p = 0;
-  std::size_t t = 0;
-  std::size_t star_p = std::string_view::npos;
-  std::size_t star_t = 0;
-  while (t < text.size()) {
-    if (p < pattern.size()) {
-      const char pc = pattern[p];
-      if (pc == '*') {
-        star_p = p++;
-        star_t = t;
-        continue;
-      }
-      if (pc == '?') {
-        ++p;
-        ++t;
-        continue;
-      }
-      if (pc == '[') {
-        bool matched = false;
-        const std::size_t end = detail::glob_match_class(pattern, p, text[t], matched);
-        if (end != std::string_view::npos && matched) {
-          p = end;
-          ++t;
-          continue;
-        }
-      } else {
-        const bool escaped = pc == '\\' && p + 1 < pattern.size();
-        const char lit = escaped ? pattern[p + 1] : pc;
-        if (lit == text[t]) {
-          p += escaped ? 2 : 1;
-          ++t;
-          continue;
-        }
-      }
+namespace detail {
+
+// One step of the matcher: from the pattern positions in `from` (each already past any `*`
+// it may skip), the positions after reading byte `c`, closed over `*` again.
+inline void glob_step(std::string_view p, const unsigned char* from, unsigned char* to, char c) {
+  std::fill(to, to + p.size() + 1, static_cast<unsigned char>(0));
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    if (!from[i]) continue;
+    const char pc = p[i];
+    if (pc == '*') {
+      if (c != '/') to[i] = 1;  // the star takes c and stays
+    } else if (pc == '?') {
+      if (c != '/') to[i + 1] = 1;
+    } else if (pc == '[') {
+      bool matched = false;
+      const std::size_t end = glob_match_class(p, i, c, matched);
+      if (end != std::string_view::npos && matched) to[end] = 1;
+    } else {
+      const bool escaped = pc == '\\' && i + 1 < p.size();
+      if ((escaped ? p[i + 1] : pc) == c) to[i + (escaped ? 2 : 1)] = 1;
     }
-    if (star_p == std::string_view::npos) return false;
-    p = star_p + 1;
-    t = ++star_t;
   }
-  while (p < pattern.size() && pattern[p] == '*')
-    ++p;
-  return p == pattern.size();
+  for (std::size_t i = 0; i < p.size(); ++i)  // a star may also take nothing
+    if (to[i] && p[i] == '*') to[i + 1] = 1;
+}
+
+}  // namespace detail
+
+/// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`), as Go's
+/// `filepath.Match` (Doorman's) does: `*` and `?` never match a `/`. Runs the pattern as a
+/// set of positions over the text: O(pattern x text) steps, so hostile ids cannot make it
+/// exponential.
+[[nodiscard]] inline bool glob_match(std::string_view pattern, std::string_view text) {
+  constexpr std::size_t inline_size = 512;
+  std::array<unsigned char, 2 * inline_size> fixed{};
+  std::vector<unsigned char> heap;
+  unsigned char* cur = fixed.data();
+  if (pattern.size() + 1 > inline_size) {
+    heap.assign(2 * (pattern.size() + 1), 0);
+    cur = heap.data();
+  }
+  unsigned char* next = cur + pattern.size() + 1;
+  cur[0] = 1;
+  for (std::size_t i = 0; i < pattern.size() && pattern[i] == '*'; ++i)
+    cur[i + 1] = 1;
+  for (const char c : text) {
+    detail::glob_step(pattern, cur, next, c);
+    std::swap(cur, next);
+  }
+  return cur[pattern.size()] != 0;
 }
 
 }  // namespace doorman

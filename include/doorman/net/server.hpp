@@ -141,6 +141,12 @@ class server {
   /// Connections refused because `max_connections` was reached, since the start.
   [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
 
+  /// Connections accepted (and not refused), since the start.
+  [[nodiscard]] std::size_t accepted() const noexcept { return accepted_; }
+
+  /// Connections closed for `idle_timeout`, since the start.
+  [[nodiscard]] std::size_t closed_idle() const noexcept { return closed_idle_; }
+
   [[nodiscard]] const server_options& options() const noexcept { return options_; }
 
  private:
@@ -163,6 +169,8 @@ class server {
   asio::steady_timer stop_timer_;
   std::unordered_set<std::shared_ptr<session>> sessions_;
   std::size_t refused_ = 0;
+  std::size_t accepted_ = 0;
+  std::size_t closed_idle_ = 0;
   bool stopping_ = false;
 };
 
@@ -307,6 +315,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       co_await self->idle_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       if (self->closed_) co_return;
       if (clock::now() >= self->deadline_) {
+        ++self->owner_.closed_idle_;
         self->owner_.log("closing an idle connection");
         self->close();
         co_return;
@@ -385,6 +394,7 @@ inline asio::awaitable<void> server::accept_loop() {
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
     auto s = std::make_shared<session>(*this, std::move(socket));
+    ++accepted_;
     sessions_.insert(s);
     s->start();
   }

@@ -10,8 +10,11 @@
 ///     root.start();
 ///     io.run();  // until root.stop()
 ///
-/// A node is embedded: it owns no thread and no signal handler; the `doorman-node` example adds
-/// those. Destroy it after its io_context has stopped running.
+/// A node is embedded: it owns no thread and no signal handler; the `doorman-node` binary adds
+/// those (and calls `reload_config()` on SIGHUP). With `node_options::config` it reads its
+/// configuration from a file or an etcd key itself; with `node_options::admin` it serves the
+/// admin endpoint (`/metrics`, `/status`, `/healthz`, `/readyz`; docs/operations.md). Destroy
+/// it after its io_context has stopped running.
 
 #include <chrono>
 #include <cstdint>
@@ -30,10 +33,14 @@
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/channel.hpp"
+#include "doorman/net/http_server.hpp"
 #include "doorman/net/refresh_driver.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/node/admin.hpp"
+#include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
+#include "doorman/node/status_page.hpp"
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/dispatch.hpp"
 
@@ -57,6 +64,14 @@ struct node_options {
   upstream_options upstream;
   /// Deadline of one request to the parent.
   seconds parent_timeout{5};
+  /// Where the configuration comes from, for the constructor without one and for
+  /// `reload_config()`.
+  config_options config{};
+  /// Where the admin endpoint listens, `host:port` (port 0: a free one; see `admin_address`);
+  /// empty: no admin endpoint.
+  std::string admin;
+  /// Limits of the admin endpoint.
+  net::http_server_options admin_server{};
   /// Receives one line per notable event (start, config reload, parent lost and regained,
   /// mastership). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -75,49 +90,37 @@ class basic_node {
   using engine_type = basic_engine<std::chrono::steady_clock, Algorithms>;
   using clock = std::chrono::steady_clock;
 
-  /// Throws `std::invalid_argument` on a malformed address in the options.
+  /// A node with the configuration `config`. Throws `std::invalid_argument` on a malformed
+  /// address in the options.
   basic_node(asio::any_io_executor executor, resource_repository config, node_options options,
              Election election = {})
-      : strand_(asio::make_strand(executor)),
-        options_(prepare(std::move(options))),
-        engine_(std::move(config), options_.engine),
-        server_(
-            strand_, options_.server, [this](std::string_view line) { return on_line(line); },
-            options_.log),
-        upstream_(options_.upstream),
-        election_(std::move(election)) {
-    if (!net::parse_address(options_.listen)) {
-      throw std::invalid_argument("listen: expected host:port, got \"" + options_.listen + "\"");
-    }
-    if (!options_.parents.empty()) {
-      net::channel_options ch;
-      ch.addresses = options_.parents;
-      ch.call_timeout = options_.parent_timeout;
-      ch.log = options_.log;
-      parent_.emplace(strand_, std::move(ch));
-      driver_.emplace(strand_, upstream_side_, *parent_, "upstream loop", options_.log);
-    }
-  }
+      : basic_node(std::move(executor), loaded_config{std::move(config), 0}, std::move(options),
+                   std::move(election)) {}
+
+  /// A node that reads its configuration from `options.config.source` before it returns
+  /// (throws `config_error` or `std::runtime_error` when that fails), or, for an intermediate
+  /// without a source, `intermediate_default_config()`.
+  basic_node(asio::any_io_executor executor, node_options options, Election election = {})
+      // `options` is copied, not moved: the arguments are evaluated in no set order.
+      : basic_node(std::move(executor), initial_config(options), options, std::move(election)) {}
 
   basic_node(const basic_node&) = delete;
   basic_node& operator=(const basic_node&) = delete;
 
-  /// Binds, then starts serving, the election and, for an intermediate, the upstream loop.
-  /// Call before running the io_context, or on it. Throws `std::system_error` when it cannot
-  /// bind (e.g. the port is in use), naming the address.
+  /// Binds, then starts serving, the admin endpoint, the election, the configuration's etcd
+  /// poll and, for an intermediate, the upstream loop. Call before running the io_context, or
+  /// on it. Throws `std::system_error` when it cannot bind (e.g. the port is in use), naming
+  /// the address.
   void start() {
     std::error_code ec;
     start(ec);
-    if (ec) throw std::system_error(ec, "listening on " + options_.listen);
+    if (ec) throw std::system_error(ec, "listening on " + failed_bind_);
   }
 
   /// As above; `ec` says why it could not bind, and then nothing is started.
   void start(std::error_code& ec) {
-    server_.listen(*net::parse_address(options_.listen), ec);
-    if (ec) return;
-    const auto ep = server_.local_endpoint();
-    local_ = net::address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
-    if (options_.advertise.empty()) options_.advertise = local_;
+    if (!bind(ec)) return;
+    started_at_ = clock::now();
     identity_.id = options_.id.empty() ? options_.advertise : options_.id;
     identity_.role = options_.parents.empty() ? "root" : "intermediate";
     identity_.level = options_.parents.empty() ? 0 : 1;
@@ -128,34 +131,65 @@ class basic_node {
     }
     server_.start();
     log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
+    if (admin_) {
+      admin_->start();
+      log(fmt::format("admin endpoint on http://{}/status", admin_local_));
+    }
     election_.start(options_.advertise, [this](bool is_master, std::optional<std::string> m) {
       asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
-        if (stopping_) return;
-        const bool changed = is_master != engine_.mastership().is_master;
-        engine_.set_mastership(is_master, std::move(m), clock::now());
-        if (changed) {
-          log(is_master ? std::string("became master; learning mode starts")
-                        : fmt::format("not master; redirecting to {}",
-                                      engine_.mastership().master.value_or("(unknown)")));
-        }
+        on_mastership(is_master, std::move(m));
       });
     });
     if (driver_) driver_->async_run(asio::detached);
+    if (location_.type == config_location::kind::etcd) start_config_poll();
   }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
   [[nodiscard]] const std::string& local_address() const noexcept { return local_; }
 
+  /// The admin endpoint's address (after `start`; empty without one).
+  [[nodiscard]] const std::string& admin_address() const noexcept { return admin_local_; }
+
   /// Replaces the configuration, keeping every lease (thread-safe: posts to the strand).
   void reload(resource_repository config) {
     asio::post(strand_, [this, c = std::move(config)]() mutable {
       engine_.set_config(std::move(c));
+      count_reload(true);
       log(fmt::format("configuration reloaded: {} templates", engine_.config().templates().size()));
     });
   }
 
+  /// Re-reads `options().config.source` (thread-safe): a file is read and, when valid, applied
+  /// (else the old configuration is kept and the error logged); an etcd key is read at once.
+  void reload_config() {
+    asio::post(strand_, [this] {
+      if (stopping_) return;
+      switch (location_.type) {
+        case config_location::kind::none:
+          log("no configuration source to reload");
+          return;
+        case config_location::kind::etcd:
+          config_wake_.cancel();
+          return;
+        case config_location::kind::file:
+          break;
+      }
+      try {
+        engine_.set_config(read_config_file(options_.config, location_.where));
+        count_reload(true);
+        log(fmt::format("configuration reloaded from {}: {} templates", location_.where,
+                        engine_.config().templates().size()));
+      } catch (const std::exception& e) {
+        count_reload(false);
+        log(fmt::format("configuration {} rejected, keeping the old one: {}", location_.where,
+                        e.what()));
+      }
+    });
+  }
+
   /// Graceful stop (thread-safe): stops accepting and reading, writes the answers already
-  /// computed, stops the upstream loop and the election. `io.run()` returns once done.
+  /// computed, stops the upstream loop, the election, the configuration poll and the admin
+  /// endpoint. `io.run()` returns once done.
   void stop() {
     asio::post(strand_, [this] {
       if (stopping_) return;
@@ -163,6 +197,8 @@ class basic_node {
       log("stopping");
       election_.stop();
       server_.stop();
+      if (admin_) admin_->stop();
+      config_wake_.cancel();
       if (driver_) driver_->stop();
       if (parent_) parent_->shutdown();
     });
@@ -177,10 +213,79 @@ class basic_node {
   [[nodiscard]] const node_options& options() const noexcept { return options_; }
   [[nodiscard]] const net::server& server() const noexcept { return server_; }
 
+  /// The node's state as the admin pages show it; with `resource`, that resource and page
+  /// `page` (from 1) of its leases. Call it on the strand (inside `post`, or an admin handler).
+  [[nodiscard]] admin_snapshot snapshot(std::optional<std::string> resource = std::nullopt,
+                                        std::size_t page = 1) {
+    const auto now = clock::now();
+    admin_snapshot s = base_snapshot(now);
+    const auto st = engine_.status({resource}, now);
+    if (!st) return s;
+    for (const auto& r : st.value().resources) {
+      const auto& t = engine_.config().find(r.resource_id);
+      auto lease = engine_.parent_lease(r.resource_id);
+      s.resources.push_back({r, t.description, t.identifier_glob,
+                             lease ? std::optional<double>(lease->capacity) : std::nullopt});
+    }
+    auto& leases = st.value().leases;
+    s.lease_count = leases.size();
+    const std::size_t from = std::min(leases.size(), (page - 1) * leases_per_page);
+    const std::size_t to = std::min(leases.size(), from + leases_per_page);
+    s.leases.assign(std::make_move_iterator(leases.begin() + static_cast<std::ptrdiff_t>(from)),
+                    std::make_move_iterator(leases.begin() + static_cast<std::ptrdiff_t>(to)));
+    return s;
+  }
+
+  /// The node's counters (on the strand).
+  [[nodiscard]] const node_metrics& metrics() const noexcept { return metrics_; }
+
  private:
+  basic_node(asio::any_io_executor executor, loaded_config config, node_options options,
+             Election election)
+      : strand_(asio::make_strand(executor)),
+        options_(prepare(std::move(options))),
+        location_(config_location::parse(options_.config.source)),
+        engine_(std::move(config.config), options_.engine),
+        server_(
+            strand_, options_.server, [this](std::string_view line) { return on_line(line); },
+            options_.log),
+        upstream_(options_.upstream),
+        election_(std::move(election)),
+        config_wake_(strand_),
+        config_revision_(config.revision) {
+    count_reload(true);
+    if (!options_.parents.empty()) {
+      net::channel_options ch;
+      ch.addresses = options_.parents;
+      ch.call_timeout = options_.parent_timeout;
+      ch.log = options_.log;
+      parent_.emplace(strand_, std::move(ch));
+      driver_.emplace(strand_, upstream_side_, *parent_, "upstream loop", options_.log);
+    }
+    if (!options_.admin.empty()) {
+      admin_.emplace(
+          strand_, options_.admin_server,
+          [this](const net::http_request& r) { return on_admin(r); }, options_.log);
+    }
+  }
+
+  static loaded_config initial_config(const node_options& o) {
+    if (o.config.source.empty() && !o.parents.empty()) {
+      return {intermediate_default_config(), 0};
+    }
+    if (o.config.source.empty()) throw std::invalid_argument("config: required for a root");
+    return load_config(o.config);
+  }
+
   static node_options prepare(node_options o) {
     o.engine.is_root = o.parents.empty();
     o.upstream.decay_factor = o.engine.decay_factor;
+    if (!net::parse_address(o.listen)) {
+      throw std::invalid_argument("listen: expected host:port, got \"" + o.listen + "\"");
+    }
+    if (!o.admin.empty() && !net::parse_address(o.admin)) {
+      throw std::invalid_argument("admin: expected host:port, got \"" + o.admin + "\"");
+    }
     for (const auto& p : o.parents) {
       if (!net::parse_address(p)) {
         throw std::invalid_argument("parent: expected host:port, got \"" + p + "\"");
@@ -191,16 +296,129 @@ class basic_node {
     return o;
   }
 
+  // Binds the JSON-RPC port, then the admin port; on failure neither stays bound, and
+  // `failed_bind_` names the address.
+  bool bind(std::error_code& ec) {
+    failed_bind_ = options_.listen;
+    server_.listen(*net::parse_address(options_.listen), ec);
+    if (ec) return false;
+    const auto ep = server_.local_endpoint();
+    local_ = net::address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+    if (options_.advertise.empty()) options_.advertise = local_;
+    if (admin_) {
+      failed_bind_ = options_.admin;
+      admin_->listen(*net::parse_address(options_.admin), ec);
+      if (ec) {
+        server_.stop();
+        return false;
+      }
+      const auto a = admin_->local_endpoint();
+      admin_local_ = net::address{a.address().to_string(), std::to_string(a.port())}.to_string();
+    }
+    return true;
+  }
+
   void log(const std::string& s) const {
     if (options_.log) options_.log(s);
   }
 
+  void count_reload(bool ok) {
+    if (!ok) {
+      ++metrics_.reloads_failed;
+      return;
+    }
+    ++metrics_.reloads_ok;
+    metrics_.last_reload_unix =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  void on_mastership(bool is_master, std::optional<std::string> m) {
+    if (stopping_) return;
+    const bool changed = is_master != engine_.mastership().is_master;
+    engine_.set_mastership(is_master, std::move(m), clock::now());
+    if (!changed) return;
+    ++metrics_.master_changes;
+    if (!is_master) {
+      log(fmt::format("not master; redirecting to {}",
+                      engine_.mastership().master.value_or("(unknown)")));
+      return;
+    }
+    double learning = 0;
+    for (const auto& t : engine_.config().templates())
+      learning = std::max(learning, t.algorithm.learning_mode_duration.count());
+    log(learning > 0 ? fmt::format("became master; learning mode starts (up to {} s)", learning)
+                     : std::string("became master; learning mode is off"));
+  }
+
   std::optional<std::string> on_line(std::string_view line) {
-    auto reply = handle_line(engine_, line, clock::now(), identity_);
+    const auto start = clock::now();
+    dispatch_record record;
+    auto reply = handle_line(engine_, line, start, identity_, &record);
+    metrics_.observe(record, std::chrono::duration<double>(clock::now() - start).count());
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
     if (driver_ && upstream_.next_request(engine_) < driver_->wakes_at()) driver_->reschedule();
     return reply;
+  }
+
+  admin_snapshot base_snapshot(clock::time_point now) const {
+    admin_snapshot s;
+    s.identity = identity_;
+    s.listen = local_;
+    s.config_source = location_.name();
+    s.mastership = engine_.mastership();
+    s.started = started_at_ != clock::time_point{};
+    s.uptime = s.started ? std::chrono::duration<double>(now - started_at_).count() : 0;
+    s.connections_open = server_.connections();
+    s.connections_accepted = server_.accepted();
+    s.connections_refused = server_.refused();
+    s.connections_closed_idle = server_.closed_idle();
+    s.has_parent = parent_.has_value();
+    s.parent_failures = upstream_.failures();
+    if (parent_success_) {
+      s.since_parent_success = std::chrono::duration<double>(now - *parent_success_).count();
+    }
+    s.templates = engine_.config().templates();
+    return s;
+  }
+
+  net::http_answer on_admin(const net::http_request& r) {
+    if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+    if (r.path == "/readyz") {
+      const auto [ready, why] = readiness(base_snapshot(clock::now()));
+      return {ready ? 200 : 503, "text/plain; charset=utf-8",
+              fmt::format("{}: {}\n", ready ? "ready" : "not ready", why)};
+    }
+    if (r.path == "/metrics") {
+      return {200, "text/plain; version=0.0.4; charset=utf-8",
+              render_metrics(snapshot(), metrics_)};
+    }
+    if (r.path == "/" || r.path == "/status") {
+      return {200, "text/html; charset=utf-8", render_status(snapshot())};
+    }
+    constexpr std::string_view prefix = "/status/resources/";
+    if (r.path.starts_with(prefix) && r.path.size() > prefix.size()) {
+      return resource_page(r.path.substr(prefix.size()), r.query("page"));
+    }
+    return net::detail::http_error(404, "no such page (try /status, /metrics, /healthz, /readyz)");
+  }
+
+  net::http_answer resource_page(std::string id, const std::optional<std::string>& page_text) {
+    std::size_t page = 1;
+    if (page_text) {
+      const auto v = as_int64(nlohmann::json::parse(*page_text, nullptr, false));
+      if (!v || *v < 1 || *v > 1'000'000'000) {
+        return net::detail::http_error(400, "page: expected a whole number from 1");
+      }
+      page = static_cast<std::size_t>(*v);
+    }
+    if (auto e = validate(status_request{id})) return net::detail::http_error(400, e->message);
+    const auto s = snapshot(std::move(id), page);
+    if (s.resources.empty()) return net::detail::http_error(400, "invalid resource id");
+    if (page > 1 && (page - 1) * leases_per_page >= s.lease_count) {
+      return net::detail::http_error(404, "no such page of leases");
+    }
+    return {200, "text/html; charset=utf-8", render_resource(s, page)};
   }
 
   // The node's side of its refresh driver: the upstream machine over the engine.
@@ -227,6 +445,12 @@ class basic_node {
     net::decode_refresh(reply, resp);
     const refresh_event event =
         reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
+    if (reply) {
+      ++metrics_.parent_requests_ok;
+      parent_success_ = now;
+    } else {
+      ++metrics_.parent_requests_failed;
+    }
     switch (event) {
       case refresh_event::reached:
         log(fmt::format("parent {} reached: {} resources leased", parent_->current(), asked_));
@@ -266,8 +490,68 @@ class basic_node {
     identity_.parent = parent_->current();
   }
 
+  void start_config_poll() {
+    config_etcd_.emplace(strand_, options_.config.etcd_endpoints);
+    asio::co_spawn(strand_,
+                   net::supervised(
+                       "etcd configuration poll", [this] { return follow_etcd_config(); },
+                       [this] { return stopping_; }, options_.log),
+                   asio::detached);
+  }
+
+  // Polls the etcd key and applies each new valid revision; an invalid one is logged and the
+  // old configuration kept. `reload_config()` cuts a wait short.
+  asio::awaitable<void> follow_etcd_config() {
+    const std::string name = location_.name();
+    bool failing = false;
+    while (!stopping_) {
+      config_wake_.expires_after(
+          to_duration<clock::duration>(options_.config.poll_interval.count()));
+      std::error_code ec;
+      co_await config_wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (stopping_) break;
+      const auto got = co_await config_etcd_->get(
+          location_.where,
+          clock::now() + to_duration<clock::duration>(options_.config.etcd_timeout.count()));
+      if (!got) {
+        if (!failing) {
+          log(fmt::format("configuration {}: cannot read ({}); keeping the current one", name,
+                          got.message));
+        }
+        failing = true;
+        continue;
+      }
+      if (failing) log(fmt::format("configuration {}: readable again", name));
+      failing = false;
+      apply_etcd_config(got.value);
+    }
+  }
+
+  void apply_etcd_config(const std::optional<net::etcd_kv>& kv) {
+    const std::string name = location_.name();
+    if (!kv) {
+      if (config_revision_ != -1) {
+        log(fmt::format("configuration {} deleted; keeping the current one", name));
+      }
+      config_revision_ = -1;
+      return;
+    }
+    if (kv->mod_revision == config_revision_) return;
+    config_revision_ = kv->mod_revision;
+    try {
+      engine_.set_config(parse_config_text(options_.config, kv->value, name));
+      count_reload(true);
+      log(fmt::format("configuration {} revision {} accepted", name, config_revision_));
+    } catch (const std::exception& e) {
+      count_reload(false);
+      log(fmt::format("configuration {} revision {} rejected, keeping the old one: {}", name,
+                      config_revision_, e.what()));
+    }
+  }
+
   asio::strand<asio::any_io_executor> strand_;
   node_options options_;
+  config_location location_;
   engine_type engine_;
   net::server server_;
   basic_upstream<engine_type> upstream_;
@@ -278,6 +562,15 @@ class basic_node {
   Election election_;
   node_identity identity_;
   std::string local_;
+  std::string admin_local_;
+  std::string failed_bind_;
+  std::optional<net::http_server> admin_;
+  node_metrics metrics_;
+  clock::time_point started_at_{};
+  std::optional<clock::time_point> parent_success_;
+  asio::steady_timer config_wake_;
+  std::optional<net::etcd_client> config_etcd_;
+  std::int64_t config_revision_ = 0;
   bool stopping_ = false;
 };
 

@@ -7,6 +7,8 @@
 ///     if (auto reply = doorman::handle_line(engine, line, clock.now(), identity))
 ///       write(*reply + "\n");
 
+#include <array>
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
@@ -28,7 +30,40 @@ struct node_identity {
   std::optional<std::string> parent;
 };
 
+/// The methods a node serves, for counting requests (`other`: an unknown method, or a line that
+/// is not a request).
+enum class rpc_method : std::uint8_t {
+  get_capacity,
+  get_server_capacity,
+  release_capacity,
+  discovery,
+  status,
+  other
+};
+
+inline constexpr std::array<const char*, 6> rpc_method_names = {
+    "get_capacity", "get_server_capacity", "release_capacity", "discovery", "status", "other"};
+
+/// What `handle_line` did with a line: the method, and the error code it answered with (none:
+/// a result, or a notification).
+struct dispatch_record {
+  rpc_method method = rpc_method::other;
+  std::optional<rpc_code> error;
+};
+
 namespace detail {
+
+inline rpc_method method_of(std::string_view name) noexcept {
+  for (std::size_t i = 0; i + 1 < rpc_method_names.size(); ++i)
+    if (name == rpc_method_names[i]) return static_cast<rpc_method>(i);
+  return rpc_method::other;
+}
+
+inline std::optional<rpc_code> error_of(const nlohmann::json& response) {
+  const auto e = response.find("error");
+  if (e == response.end()) return std::nullopt;
+  return static_cast<rpc_code>(e->value("code", static_cast<int>(rpc_code::server_error)));
+}
 
 template <class Request, class Call>
 nlohmann::json call_engine(const rpc_request& req, Call&& call) {
@@ -47,18 +82,24 @@ nlohmann::json call_engine(const rpc_request& req, Call&& call) {
 
 /// Handles one request line. Returns the response line (no newline), or nothing for a
 /// notification. Never throws: a failure inside the node becomes a `server_error` answer.
-/// Invalid input changes no state.
+/// Invalid input changes no state. `record`, when given, receives the method and outcome.
 template <class Engine>
 [[nodiscard]] std::optional<std::string> handle_line(Engine& eng, std::string_view line,
                                                      typename Engine::time_point now,
-                                                     const node_identity& identity = {}) {
+                                                     const node_identity& identity = {},
+                                                     dispatch_record* record = nullptr) {
+  dispatch_record ignored;
+  dispatch_record& rec = record ? *record : ignored;
+  rec = {};
   try {
     auto parsed = parse_request(line);
     if (auto* failure = std::get_if<rpc_failure>(&parsed)) {
+      rec.error = detail::error_of(failure->response);
       if (!failure->send) return std::nullopt;
       return to_line(failure->response);
     }
     const rpc_request& req = std::get<rpc_request>(parsed);
+    rec.method = detail::method_of(req.method);
     nlohmann::json response;
     if (req.method == "get_capacity") {
       response = detail::call_engine<capacity_request>(
@@ -84,9 +125,11 @@ template <class Engine>
     } else {
       response = make_error(req.id, rpc_code::method_not_found, "method not found: " + req.method);
     }
+    rec.error = detail::error_of(response);
     if (req.notification) return std::nullopt;
     return to_line(response);
   } catch (const std::exception& e) {
+    rec.error = rpc_code::server_error;
     return to_line(
         make_error(nullptr, rpc_code::server_error, std::string("server error: ") + e.what()));
   }

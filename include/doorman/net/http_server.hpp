@@ -1,0 +1,285 @@
+#pragma once
+
+/// \file
+/// The smallest HTTP/1.1 server the admin endpoint needs: `GET` and `HEAD`, one request per
+/// connection (`Connection: close`), no request body. Every connection is bounded: the request
+/// head in bytes and header lines, the whole exchange in time, and the number of connections
+/// open at once. The handler is synchronous and runs on the server's executor.
+///
+///     doorman::net::http_server admin(strand, {}, [&](const doorman::net::http_request& r) {
+///       return doorman::net::http_answer{200, "text/plain; charset=utf-8", "ok\n"};
+///     });
+///     admin.listen(*doorman::net::parse_address("127.0.0.1:7780"));
+///     admin.start();
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+
+#include "doorman/core/time.hpp"
+#include "doorman/net/address.hpp"
+#include "doorman/net/framing.hpp"
+#include "doorman/net/http_request.hpp"
+#include "doorman/net/supervise.hpp"
+
+namespace doorman::net {
+
+/// Limits of an HTTP server, with their defaults.
+struct http_server_options {
+  /// Longest request head (request line and headers); 431 beyond.
+  std::size_t max_head_bytes = 16 * 1024;
+  /// Target length and header count (see `http_request_limits`).
+  http_request_limits request{};
+  /// Connections open at once; one beyond is answered 503 and closed.
+  std::size_t max_connections = 64;
+  /// Deadline of one whole exchange: reading the head, then writing the answer.
+  seconds timeout{10};
+};
+
+/// An answer: status, content type and body. `Content-Length` and `Connection: close` are
+/// added; `headers` are extra lines ("Name: value", no CRLF).
+struct http_answer {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::string> headers{};
+};
+
+namespace detail {
+
+inline std::string_view http_reason(int status) noexcept {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 414:
+      return "URI Too Long";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Unknown";
+  }
+}
+
+// The bytes of an answer; `head_only` for HEAD (the length of the body it would have had).
+inline std::string http_serialize(const http_answer& a, bool head_only) {
+  std::string out = fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n"
+      "Cache-Control: no-store\r\n",
+      a.status, http_reason(a.status), a.content_type, a.body.size());
+  for (const auto& h : a.headers)
+    out += h + "\r\n";
+  out += "\r\n";
+  if (!head_only) out += a.body;
+  return out;
+}
+
+inline http_answer http_error(int status, std::string_view why) {
+  return {status, "text/plain; charset=utf-8",
+          fmt::format("{} {}: {}\n", status, http_reason(status), why)};
+}
+
+}  // namespace detail
+
+/// The server: an accept loop and one short-lived coroutine per connection.
+class http_server {
+ public:
+  /// Called for every well-formed GET or HEAD request.
+  using handler_type = std::function<http_answer(const http_request&)>;
+  using log_type = std::function<void(std::string_view)>;
+
+  http_server(asio::any_io_executor executor, http_server_options options, handler_type handler,
+              log_type log = {})
+      : executor_(std::move(executor)),
+        options_(options),
+        handler_(std::move(handler)),
+        log_(std::move(log)),
+        acceptor_(executor_),
+        retry_(executor_) {}
+
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+  ~http_server() { close_all(); }
+
+  /// Binds and listens (port 0 picks a free port); `ec` says why not.
+  void listen(const address& where, std::error_code& ec) {
+    asio::ip::tcp::resolver resolver(executor_);
+    const auto results = resolver.resolve(where.host, where.port, ec);
+    if (ec) return;
+    const auto endpoint = results.begin()->endpoint();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      std::error_code ignored;
+      acceptor_.close(ignored);
+    }
+  }
+
+  [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
+    return acceptor_.local_endpoint();
+  }
+
+  void start() {
+    asio::co_spawn(executor_,
+                   supervised(
+                       "admin accept loop", [this] { return accept_loop(); },
+                       [this] { return stopping_; }, log_),
+                   asio::detached);
+  }
+
+  /// Stops accepting and closes every connection. Call it on the executor.
+  void stop() {
+    stopping_ = true;
+    std::error_code ec;
+    acceptor_.close(ec);
+    retry_.cancel();
+    close_all();
+  }
+
+  [[nodiscard]] std::size_t connections() const noexcept { return sockets_.size(); }
+  /// Connections refused for `max_connections`, since the start.
+  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
+
+ private:
+  using socket_ptr = std::shared_ptr<asio::ip::tcp::socket>;
+
+  void close_all() {
+    for (const auto& s : sockets_) {
+      std::error_code ec;
+      s->close(ec);
+    }
+    sockets_.clear();
+  }
+
+  asio::awaitable<void> accept_loop() {
+    while (!stopping_) {
+      std::error_code ec;
+      auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      if (stopping_) co_return;
+      if (ec) {
+        if (ec == asio::error::operation_aborted) co_return;
+        if (log_) log_(fmt::format("admin accept failed: {}; retrying in 100 ms", ec.message()));
+        retry_.expires_after(std::chrono::milliseconds(100));
+        co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      auto s = std::make_shared<asio::ip::tcp::socket>(std::move(socket));
+      if (sockets_.size() >= options_.max_connections) {
+        ++refused_;
+        s->non_blocking(true, ec);
+        const auto busy =
+            detail::http_serialize(detail::http_error(503, "too many admin connections"), false);
+        s->write_some(asio::buffer(busy), ec);
+        s->close(ec);
+        continue;
+      }
+      sockets_.insert(s);
+      asio::co_spawn(executor_, exchange(s), asio::detached);
+    }
+  }
+
+  // Reads one request head, answers it, closes; all before the deadline.
+  asio::awaitable<void> exchange(socket_ptr s) {
+    const socket_deadline guard(
+        executor_,
+        std::chrono::steady_clock::now() +
+            to_duration<std::chrono::steady_clock::duration>(options_.timeout.count()),
+        [s] {
+          std::error_code ignored;
+          s->close(ignored);
+        });
+    std::string head;
+    std::array<char, 4096> chunk;
+    std::error_code ec;
+    http_answer answer;
+    bool head_only = false;
+    for (;;) {
+      const std::size_t n = co_await s->async_read_some(
+          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) break;
+      const std::size_t scanned_from = head.size() < 3 ? 0 : head.size() - 3;
+      head.append(chunk.data(), n);
+      const auto end = head.find("\r\n\r\n", scanned_from);
+      const auto bare = head.find("\n\n", scanned_from);
+      if (end == std::string::npos && bare == std::string::npos) {
+        if (head.size() > options_.max_head_bytes) {
+          answer = detail::http_error(431, "request head too long");
+          break;
+        }
+        continue;
+      }
+      const std::size_t stop = std::min(end == std::string::npos ? head.size() : end + 4,
+                                        bare == std::string::npos ? head.size() : bare + 2);
+      if (stop > options_.max_head_bytes) {
+        answer = detail::http_error(431, "request head too long");
+        break;
+      }
+      answer = respond(parse_http_request(std::string_view(head).substr(0, stop), options_.request),
+                       head_only);
+      break;
+    }
+    if (!ec && !guard.expired()) {
+      const std::string bytes = detail::http_serialize(answer, head_only);
+      co_await asio::async_write(*s, asio::buffer(bytes),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+      s->shutdown(asio::socket_base::shutdown_send, ec);
+    }
+    std::error_code ignored;
+    s->close(ignored);
+    sockets_.erase(s);
+  }
+
+  http_answer respond(const http_request& r, bool& head_only) {
+    if (r.status != 0) return detail::http_error(r.status, r.reason);
+    if (r.method != "GET" && r.method != "HEAD") {
+      auto a = detail::http_error(405, "only GET and HEAD are served");
+      a.headers.push_back("Allow: GET, HEAD");
+      return a;
+    }
+    head_only = r.method == "HEAD";
+    try {
+      return handler_(r);
+    } catch (const std::exception& e) {
+      return detail::http_error(500, e.what());
+    }
+  }
+
+  asio::any_io_executor executor_;
+  http_server_options options_;
+  handler_type handler_;
+  log_type log_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer retry_;
+  std::unordered_set<socket_ptr> sockets_;
+  std::size_t refused_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace doorman::net

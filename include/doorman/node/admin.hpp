@@ -1,0 +1,317 @@
+#pragma once
+
+/// \file
+/// What a node's admin endpoint shows (docs/operations.md), sans-I/O: the counters a node keeps
+/// (`node_metrics`), a snapshot of its state taken on its strand (`admin_snapshot`), and the
+/// pages rendered from them: Prometheus text exposition (`render_metrics`), the HTML status
+/// pages (`render_status`, `render_resource`) and the health answers.
+///
+///     node_metrics m;
+///     m.observe(record, seconds_taken);          // per request
+///     std::string text = render_metrics(snapshot, m);
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "doorman/core/config.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/protocol/dispatch.hpp"
+
+namespace doorman {
+
+/// The version the admin endpoint reports in `doorman_build_info` and on the status page.
+inline constexpr std::string_view version = "0.2.0";
+
+/// A cumulative latency histogram with fixed bucket bounds (seconds).
+struct latency_histogram {
+  static constexpr std::array<double, 12> bounds = {25e-6,  50e-6, 100e-6, 250e-6, 500e-6, 1e-3,
+                                                    2.5e-3, 5e-3,  10e-3,  25e-3,  50e-3,  0.1};
+  std::array<std::uint64_t, bounds.size()> buckets{};  ///< observations <= bounds[i] (not summed)
+  std::uint64_t count = 0;
+  double sum = 0;
+
+  void observe(double taken) noexcept {
+    const auto it = std::lower_bound(bounds.begin(), bounds.end(), taken);
+    if (it != bounds.end()) ++buckets[static_cast<std::size_t>(it - bounds.begin())];
+    ++count;
+    sum += taken;
+  }
+};
+
+/// The outcomes a request is counted under: `ok`, or the JSON-RPC error it got.
+inline constexpr std::array<const char*, 6> rpc_outcome_names = {
+    "ok", "parse_error", "invalid_request", "method_not_found", "invalid_params", "server_error"};
+
+[[nodiscard]] inline std::size_t outcome_index(const std::optional<rpc_code>& e) noexcept {
+  if (!e) return 0;
+  switch (*e) {
+    case rpc_code::parse_error:
+      return 1;
+    case rpc_code::invalid_request:
+      return 2;
+    case rpc_code::method_not_found:
+      return 3;
+    case rpc_code::invalid_params:
+      return 4;
+    case rpc_code::server_error:
+      return 5;
+  }
+  return 5;
+}
+
+/// The counters a node keeps, touched on its strand only.
+struct node_metrics {
+  /// Requests by method and outcome.
+  std::array<std::array<std::uint64_t, rpc_outcome_names.size()>, rpc_method_names.size()>
+      requests{};
+  /// Time to handle a request (parse, decide, serialize), by method.
+  std::array<latency_histogram, rpc_method_names.size()> latency{};
+  std::uint64_t master_changes = 0;
+  std::uint64_t reloads_ok = 0;
+  std::uint64_t reloads_failed = 0;
+  double last_reload_unix = 0;  ///< when the configuration was last loaded (Unix seconds)
+  std::uint64_t parent_requests_failed = 0;
+  std::uint64_t parent_requests_ok = 0;
+
+  void observe(const dispatch_record& r, double taken) noexcept {
+    const auto m = static_cast<std::size_t>(r.method);
+    ++requests[m][outcome_index(r.error)];
+    latency[m].observe(taken);
+  }
+};
+
+/// One resource as the admin pages show it: its state, and the template that configures it.
+struct admin_resource {
+  resource_status status;
+  std::string description;
+  std::string glob;                    ///< the template's identifier_glob
+  std::optional<double> parent_lease;  ///< an intermediate's lease from its parent
+};
+
+/// A node's state for the admin pages, taken on its strand.
+struct admin_snapshot {
+  node_identity identity;
+  std::string listen;
+  std::string config_source;  ///< where the configuration comes from ("" when given in code)
+  mastership_info mastership;
+  bool started = false;
+  double uptime = 0;  ///< seconds since `start`
+  std::size_t connections_open = 0;
+  std::uint64_t connections_accepted = 0;
+  std::uint64_t connections_refused = 0;
+  std::uint64_t connections_closed_idle = 0;
+  bool has_parent = false;
+  int parent_failures = 0;                     ///< consecutive
+  std::optional<double> since_parent_success;  ///< seconds; none before the first
+  std::vector<admin_resource> resources;       ///< with state, sorted by id
+  std::vector<resource_template> templates;    ///< the configuration
+  std::vector<lease_status> leases;            ///< one page (resource page only)
+  std::size_t lease_count = 0;                 ///< all leases of the resource
+};
+
+/// Readiness: the configuration is loaded and the node is master or knows who is.
+[[nodiscard]] inline std::pair<bool, std::string> readiness(const admin_snapshot& s) {
+  if (!s.started) return {false, "not started"};
+  if (s.mastership.is_master) return {true, "master"};
+  if (s.mastership.master && !s.mastership.master->empty()) {
+    return {true, "following master " + *s.mastership.master};
+  }
+  return {false, "no master known"};
+}
+
+namespace detail {
+
+// Prometheus label value escaping: backslash, double quote and newline.
+inline std::string prom_escape(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (const char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// A sample value: integers without a fraction, +Inf/-Inf/NaN spelled as Prometheus wants.
+inline std::string prom_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15)
+    return fmt::format("{}", static_cast<long long>(v));
+  return fmt::format("{}", v);
+}
+
+// Writes metric families: a HELP and TYPE header, then its samples.
+class prom_writer {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  }
+  void sample(std::string_view name, std::string_view labels, double value) {
+    out_ += name;
+    if (!labels.empty()) out_ += fmt::format("{{{}}}", labels);
+    out_ += ' ';
+    out_ += prom_value(value);
+    out_ += '\n';
+  }
+  void histogram(std::string_view name, std::string_view labels, const latency_histogram& h) {
+    std::uint64_t cumulative = 0;
+    const std::string sep = labels.empty() ? "" : ",";
+    for (std::size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += h.buckets[i];
+      sample(fmt::format("{}_bucket", name),
+             fmt::format("{}{}le=\"{}\"", labels, sep, prom_value(h.bounds[i])),
+             static_cast<double>(cumulative));
+    }
+    sample(fmt::format("{}_bucket", name), fmt::format("{}{}le=\"+Inf\"", labels, sep),
+           static_cast<double>(h.count));
+    sample(fmt::format("{}_sum", name), labels, h.sum);
+    sample(fmt::format("{}_count", name), labels, static_cast<double>(h.count));
+  }
+  [[nodiscard]] std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+inline void render_requests(prom_writer& w, const node_metrics& m) {
+  w.family("doorman_requests_total", "counter",
+           "JSON-RPC requests handled, by method and outcome.");
+  for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
+    for (std::size_t o = 0; o < rpc_outcome_names.size(); ++o)
+      if (m.requests[i][o] != 0 || o == 0) {
+        w.sample(
+            "doorman_requests_total",
+            fmt::format("method=\"{}\",outcome=\"{}\"", rpc_method_names[i], rpc_outcome_names[o]),
+            static_cast<double>(m.requests[i][o]));
+      }
+  w.family("doorman_request_duration_seconds", "histogram",
+           "Time to handle one JSON-RPC request (parse, decide, answer), by method.");
+  for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
+    w.histogram("doorman_request_duration_seconds",
+                fmt::format("method=\"{}\"", rpc_method_names[i]), m.latency[i]);
+}
+
+inline void render_connections(prom_writer& w, const admin_snapshot& s) {
+  w.family("doorman_connections_open", "gauge", "JSON-RPC connections open now.");
+  w.sample("doorman_connections_open", "", static_cast<double>(s.connections_open));
+  w.family("doorman_connections_accepted_total", "counter", "JSON-RPC connections accepted.");
+  w.sample("doorman_connections_accepted_total", "", static_cast<double>(s.connections_accepted));
+  w.family("doorman_connections_refused_total", "counter",
+           "JSON-RPC connections refused for max_connections.");
+  w.sample("doorman_connections_refused_total", "", static_cast<double>(s.connections_refused));
+  w.family("doorman_connections_closed_idle_total", "counter",
+           "JSON-RPC connections closed for idle_timeout.");
+  w.sample("doorman_connections_closed_idle_total", "",
+           static_cast<double>(s.connections_closed_idle));
+}
+
+inline void render_resources(prom_writer& w, const admin_snapshot& s) {
+  struct column {
+    const char* name;
+    const char* help;
+    double (*get)(const admin_resource&);
+  };
+  static constexpr column columns[] = {
+      {"doorman_resource_capacity", "Capacity of the resource at this node.",
+       [](const admin_resource& r) { return r.status.capacity; }},
+      {"doorman_resource_has", "Sum of the capacity leased to clients.",
+       [](const admin_resource& r) { return r.status.sum_has; }},
+      {"doorman_resource_wants", "Sum of what the clients ask for.",
+       [](const admin_resource& r) { return r.status.sum_wants; }},
+      {"doorman_resource_clients", "Clients (and server children) holding a lease.",
+       [](const admin_resource& r) { return static_cast<double>(r.status.clients); }},
+      {"doorman_resource_subclients", "Clients below, as server children report them.",
+       [](const admin_resource& r) { return r.status.subclients; }},
+      {"doorman_resource_learning", "1 while the resource is in learning mode.",
+       [](const admin_resource& r) { return r.status.learning ? 1.0 : 0.0; }},
+  };
+  for (const auto& c : columns) {
+    w.family(c.name, "gauge", c.help);
+    for (const auto& r : s.resources)
+      w.sample(c.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)), c.get(r));
+  }
+  w.family("doorman_resource_info", "gauge", "1 per resource, labelled with its algorithm.");
+  for (const auto& r : s.resources)
+    w.sample("doorman_resource_info",
+             fmt::format("resource=\"{}\",algorithm=\"{}\"", prom_escape(r.status.resource_id),
+                         prom_escape(r.status.algorithm)),
+             1);
+}
+
+inline void render_upstream(prom_writer& w, const admin_snapshot& s, const node_metrics& m) {
+  if (!s.has_parent) return;
+  w.family("doorman_parent_lease_capacity", "gauge",
+           "Capacity leased from the parent, per resource.");
+  for (const auto& r : s.resources)
+    if (r.parent_lease) {
+      w.sample("doorman_parent_lease_capacity",
+               fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)), *r.parent_lease);
+    }
+  w.family("doorman_parent_requests_total", "counter", "Requests to the parent, by outcome.");
+  w.sample("doorman_parent_requests_total", "outcome=\"ok\"",
+           static_cast<double>(m.parent_requests_ok));
+  w.sample("doorman_parent_requests_total", "outcome=\"failed\"",
+           static_cast<double>(m.parent_requests_failed));
+  w.family("doorman_parent_consecutive_failures", "gauge",
+           "Requests to the parent failed in a row.");
+  w.sample("doorman_parent_consecutive_failures", "", s.parent_failures);
+  w.family("doorman_parent_last_success_age_seconds", "gauge",
+           "Seconds since the parent last answered (absent before it first did).");
+  if (s.since_parent_success) {
+    w.sample("doorman_parent_last_success_age_seconds", "", *s.since_parent_success);
+  }
+}
+
+inline void render_node(prom_writer& w, const admin_snapshot& s, const node_metrics& m) {
+  w.family("doorman_build_info", "gauge", "1, labelled with the version and the node's role.");
+  w.sample("doorman_build_info",
+           fmt::format("version=\"{}\",role=\"{}\",id=\"{}\"", version,
+                       prom_escape(s.identity.role), prom_escape(s.identity.id)),
+           1);
+  w.family("doorman_uptime_seconds", "gauge", "Seconds since the node started.");
+  w.sample("doorman_uptime_seconds", "", s.uptime);
+  w.family("doorman_is_master", "gauge", "1 when this node is its position's master.");
+  w.sample("doorman_is_master", "", s.mastership.is_master ? 1 : 0);
+  w.family("doorman_master_changes_total", "counter", "Times this node gained or lost mastership.");
+  w.sample("doorman_master_changes_total", "", static_cast<double>(m.master_changes));
+  w.family("doorman_config_reloads_total", "counter", "Configuration loads, by outcome.");
+  w.sample("doorman_config_reloads_total", "outcome=\"ok\"", static_cast<double>(m.reloads_ok));
+  w.sample("doorman_config_reloads_total", "outcome=\"failed\"",
+           static_cast<double>(m.reloads_failed));
+  w.family("doorman_config_last_reload_timestamp_seconds", "gauge",
+           "When the configuration in use was loaded (Unix time).");
+  w.sample("doorman_config_last_reload_timestamp_seconds", "", m.last_reload_unix);
+  w.family("doorman_config_templates", "gauge", "Resource templates in the configuration.");
+  w.sample("doorman_config_templates", "", static_cast<double>(s.templates.size()));
+}
+
+}  // namespace detail
+
+/// The Prometheus text exposition (format 0.0.4) of a node's state and counters.
+[[nodiscard]] inline std::string render_metrics(const admin_snapshot& s, const node_metrics& m) {
+  detail::prom_writer w;
+  detail::render_node(w, s, m);
+  detail::render_requests(w, m);
+  detail::render_connections(w, s);
+  detail::render_resources(w, s);
+  detail::render_upstream(w, s, m);
+  return w.take();
+}
+
+}  // namespace doorman

@@ -1,0 +1,199 @@
+#pragma once
+
+/// \file
+/// The admin endpoint's HTML pages, sans-I/O: `/status` (the node, its master and parent, a
+/// row per resource with state, the configuration's templates) and `/status/resources/<id>`
+/// (one resource and a page of its leases). Plain HTML and a little CSS, no script: they read
+/// the same in a browser, `curl` and a test.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "doorman/node/admin.hpp"
+
+namespace doorman {
+
+/// Leases shown per page of `/status/resources/<id>`.
+inline constexpr std::size_t leases_per_page = 500;
+
+namespace detail {
+
+inline std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// A path segment percent-encoded (unreserved bytes kept), for links to a resource.
+inline std::string url_segment(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '_' || c == '.' || c == '~') {
+      out += c;
+    } else {
+      out += fmt::format("%{:02X}", u);
+    }
+  }
+  return out;
+}
+
+inline std::string num(double v) {
+  return fmt::format("{:.6g}", v);
+}
+
+inline std::string page_head(std::string_view title) {
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n"
+      "<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;"
+      "margin:.5em 0 1.5em}}th,td{{border:1px solid #bbb;padding:.25em .6em;text-align:left}}"
+      "th{{background:#eee}}td.n{{text-align:right}}.learning{{color:#a60}}</style></head>"
+      "<body>\n<h1>{}</h1>\n",
+      html_escape(title), html_escape(title));
+}
+
+inline std::string identity_table(const admin_snapshot& s) {
+  const auto [ready, why] = readiness(s);
+  std::string master =
+      s.mastership.is_master ? std::string("this node") : s.mastership.master.value_or("(unknown)");
+  std::string out = "<table id=\"node\">\n";
+  auto row = [&](std::string_view k, const std::string& v) {
+    out += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, html_escape(v));
+  };
+  row("id", s.identity.id);
+  row("role", s.identity.role);
+  row("level", std::to_string(s.identity.level));
+  row("listening on", s.listen);
+  row("master", master);
+  row("parent", s.identity.parent.value_or("(none: root)"));
+  if (s.has_parent) {
+    row("parent failures in a row", std::to_string(s.parent_failures));
+    row("last parent answer",
+        s.since_parent_success ? num(*s.since_parent_success) + " s ago" : std::string("never"));
+  }
+  row("configuration", s.config_source.empty() ? std::string("(given in code)") : s.config_source);
+  row("ready", ready ? "yes (" + why + ")" : "no (" + why + ")");
+  row("uptime", num(s.uptime) + " s");
+  row("connections", std::to_string(s.connections_open));
+  row("version", std::string(version));
+  return out + "</table>\n";
+}
+
+inline std::string resource_row(const admin_resource& r, bool with_link) {
+  const auto& st = r.status;
+  const std::string id = with_link
+                             ? fmt::format("<a href=\"/status/resources/{}\">{}</a>",
+                                           url_segment(st.resource_id), html_escape(st.resource_id))
+                             : html_escape(st.resource_id);
+  return fmt::format(
+      "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
+      "<td class=\"n\">{}</td><td class=\"n\">{}</td><td{}>{}</td><td>{}</td><td>{}</td>"
+      "<td class=\"n\">{}</td><td>{}</td></tr>\n",
+      id, num(st.capacity), num(st.sum_has), num(st.sum_wants), st.clients, num(st.subclients),
+      st.learning ? " class=\"learning\"" : "", st.learning ? "yes" : "no",
+      html_escape(st.algorithm), html_escape(r.glob),
+      r.parent_lease ? num(*r.parent_lease) : std::string("-"), html_escape(r.description));
+}
+
+inline constexpr std::string_view resource_header =
+    "<tr><th>resource</th><th>capacity</th><th>has</th><th>wants</th><th>clients</th>"
+    "<th>subclients</th><th>learning</th><th>algorithm</th><th>template</th>"
+    "<th>parent lease</th><th>description</th></tr>\n";
+
+inline std::string template_table(const admin_snapshot& s) {
+  std::string out =
+      "<table id=\"templates\">\n<tr><th>identifier_glob</th><th>capacity</th>"
+      "<th>safe_capacity</th><th>algorithm</th><th>lease_length</th><th>refresh_interval</th>"
+      "<th>description</th></tr>\n";
+  for (const auto& t : s.templates) {
+    out += fmt::format(
+        "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>"
+        "<td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>\n",
+        html_escape(t.identifier_glob), num(t.capacity),
+        t.safe_capacity ? num(*t.safe_capacity) : std::string("dynamic"),
+        html_escape(t.algorithm.kind), num(t.algorithm.lease_length.count()),
+        num(t.algorithm.refresh_interval.count()), html_escape(t.description));
+  }
+  return out + "</table>\n";
+}
+
+}  // namespace detail
+
+/// `/status`: the node, its resources with state, and its configuration.
+[[nodiscard]] inline std::string render_status(const admin_snapshot& s) {
+  std::string out = detail::page_head("doorman " + s.identity.role + " " + s.identity.id);
+  out += detail::identity_table(s);
+  out += fmt::format("<h2>Resources ({})</h2>\n", s.resources.size());
+  if (s.resources.empty()) {
+    out += "<p id=\"no-resources\">No resource has state yet: no client has asked.</p>\n";
+  } else {
+    out += "<table id=\"resources\">\n";
+    out += detail::resource_header;
+    for (const auto& r : s.resources)
+      out += detail::resource_row(r, true);
+    out += "</table>\n";
+  }
+  out += fmt::format("<h2>Configuration ({} templates)</h2>\n", s.templates.size());
+  out += detail::template_table(s);
+  out +=
+      "<p><a href=\"/metrics\">metrics</a> · <a href=\"/healthz\">healthz</a> · "
+      "<a href=\"/readyz\">readyz</a></p>\n</body></html>\n";
+  return out;
+}
+
+/// `/status/resources/<id>?page=N`: one resource and page `page` (from 1) of its leases, sorted
+/// by client id. `s.resources` holds the resource, `s.leases` the page, `s.lease_count` all.
+[[nodiscard]] inline std::string render_resource(const admin_snapshot& s, std::size_t page) {
+  const auto& r = s.resources.at(0);
+  std::string out = detail::page_head("resource " + r.status.resource_id);
+  out += "<p><a href=\"/status\">back to the node</a></p>\n<table id=\"resource\">\n";
+  out += detail::resource_header;
+  out += detail::resource_row(r, false);
+  out += "</table>\n";
+  const std::size_t pages =
+      std::max<std::size_t>(1, (s.lease_count + leases_per_page - 1) / leases_per_page);
+  out += fmt::format("<h2>Leases ({}; page {} of {})</h2>\n", s.lease_count, page, pages);
+  out +=
+      "<table id=\"leases\">\n<tr><th>client</th><th>kind</th><th>has</th><th>wants</th>"
+      "<th>subclients</th><th>expires in (s)</th><th>refresh in (s)</th></tr>\n";
+  for (const auto& l : s.leases) {
+    out += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
+        "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
+        detail::html_escape(l.client_id), l.is_server ? "server" : "client",
+        detail::num(l.has.capacity), detail::num(l.wants), detail::num(l.subclients),
+        detail::num(l.has.expires_in), detail::num(l.has.refresh_interval));
+  }
+  out += "</table>\n<p id=\"pages\">";
+  const std::string base = "/status/resources/" + detail::url_segment(r.status.resource_id);
+  if (page > 1) out += fmt::format("<a href=\"{}?page={}\">previous</a> ", base, page - 1);
+  if (page < pages) out += fmt::format("<a href=\"{}?page={}\">next</a>", base, page + 1);
+  return out + "</p>\n</body></html>\n";
+}
+
+}  // namespace doorman
