@@ -6,7 +6,10 @@ set -eu
 
 # etcd-server: the high-availability tests start a real etcd (its service need not run).
 # libyaml-cpp-dev: Doorman's YAML configurations, for doorman-node and doorman (not the library).
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev"
+# prometheus, chromium, tmux: the operations tests check the admin endpoint with promtool and a
+# real Prometheus server, render the status page in headless Chromium, and drive `doorman watch`
+# in a real terminal.
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux"
 # `install-deps.sh fuzz`: also clang 16 and its libFuzzer/sanitizer runtimes (Debian 12's
 # clang 14 cannot compile the engine), for `make fuzz`.
 if [ "${1:-}" = fuzz ]; then

@@ -400,3 +400,281 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
   CHECK_THAT(dom, Catch::Contains("<td>the default</td>"));
   fs::remove_all(dir);
 }
+
+// ---- Doorman's YAML -----------------------------------------------------------------------
+
+#if defined(DOORMAN_NODE_BINARY) && defined(DOORMAN_HAVE_YAML)
+#include "yaml_config.hpp"
+
+namespace {
+
+// Doorman's own example (doc/simplecluster/config.yml in its repository), as it is.
+constexpr const char* doorman_example_yaml = R"(resources:
+  - identifier_glob: proportional
+    capacity: 100
+    safe_capacity: 10
+    description: proportional example
+    algorithm:
+      kind: PROPORTIONAL_SHARE
+      lease_length: 15
+      refresh_interval: 5
+  - identifier_glob: fair
+    capacity: 1000
+    safe_capacity: 10
+    description: fair share example
+    algorithm:
+      kind: FAIR_SHARE
+      lease_length: 15
+      refresh_interval: 5
+  - identifier_glob: "*"
+    capacity: 1000
+    safe_capacity: 10
+    description: default
+    algorithm:
+      kind: FAIR_SHARE
+      lease_length: 60
+      refresh_interval: 15
+)";
+
+std::string yaml_error(const std::string& text) {
+  try {
+    (void)doorman_examples::parse_yaml_config(text, "x.yml");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("yaml: Doorman's example configuration loads as it is", "[yaml]") {
+  const auto repo = doorman_examples::parse_yaml_config(doorman_example_yaml, "config.yml");
+  REQUIRE(repo.templates().size() == 3);
+  const auto& p = repo.find("proportional");
+  CHECK(p.capacity == 100);
+  CHECK(p.safe_capacity == 10);
+  CHECK(p.description == "proportional example");
+  CHECK(p.algorithm.kind == "PROPORTIONAL_SHARE");
+  CHECK(p.algorithm.lease_length.count() == 15);
+  CHECK(repo.find("anything").description == "default");
+  // The same configuration as JSON parses to the same repository.
+  const auto json_form = doorman_examples::yaml_config_json(doorman_example_yaml, "config.yml");
+  CHECK(doorman::resource_repository::parse(json_form.dump()).templates() == repo.templates());
+}
+
+TEST_CASE("yaml: Doorman's forms without a JSON twin are converted", "[yaml]") {
+  const auto repo = doorman_examples::parse_yaml_config(R"(resources:
+- identifier_glob: "*"
+  capacity: 10
+  algorithm:
+    kind: 3
+    lease_length: 604800
+    refresh_interval: 60
+    parameters:
+      - name: spread
+        value: "0.5"
+      - name: flag
+)",
+                                                        "x.yml");
+  const auto& t = repo.templates().at(0);
+  CHECK(t.algorithm.kind == "FAIR_SHARE");
+  CHECK(t.algorithm.lease_length.count() == 604800);
+  CHECK(t.algorithm.parameters == json({{"spread", "0.5"}, {"flag", ""}}));
+  CHECK(doorman_examples::parse_yaml_config(
+            "resources: [{identifier_glob: '*', capacity: 1, algorithm: {kind: 1, lease_length: "
+            "60, refresh_interval: 5}}]",
+            "x.yml")
+            .templates()
+            .at(0)
+            .algorithm.kind == "STATIC");
+}
+
+TEST_CASE("yaml: errors name the field and the line", "[yaml]") {
+  CHECK(yaml_error(R"(resources:
+  - identifier_glob: "*"
+    capacity: -5
+    algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15}
+)") == "resources[0].capacity: must be between 0 and 1e15 (line 3 of x.yml)");
+  CHECK(yaml_error(R"(resources:
+  - identifier_glob: "*"
+    capacity: 5
+    algorithm:
+      kind: 7
+      lease_length: 60
+      refresh_interval: 15
+)") == "resources[0].algorithm.kind: must be a string (line 5 of x.yml)");
+  CHECK(yaml_error("resources:\n  - identifier_glob: \"*\"\n    capacity: [1\n") ==
+        "x.yml:4: not valid YAML: end of sequence flow not found");
+  // Quoted numbers stay strings, and are refused where a number is needed.
+  CHECK(yaml_error(R"(resources:
+- identifier_glob: "*"
+  capacity: "5"
+  algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15})") ==
+        "resources[0].capacity: must be a number (line 3 of x.yml)");
+}
+
+TEST_CASE("yaml: files by extension, etcd values by their first character", "[yaml]") {
+  CHECK(doorman_examples::is_yaml("{}", "conf.yml"));
+  CHECK(doorman_examples::is_yaml("", "conf.yaml"));
+  CHECK_FALSE(doorman_examples::is_yaml("resources: []", "conf.json"));
+  CHECK(doorman_examples::is_yaml("resources: []", "etcd:/doorman/config"));
+  CHECK_FALSE(doorman_examples::is_yaml("  {\"resources\": []}", "etcd:/doorman/config"));
+  CHECK_FALSE(doorman_examples::is_yaml("// a comment\n{}", "etcd:/doorman/config"));
+}
+
+TEST_CASE("doorman-node loads Doorman's YAML and warns about unknown DOORMAN_ variables",
+          "[yaml][process]") {
+  const auto dir = scratch("yaml-node");
+  std::ofstream(dir / "config.yml") << doorman_example_yaml;
+  ::setenv("DOORMAN_LISTN", "127.0.0.1:1", 1);
+  process p({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off", "--config",
+             (dir / "config.yml").string()},
+            (dir / "node.log").string());
+  ::unsetenv("DOORMAN_LISTN");
+  const auto address = listening_address(p);
+  CHECK_THAT(p.log(), Catch::Contains("warning: environment variable DOORMAN_LISTN is not a flag"));
+  CHECK_THAT(p.log(), !Catch::Contains("admin endpoint"));
+  line_client c(address);
+  const auto st = c.call("status", json::object());
+  CHECK(st["result"]["mastership"]["is_master"] == true);
+  // A bad edit, then SIGHUP: refused with the line, the old configuration stays.
+  std::ofstream(dir / "config.yml") << "resources:\n  - identifier_glob: \"*\"\n    capacity: x\n";
+  p.signal(SIGHUP);
+  const auto rejected = p.wait_for("rejected");
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity: must be a number (line 3 of"));
+  p.signal(SIGTERM);
+  CHECK(p.wait_exit() == 0);
+  fs::remove_all(dir);
+}
+#endif
+
+// ---- the doorman CLI ----------------------------------------------------------------------
+
+#ifdef DOORMAN_CLI_BINARY
+
+namespace {
+
+std::pair<int, std::string> cli(const std::string& args, bool quiet = false) {
+  return run_command(std::string(DOORMAN_CLI_BINARY) + " " + args, quiet);
+}
+
+}  // namespace
+
+TEST_CASE("doorman CLI: get, status, release and discovery against a root", "[cli][net]") {
+  running_node<> root(fast_config(100));
+  const std::string s = " --server " + root.address();
+  auto [rc, out] = cli("get db --wants 30 --client-id alice" + s);
+  CHECK(rc == 0);
+  CHECK(out == "db: 30 of 30 wanted for alice; expires in 3 s, refresh in 0.4 s\n");
+  std::tie(rc, out) = cli("status" + s);
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::Contains("role root  level 0  master " + root.address() + " (this node)"));
+  CHECK_THAT(out,
+             Catch::Contains("RESOURCE  CAPACITY  HAS  WANTS  CLIENTS  LEARNING  ALGORITHM\n"
+                             "db        100       30   30     1        no        FAIR_SHARE\n"));
+  std::tie(rc, out) = cli("status db" + s);
+  CHECK_THAT(out, Catch::Contains("CLIENT  KIND    HAS  WANTS  EXPIRES IN"));
+  CHECK_THAT(out, Catch::Contains("alice   client  30   30"));
+  std::tie(rc, out) = cli("status db --json" + s);
+  CHECK(rc == 0);
+  CHECK(json::parse(out)["leases"][0]["client_id"] == "alice");
+  std::tie(rc, out) = cli("release db --client-id alice" + s);
+  CHECK(rc == 0);
+  CHECK(out == "db: released for alice\n");
+  CHECK(status_of(root.address(), "db")["resources"][0]["clients"] == 0);
+  std::tie(rc, out) = cli("discovery" + s);
+  CHECK(out == "master: " + root.address() + "\n");
+}
+
+TEST_CASE("doorman CLI: follows a redirect to the master", "[cli][net]") {
+  running_node<> master(fast_config(100));
+  running_node<fixed_election> follower(fast_config(100), {},
+                                        fixed_election{false, master.address()});
+  const auto [rc, out] = cli("get db --wants 7 --client-id bob --server " + follower.address());
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::StartsWith("db: 7 of 7 wanted for bob"));
+  CHECK(status_of(master.address(), "db")["resources"][0]["clients"] == 1);
+}
+
+TEST_CASE("doorman CLI: failures exit 1 and bad usage 2, with a message", "[cli]") {
+  auto [rc, out] = cli("status --server 127.0.0.1:1 --timeout 0.3");
+  CHECK(rc == 1);
+  CHECK_THAT(out, Catch::StartsWith("doorman: status at 127.0.0.1:1: "));
+  std::tie(rc, out) = cli("frob");
+  CHECK(rc == 2);
+  CHECK(out == "doorman: unknown command \"frob\" (see --help)\n");
+  std::tie(rc, out) = cli("get db");
+  CHECK(rc == 2);
+  CHECK(out == "doorman: get: needs --wants N\n");
+  std::tie(rc, out) = cli("status --server nowhere");
+  CHECK(rc == 2);
+  CHECK(out == "doorman: --server: expected host:port, got \"nowhere\"\n");
+  std::tie(rc, out) = cli("--help");
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::StartsWith("usage: doorman COMMAND"));
+}
+
+TEST_CASE("doorman CLI: config check and convert, offline", "[cli]") {
+  const auto dir = scratch("cli-config");
+  std::ofstream(dir / "good.json") << fast_config(5);
+  std::ofstream(dir / "bad.json") << R"({"resources": [{"identifier_glob": "*", "capacity": -1,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}}]})";
+  auto [rc, out] = cli("config check " + (dir / "good.json").string());
+  CHECK(rc == 0);
+  CHECK(out == (dir / "good.json").string() + ": ok (1 templates)\n");
+  std::tie(rc, out) = cli("config check " + (dir / "bad.json").string());
+  CHECK(rc == 1);
+  CHECK(out == "doorman: " + (dir / "bad.json").string() +
+                   ": resources[0].capacity: must be between 0 and 1e15\n");
+  std::tie(rc, out) = cli("config check " + (dir / "missing.json").string());
+  CHECK(rc == 1);
+  CHECK_THAT(out, Catch::Contains("cannot read"));
+#ifdef DOORMAN_HAVE_YAML
+  std::ofstream(dir / "doorman.yml") << doorman_example_yaml;
+  std::tie(rc, out) = cli("config convert " + (dir / "doorman.yml").string(), true);
+  REQUIRE(rc == 0);
+  const auto converted = doorman::resource_repository::parse(out);
+  CHECK(converted.templates() ==
+        doorman_examples::parse_yaml_config(doorman_example_yaml, "x.yml").templates());
+#endif
+  fs::remove_all(dir);
+}
+
+TEST_CASE("doorman CLI: watch redraws in a real terminal and quits on q", "[cli][net][tools]") {
+  if (!have("tmux")) {
+    WARN("tmux is not installed; skipped");
+    return;
+  }
+  running_node<> root(fast_config(100));
+  line_client a(root.address());
+  CHECK(gets(a.call("get_capacity", capacity_params("a", "watched", 10))) == 10);
+  const std::string session = fmt::format("doorman-watch-{}", ::getpid());
+  const std::string socket = fmt::format("-L doorman-test-{}", ::getpid());
+  REQUIRE(run_command(fmt::format("tmux {} new-session -d -s {} -x 120 -y 30 '{} watch "
+                                  "--interval 0.2 --server {}'",
+                                  socket, session, DOORMAN_CLI_BINARY, root.address()))
+              .first == 0);
+  auto screen = [&] {
+    return run_command(fmt::format("tmux {} capture-pane -p -t {}", socket, session)).second;
+  };
+  std::string seen;
+  CHECK(eventually([&] {
+    seen = screen();
+    return seen.find("watched   100       10   10     1") != std::string::npos;
+  }));
+  INFO(seen);
+  // Another client arrives: the table changes in place.
+  CHECK(gets(a.call("get_capacity", capacity_params("b", "watched", 20))) == 20);
+  CHECK(eventually([&] {
+    seen = screen();
+    return seen.find("watched   100       30   30     2") != std::string::npos;
+  }));
+  CHECK(seen.starts_with("doorman watch  " + root.address()));  // redrawn from the top
+  run_command(fmt::format("tmux {} send-keys -t {} q", socket, session));
+  CHECK(eventually([&] {
+    return run_command(fmt::format("tmux {} has-session -t {}", socket, session)).first != 0;
+  }));
+  run_command(fmt::format("tmux {} kill-server", socket));
+}
+#endif

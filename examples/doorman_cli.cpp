@@ -1,0 +1,401 @@
+// doorman: look at and steer a capacity tree from a terminal (docs/operations.md), in the spirit
+// of Doorman's doorman_shell.
+//
+//   doorman status [RESOURCE]                   the node and its resources, or one resource
+//   doorman get RESOURCE --wants N              ask for capacity as a client
+//   doorman release RESOURCE                    give it back
+//   doorman discovery                           who is master
+//   doorman watch [--interval SECONDS]          a live table, like top (q or Ctrl-C quits)
+//   doorman config check FILE                   validate a configuration offline
+//   doorman config convert FILE.yml             Doorman's YAML as JSON
+//
+// Tables for people by default, --json for scripts; --server ADDR[,ADDR...] (default
+// 127.0.0.1:7700, or DOORMAN_SERVER) names the tasks of a position, and mastership redirects
+// are followed. Exit status: 0 done, 1 failed (unreachable, refused, invalid), 2 bad usage.
+
+#include <doorman/net.hpp>
+#include <doorman/protocol.hpp>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include <poll.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "arguments.hpp"
+#include "yaml_config.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* usage =
+    "usage: doorman COMMAND [ARGS] [--server ADDR[,ADDR...]] [--json] [--timeout SECONDS]\n"
+    "Looks at and steers a doorman capacity tree.\n\n"
+    "commands:\n"
+    "  status [RESOURCE]                    the node and its resources, or one resource and its "
+    "leases\n"
+    "  get RESOURCE --wants N [--client-id ID] [--priority P]\n"
+    "                                       ask for capacity as a client; prints the lease\n"
+    "  release RESOURCE [--client-id ID]    give a client's capacity back\n"
+    "  discovery                            who is master of the position\n"
+    "  watch [--interval SECONDS]           the resources, refreshed in place (q or Ctrl-C "
+    "quits)\n"
+    "  config check FILE                    validate a configuration (JSON or Doorman's YAML)\n"
+    "  config convert FILE                  print a configuration as JSON\n\n"
+    "options:\n"
+    "  --server ADDR[,ADDR...]              the position's tasks (default 127.0.0.1:7700, or "
+    "DOORMAN_SERVER)\n"
+    "  --json                               print the server's answer as JSON\n"
+    "  --timeout SECONDS                    deadline of each call (default 5)\n"
+    "  --client-id ID                       default doorman-cli@HOSTNAME\n";
+
+struct options {
+  std::vector<std::string> words;  // the command and its positional arguments
+  std::string server = "127.0.0.1:7700";
+  bool json_output = false;
+  double timeout = 5;
+  double wants = -1;
+  std::int64_t priority = 0;
+  std::string client_id;
+  double interval = 1;
+};
+
+std::string default_client_id() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "doorman-cli";
+  return std::string("doorman-cli@") + host;
+}
+
+options parse(int argc, char** argv, bool& help) {
+  options o;
+  if (const char* s = std::getenv("DOORMAN_SERVER")) o.server = s;
+  o.client_id = default_client_id();
+  doorman_examples::arguments args(argc, argv);
+  help = !args.parse(usage, [&](const std::string& a) {
+    if (a == "--server") {
+      o.server = args.value();
+    } else if (a == "--json") {
+      o.json_output = true;
+    } else if (a == "--timeout") {
+      o.timeout = args.number(0.01, 3600);
+    } else if (a == "--wants") {
+      o.wants = args.number(0, 1e15);
+    } else if (a == "--priority") {
+      o.priority = static_cast<std::int64_t>(args.number(-1e9, 1e9));
+    } else if (a == "--client-id") {
+      o.client_id = args.value();
+    } else if (a == "--interval") {
+      o.interval = args.number(0.1, 3600);
+    } else if (!a.starts_with("--")) {
+      o.words.push_back(a);
+    } else {
+      return false;
+    }
+    return true;
+  });
+  return o;
+}
+
+// A failure to report (exit 1).
+struct failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One JSON-RPC call on the master of the position, redirects followed.
+class rpc {
+ public:
+  explicit rpc(const options& o) {
+    doorman::net::channel_options c;
+    c.addresses = doorman::net::split_list(o.server);
+    if (c.addresses.empty()) throw std::invalid_argument("--server: no address given");
+    for (const auto& a : c.addresses) {
+      if (!doorman::net::parse_address(a)) {
+        throw std::invalid_argument(fmt::format("--server: expected host:port, got \"{}\"", a));
+      }
+    }
+    c.call_timeout = doorman::seconds(o.timeout);
+    c.maximum_backoff = doorman::seconds(0.5);
+    channel_.emplace(io_.get_executor(), std::move(c));
+  }
+  ~rpc() {
+    channel_->shutdown();
+    io_.run_for(std::chrono::milliseconds(200));
+  }
+
+  json call(const std::string& method, json params) {
+    auto f = asio::co_spawn(io_, channel_->call(method, std::move(params)), asio::use_future);
+    while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      io_.run_one_for(std::chrono::milliseconds(50));
+    const auto reply = f.get();
+    if (!reply) {
+      throw failure(
+          fmt::format("{} at {}: {}", method,
+                      channel_->current().empty() ? std::string("the server") : channel_->current(),
+                      reply.message));
+    }
+    return reply.result;
+  }
+
+ private:
+  asio::io_context io_;
+  std::optional<doorman::net::channel> channel_;
+};
+
+std::string num(double v) {
+  return fmt::format("{:.6g}", v);
+}
+
+// Left-aligned columns, two spaces apart.
+std::string table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width;
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      if (width.size() <= i) width.push_back(0);
+      width[i] = std::max(width[i], r[i].size());
+    }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < r.size(); ++i)
+      line += i + 1 == r.size() ? r[i] : fmt::format("{:<{}}  ", r[i], width[i]);
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string node_line(const json& st) {
+  const auto& m = st.value("mastership", json::object());
+  const bool master = m.value("is_master", false);
+  const std::string who = m.contains("master") && m["master"].is_string()
+                              ? m["master"].get<std::string>()
+                              : std::string("(unknown)");
+  return fmt::format("node {}  role {}  level {}  master {}{}\n", st.value("id", "?"),
+                     st.value("role", "?"), st.value("level", 0), who,
+                     master ? " (this node)" : "");
+}
+
+std::string resources_table(const json& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"RESOURCE", "CAPACITY", "HAS", "WANTS", "CLIENTS", "LEARNING", "ALGORITHM"}};
+  for (const auto& r : st.value("resources", json::array())) {
+    rows.push_back({r.value("resource_id", ""), num(r.value("capacity", 0.0)),
+                    num(r.value("sum_has", 0.0)), num(r.value("sum_wants", 0.0)),
+                    std::to_string(r.value("clients", 0)),
+                    r.value("learning", false) ? "yes" : "no", r.value("algorithm", "")});
+  }
+  if (rows.size() == 1) return "no resource has state yet\n";
+  return table(rows);
+}
+
+std::string leases_table(const json& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"CLIENT", "KIND", "HAS", "WANTS", "EXPIRES IN", "REFRESH IN"}};
+  for (const auto& l : st.value("leases", json::array())) {
+    const auto& has = l.value("has", json::object());
+    rows.push_back({l.value("client_id", ""), l.value("is_server", false) ? "server" : "client",
+                    num(has.value("capacity", 0.0)), num(l.value("wants", 0.0)),
+                    num(has.value("expires_in", 0.0)) + " s",
+                    num(has.value("refresh_interval", 0.0)) + " s"});
+  }
+  return table(rows);
+}
+
+int status(const options& o) {
+  rpc r(o);
+  json params = json::object();
+  if (o.words.size() > 1) params["resource_id"] = o.words[1];
+  const auto st = r.call("status", params);
+  if (o.json_output) {
+    fmt::print("{}\n", st.dump(2));
+    return 0;
+  }
+  fmt::print("{}{}", node_line(st), resources_table(st));
+  if (o.words.size() > 1) fmt::print("\n{}", leases_table(st));
+  return 0;
+}
+
+int get(const options& o) {
+  if (o.words.size() != 2) throw std::invalid_argument("get: needs RESOURCE (see --help)");
+  if (o.wants < 0) throw std::invalid_argument("get: needs --wants N");
+  rpc r(o);
+  json request = {{"resource_id", o.words[1]}, {"wants", o.wants}, {"priority", o.priority}};
+  const auto answer =
+      r.call("get_capacity", {{"client_id", o.client_id}, {"resources", json::array({request})}});
+  if (o.json_output) {
+    fmt::print("{}\n", answer.dump(2));
+    return 0;
+  }
+  for (const auto& g : answer.value("resources", json::array())) {
+    const auto& gets = g.value("gets", json::object());
+    fmt::print("{}: {} of {} wanted for {}; expires in {} s, refresh in {} s\n",
+               g.value("resource_id", ""), num(gets.value("capacity", 0.0)), num(o.wants),
+               o.client_id, num(gets.value("expires_in", 0.0)),
+               num(gets.value("refresh_interval", 0.0)));
+  }
+  return 0;
+}
+
+int release(const options& o) {
+  if (o.words.size() != 2) throw std::invalid_argument("release: needs RESOURCE (see --help)");
+  rpc r(o);
+  const auto answer = r.call(
+      "release_capacity", {{"client_id", o.client_id}, {"resources", json::array({o.words[1]})}});
+  if (o.json_output) {
+    fmt::print("{}\n", answer.dump(2));
+  } else {
+    fmt::print("{}: released for {}\n", o.words[1], o.client_id);
+  }
+  return 0;
+}
+
+int discovery(const options& o) {
+  rpc r(o);
+  const auto answer = r.call("discovery", json::object());
+  if (o.json_output) {
+    fmt::print("{}\n", answer.dump(2));
+    return 0;
+  }
+  const auto& m = answer.value("mastership", json::object());
+  if (m.contains("master") && m["master"].is_string()) {
+    fmt::print("master: {}\n", m["master"].get<std::string>());
+  } else {
+    fmt::print("master: unknown (the position has no master right now)\n");
+  }
+  return 0;
+}
+
+volatile std::sig_atomic_t interrupted = 0;
+
+// The terminal in non-canonical mode without echo (so 'q' is read at once), restored on exit.
+class raw_terminal {
+ public:
+  raw_terminal() {
+    if (!::isatty(0) || ::tcgetattr(0, &saved_) != 0) return;
+    termios raw = saved_;
+    raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    active_ = ::tcsetattr(0, TCSANOW, &raw) == 0;
+  }
+  raw_terminal(const raw_terminal&) = delete;
+  raw_terminal& operator=(const raw_terminal&) = delete;
+  ~raw_terminal() {
+    if (active_) ::tcsetattr(0, TCSANOW, &saved_);
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+// Waits up to `seconds` for 'q' on stdin; whether to quit.
+bool quit_within(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!interrupted) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{0, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 200))) > 0) {
+      char c = 0;
+      if (::read(0, &c, 1) == 1 && (c == 'q' || c == 'Q')) return true;
+    }
+  }
+  return true;
+}
+
+int watch(const options& o) {
+  std::signal(SIGINT, [](int) { interrupted = 1; });
+  std::signal(SIGTERM, [](int) { interrupted = 1; });
+  rpc r(o);
+  raw_terminal terminal;
+  for (std::uint64_t n = 1;; ++n) {
+    std::string screen = fmt::format("doorman watch  {}  every {} s  (q quits)  #{}\n\n", o.server,
+                                     num(o.interval), n);
+    try {
+      const auto st = r.call("status", json::object());
+      screen += node_line(st) + "\n" + resources_table(st);
+    } catch (const failure& e) {
+      screen += fmt::format("cannot read status: {}\n", e.what());
+    }
+    fmt::print("\x1b[H\x1b[2J{}", screen);
+    std::fflush(stdout);
+    if (quit_within(o.interval)) break;
+  }
+  fmt::print("\n");
+  return 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw failure(fmt::format("cannot read {}", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int config(const options& o) {
+  if (o.words.size() != 3 || (o.words[1] != "check" && o.words[1] != "convert")) {
+    throw std::invalid_argument("config: expected config check FILE or config convert FILE");
+  }
+  const std::string& path = o.words[2];
+  const std::string text = read_file(path);
+  try {
+    const auto repo = doorman_examples::parse_config_any(text, path);
+    if (o.words[1] == "convert") {
+      fmt::print("{}\n", repo.to_json().dump(2));
+    } else {
+      fmt::print("{}: ok ({} templates)\n", path, repo.templates().size());
+    }
+  } catch (const std::exception& e) {
+    throw failure(fmt::format("{}: {}", path, e.what()));
+  }
+  return 0;
+}
+
+int run(const options& o) {
+  if (o.words.empty()) throw std::invalid_argument("no command given (see --help)");
+  const std::string& c = o.words[0];
+  if (c == "status") return status(o);
+  if (c == "get") return get(o);
+  if (c == "release") return release(o);
+  if (c == "discovery") return discovery(o);
+  if (c == "watch") return watch(o);
+  if (c == "config") return config(o);
+  throw std::invalid_argument(fmt::format("unknown command \"{}\" (see --help)", c));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    bool help = false;
+    const auto o = parse(argc, argv, help);
+    if (help) return 0;
+    return run(o);
+  } catch (const failure& e) {
+    fmt::print(stderr, "doorman: {}\n", e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "doorman: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "doorman: {}\n", e.what());
+    return 1;
+  }
+}
