@@ -948,3 +948,41 @@ TEST_CASE("demands that come and go leave no negative residue in the totals", "[
     REQUIRE(idx.totals().subclients == 2);
   }
 }
+
+// ---- logs an operator can read --------------------------------------------------------------
+
+TEST_CASE("after a restart, clients reporting unknown leases give a few summarized lines",
+          "[core][log]") {
+  std::vector<std::string> lines;
+  doorman::engine_options o;
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  fixture f(repo_for("FAIR_SHARE", 1e6), o);
+  auto report = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      const doorman::lease_info has{1, 30, 16};
+      REQUIRE(
+          f.engine.get_capacity({"c" + std::to_string(i), {{"res", 0, 1, has}}}, f.clock.now()));
+    }
+  };
+  report(0, 1000);
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Contains("client c0 reports a lease of 1.0"));
+  f.clock.advance(std::chrono::seconds(11));
+  report(1000, 1001);
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[1], Contains("client c1000 reports"));
+  CHECK_THAT(lines[1], Contains("(and 999 more like it since the last such line)"));
+}
+
+TEST_CASE("log_throttle passes one line per interval and counts the rest", "[core][log]") {
+  manual_clock c;
+  doorman::log_throttle<manual_clock::time_point> t(doorman::seconds(5));
+  CHECK(t.pass("a", c.now()) == "a");
+  CHECK(!t.pass("b", c.now()));
+  c.advance(std::chrono::seconds(4));
+  CHECK(!t.pass("c", c.now()));
+  CHECK(t.held() == 2);
+  c.advance(std::chrono::seconds(1));
+  CHECK(t.pass("d", c.now()) == "d (and 2 more like it since the last such line)");
+  CHECK(t.held() == 0);
+}

@@ -13,7 +13,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "line_client.hpp"
 #include "support.hpp"
@@ -325,6 +331,38 @@ TEST_CASE("admin endpoint: the admin port in use fails start, naming it", "[admi
   } catch (const std::system_error& e) {
     CHECK_THAT(e.what(), Catch::Contains("listening on " + o.admin));
   }
+}
+
+TEST_CASE("node log: learning mode named only when there is one, the admin address given",
+          "[admin][net][log]") {
+  struct lines {
+    std::mutex m;
+    std::vector<std::string> v;
+    bool has(const std::string& s) {
+      std::lock_guard lock(m);
+      return std::any_of(v.begin(), v.end(),
+                         [&](const auto& l) { return l.find(s) != std::string::npos; });
+    }
+  };
+  auto off = std::make_shared<lines>();
+  doorman::node_options o = with_admin();
+  o.log = [off](std::string_view l) {
+    std::lock_guard lock(off->m);
+    off->v.emplace_back(l);
+  };
+  {
+    running_node<> root(fast_config(10, 0), o);
+    CHECK(eventually([&] { return off->has("became master; learning mode is off"); }));
+    CHECK(off->has("admin endpoint on http://" + root.node().admin_address() + "/status"));
+    CHECK_FALSE(off->has("learning mode starts"));
+  }
+  auto on = std::make_shared<lines>();
+  o.log = [on](std::string_view l) {
+    std::lock_guard lock(on->m);
+    on->v.emplace_back(l);
+  };
+  running_node<> root(fast_config(10, 2.5), o);
+  CHECK(eventually([&] { return on->has("became master; learning mode starts (up to 2.5 s)"); }));
 }
 
 // ---- real tools ---------------------------------------------------------------------------
@@ -676,5 +714,143 @@ TEST_CASE("doorman CLI: watch redraws in a real terminal and quits on q", "[cli]
     return run_command(fmt::format("tmux {} has-session -t {}", socket, session)).first != 0;
   }));
   run_command(fmt::format("tmux {} kill-server", socket));
+}
+#endif
+
+// ---- the docs match the code --------------------------------------------------------------
+
+#if defined(DOORMAN_SOURCE_DIR) && defined(DOORMAN_NODE_BINARY) && defined(DOORMAN_CLI_BINARY)
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<fs::path> markdown_files() {
+  const fs::path root = DOORMAN_SOURCE_DIR;
+  std::vector<fs::path> out = {root / "README.md", root / "benchmarks" / "README.md"};
+  for (const auto& e : fs::directory_iterator(root / "docs"))
+    if (e.path().extension() == ".md") out.push_back(e.path());
+  return out;
+}
+
+// `--flag` -> the default column of node.md's flag table (its first cell, as written).
+std::map<std::string, std::string> node_md_flags() {
+  std::map<std::string, std::string> out;
+  std::istringstream in(read_text(fs::path(DOORMAN_SOURCE_DIR) / "docs" / "node.md"));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("| `--")) continue;
+    const auto end = line.find_first_of(" `", 3);
+    const auto second = line.find('|', 1);
+    const auto third = line.find('|', second + 1);
+    std::string fallback = line.substr(second + 1, third - second - 1);
+    fallback.erase(0, fallback.find_first_not_of(' '));
+    fallback.erase(fallback.find_last_not_of(' ') + 1);
+    out[line.substr(3, end - 3)] = fallback;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("docs: node.md's flag table is doorman-node --help", "[docs]") {
+  const auto help = run_command(std::string(DOORMAN_NODE_BINARY) + " --help").second;
+  const auto table = node_md_flags();
+  REQUIRE(table.size() > 10);
+  std::istringstream in(help);
+  std::size_t flags = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with("  --")) continue;
+    const std::string name = line.substr(2, line.find(' ', 2) - 2);
+    if (name == "--help") continue;
+    ++flags;
+    INFO(name);
+    REQUIRE(table.contains(name));
+    // A default --help states is the one the table states (numbers as written there).
+    if (const auto d = line.find("(default "); d != std::string::npos) {
+      const std::string value = line.substr(d + 9, line.find(')', d) - d - 9);
+      CHECK_THAT(table.at(name), Catch::Contains(value));
+    }
+  }
+  CHECK(flags == table.size());
+}
+
+TEST_CASE("docs: every doorman command they show exists", "[docs]") {
+  const auto usage = run_command(std::string(DOORMAN_CLI_BINARY) + " --help").second;
+  const std::regex shown(R"(\$ doorman ([a-z]+)|`doorman ([a-z]+)[ `])");
+  for (const auto& file : markdown_files()) {
+    const auto text = read_text(file);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), shown);
+         it != std::sregex_iterator(); ++it) {
+      const std::string command = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+      INFO(file.filename().string() << ": doorman " << command);
+      CHECK_THAT(usage, Catch::Contains("\n  " + command + " "));
+    }
+  }
+}
+
+TEST_CASE("docs: make targets and links they name exist", "[docs]") {
+  const fs::path root = DOORMAN_SOURCE_DIR;
+  const auto makefile = read_text(root / "Makefile");
+  const std::regex make_target(R"(`make ([a-z-]+)`)");
+  const std::regex link(R"(\]\(([^)#:\s]+)(#[^)]*)?\))");
+  for (const auto& file : markdown_files()) {
+    const auto text = read_text(file);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), make_target);
+         it != std::sregex_iterator(); ++it) {
+      INFO(file.filename().string() << ": make " << (*it)[1].str());
+      CHECK_THAT(makefile, Catch::Contains("\n" + (*it)[1].str() + ":"));
+    }
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), link);
+         it != std::sregex_iterator(); ++it) {
+      const auto target = file.parent_path() / (*it)[1].str();
+      INFO(file.filename().string() << " links to " << (*it)[1].str());
+      CHECK(fs::exists(target));
+    }
+  }
+}
+
+TEST_CASE("docs: the messages they quote are what the code says", "[docs]") {
+  const fs::path root = DOORMAN_SOURCE_DIR;
+  const auto node = read_text(root / "docs" / "node.md");
+  const auto ops = read_text(root / "docs" / "operations.md");
+  const auto ha = read_text(root / "docs" / "high-availability.md");
+  // The reload rejection, as the configuration reader words it.
+  std::string rejection;
+  try {
+    (void)doorman::resource_repository::parse(R"({"resources": [{"identifier_glob": "*",
+      "capacity": -5, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60,
+      "refresh_interval": 16}}]})");
+  } catch (const doorman::config_error& e) {
+    rejection = e.what();
+  }
+  CHECK(rejection == "resources[0].capacity: must be between 0 and 1e15");
+  CHECK_THAT(node, Catch::Contains(rejection));
+  CHECK_THAT(ha, Catch::Contains(rejection));
+  for (const auto* text : {&node, &ha}) {
+    CHECK_THAT(*text, !Catch::Contains("finite number >= 0"));
+    CHECK_THAT(*text, !Catch::Contains("DESIGN"));
+  }
+  // What operations.md quotes from the YAML reader and the admin endpoint.
+#ifdef DOORMAN_HAVE_YAML
+  CHECK(yaml_error("resources:\n  - identifier_glob: \"*\"\n    capacity: -5\n    algorithm: "
+                   "{kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5}\n") ==
+        "resources[0].capacity: must be between 0 and 1e15 (line 3 of x.yml)");
+  CHECK_THAT(ops, Catch::Contains("resources[0].capacity: must be between 0 and 1e15 (line 3 of "
+                                  "bad.yml)"));
+#endif
+  doorman::admin_snapshot s;
+  s.started = true;
+  CHECK_THAT(ops, Catch::Contains(doorman::readiness(s).second));
+  s.mastership.is_master = true;
+  CHECK_THAT(ops, Catch::Contains("200 ready: " + doorman::readiness(s).second));
+  CHECK_THAT(ops, Catch::Contains("Allow: GET, HEAD"));
+  // --help's own wording points nowhere outside the repository.
+  CHECK_THAT(run_command(std::string(DOORMAN_NODE_BINARY) + " --help").second,
+             !Catch::Contains("DESIGN"));
 }
 #endif

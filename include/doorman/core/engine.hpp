@@ -29,6 +29,7 @@
 #include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/lease_store.hpp"
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/core/messages.hpp"
 #include "doorman/core/time.hpp"
 
@@ -531,9 +532,14 @@ class basic_engine {
   // the client is owed: granted noticeably less than its share, because others still hold it.
   std::pair<double, bool> share_of(const decision& d, const client_type& c, bool created) const {
     if (created && d.has && d.has->capacity > 0 && d.has->expires_in > 0 && options_.log) {
-      options_.log("resource " + d.r.id + ": client " + std::string(d.client_id) +
-                   " reports a lease of " + std::to_string(d.has->capacity) +
-                   " this engine does not know; treated as a newcomer");
+      // One line per 10 s at most: after a restart, every client reports one.
+      if (auto line = unknown_lease_log_.pass(
+              "resource " + d.r.id + ": client " + std::string(d.client_id) +
+                  " reports a lease of " + std::to_string(d.has->capacity) +
+                  " this engine does not know; treated as a newcomer",
+              d.now)) {
+        options_.log(*line);
+      }
     }
     const double others =
         options_.count_outstanding ? d.r.store.held_by_others(c) : d.r.store.leased_by_others(c);
@@ -643,6 +649,7 @@ class basic_engine {
   engine_options options_;
   mastership_info mastership_;
   time_point master_since_{};  // learning mode counts from here
+  mutable log_throttle<time_point> unknown_lease_log_{seconds(10)};
   struct string_hash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept {

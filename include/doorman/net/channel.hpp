@@ -33,6 +33,7 @@
 
 #include "doorman/core/backoff.hpp"
 #include "doorman/core/error.hpp"
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
@@ -216,7 +217,11 @@ class channel {
     }
     const auto index = static_cast<std::size_t>(it - options_.addresses.begin());
     if (index != current_ || !state_->open) {
-      log(fmt::format("following the master to {}", master));
+      // During a failover several calls may each be redirected: one line per 5 s at most.
+      if (auto line = redirect_log_.pass(fmt::format("following the master to {}", master),
+                                         std::chrono::steady_clock::now())) {
+        log(*line);
+      }
       current_ = index;
       drop();
     }
@@ -387,6 +392,7 @@ class channel {
   std::uint64_t cancels_ = 0;  // calls begun before the latest cancel() end
   std::unordered_set<asio::steady_timer*> sleeping_;
   jittered_backoff backoff_;
+  log_throttle<std::chrono::steady_clock::time_point> redirect_log_{seconds(5)};
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);
 };
 

@@ -61,6 +61,14 @@ struct server_options {
 
 namespace detail {
 
+// The peer's "host:port" (or "an unknown peer"), for log lines.
+inline std::string peer_of(const asio::ip::tcp::socket& socket) {
+  std::error_code ec;
+  const auto ep = socket.remote_endpoint(ec);
+  if (ec) return "an unknown peer";
+  return address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+}
+
 inline std::string error_line(rpc_code code, std::string message) {
   return to_line(make_error(nullptr, code, std::move(message))) + "\n";
 }
@@ -180,6 +188,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
  public:
   session(server& owner, asio::ip::tcp::socket socket)
       : owner_(owner),
+        peer_(detail::peer_of(socket)),
         socket_(std::move(socket)),
         drained_(socket_.get_executor()),
         idle_(socket_.get_executor()) {}
@@ -316,7 +325,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       if (self->closed_) co_return;
       if (clock::now() >= self->deadline_) {
         ++self->owner_.closed_idle_;
-        self->owner_.log("closing an idle connection");
+        self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_));
         self->close();
         co_return;
       }
@@ -324,6 +333,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
   }
 
   server& owner_;
+  std::string peer_;  // host:port, for log lines
   asio::ip::tcp::socket socket_;
   asio::steady_timer drained_;  // cancelled whenever answers were written
   asio::steady_timer idle_;
@@ -381,8 +391,10 @@ inline asio::awaitable<void> server::accept_loop() {
     }
     if (sessions_.size() >= options_.max_connections) {
       if (refused_++ % 1000 == 0) {
-        log(fmt::format("refusing connections beyond max_connections ({})",
-                        options_.max_connections));
+        log(fmt::format(
+            "refusing connections beyond max_connections ({}), e.g. from {} ({} refused so far; "
+            "one line per 1000)",
+            options_.max_connections, detail::peer_of(socket), refused_));
       }
       // The send buffer of a fresh socket takes this short line without blocking.
       socket.non_blocking(true, ec);

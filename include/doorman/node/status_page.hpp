@@ -96,7 +96,9 @@ inline std::string identity_table(const admin_snapshot& s) {
     row("last parent answer",
         s.since_parent_success ? num(*s.since_parent_success) + " s ago" : std::string("never"));
   }
-  row("configuration", s.config_source.empty() ? std::string("(given in code)") : s.config_source);
+  row("configuration", !s.config_source.empty() ? s.config_source
+                       : s.has_parent           ? std::string("(none: adopted from the parent)")
+                                                : std::string("(given in code)"));
   row("ready", ready ? "yes (" + why + ")" : "no (" + why + ")");
   row("uptime", num(s.uptime) + " s");
   row("connections", std::to_string(s.connections_open));
