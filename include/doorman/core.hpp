@@ -14,6 +14,7 @@
 #include "doorman/core/lease.hpp"
 #include "doorman/core/lease_store.hpp"
 #include "doorman/core/log_throttle.hpp"
+#include "doorman/core/markup.hpp"
 #include "doorman/core/messages.hpp"
 #include "doorman/core/share_index.hpp"
 #include "doorman/core/time.hpp"

@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     DOORMAN_FUZZ_CHECK(r.path.size() <= raw.size(), "decoding never grows the path");
   }
 
-  const auto html = doorman::detail::html_escape(raw);
+  const auto html = doorman::detail::xml_escape(raw);
   DOORMAN_FUZZ_CHECK(html.find_first_of("<>\"'") == std::string::npos, html);
   const auto label = doorman::detail::prom_escape(raw);
   DOORMAN_FUZZ_CHECK(label.find('\n') == std::string::npos, "no newline in a label value");

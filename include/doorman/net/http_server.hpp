@@ -32,6 +32,7 @@
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/http_request.hpp"
+#include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
 
 namespace doorman::net {
@@ -128,18 +129,7 @@ class http_server {
 
   /// Binds and listens (port 0 picks a free port); `ec` says why not.
   void listen(const address& where, std::error_code& ec) {
-    asio::ip::tcp::resolver resolver(executor_);
-    const auto results = resolver.resolve(where.host, where.port, ec);
-    if (ec) return;
-    const auto endpoint = results.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      std::error_code ignored;
-      acceptor_.close(ignored);
-    }
+    detail::listen_on(acceptor_, where, ec);
   }
 
   [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {

@@ -61,6 +61,28 @@ struct server_options {
 
 namespace detail {
 
+// Resolves `where`, then opens, binds and listens `acceptor` (port 0 picks a free port); on
+// failure `ec` says why and the acceptor is left closed.
+inline void listen_on(asio::ip::tcp::acceptor& acceptor, const address& where,
+                      std::error_code& ec) {
+  asio::ip::tcp::resolver resolver(acceptor.get_executor());
+  const auto results = resolver.resolve(where.host, where.port, ec);
+  if (ec) return;
+  if (results.empty()) {
+    ec = asio::error::host_not_found;
+    return;
+  }
+  const auto endpoint = results.begin()->endpoint();
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::error_code ignored;
+    acceptor.close(ignored);
+  }
+}
+
 // The peer's "host:port" (or "an unknown peer"), for log lines.
 inline std::string peer_of(const asio::ip::tcp::socket& socket) {
   std::error_code ec;
@@ -100,22 +122,7 @@ class server {
   /// Binds and listens (port 0 picks a free port); `ec` says why not (e.g.
   /// `address_in_use`).
   void listen(const address& where, std::error_code& ec) {
-    asio::ip::tcp::resolver resolver(executor_);
-    const auto results = resolver.resolve(where.host, where.port, ec);
-    if (ec) return;
-    if (results.empty()) {
-      ec = asio::error::host_not_found;
-      return;
-    }
-    const auto endpoint = results.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      std::error_code ignored;
-      acceptor_.close(ignored);
-    }
+    detail::listen_on(acceptor_, where, ec);
   }
 
   /// As above; throws `std::system_error` naming the address.

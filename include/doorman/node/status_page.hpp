@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "doorman/core/markup.hpp"
 #include "doorman/node/admin.hpp"
 
 namespace doorman {
@@ -20,33 +21,6 @@ namespace doorman {
 inline constexpr std::size_t leases_per_page = 500;
 
 namespace detail {
-
-inline std::string html_escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 // A path segment percent-encoded (unreserved bytes kept), for links to a resource.
 inline std::string url_segment(std::string_view s) {
@@ -74,7 +48,7 @@ inline std::string page_head(std::string_view title) {
       "margin:.5em 0 1.5em}}th,td{{border:1px solid #bbb;padding:.25em .6em;text-align:left}}"
       "th{{background:#eee}}td.n{{text-align:right}}.learning{{color:#a60}}</style></head>"
       "<body>\n<h1>{}</h1>\n",
-      html_escape(title), html_escape(title));
+      xml_escape(title), xml_escape(title));
 }
 
 inline std::string identity_table(const admin_snapshot& s) {
@@ -83,7 +57,7 @@ inline std::string identity_table(const admin_snapshot& s) {
       s.mastership.is_master ? std::string("this node") : s.mastership.master.value_or("(unknown)");
   std::string out = "<table id=\"node\">\n";
   auto row = [&](std::string_view k, const std::string& v) {
-    out += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, html_escape(v));
+    out += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, xml_escape(v));
   };
   row("id", s.identity.id);
   row("role", s.identity.role);
@@ -110,16 +84,16 @@ inline std::string resource_row(const admin_resource& r, bool with_link) {
   const auto& st = r.status;
   const std::string id = with_link
                              ? fmt::format("<a href=\"/status/resources/{}\">{}</a>",
-                                           url_segment(st.resource_id), html_escape(st.resource_id))
-                             : html_escape(st.resource_id);
+                                           url_segment(st.resource_id), xml_escape(st.resource_id))
+                             : xml_escape(st.resource_id);
   return fmt::format(
       "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
       "<td class=\"n\">{}</td><td class=\"n\">{}</td><td{}>{}</td><td>{}</td><td>{}</td>"
       "<td class=\"n\">{}</td><td>{}</td></tr>\n",
       id, num(st.capacity), num(st.sum_has), num(st.sum_wants), st.clients, num(st.subclients),
       st.learning ? " class=\"learning\"" : "", st.learning ? "yes" : "no",
-      html_escape(st.algorithm), html_escape(r.glob),
-      r.parent_lease ? num(*r.parent_lease) : std::string("-"), html_escape(r.description));
+      xml_escape(st.algorithm), xml_escape(r.glob),
+      r.parent_lease ? num(*r.parent_lease) : std::string("-"), xml_escape(r.description));
 }
 
 inline constexpr std::string_view resource_header =
@@ -136,10 +110,10 @@ inline std::string template_table(const admin_snapshot& s) {
     out += fmt::format(
         "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>"
         "<td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>\n",
-        html_escape(t.identifier_glob), num(t.capacity),
+        xml_escape(t.identifier_glob), num(t.capacity),
         t.safe_capacity ? num(*t.safe_capacity) : std::string("dynamic"),
-        html_escape(t.algorithm.kind), num(t.algorithm.lease_length.count()),
-        num(t.algorithm.refresh_interval.count()), html_escape(t.description));
+        xml_escape(t.algorithm.kind), num(t.algorithm.lease_length.count()),
+        num(t.algorithm.refresh_interval.count()), xml_escape(t.description));
   }
   return out + "</table>\n";
 }
@@ -187,7 +161,7 @@ inline std::string template_table(const admin_snapshot& s) {
     out += fmt::format(
         "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
         "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
-        detail::html_escape(l.client_id), l.is_server ? "server" : "client",
+        detail::xml_escape(l.client_id), l.is_server ? "server" : "client",
         detail::num(l.has.capacity), detail::num(l.wants), detail::num(l.subclients),
         detail::num(l.has.expires_in), detail::num(l.has.refresh_interval));
   }

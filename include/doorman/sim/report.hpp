@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "doorman/core/markup.hpp"
 #include "doorman/sim/scenario.hpp"
 
 namespace doorman::sim {
@@ -37,33 +38,6 @@ inline void write_events_csv(std::ostream& os, const run_result& r) {
 
 namespace detail {
 
-inline std::string svg_escape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace detail
-
-namespace detail {
-
 // The chart's geometry and its parts, drawn in order by `write_svg`.
 class svg_chart {
  public:
@@ -85,8 +59,9 @@ class svg_chart {
     os_ << fmt::format(
         R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
         "\n",
-        left, r_.info.number, svg_escape(r_.info.name), r_.seed, 100 * r_.summary.mean_allocation,
-        r_.summary.over_samples, r_.summary.samples, 100 * r_.summary.max_allocation);
+        left, r_.info.number, doorman::detail::xml_escape(r_.info.name), r_.seed,
+        100 * r_.summary.mean_allocation, r_.summary.over_samples, r_.summary.samples,
+        100 * r_.summary.max_allocation);
   }
 
   // Learning mode, shaded: one band per stretch of trace points in it.
@@ -128,7 +103,7 @@ class svg_chart {
       os_ << fmt::format(
           R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
           "\n",
-          x(m.t), top, height - bottom, m.t, svg_escape(m.label));
+          x(m.t), top, height - bottom, m.t, doorman::detail::xml_escape(m.label));
     }
   }
 
