@@ -73,6 +73,10 @@ std::vector<flag> node_flags() {
        shortest(o.server.idle_timeout.count())},
       {"parent-timeout", "SECONDS", "deadline of one request to the parent",
        shortest(o.parent_timeout.count())},
+      {"log-level", "LEVEL",
+       "info (every line), warning (problems: lines starting \"warning: \" or \"error: \") or "
+       "error",
+       "info"},
       {"help", nullptr, "print this help and exit", ""},
   };
 }
@@ -221,6 +225,7 @@ int main(int argc, char** argv) {
       std::fputs((about + doorman_examples::flag_help(table)).c_str(), stdout);
       return 0;
     }
+    doorman_examples::set_log_level(v.at("log-level"));
     o.log = doorman_examples::log_line;
     doorman_examples::warn_unknown_environment(table, "DOORMAN_");
     read_options(v, o);

@@ -34,8 +34,38 @@ struct flag {
   std::string fallback;  // default, as text; empty when none
 };
 
-// One line on stderr: time (UTC, ms), program and pid, message.
+// The log level: lines below it are dropped. A line's level is its prefix: "error: ",
+// "warning: ", else info (the library writes problems with those prefixes).
+enum class log_level { info, warning, error };
+
+inline log_level& minimum_log_level() {
+  static log_level level = log_level::info;
+  return level;
+}
+
+// `info`, `warning` or `error`; else std::invalid_argument naming the flag.
+inline void set_log_level(std::string_view name) {
+  if (name == "info") {
+    minimum_log_level() = log_level::info;
+  } else if (name == "warning") {
+    minimum_log_level() = log_level::warning;
+  } else if (name == "error") {
+    minimum_log_level() = log_level::error;
+  } else {
+    throw std::invalid_argument(
+        fmt::format("--log-level: expected info, warning or error, got \"{}\"", name));
+  }
+}
+
+inline log_level level_of(std::string_view message) {
+  if (message.starts_with("error: ") || message.starts_with("fatal: ")) return log_level::error;
+  if (message.starts_with("warning: ")) return log_level::warning;
+  return log_level::info;
+}
+
+// One line on stderr: time (UTC, ms), program and pid, message; dropped below the log level.
 inline void log_line(std::string_view message) {
+  if (level_of(message) < minimum_log_level()) return;
   const auto now = std::chrono::system_clock::now();
   const auto ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;

@@ -34,7 +34,7 @@ TEST_CASE("a coroutine that throws is reported and started again", "[net][superv
   io.run_for(10s);  // returns as soon as the loop ends
   CHECK(runs == 3);
   REQUIRE(logged.size() == 2);
-  CHECK(logged[0] == "test loop failed (boom); restarting");
+  CHECK(logged[0] == "error: test loop failed (boom); restarting");
 }
 
 TEST_CASE("line framing: lines across reads, one limit, each byte scanned once", "[net][framing]") {

@@ -6,6 +6,9 @@
 
 #include <doorman/node.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -583,6 +586,45 @@ TEST_CASE("doorman-node loads Doorman's YAML and warns about unknown DOORMAN_ va
   CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity: must be a number (line 3 of"));
   p.signal(SIGTERM);
   CHECK(p.wait_exit() == 0);
+  fs::remove_all(dir);
+}
+#endif
+
+#ifdef DOORMAN_NODE_BINARY
+TEST_CASE("doorman-node --log-level warning keeps only the problems", "[log][process]") {
+  const auto dir = scratch("log-level");
+  std::ofstream(dir / "c.json") << fast_config(10);
+  // The log will not say where it listens: take a free port (bind port 0, read it, let go).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  ::close(fd);
+  const std::string address = fmt::format("127.0.0.1:{}", ntohs(sa.sin_port));
+  process p({DOORMAN_NODE_BINARY, "--listen", address, "--admin", "off", "--log-level", "warning",
+             "--config", (dir / "c.json").string()},
+            (dir / "node.log").string());
+  // Once it answers, its signal handlers are installed.
+  CHECK(eventually([&] {
+    line_client c(address);
+    return c.connected() && c.send(request_line(1, "discovery", json::object())) &&
+           c.read_line(1s).has_value();
+  }));
+  std::ofstream(dir / "c.json") << "{}";
+  p.signal(SIGHUP);
+  CHECK(p.wait_for("warning: configuration"));
+  p.signal(SIGTERM);
+  CHECK(p.wait_exit() == 0);
+  CHECK_THAT(p.log(), !Catch::Contains("listening on"));
+  CHECK_THAT(p.log(), !Catch::Contains("became master"));
+  process bad({DOORMAN_NODE_BINARY, "--log-level", "loud", "--config", (dir / "c.json").string()},
+              (dir / "bad.log").string());
+  CHECK(bad.wait_exit() == 2);
+  CHECK_THAT(bad.log(),
+             Catch::Contains("--log-level: expected info, warning or error, got \"loud\""));
   fs::remove_all(dir);
 }
 #endif

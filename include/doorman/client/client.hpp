@@ -500,7 +500,7 @@ class client {
   }
 
   void log_release_failure(const net::call_reply& reply) const {
-    log(fmt::format("client {}: release failed ({})", options_.client_id, reply.message));
+    log(fmt::format("warning: client {}: release failed ({})", options_.client_id, reply.message));
   }
 
   void on_reply(net::call_reply reply, clock::time_point now) {
@@ -519,8 +519,9 @@ class client {
       log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
                       channel_.current(), resp.resources.size()));
     } else if (reply.error && state_.failures() == 1) {  // lost, or never reached
-      log(fmt::format("client {}: refresh failed ({}); leases run out, then the fallbacks apply",
-                      options_.client_id, reply.message));
+      log(fmt::format(
+          "warning: client {}: refresh failed ({}); leases run out, then the fallbacks apply",
+          options_.client_id, reply.message));
     }
   }
 

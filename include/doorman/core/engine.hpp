@@ -161,7 +161,7 @@ class basic_engine {
       if (std::find(Algorithms::kinds.begin(), Algorithms::kinds.end(), algorithm->kind) ==
           Algorithms::kinds.end()) {
         if (options_.log) {
-          options_.log("resource " + r.id + ": parent's algorithm " + algorithm->kind +
+          options_.log("warning: resource " + r.id + ": parent's algorithm " + algorithm->kind +
                        " is unknown here; keeping " + r.tmpl.algorithm.kind);
         }
       } else {

@@ -316,7 +316,7 @@ struct screened_grants {
 
   /// `"<who>: 2 of 5 grants ignored (first: ...)"`.
   [[nodiscard]] std::string log_line(std::string_view who) const {
-    return std::string(who) + ": " + std::to_string(ignored) + " of " +
+    return "warning: " + std::string(who) + ": " + std::to_string(ignored) + " of " +
            std::to_string(adopt.size()) + " grants ignored (first: " + first_problem + ")";
   }
 };

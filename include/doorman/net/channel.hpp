@@ -378,7 +378,7 @@ class channel {
     }
     channel* self = *alive;
     if (self && s == self->state_ && s->open) {
-      self->log(fmt::format("connection to {} lost: {}", self->current(), problem));
+      self->log(fmt::format("warning: connection to {} lost: {}", self->current(), problem));
       self->drop();
     }
   }

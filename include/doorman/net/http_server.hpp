@@ -175,7 +175,8 @@ class http_server {
       if (stopping_) co_return;
       if (ec) {
         if (ec == asio::error::operation_aborted) co_return;
-        if (log_) log_(fmt::format("admin accept failed: {}; retrying in 100 ms", ec.message()));
+        if (log_)
+          log_(fmt::format("warning: admin accept failed: {}; retrying in 100 ms", ec.message()));
         retry_.expires_after(std::chrono::milliseconds(100));
         co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;

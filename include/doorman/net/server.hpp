@@ -391,17 +391,18 @@ inline asio::awaitable<void> server::accept_loop() {
     if (ec) {
       if (ec == asio::error::operation_aborted) co_return;
       // Out of descriptors or a transient failure: pause instead of spinning.
-      log(fmt::format("accept failed: {}; retrying in 100 ms", ec.message()));
+      log(fmt::format("warning: accept failed: {}; retrying in 100 ms", ec.message()));
       retry_.expires_after(std::chrono::milliseconds(100));
       co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
     if (sessions_.size() >= options_.max_connections) {
       if (refused_++ % 1000 == 0) {
-        log(fmt::format(
-            "refusing connections beyond max_connections ({}), e.g. from {} ({} refused so far; "
-            "one line per 1000)",
-            options_.max_connections, detail::peer_of(socket), refused_));
+        log(
+            fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
+                        "({} refused so far; "
+                        "one line per 1000)",
+                        options_.max_connections, detail::peer_of(socket), refused_));
       }
       // The send buffer of a fresh socket takes this short line without blocking.
       socket.non_blocking(true, ec);

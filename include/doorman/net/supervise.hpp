@@ -51,7 +51,7 @@ asio::awaitable<void> supervised(std::string name, Make make, Stopping stopping,
     } catch (...) {
       failure = std::current_exception();  // no co_await inside a handler
     }
-    if (log) log(fmt::format("{} failed ({}); restarting", name, describe(failure)));
+    if (log) log(fmt::format("error: {} failed ({}); restarting", name, describe(failure)));
     if (stopping()) co_return;
     asio::steady_timer pause(co_await asio::this_coro::executor);
     pause.expires_after(restart_delay);

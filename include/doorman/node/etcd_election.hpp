@@ -172,7 +172,7 @@ class etcd_election {
       const auto k = co_await s.etcd.keep_alive(s.lease, deadline);
       if (!k) co_return unreachable(s, k.message);
       if (k.value <= 0) {
-        s.log("etcd: our lease has expired; campaigning with a new one");
+        s.log("warning: etcd: our lease has expired; campaigning with a new one");
         s.lease = 0;
         if (s.is_master) s.report(false, std::nullopt);
         co_return true;
@@ -213,13 +213,16 @@ class etcd_election {
   static bool unreachable(state& s, const std::string& why) {
     if (s.last_error.empty()) {
       s.log(s.is_master
-                ? fmt::format("etcd: renewal failed ({}); retrying, the lease is safe for {} ms",
-                              why, to_ms(s.at_risk() - clock::now()))
-                : fmt::format("etcd: unreachable ({}); retrying", why));
+                ? fmt::format(
+                      "warning: etcd: renewal failed ({}); retrying, the lease is safe for {} ms",
+                      why, to_ms(s.at_risk() - clock::now()))
+                : fmt::format("warning: etcd: unreachable ({}); retrying", why));
     }
     s.last_error = why;
     if (s.is_master && clock::now() >= s.at_risk()) {
-      s.log("etcd: mastership could not be confirmed before the lease is at risk; stepping down");
+      s.log(
+          "warning: etcd: mastership could not be confirmed before the lease is at risk; stepping "
+          "down");
       s.report(false, std::nullopt);
     }
     return false;

@@ -166,7 +166,7 @@ class basic_node {
       if (stopping_) return;
       switch (location_.type) {
         case config_location::kind::none:
-          log("no configuration source to reload");
+          log("warning: no configuration source to reload");
           return;
         case config_location::kind::etcd:
           config_wake_.cancel();
@@ -181,8 +181,8 @@ class basic_node {
                         engine_.config().templates().size()));
       } catch (const std::exception& e) {
         count_reload(false);
-        log(fmt::format("configuration {} rejected, keeping the old one: {}", location_.where,
-                        e.what()));
+        log(fmt::format("warning: configuration {} rejected, keeping the old one: {}",
+                        location_.where, e.what()));
       }
     });
   }
@@ -457,15 +457,16 @@ class basic_node {
         co_await learn_level();
         break;
       case refresh_event::lost:
-        log(fmt::format("parent lost ({}); leases run out as they expire, retrying with backoff",
-                        reply.message));
+        log(fmt::format(
+            "warning: parent lost ({}); leases run out as they expire, retrying with backoff",
+            reply.message));
         break;
       case refresh_event::regained:
         log(fmt::format("parent {} regained", parent_->current()));
         break;
       case refresh_event::none:
         if (reply.error && upstream_.failures() == 1) {
-          log(fmt::format("parent unreachable: {}", reply.message));  // never reached yet
+          log(fmt::format("warning: parent unreachable: {}", reply.message));  // never reached yet
         }
         break;
     }
@@ -483,7 +484,7 @@ class basic_node {
       if (const auto v = as_int64(*level); v && *v >= 0 && *v < max_level) {
         identity_.level = static_cast<int>(*v) + 1;
       } else {
-        log(fmt::format("parent {} reports level {}, not an integer from 0 to {}; ignored",
+        log(fmt::format("warning: parent {} reports level {}, not an integer from 0 to {}; ignored",
                         parent_->current(), to_line(*level), max_level - 1));
       }
     }
@@ -515,8 +516,8 @@ class basic_node {
           clock::now() + to_duration<clock::duration>(options_.config.etcd_timeout.count()));
       if (!got) {
         if (!failing) {
-          log(fmt::format("configuration {}: cannot read ({}); keeping the current one", name,
-                          got.message));
+          log(fmt::format("warning: configuration {}: cannot read ({}); keeping the current one",
+                          name, got.message));
         }
         failing = true;
         continue;
@@ -531,7 +532,7 @@ class basic_node {
     const std::string name = location_.name();
     if (!kv) {
       if (config_revision_ != -1) {
-        log(fmt::format("configuration {} deleted; keeping the current one", name));
+        log(fmt::format("warning: configuration {} deleted; keeping the current one", name));
       }
       config_revision_ = -1;
       return;
@@ -544,8 +545,8 @@ class basic_node {
       log(fmt::format("configuration {} revision {} accepted", name, config_revision_));
     } catch (const std::exception& e) {
       count_reload(false);
-      log(fmt::format("configuration {} revision {} rejected, keeping the old one: {}", name,
-                      config_revision_, e.what()));
+      log(fmt::format("warning: configuration {} revision {} rejected, keeping the old one: {}",
+                      name, config_revision_, e.what()));
     }
   }
 
