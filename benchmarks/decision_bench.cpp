@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include <doorman/core.hpp>
+#include <doorman/node/status_page.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -133,9 +134,34 @@ void proportional_share(benchmark::State& state) {
   decision(state, "PROPORTIONAL_SHARE");
 }
 
+// One page (500 leases) of the admin endpoint's /status/resources/<id>, with the workload's n
+// leases: what the node's strand spends on it (status paged by the engine, then rendered).
+void status_page(benchmark::State& state) {
+  auto& w = workload_for("FAIR_SHARE", static_cast<std::size_t>(state.range(0)));
+  std::int64_t page = 0;
+  const auto pages = static_cast<std::int64_t>(w.clients / doorman::leases_per_page);
+  for (auto _ : state) {
+    const doorman::lease_page leases{page * static_cast<std::int64_t>(doorman::leases_per_page),
+                                     static_cast<std::int64_t>(doorman::leases_per_page)};
+    auto st = w.engine->status(doorman::status_request{"resource"}, w.clock.now(), leases);
+    doorman::admin_snapshot s;
+    s.resources.push_back({st.value().resources.at(0), "", "*", std::nullopt});
+    s.lease_count = st.value().lease_count.value_or(0);
+    s.leases = std::move(st.value().leases);
+    benchmark::DoNotOptimize(doorman::render_resource(s, static_cast<std::size_t>(page) + 1));
+    page = (page + 1) % pages;
+  }
+  state.counters["leases"] = static_cast<double>(state.range(0));
+}
+
 BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(fair_share_scan)->RangeMultiplier(10)->Range(1'000, 100'000)->MinTime(0.5);
+BENCHMARK(status_page)
+    ->RangeMultiplier(10)
+    ->Range(1'000, 100'000)
+    ->MinTime(0.5)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

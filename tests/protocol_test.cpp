@@ -278,8 +278,40 @@ TEST_CASE("hostile params get an error naming the field, and change nothing", "[
         "params.resources[0]: must be a string");
   CHECK(n.error(R"({"jsonrpc":"2.0","id":1,"method":"status","params":{"resource_id": ""}})") ==
         "params.resource_id: must be a non-empty string");
+  auto status_err = [&](const std::string& params) {
+    return n.error(R"({"jsonrpc":"2.0","id":1,"method":"status","params":)" + params + "}");
+  };
+  CHECK(status_err(R"({"offset": 5})") == "params.offset: only with resource_id");
+  CHECK(status_err(R"({"limit": 5})") == "params.limit: only with resource_id");
+  CHECK(status_err(R"({"resource_id": "db", "offset": -1})") ==
+        "params.offset: must be between 0 and 1000000000");
+  CHECK(status_err(R"({"resource_id": "db", "limit": 0})") ==
+        "params.limit: must be between 1 and 1000000");
+  CHECK(status_err(R"({"resource_id": "db", "limit": 1.5})") == "params.limit: must be an integer");
 
   CHECK(n.engine.store("db") == nullptr);  // none of it reached the engine's state
+}
+
+TEST_CASE("status pages the leases of a resource in client id order", "[protocol]") {
+  node n;
+  for (const char* c : {"e", "b", "d", "a", "c"})
+    (void)n.call(std::string(R"({"jsonrpc":"2.0","id":1,"method":"get_capacity","params":)"
+                             R"({"client_id":")") +
+                 c + R"(","resources":[{"resource_id":"db","wants":1}]}})");
+  auto page = [&](const std::string& params) {
+    const auto r =
+        n.call(R"({"jsonrpc":"2.0","id":2,"method":"status","params":)" + params + "}")["result"];
+    std::string ids;
+    for (const auto& l : r.value("leases", nlohmann::json::array()))
+      ids += l["client_id"].get<std::string>();
+    return ids + "/" + std::to_string(r["lease_count"].get<int>());
+  };
+  CHECK(page(R"({"resource_id": "db"})") == "abcde/5");
+  CHECK(page(R"({"resource_id": "db", "limit": 2})") == "ab/5");
+  CHECK(page(R"({"resource_id": "db", "offset": 2, "limit": 2})") == "cd/5");
+  CHECK(page(R"({"resource_id": "db", "offset": 4, "limit": 2})") == "e/5");
+  CHECK(page(R"({"resource_id": "db", "offset": 9})") == "/5");
+  CHECK(page(R"({"resource_id": "other"})") == "/0");
 }
 
 TEST_CASE("answers are read without throwing, whatever the peer sent", "[protocol][answer]") {

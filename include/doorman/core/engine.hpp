@@ -283,21 +283,19 @@ class basic_engine {
   /// `discovery`: who is master.
   [[nodiscard]] discovery_response discovery() const { return {mastership_}; }
 
-  /// `status`: every resource with state; with a resource id, that resource and its leases.
-  [[nodiscard]] result<status_response> status(const status_request& req, time_point now) {
-    if (auto e = validate(req)) return *e;
+  /// `status`: every resource with state; with a resource id, that resource and its leases
+  /// (`page` of them, in client id order).
+  [[nodiscard]] result<status_response> status(const status_request& req, time_point now,
+                                               const lease_page& page = {}) {
+    if (auto e = validate(req, page)) return *e;
     expire(now);
     status_response out;
     out.mastership = mastership_;
     if (req.resource_id) {
       out.resources.push_back(describe(*req.resource_id, now));
+      out.lease_count = 0;
       if (const auto it = resources_.find(*req.resource_id); it != resources_.end()) {
-        it->second.store.for_each([&](const typename store_type::client& c) {
-          out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
-                                c.is_server, c.outstanding, c.bands.to_vector()});
-        });
-        std::sort(out.leases.begin(), out.leases.end(),
-                  [](const auto& a, const auto& b) { return a.client_id < b.client_id; });
+        page_of_leases(it->second, page, now, out);
       }
       return out;
     }
@@ -623,6 +621,32 @@ class basic_engine {
                                        const std::optional<lease_info>& has,
                                        time_point now) noexcept {
     return now < c.relearn_until || starts_relearning(c, has, now);
+  }
+
+  // The leases of `r` in client id order from `req.offset`, at most `req.limit`: O(leases) to
+  // pick the page (partitions, not a full sort), then O(page × log page).
+  void page_of_leases(const resource& r, const lease_page& req, time_point now,
+                      status_response& out) const {
+    using holder = typename store_type::client;
+    std::vector<const holder*> all;
+    all.reserve(r.store.size());
+    r.store.for_each([&](const holder& c) { all.push_back(&c); });
+    out.lease_count = all.size();
+    const auto by_id = [](const holder* a, const holder* b) { return a->id < b->id; };
+    const std::size_t from = std::min(all.size(), static_cast<std::size_t>(req.offset));
+    const std::size_t to =
+        req.limit ? std::min(all.size(), from + static_cast<std::size_t>(*req.limit)) : all.size();
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(from);
+    const auto last = all.begin() + static_cast<std::ptrdiff_t>(to);
+    if (from > 0) std::nth_element(all.begin(), first, all.end(), by_id);
+    if (to < all.size()) std::nth_element(first, last, all.end(), by_id);
+    std::sort(first, last, by_id);
+    out.leases.reserve(to - from);
+    for (auto i = first; i != last; ++i) {
+      const holder& c = **i;
+      out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
+                            c.is_server, c.outstanding, c.bands.to_vector()});
+    }
   }
 
   [[nodiscard]] resource_status describe(const std::string& id, time_point now) const {

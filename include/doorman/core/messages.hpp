@@ -40,8 +40,11 @@ struct request_limits {
   /// (units per second, or in flight), which leaves integer quantities exact in a double.
   static constexpr double max_quantity = config_limits::max_capacity;
   /// A lease's `expires_in` (within ±max_seconds) and `refresh_interval` (0 to max_seconds),
-  /// in seconds: about 11.6 days, more than the longest lease a configuration allows (a day).
+  /// in seconds: about 11.6 days, the longest lease a configuration allows.
   static constexpr double max_seconds = 1e6;
+  /// A page of `status` leases: where it starts, and how many it holds at most.
+  static constexpr std::int64_t max_status_offset = 1'000'000'000;
+  static constexpr std::int64_t max_status_limit = 1'000'000;
 };
 
 // The messages below name these limits in words ("at most 10000 resources"), which the hot
@@ -132,9 +135,22 @@ struct discovery_response {
   mastership_info mastership;
 };
 
-/// `status`: all resources, or one with every lease.
+/// `status`: all resources, or one with its leases.
 struct status_request {
   std::optional<std::string> resource_id;
+};
+
+/// Which of a resource's leases `status` lists: in client id order, from `offset`, at most
+/// `limit` (none: all).
+struct lease_page {
+  std::int64_t offset = 0;            ///< leases skipped, 0 to `max_status_offset`
+  std::optional<std::int64_t> limit;  ///< at most this many leases, 1 to `max_status_limit`
+};
+
+/// `status` params as the wire carries them: `resource_id`, `offset`, `limit`.
+struct status_params {
+  status_request request;
+  lease_page page;
 };
 
 struct resource_status {
@@ -161,7 +177,8 @@ struct lease_status {
 struct status_response {
   mastership_info mastership;
   std::vector<resource_status> resources;
-  std::vector<lease_status> leases;  ///< only when a resource_id was asked for
+  std::vector<lease_status> leases;        ///< only when a resource_id was asked for
+  std::optional<std::size_t> lease_count;  ///< all the resource's leases (with a resource_id)
 };
 
 namespace detail {
@@ -439,9 +456,21 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.
-[[nodiscard]] inline std::optional<request_error> validate(const status_request& r) {
-  if (r.resource_id) return detail::check_id(*r.resource_id, "resource_id");
-  return std::nullopt;
+[[nodiscard]] inline std::optional<request_error> validate(const status_request& r,
+                                                           const lease_page& page = {}) {
+  if (!r.resource_id) {
+    if (page.offset != 0 || page.limit) {
+      return detail::invalid(page.limit ? "limit" : "offset", "only with resource_id");
+    }
+    return std::nullopt;
+  }
+  if (page.offset < 0 || page.offset > request_limits::max_status_offset) {
+    return detail::invalid("offset", "must be between 0 and 1000000000");
+  }
+  if (page.limit && (*page.limit < 1 || *page.limit > request_limits::max_status_limit)) {
+    return detail::invalid("limit", "must be between 1 and 1000000");
+  }
+  return detail::check_id(*r.resource_id, "resource_id");
 }
 
 }  // namespace doorman

@@ -219,7 +219,12 @@ class basic_node {
                                         std::size_t page = 1) {
     const auto now = clock::now();
     admin_snapshot s = base_snapshot(now);
-    const auto st = engine_.status({resource}, now);
+    lease_page leases;
+    if (resource) {
+      leases.offset = static_cast<std::int64_t>((page - 1) * leases_per_page);
+      leases.limit = static_cast<std::int64_t>(leases_per_page);
+    }
+    auto st = engine_.status(status_request{std::move(resource)}, now, leases);
     if (!st) return s;
     for (const auto& r : st.value().resources) {
       const auto& t = engine_.config().find(r.resource_id);
@@ -227,12 +232,8 @@ class basic_node {
       s.resources.push_back({r, t.description, t.identifier_glob,
                              lease ? std::optional<double>(lease->capacity) : std::nullopt});
     }
-    auto& leases = st.value().leases;
-    s.lease_count = leases.size();
-    const std::size_t from = std::min(leases.size(), (page - 1) * leases_per_page);
-    const std::size_t to = std::min(leases.size(), from + leases_per_page);
-    s.leases.assign(std::make_move_iterator(leases.begin() + static_cast<std::ptrdiff_t>(from)),
-                    std::make_move_iterator(leases.begin() + static_cast<std::ptrdiff_t>(to)));
+    s.lease_count = st.value().lease_count.value_or(0);
+    s.leases = std::move(st.value().leases);
     return s;
   }
 
@@ -407,12 +408,14 @@ class basic_node {
     std::size_t page = 1;
     if (page_text) {
       const auto v = as_int64(nlohmann::json::parse(*page_text, nullptr, false));
-      if (!v || *v < 1 || *v > 1'000'000'000) {
+      if (!v || *v < 1 || *v > 1'000'000) {
         return net::detail::http_error(400, "page: expected a whole number from 1");
       }
       page = static_cast<std::size_t>(*v);
     }
-    if (auto e = validate(status_request{id})) return net::detail::http_error(400, e->message);
+    if (auto e = validate(status_request{id})) {
+      return net::detail::http_error(400, e->message);
+    }
     const auto s = snapshot(std::move(id), page);
     if (s.resources.empty()) return net::detail::http_error(400, "invalid resource id");
     if (page > 1 && (page - 1) * leases_per_page >= s.lease_count) {

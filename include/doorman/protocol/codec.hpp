@@ -207,6 +207,19 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   return r.error();
 }
 
+/// Decodes `status` params with the page of leases (`offset`, `limit`).
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         status_params& out) {
+  out = {};
+  if (auto e = decode(j, out.request)) return e;
+  if (j.is_null()) return std::nullopt;
+  detail::field_reader r(j, "params");
+  r.integer("offset", out.page.offset, false);
+  std::int64_t limit = 0;
+  if (r.integer("limit", limit, false)) out.page.limit = limit;
+  return r.error();
+}
+
 // ---- responses -----------------------------------------------------------------------------
 
 inline void to_json(nlohmann::json& j, const capacity_response& r) {
@@ -265,6 +278,7 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
     }
     j["leases"] = std::move(leases);
   }
+  if (r.lease_count) j["lease_count"] = *r.lease_count;
 }
 
 namespace detail {

@@ -113,8 +113,8 @@ template <class Engine>
     } else if (req.method == "discovery") {
       response = make_result(req.id, nlohmann::json(eng.discovery()));
     } else if (req.method == "status") {
-      response = detail::call_engine<status_request>(
-          req, [&](const status_request& r) { return eng.status(r, now); });
+      response = detail::call_engine<status_params>(
+          req, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
       if (auto result = response.find("result"); result != response.end()) {
         (*result)["id"] = identity.id;
         (*result)["role"] = identity.role;
