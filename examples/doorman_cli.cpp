@@ -47,8 +47,10 @@ constexpr const char* usage =
     "usage: doorman COMMAND [ARGS] [--server ADDR[,ADDR...]] [--json] [--timeout SECONDS]\n"
     "Looks at and steers a doorman capacity tree.\n\n"
     "commands:\n"
-    "  status [RESOURCE]                    the node and its resources, or one resource and its "
-    "leases\n"
+    "  status [RESOURCE] [--offset N] [--limit N]\n"
+    "                                       the node and its resources, or one resource and a "
+    "page\n"
+    "                                       of its leases (default the first 1000)\n"
     "  get RESOURCE --wants N [--client-id ID] [--priority P]\n"
     "                                       ask for capacity as a client; prints the lease\n"
     "  release RESOURCE [--client-id ID]    give a client's capacity back\n"
@@ -73,6 +75,8 @@ struct options {
   std::int64_t priority = 0;
   std::string client_id;
   double interval = 1;
+  std::int64_t offset = 0;
+  std::int64_t limit = 1000;
 };
 
 std::string default_client_id() {
@@ -101,6 +105,10 @@ options parse(int argc, char** argv, bool& help) {
       o.client_id = args.value();
     } else if (a == "--interval") {
       o.interval = args.number(0.1, 3600);
+    } else if (a == "--offset") {
+      o.offset = static_cast<std::int64_t>(args.number(0, 1e9));
+    } else if (a == "--limit") {
+      o.limit = static_cast<std::int64_t>(args.number(1, 1e6));
     } else if (!a.starts_with("--")) {
       o.words.push_back(a);
     } else {
@@ -218,14 +226,26 @@ std::string leases_table(const json& st) {
 int status(const options& o) {
   rpc r(o);
   json params = json::object();
-  if (o.words.size() > 1) params["resource_id"] = o.words[1];
+  if (o.words.size() > 1) {
+    params["resource_id"] = o.words[1];
+    params["offset"] = o.offset;
+    params["limit"] = o.limit;
+  }
   const auto st = r.call("status", params);
   if (o.json_output) {
     fmt::print("{}\n", st.dump(2));
     return 0;
   }
   fmt::print("{}{}", node_line(st), resources_table(st));
-  if (o.words.size() > 1) fmt::print("\n{}", leases_table(st));
+  if (o.words.size() > 1) {
+    const auto shown = st.value("leases", json::array()).size();
+    const auto all = st.value("lease_count", std::size_t{0});
+    fmt::print("\n{}", leases_table(st));
+    if (shown < all) {
+      fmt::print("({} of {} leases from {}; --offset and --limit for others)\n", shown, all,
+                 o.offset);
+    }
+  }
   return 0;
 }
 

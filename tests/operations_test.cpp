@@ -656,13 +656,19 @@ TEST_CASE("doorman CLI: get, status, release and discovery against a root", "[cl
   std::tie(rc, out) = cli("status db" + s);
   CHECK_THAT(out, Catch::Contains("CLIENT  KIND    HAS  WANTS  EXPIRES IN"));
   CHECK_THAT(out, Catch::Contains("alice   client  30   30"));
+  CHECK(gets(line_client(root.address()).call("get_capacity", capacity_params("bob", "db", 5))) ==
+        5);
+  std::tie(rc, out) = cli("status db --limit 1 --offset 1" + s);
+  CHECK_THAT(out, Catch::Contains("bob     client  5"));
+  CHECK_THAT(out, !Catch::Contains("alice"));
+  CHECK_THAT(out, Catch::Contains("(1 of 2 leases from 1; --offset and --limit for others)"));
   std::tie(rc, out) = cli("status db --json" + s);
   CHECK(rc == 0);
   CHECK(json::parse(out)["leases"][0]["client_id"] == "alice");
   std::tie(rc, out) = cli("release db --client-id alice" + s);
   CHECK(rc == 0);
   CHECK(out == "db: released for alice\n");
-  CHECK(status_of(root.address(), "db")["resources"][0]["clients"] == 0);
+  CHECK(status_of(root.address(), "db")["resources"][0]["clients"] == 1);
   std::tie(rc, out) = cli("discovery" + s);
   CHECK(out == "master: " + root.address() + "\n");
 }
