@@ -386,7 +386,11 @@ class basic_node {
   net::http_answer on_admin(const net::http_request& r) {
     if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
     if (r.path == "/readyz") {
-      const auto [ready, why] = readiness(base_snapshot(clock::now()));
+      // Readiness needs only these two; a full snapshot would copy the configuration.
+      admin_snapshot state;
+      state.started = started_at_ != clock::time_point{};
+      state.mastership = engine_.mastership();
+      const auto [ready, why] = readiness(state);
       return {ready ? 200 : 503, "text/plain; charset=utf-8",
               fmt::format("{}: {}\n", ready ? "ready" : "not ready", why)};
     }
