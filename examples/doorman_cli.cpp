@@ -64,7 +64,12 @@ constexpr const char* usage =
     "DOORMAN_SERVER)\n"
     "  --json                               print the server's answer as JSON\n"
     "  --timeout SECONDS                    deadline of each call (default 5)\n"
-    "  --client-id ID                       default doorman-cli@HOSTNAME\n";
+    "  --client-id ID                       default doorman-cli@HOSTNAME\n"
+    "  --tls-ca FILE                        speak TLS; the server's certificate must chain to "
+    "these CAs\n"
+    "  --tls-cert FILE --tls-key FILE       this client's certificate (mutual TLS)\n"
+    "  --tls-server-name NAME               the name the server's certificate must carry\n"
+    "                                       (default: the host of --server)\n";
 
 struct options {
   std::vector<std::string> words;  // the command and its positional arguments
@@ -77,6 +82,7 @@ struct options {
   double interval = 1;
   std::int64_t offset = 0;
   std::int64_t limit = 1000;
+  doorman::net::tls_options tls;
 };
 
 std::string default_client_id() {
@@ -107,6 +113,15 @@ options parse(int argc, char** argv, bool& help) {
       o.interval = args.number(0.1, 3600);
     } else if (a == "--offset") {
       o.offset = static_cast<std::int64_t>(args.number(0, 1e9));
+    } else if (a == "--tls-ca") {
+      o.tls.ca_file = args.value();
+    } else if (a == "--tls-cert") {
+      o.tls.cert_file = args.value();
+    } else if (a == "--tls-key") {
+      o.tls.key_file = args.value();
+    } else if (a == "--tls-server-name") {
+      o.tls.server_name = args.value();
+      o.tls.enabled = true;
     } else if (a == "--limit") {
       o.limit = static_cast<std::int64_t>(args.number(1, 1e6));
     } else if (!a.starts_with("--")) {
@@ -138,6 +153,7 @@ class rpc {
     }
     c.call_timeout = doorman::seconds(o.timeout);
     c.maximum_backoff = doorman::seconds(0.5);
+    c.tls = o.tls;
     channel_.emplace(io_.get_executor(), std::move(c));
   }
   ~rpc() {

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -73,6 +74,37 @@ std::vector<flag> node_flags() {
        shortest(o.server.idle_timeout.count())},
       {"parent-timeout", "SECONDS", "deadline of one request to the parent",
        shortest(o.parent_timeout.count())},
+      {"tls-cert", "FILE",
+       "PEM certificate chain of this node: serve the JSON-RPC port and the admin endpoint over "
+       "TLS (docs/security.md)",
+       ""},
+      {"tls-key", "FILE", "PEM private key of --tls-cert", ""},
+      {"tls-ca", "FILE", "PEM CAs that client certificates must chain to (default: the system's)",
+       ""},
+      {"tls-client-auth", "MODE",
+       "none, request (verify a client certificate when given) or require (refuse clients "
+       "without a valid one)",
+       doorman::net::to_string(o.tls.client_auth)},
+      {"parent-tls-cert", "FILE",
+       "PEM certificate this node shows its parent (mutual TLS); any --parent-tls-* flag makes "
+       "the parent link TLS",
+       ""},
+      {"parent-tls-key", "FILE", "PEM private key of --parent-tls-cert", ""},
+      {"parent-tls-ca", "FILE",
+       "PEM CAs that the parent's certificate must chain to (default: the system's)", ""},
+      {"parent-tls-server-name", "NAME",
+       "name the parent's certificate must carry (default: the host of --parent)", ""},
+      {"etcd-tls-cert", "FILE", "PEM client certificate for https:// etcd endpoints", ""},
+      {"etcd-tls-key", "FILE", "PEM private key of --etcd-tls-cert", ""},
+      {"etcd-tls-ca", "FILE", "PEM CAs of https:// etcd endpoints (default: the system's)", ""},
+      {"access", "FILE",
+       "access file (JSON, or YAML for .yml/.yaml): identity patterns to roles and resources; "
+       "needs --tls-client-auth request or require",
+       ""},
+      {"max-client-ids", "N",
+       "distinct client ids one caller (identity, else connection) may hold per resource; 0: "
+       "no bound (access file rules set their own)",
+       std::to_string(o.max_client_ids)},
       {"log-level", "LEVEL",
        "info (every line), warning (problems: lines starting \"warning: \" or \"error: \") or "
        "error",
@@ -85,8 +117,8 @@ constexpr const char* about =
     "usage: doorman-node [--FLAG VALUE]...\n"
     "Serves one position of a doorman capacity tree over JSON-RPC on TCP (one JSON object\n"
     "per line). Every flag may also be given as the environment variable DOORMAN_<FLAG>\n"
-    "(upper case, '-' as '_'); the command line wins. SIGHUP reloads --config; SIGTERM or\n"
-    "SIGINT stops gracefully.\n\n";
+    "(upper case, '-' as '_'); the command line wins. SIGHUP reloads --config, the TLS\n"
+    "certificates and --access; SIGTERM or SIGINT stops gracefully.\n\n";
 
 // The admin address by default: the listen host, its port + 80 (0 stays 0).
 std::string default_admin(const std::string& listen) {
@@ -116,6 +148,50 @@ void read_election(const doorman_examples::flag_values& v, doorman::etcd_electio
   }
   e.ttl = doorman::seconds(ttl);
   e.log = o.log;
+  e.tls = o.config.etcd_tls;
+}
+
+// A file flag's value, checked to be readable now (a clear error before TLS setup).
+std::string readable_file(const doorman_examples::flag_values& v, const char* name) {
+  if (!v.given(name)) return "";
+  const std::string path = v.at(name);
+  if (path.empty() || !std::ifstream(path)) {
+    throw std::invalid_argument(fmt::format("--{}: cannot read \"{}\"", name, path));
+  }
+  return path;
+}
+
+void read_security(const doorman_examples::flag_values& v, doorman::node_options& o) {
+  o.tls.cert_file = readable_file(v, "tls-cert");
+  o.tls.key_file = readable_file(v, "tls-key");
+  o.tls.ca_file = readable_file(v, "tls-ca");
+  const auto auth = doorman::net::parse_client_auth(v.at("tls-client-auth"));
+  if (!auth) {
+    throw std::invalid_argument(
+        fmt::format("--tls-client-auth: expected none, request or require, got \"{}\"",
+                    v.at("tls-client-auth")));
+  }
+  o.tls.client_auth = *auth;
+  if (o.tls.active() && o.tls.cert_file.empty()) {
+    throw std::invalid_argument("--tls-cert: required with --tls-key or --tls-ca");
+  }
+  if (*auth != doorman::net::client_auth::none && o.tls.cert_file.empty()) {
+    throw std::invalid_argument("--tls-client-auth: needs --tls-cert and --tls-key");
+  }
+  o.parent_tls.cert_file = readable_file(v, "parent-tls-cert");
+  o.parent_tls.key_file = readable_file(v, "parent-tls-key");
+  o.parent_tls.ca_file = readable_file(v, "parent-tls-ca");
+  o.parent_tls.server_name = v.at("parent-tls-server-name");
+  o.parent_tls.enabled = !o.parent_tls.server_name.empty();
+  o.config.etcd_tls.cert_file = readable_file(v, "etcd-tls-cert");
+  o.config.etcd_tls.key_file = readable_file(v, "etcd-tls-key");
+  o.config.etcd_tls.ca_file = readable_file(v, "etcd-tls-ca");
+  o.access = readable_file(v, "access");
+  o.access_parse = doorman_examples::parse_access_any;
+  if (!o.access.empty() && *auth == doorman::net::client_auth::none) {
+    throw std::invalid_argument("--access: needs --tls-client-auth request or require");
+  }
+  o.max_client_ids = static_cast<std::size_t>(v.number("max-client-ids", 0, 1e6));
 }
 
 // node_options from the flags; throws std::invalid_argument naming the flag.
@@ -151,6 +227,7 @@ void read_options(const doorman_examples::flag_values& v, doorman::node_options&
   o.server.max_in_flight = static_cast<std::size_t>(v.number("max-in-flight", 1, 1e7));
   o.server.idle_timeout = doorman::seconds(v.number("idle-timeout", 0.1, 86400 * 7));
   o.parent_timeout = doorman::seconds(v.number("parent-timeout", 0.01, 3600));
+  read_security(v, o);
   o.config.parse = doorman_examples::parse_config_any;
   if (v.given("config")) {
     o.config.source = v.at("config");
@@ -183,6 +260,7 @@ int serve(asio::io_context& io, Node& node) {
   std::function<void(std::error_code, int)> on_hup = [&](std::error_code ec, int) {
     if (ec) return;
     node.reload_config();
+    node.reload_security();
     hup.async_wait(on_hup);
   };
   hup.async_wait(on_hup);

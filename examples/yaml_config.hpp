@@ -9,6 +9,7 @@
 // this file.
 
 #include <doorman/core/config.hpp>
+#include <doorman/node/access.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -152,13 +153,38 @@ inline doorman::resource_repository parse_yaml_config(std::string_view text,
   }
 }
 
+// An access file in YAML (docs/security.md); errors read "field: reason (line N of FILE)".
+inline doorman::access_policy parse_yaml_access(std::string_view text, const std::string& name) {
+  std::map<std::string, int> lines;
+  const auto doc = yaml_config_json(text, name, &lines);
+  try {
+    return doorman::access_policy::from_json(doc);
+  } catch (const doorman::config_error& e) {
+    throw doorman::config_error(
+        e.path(),
+        fmt::format("{} (line {} of {})",
+                    std::string_view(e.what()).substr(e.path().empty() ? 0 : e.path().size() + 2),
+                    detail::line_of(lines, e.path()), name));
+  }
+}
+
 #else
 
 inline doorman::resource_repository parse_yaml_config(std::string_view, const std::string& name) {
   throw doorman::config_error("", name + ": this binary was built without YAML support (yaml-cpp)");
 }
 
+inline doorman::access_policy parse_yaml_access(std::string_view, const std::string& name) {
+  throw doorman::config_error("", name + ": this binary was built without YAML support (yaml-cpp)");
+}
+
 #endif
+
+// The binaries' access file parser: YAML for a .yml/.yaml path, else JSON.
+inline doorman::access_policy parse_access_any(std::string_view text, const std::string& name) {
+  if (is_yaml(text, name)) return parse_yaml_access(text, name);
+  return doorman::access_policy::parse(text);
+}
 
 // The binaries' parser: YAML (see is_yaml) or JSON.
 inline doorman::resource_repository parse_config_any(std::string_view text,

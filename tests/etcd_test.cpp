@@ -208,7 +208,10 @@ std::string find_etcd() {
 // the end. `kill` then `start` again keeps its data (leases included).
 class etcd_server {
  public:
-  etcd_server() : client_port_(free_port()), peer_port_(free_port()) {
+  // With `tls` (a directory of examples/make_certs.sh), clients must speak TLS and show a
+  // certificate of its CA; the server shows node.pem.
+  explicit etcd_server(std::string tls = {})
+      : client_port_(free_port()), peer_port_(free_port()), tls_(std::move(tls)) {
     binary_ = find_etcd();
     if (binary_.empty()) FAIL("etcd not found on PATH: install etcd-server (make deps does)");
     char dir_template[] = "/tmp/doorman-etcd-XXXXXX";
@@ -227,15 +230,20 @@ class etcd_server {
   [[nodiscard]] const std::string& dir() const { return dir_; }
 
   void start() {
-    const std::string client = "http://" + endpoint();
+    const std::string client = (tls_.empty() ? "http://" : "https://") + endpoint();
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     process_.reset();
-    process_ = std::make_unique<process>(
-        std::vector<std::string>{binary_, "--name", "doorman-test", "--data-dir", dir_ + "/data",
-                                 "--listen-client-urls", client, "--advertise-client-urls", client,
-                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                 "--initial-cluster", "doorman-test=" + peer},
-        dir_ + "/etcd.log");
+    std::vector<std::string> args = {
+        binary_, "--name", "doorman-test", "--data-dir", dir_ + "/data", "--listen-client-urls",
+        client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer, "--initial-cluster", "doorman-test=" + peer};
+    if (!tls_.empty()) {
+      for (const auto& a : {"--cert-file=" + tls_ + "/node.pem", "--key-file=" + tls_ + "/node.key",
+                            "--trusted-ca-file=" + tls_ + "/ca.pem",
+                            std::string("--client-cert-auth")})
+        args.push_back(a);
+    }
+    process_ = std::make_unique<process>(args, dir_ + "/etcd.log");
     REQUIRE(process_->wait_for("ready to serve client requests", 30s));
   }
   void kill() { process_.reset(); }
@@ -260,6 +268,7 @@ class etcd_server {
   int peer_port_;
   std::string binary_;
   std::string dir_;
+  std::string tls_;
   std::unique_ptr<process> process_;
 };
 
@@ -587,3 +596,27 @@ TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missin
   CHECK(node.wait_exit() == 0);
 }
 #endif
+
+TEST_CASE("the etcd client speaks TLS to https:// endpoints, with a client certificate",
+          "[etcd][tls]") {
+  const auto& certs = test_certificates::get();
+  etcd_server etcd(certs.dir());
+  const auto put_get = [&](const doorman::net::tls_options& tls) {
+    asio::io_context io;
+    doorman::net::etcd_client client(io.get_executor(), {"https://" + etcd.endpoint()}, tls);
+    return run_coroutine_test(io, [&]() -> asio::awaitable<std::string> {
+      const auto put = co_await client.put("/doorman/tls", "over TLS", steady::now() + 3s);
+      if (put.error) co_return "put: " + put.message;
+      const auto got = co_await client.get("/doorman/tls", steady::now() + 3s);
+      if (got.error) co_return "get: " + got.message;
+      co_return got.value ? got.value->value : std::string("nothing");
+    });
+  };
+  CHECK(put_get(certs.side("client-a")) == "over TLS");
+  // Without a client certificate, or trusting another CA, etcd is out of reach.
+  CHECK_THAT(put_get(certs.side("")), Catch::StartsWith("put: "));
+  auto other = certs.side("client-a");
+  other.ca_file = certs("other-ca.pem");
+  const auto refused = put_get(other);
+  CHECK_THAT(refused, Catch::Contains("certificate verify failed"));
+}

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -137,6 +138,46 @@ inline doorman::client_options fast_client(const std::string& address) {
   o.demand_window = doorman::seconds(1);
   return o;
 }
+
+#ifdef DOORMAN_SOURCE_DIR
+// The certificates examples/make_certs.sh makes with the openssl CLI, once per test process,
+// in a temporary directory removed at exit; the path of NAME (e.g. "ca.pem").
+class test_certificates {
+ public:
+  static const test_certificates& get() {
+    static const test_certificates made;
+    return made;
+  }
+  [[nodiscard]] std::string operator()(const std::string& name) const { return dir_ + "/" + name; }
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  // TLS options of one side: `name`.pem/.key as its certificate, the test CA as its CA.
+  [[nodiscard]] doorman::net::tls_options side(const std::string& name) const {
+    doorman::net::tls_options o;
+    if (!name.empty()) {
+      o.cert_file = (*this)(name + ".pem");
+      o.key_file = (*this)(name + ".key");
+    }
+    o.ca_file = (*this)("ca.pem");
+    return o;
+  }
+
+  test_certificates(const test_certificates&) = delete;
+  test_certificates& operator=(const test_certificates&) = delete;
+  ~test_certificates() { std::filesystem::remove_all(dir_); }
+
+ private:
+  test_certificates() {
+    char dir_template[] = "/tmp/doorman-certs-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template));
+    dir_ = dir_template;
+    const std::string command =
+        std::string(DOORMAN_SOURCE_DIR) + "/examples/make_certs.sh " + dir_ + " 2>&1";
+    REQUIRE(std::system(command.c_str()) == 0);
+  }
+  std::string dir_;
+};
+#endif
 
 }  // namespace doorman_test
 

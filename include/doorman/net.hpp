@@ -12,3 +12,4 @@
 #include "doorman/net/http_server.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/net/tls.hpp"

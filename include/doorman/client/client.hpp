@@ -63,6 +63,11 @@ struct client_options {
   /// counted as attempts, which measures their demand directly.)
   double throttled_headroom = 2;
   std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
+  /// TLS to the servers (docs/security.md): `ca_file` the CAs the server's certificate must
+  /// chain to, `cert_file`/`key_file` this client's certificate (mutual TLS), `server_name`
+  /// the name the server's certificate must carry (default: the host dialled). All empty:
+  /// plaintext; set `enabled` for TLS with the system's CAs and no certificate.
+  net::tls_options tls{};
 };
 
 namespace detail {
@@ -360,6 +365,7 @@ class client {
     c.addresses = o.addresses;
     c.call_timeout = o.call_timeout;
     c.log = o.log;
+    c.tls = o.tls;
     return c;
   }
 

@@ -37,6 +37,7 @@
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
+#include "doorman/net/tls.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::net {
@@ -51,6 +52,8 @@ struct channel_options {
   std::size_t max_message_bytes = std::size_t{1} << 20;  ///< longest answer accepted
   int max_redirects = 4;                                 ///< per call
   std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
+  /// TLS to the servers (docs/security.md); all empty: plaintext.
+  tls_options tls{};
 };
 
 /// The outcome of a call: a result, or why there is none.
@@ -71,7 +74,10 @@ class channel {
   channel(asio::any_io_executor executor, channel_options options)
       : executor_(std::move(executor)),
         options_(std::move(options)),
-        state_(std::make_shared<connection_state>(executor_)),
+        tls_(options_.tls.active()
+                 ? std::make_shared<tls_context>(tls_side::client, options_.tls, "channel tls")
+                 : nullptr),
+        state_(fresh_state()),
         backoff_({options_.initial_backoff, options_.maximum_backoff}, std::random_device{}()) {
     if (options_.addresses.empty()) throw std::invalid_argument("channel: no addresses");
     for (const auto& a : options_.addresses) {
@@ -89,6 +95,17 @@ class channel {
   /// The address calls go to now.
   [[nodiscard]] const std::string& current() const { return options_.addresses[current_]; }
 
+  /// Re-reads the TLS certificate, key and CA files for the next connections (the open one
+  /// stays); throws as `tls_context::reload` does. Nothing without TLS.
+  void reload_tls() {
+    if (tls_) tls_->reload();
+  }
+
+  /// The identity the server's certificate showed on the open connection (empty without TLS).
+  [[nodiscard]] const std::string& server_identity() const noexcept {
+    return state_->stream.identity();
+  }
+
   /// Whether a connection is open.
   [[nodiscard]] bool connected() const noexcept { return state_->open; }
 
@@ -104,7 +121,7 @@ class channel {
       t->cancel();
     if (!state_->open) {
       std::error_code ignored;
-      state_->socket.close(ignored);  // a connect under way
+      state_->stream.socket().close(ignored);  // a connect under way
     }
     for (auto& [id, p] : state_->pending) {
       p->cancelled = true;
@@ -144,7 +161,7 @@ class channel {
           current_ = (current_ + 1) % options_.addresses.size();
           if (clock::now() >= deadline) {
             co_return fail(errc::unreachable,
-                           "no task of the position answered before the deadline");
+                           "no task of the position answered before the deadline" + last_problem());
           }
           if (tried >= options_.addresses.size()) {
             tried = 0;
@@ -190,8 +207,9 @@ class channel {
 
   // Shared with the connection's reader coroutine, which may outlive a reconnect.
   struct connection_state {
-    explicit connection_state(const asio::any_io_executor& ex) : socket(ex) {}
-    asio::ip::tcp::socket socket;
+    connection_state(const asio::any_io_executor& ex, const ssl_context_ptr& tls)
+        : stream(ex, tls) {}
+    net::stream stream;
     bool open = false;
     std::map<std::int64_t, pending_call*> pending;
     std::string out;
@@ -207,6 +225,11 @@ class channel {
 
   void log(const std::string& s) const {
     if (options_.log) options_.log(s);
+  }
+
+  // The last connection problem, for a call's failure message ("" when none).
+  std::string last_problem() const {
+    return problem_.empty() ? std::string() : " (last problem: " + problem_ + ")";
   }
 
   void redirect(const std::string& master) {
@@ -232,14 +255,18 @@ class channel {
     auto s = state_;
     if (!s->open && s->pending.empty()) return;
     std::error_code ec;
-    s->socket.close(ec);
+    s->stream.close();
     s->open = false;
     for (auto& [id, p] : s->pending) {
       p->lost = true;
       p->done.cancel();
     }
     s->pending.clear();
-    state_ = std::make_shared<connection_state>(executor_);
+    state_ = fresh_state();
+  }
+
+  std::shared_ptr<connection_state> fresh_state() const {
+    return std::make_shared<connection_state>(executor_, tls_ ? tls_->current() : nullptr);
   }
 
   asio::awaitable<void> backoff(int round, clock::time_point deadline) {
@@ -265,23 +292,31 @@ class channel {
                    clock::now() + to_duration<clock::duration>(options_.connect_timeout.count())),
           [s] {
             std::error_code ignored;
-            s->socket.close(ignored);
+            s->stream.socket().close(ignored);
           });
       asio::ip::tcp::resolver resolver(executor_);
       auto endpoints = co_await resolver.async_resolve(
           addr->host, addr->port, asio::redirect_error(asio::use_awaitable, ec));
       if (!ec && !guard.expired()) {
-        co_await asio::async_connect(s->socket, endpoints,
+        co_await asio::async_connect(s->stream.socket(), endpoints,
                                      asio::redirect_error(asio::use_awaitable, ec));
+      }
+      if (!ec && !guard.expired() && s->stream.secure()) {
+        const auto& name = options_.tls.server_name.empty() ? addr->host : options_.tls.server_name;
+        co_await s->stream.handshake(tls_side::client, name, ec);
+        if (ec && !guard.expired() && s == state_) {
+          problem_ = fmt::format("TLS handshake with {} failed: {}", addr->to_string(),
+                                 s->stream.failure(ec));
+          log("warning: " + problem_);
+        }
       }
       timed_out = guard.expired();
     }
     if (ec || timed_out || s != state_) {
-      std::error_code ignored;
-      s->socket.close(ignored);
+      s->stream.close();
       co_return false;
     }
-    s->socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    s->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
     s->open = true;
     asio::co_spawn(executor_, read_loop(alive_, s, options_.max_message_bytes), asio::detached);
     co_return true;
@@ -321,8 +356,8 @@ class channel {
       co_return r;
     }
     if (p.cancelled) co_return fail(asio::error::operation_aborted, "call cancelled");
-    if (p.lost) co_return fail(errc::unreachable, "connection lost");
-    co_return fail(errc::timed_out, method + ": no answer before the deadline");
+    if (p.lost) co_return fail(errc::unreachable, "connection lost" + last_problem());
+    co_return fail(errc::timed_out, method + ": no answer before the deadline" + last_problem());
   }
 
   static asio::awaitable<void> write_loop(std::shared_ptr<connection_state> s) {
@@ -330,7 +365,7 @@ class channel {
     while (s->open && !s->out.empty()) {
       std::swap(buffer, s->out);
       std::error_code ec;
-      co_await asio::async_write(s->socket, asio::buffer(buffer),
+      co_await asio::async_write(s->stream, asio::buffer(buffer),
                                  asio::redirect_error(asio::use_awaitable, ec));
       buffer.clear();
       if (ec) break;
@@ -349,7 +384,7 @@ class channel {
     try {
       while (s->open) {
         std::error_code ec;
-        const std::size_t n = co_await s->socket.async_read_some(
+        const std::size_t n = co_await s->stream.async_read_some(
             asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
         if (ec) {
           problem = ec.message();
@@ -378,13 +413,15 @@ class channel {
     }
     channel* self = *alive;
     if (self && s == self->state_ && s->open) {
-      self->log(fmt::format("warning: connection to {} lost: {}", self->current(), problem));
+      self->problem_ = fmt::format("connection to {} lost: {}", self->current(), problem);
+      self->log("warning: " + self->problem_);
       self->drop();
     }
   }
 
   asio::any_io_executor executor_;
   channel_options options_;
+  std::shared_ptr<tls_context> tls_;
   std::shared_ptr<connection_state> state_;
   std::size_t current_ = 0;
   std::int64_t next_id_ = 1;
@@ -392,6 +429,7 @@ class channel {
   std::uint64_t cancels_ = 0;  // calls begun before the latest cancel() end
   std::unordered_set<asio::steady_timer*> sleeping_;
   jittered_backoff backoff_;
+  std::string problem_;  // the last connection problem, in words
   log_throttle<std::chrono::steady_clock::time_point> redirect_log_{seconds(5)};
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);
 };

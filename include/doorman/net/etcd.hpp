@@ -313,24 +313,35 @@ class etcd_client {
  public:
   using clock = std::chrono::steady_clock;
 
-  /// `endpoints`: `host:port` of etcd members (`http://` and a trailing `/` allowed). Throws
-  /// `std::invalid_argument` on a malformed one, or none.
-  etcd_client(asio::any_io_executor executor, std::vector<std::string> endpoints)
+  /// `endpoints`: `host:port` of etcd members (`http://` and a trailing `/` allowed;
+  /// `https://` for TLS, with the CA and client certificate of `tls`). Throws
+  /// `std::invalid_argument` on a malformed one, or none, or unusable TLS files.
+  etcd_client(asio::any_io_executor executor, std::vector<std::string> endpoints,
+              const tls_options& tls = {})
       : executor_(std::move(executor)) {
+    bool secure = false;
     for (const auto& e : endpoints) {
       auto bare = parse_endpoint(e);
       if (!bare) {
         throw std::invalid_argument(
             fmt::format("etcd endpoint: expected host:port, got \"{}\"", e));
       }
+      secure = secure || std::string_view(e).starts_with("https://");
       endpoints_.push_back(std::move(*bare));
     }
     if (endpoints_.empty()) throw std::invalid_argument("etcd endpoints: none given");
+    if (secure || tls.active()) {
+      auto o = tls;
+      o.enabled = true;
+      tls_ = tls_context(tls_side::client, o, "etcd tls").current();
+    }
   }
 
-  /// `host:port` from an etcd client URL (`http://` and a trailing `/` allowed), or nothing.
+  /// `host:port` from an etcd client URL (`http://` or `https://` and a trailing `/` allowed),
+  /// or nothing.
   [[nodiscard]] static std::optional<std::string> parse_endpoint(std::string_view e) {
     if (e.starts_with("http://")) e.remove_prefix(7);
+    if (e.starts_with("https://")) e.remove_prefix(8);
     if (e.ends_with('/')) e.remove_suffix(1);
     if (!parse_address(e)) return std::nullopt;
     return std::string(e);
@@ -349,8 +360,8 @@ class etcd_client {
       const std::string endpoint = endpoints_[current_];
       // Leave the other endpoints a share of the time when this one hangs.
       const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
-      auto answer =
-          co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share);
+      auto answer = co_await http_post(executor_, endpoint, "/v3/" + method, text,
+                                       clock::now() + share, std::size_t{1} << 20, tls_);
       std::string why = std::move(answer.message);
       if (!answer.error) {
         auto a = etcd_decode::read(answer);
@@ -452,6 +463,7 @@ class etcd_client {
  private:
   asio::any_io_executor executor_;
   std::vector<std::string> endpoints_;
+  ssl_context_ptr tls_;  // all endpoints speak TLS when one is https://
   std::size_t current_ = 0;
 };
 

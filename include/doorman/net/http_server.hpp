@@ -66,6 +66,8 @@ inline std::string_view http_reason(int status) noexcept {
       return "OK";
     case 400:
       return "Bad Request";
+    case 403:
+      return "Forbidden";
     case 404:
       return "Not Found";
     case 405:
@@ -110,8 +112,10 @@ inline http_answer http_error(int status, std::string_view why) {
 /// The server: an accept loop and one short-lived coroutine per connection.
 class http_server {
  public:
-  /// Called for every well-formed GET or HEAD request.
-  using handler_type = std::function<http_answer(const http_request&)>;
+  /// Called for every well-formed GET or HEAD request, with who sent it.
+  using handler_type = std::function<http_answer(const http_request&, const peer_info&)>;
+  /// A handler that does not look at the peer.
+  using request_handler = std::function<http_answer(const http_request&)>;
   using log_type = std::function<void(std::string_view)>;
 
   http_server(asio::any_io_executor executor, http_server_options options, handler_type handler,
@@ -122,6 +126,14 @@ class http_server {
         log_(std::move(log)),
         acceptor_(executor_),
         retry_(executor_) {}
+
+  http_server(asio::any_io_executor executor, http_server_options options, request_handler handler,
+              log_type log = {})
+      : http_server(std::move(executor), options,
+                    handler_type([h = std::move(handler)](const http_request& r, const peer_info&) {
+                      return h(r);
+                    }),
+                    std::move(log)) {}
 
   http_server(const http_server&) = delete;
   http_server& operator=(const http_server&) = delete;
@@ -135,6 +147,9 @@ class http_server {
   [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
     return acceptor_.local_endpoint();
   }
+
+  /// Serves HTTPS with the context's current certificates (call before `start`).
+  void use_tls(std::shared_ptr<tls_context> tls) { tls_ = std::move(tls); }
 
   void start() {
     asio::co_spawn(executor_,
@@ -158,13 +173,11 @@ class http_server {
   [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
 
  private:
-  using socket_ptr = std::shared_ptr<asio::ip::tcp::socket>;
+  using socket_ptr = std::shared_ptr<stream>;
 
   void close_all() {
-    for (const auto& s : sockets_) {
-      std::error_code ec;
-      s->close(ec);
-    }
+    for (const auto& s : sockets_)
+      s->close();
     sockets_.clear();
   }
 
@@ -181,16 +194,18 @@ class http_server {
         co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
-      auto s = std::make_shared<asio::ip::tcp::socket>(std::move(socket));
       if (sockets_.size() >= options_.max_connections) {
         ++refused_;
-        s->non_blocking(true, ec);
-        const auto busy =
-            detail::http_serialize(detail::http_error(503, "too many admin connections"), false);
-        s->write_some(asio::buffer(busy), ec);
-        s->close(ec);
+        if (!tls_) {
+          socket.non_blocking(true, ec);
+          const auto busy =
+              detail::http_serialize(detail::http_error(503, "too many admin connections"), false);
+          socket.write_some(asio::buffer(busy), ec);
+        }
+        socket.close(ec);
         continue;
       }
+      auto s = std::make_shared<stream>(std::move(socket), tls_ ? tls_->current() : nullptr);
       sockets_.insert(s);
       asio::co_spawn(executor_, exchange(s), asio::detached);
     }
@@ -202,16 +217,18 @@ class http_server {
         executor_,
         std::chrono::steady_clock::now() +
             to_duration<std::chrono::steady_clock::duration>(options_.timeout.count()),
-        [s] {
-          std::error_code ignored;
-          s->close(ignored);
-        });
+        [s] { s->close(); });
+    peer_info peer;
+    peer.address = detail::peer_of(s->socket());
+    peer.secure = s->secure();
     std::string head;
     std::array<char, 4096> chunk;
     std::error_code ec;
     http_answer answer;
     bool head_only = false;
-    for (;;) {
+    co_await s->handshake(tls_side::server, {}, ec);
+    peer.identity = s->identity();
+    for (; !ec;) {
       const std::size_t n = co_await s->async_read_some(
           asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) break;
@@ -233,21 +250,20 @@ class http_server {
         break;
       }
       answer = respond(parse_http_request(std::string_view(head).substr(0, stop), options_.request),
-                       head_only);
+                       peer, head_only);
       break;
     }
     if (!ec && !guard.expired()) {
       const std::string bytes = detail::http_serialize(answer, head_only);
       co_await asio::async_write(*s, asio::buffer(bytes),
                                  asio::redirect_error(asio::use_awaitable, ec));
-      s->shutdown(asio::socket_base::shutdown_send, ec);
+      s->socket().shutdown(asio::socket_base::shutdown_send, ec);
     }
-    std::error_code ignored;
-    s->close(ignored);
+    s->close();
     sockets_.erase(s);
   }
 
-  http_answer respond(const http_request& r, bool& head_only) {
+  http_answer respond(const http_request& r, const peer_info& peer, bool& head_only) {
     if (r.status != 0) return detail::http_error(r.status, r.reason);
     if (r.method != "GET" && r.method != "HEAD") {
       auto a = detail::http_error(405, "only GET and HEAD are served");
@@ -256,7 +272,7 @@ class http_server {
     }
     head_only = r.method == "HEAD";
     try {
-      return handler_(r);
+      return handler_(r, peer);
     } catch (const std::exception& e) {
       return detail::http_error(500, e.what());
     }
@@ -269,6 +285,7 @@ class http_server {
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_;
   std::unordered_set<socket_ptr> sockets_;
+  std::shared_ptr<tls_context> tls_;
   std::size_t refused_ = 0;
   bool stopping_ = false;
 };

@@ -30,10 +30,12 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/net/tls.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::net {
@@ -57,6 +59,18 @@ struct server_options {
 
   /// How long `stop` waits for answers to be written before closing connections anyway.
   seconds stop_grace{5};
+
+  /// With TLS: a connection that has not completed its handshake this long after it was
+  /// accepted is closed.
+  seconds handshake_timeout{10};
+};
+
+/// Who is on the other end of a connection, for a handler that authorizes.
+struct peer_info {
+  std::string address;           ///< `host:port`
+  std::string identity;          ///< from a verified TLS client certificate; empty otherwise
+  bool secure = false;           ///< whether the connection is TLS
+  std::uint64_t connection = 0;  ///< unique within the server, from 1
 };
 
 namespace detail {
@@ -100,8 +114,12 @@ inline std::string error_line(rpc_code code, std::string message) {
 /// The server: an accept loop and one session per connection.
 class server {
  public:
-  /// Called for every non-empty line; returns the answer line (no newline) or nothing.
-  using handler_type = std::function<std::optional<std::string>(std::string_view)>;
+  /// Called for every non-empty line with who sent it; returns the answer line (no newline)
+  /// or nothing.
+  using handler_type =
+      std::function<std::optional<std::string>(std::string_view, const peer_info&)>;
+  /// A handler that does not look at the peer.
+  using line_handler = std::function<std::optional<std::string>(std::string_view)>;
   /// Receives one log line per notable event.
   using log_type = std::function<void(std::string_view)>;
 
@@ -114,6 +132,14 @@ class server {
         acceptor_(executor_),
         retry_(executor_),
         stop_timer_(executor_) {}
+
+  server(asio::any_io_executor executor, server_options options, line_handler handler,
+         log_type log = {})
+      : server(std::move(executor), options,
+               handler_type([h = std::move(handler)](std::string_view line, const peer_info&) {
+                 return h(line);
+               }),
+               std::move(log)) {}
 
   server(const server&) = delete;
   server& operator=(const server&) = delete;
@@ -136,6 +162,13 @@ class server {
   [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
     return acceptor_.local_endpoint();
   }
+
+  /// Serves TLS with the context's current certificates (call before `start`; a null pointer
+  /// goes back to plaintext). `tls->reload()` changes what later connections get.
+  void use_tls(std::shared_ptr<tls_context> tls) { tls_ = std::move(tls); }
+
+  /// Called on the executor when a connection ends, with its peer.
+  void on_disconnect(std::function<void(const peer_info&)> f) { on_disconnect_ = std::move(f); }
 
   /// Starts accepting.
   void start() {
@@ -162,6 +195,9 @@ class server {
   /// Connections closed for `idle_timeout`, since the start.
   [[nodiscard]] std::size_t closed_idle() const noexcept { return closed_idle_; }
 
+  /// TLS handshakes that failed or timed out, since the start.
+  [[nodiscard]] std::size_t failed_handshakes() const noexcept { return failed_handshakes_; }
+
   [[nodiscard]] const server_options& options() const noexcept { return options_; }
 
  private:
@@ -183,9 +219,14 @@ class server {
   asio::steady_timer retry_;
   asio::steady_timer stop_timer_;
   std::unordered_set<std::shared_ptr<session>> sessions_;
+  std::shared_ptr<tls_context> tls_;
+  std::function<void(const peer_info&)> on_disconnect_;
+  log_throttle<std::chrono::steady_clock::time_point> handshake_log_{seconds(10)};
   std::size_t refused_ = 0;
   std::size_t accepted_ = 0;
   std::size_t closed_idle_ = 0;
+  std::size_t failed_handshakes_ = 0;
+  std::uint64_t connections_made_ = 0;
   bool stopping_ = false;
 };
 
@@ -193,17 +234,26 @@ class server {
 /// answers in batches, and a watchdog for the idle timeout.
 class server::session : public std::enable_shared_from_this<server::session> {
  public:
-  session(server& owner, asio::ip::tcp::socket socket)
+  session(server& owner, asio::ip::tcp::socket socket, const ssl_context_ptr& tls)
       : owner_(owner),
-        peer_(detail::peer_of(socket)),
-        socket_(std::move(socket)),
-        drained_(socket_.get_executor()),
-        idle_(socket_.get_executor()) {}
+        executor_(socket.get_executor()),
+        stream_(std::move(socket), tls),
+        drained_(executor_),
+        idle_(executor_) {
+    peer_.address = detail::peer_of(stream_.socket());
+    peer_.secure = stream_.secure();
+    peer_.connection = ++owner_.connections_made_;
+  }
 
   void start() {
-    touch();
-    asio::co_spawn(socket_.get_executor(), read_loop(shared_from_this()), asio::detached);
-    asio::co_spawn(socket_.get_executor(), watchdog(shared_from_this()), asio::detached);
+    if (peer_.secure) {
+      deadline_ =
+          clock::now() + to_duration<clock::duration>(owner_.options_.handshake_timeout.count());
+    } else {
+      touch();
+    }
+    asio::co_spawn(executor_, read_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(executor_, watchdog(shared_from_this()), asio::detached);
   }
 
   // Stop reading; close once the answers computed so far are written.
@@ -215,11 +265,10 @@ class server::session : public std::enable_shared_from_this<server::session> {
   void close() {
     if (closed_) return;
     closed_ = true;
-    std::error_code ec;
-    socket_.shutdown(asio::socket_base::shutdown_both, ec);
-    socket_.close(ec);
+    stream_.close();
     idle_.cancel();
     drained_.cancel();
+    if (owner_.on_disconnect_) owner_.on_disconnect_(peer_);
     owner_.sessions_.erase(shared_from_this());
     if (owner_.stopping_ && owner_.sessions_.empty()) owner_.stop_timer_.cancel();
   }
@@ -235,7 +284,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
   void answer(std::string_view line) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) return;
-    if (auto reply = owner_.handler_(line)) {
+    if (auto reply = owner_.handler_(line, peer_)) {
       out_ += *reply;
       out_ += '\n';
       ++queued_;
@@ -259,10 +308,34 @@ class server::session : public std::enable_shared_from_this<server::session> {
       return;
     }
     writing_ = true;
-    asio::co_spawn(socket_.get_executor(), write_loop(shared_from_this()), asio::detached);
+    asio::co_spawn(executor_, write_loop(shared_from_this()), asio::detached);
+  }
+
+  // The TLS handshake (bounded by handshake_timeout through the watchdog); false when it
+  // failed and the connection is closed.
+  static asio::awaitable<bool> handshake(std::shared_ptr<session> self) {
+    if (!self->peer_.secure) co_return true;
+    std::error_code ec;
+    co_await self->stream_.handshake(tls_side::server, {}, ec);
+    if (self->closed_) co_return false;
+    if (ec) {
+      ++self->owner_.failed_handshakes_;
+      if (auto line = self->owner_.handshake_log_.pass(
+              fmt::format("warning: TLS handshake with {} failed: {}", self->peer_.address,
+                          self->stream_.failure(ec)),
+              clock::now())) {
+        self->owner_.log(*line);
+      }
+      self->close();
+      co_return false;
+    }
+    self->peer_.identity = self->stream_.identity();
+    self->touch();
+    co_return true;
   }
 
   static asio::awaitable<void> read_loop(std::shared_ptr<session> self) {
+    if (!co_await handshake(self)) co_return;
     line_buffer in(self->owner_.options_.max_message_bytes);
     std::array<char, 16384> chunk;
     while (!self->closed_ && !self->stopping_) {
@@ -291,7 +364,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       self->flush();
 
       std::error_code ec;
-      const std::size_t n = co_await self->socket_.async_read_some(
+      const std::size_t n = co_await self->stream_.async_read_some(
           asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         // The peer closed (or the socket was closed): write what is left, then close.
@@ -310,7 +383,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       self->in_write_ = self->queued_;
       self->queued_ = 0;
       std::error_code ec;
-      co_await asio::async_write(self->socket_, asio::buffer(buffer),
+      co_await asio::async_write(self->stream_, asio::buffer(buffer),
                                  asio::redirect_error(asio::use_awaitable, ec));
       buffer.clear();
       self->in_write_ = 0;
@@ -332,7 +405,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       if (self->closed_) co_return;
       if (clock::now() >= self->deadline_) {
         ++self->owner_.closed_idle_;
-        self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_));
+        self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_.address));
         self->close();
         co_return;
       }
@@ -340,8 +413,9 @@ class server::session : public std::enable_shared_from_this<server::session> {
   }
 
   server& owner_;
-  std::string peer_;  // host:port, for log lines
-  asio::ip::tcp::socket socket_;
+  asio::any_io_executor executor_;
+  stream stream_;
+  peer_info peer_;
   asio::steady_timer drained_;  // cancelled whenever answers were written
   asio::steady_timer idle_;
   clock::time_point deadline_{};
@@ -413,7 +487,8 @@ inline asio::awaitable<void> server::accept_loop() {
       continue;
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    auto s = std::make_shared<session>(*this, std::move(socket));
+    auto s = std::make_shared<session>(*this, std::move(socket),
+                                       tls_ ? tls_->current() : ssl_context_ptr{});
     ++accepted_;
     sessions_.insert(s);
     s->start();

@@ -48,8 +48,9 @@ struct latency_histogram {
 };
 
 /// The outcomes a request is counted under: `ok`, or the JSON-RPC error it got.
-inline constexpr std::array<const char*, 6> rpc_outcome_names = {
-    "ok", "parse_error", "invalid_request", "method_not_found", "invalid_params", "server_error"};
+inline constexpr std::array<const char*, 7> rpc_outcome_names = {
+    "ok",           "parse_error", "invalid_request", "method_not_found", "invalid_params",
+    "server_error", "forbidden"};
 
 [[nodiscard]] inline std::size_t outcome_index(const std::optional<rpc_code>& e) noexcept {
   if (!e) return 0;
@@ -64,6 +65,8 @@ inline constexpr std::array<const char*, 6> rpc_outcome_names = {
       return 4;
     case rpc_code::server_error:
       return 5;
+    case rpc_code::forbidden:
+      return 6;
   }
   return 5;
 }

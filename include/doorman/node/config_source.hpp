@@ -48,6 +48,8 @@ struct config_options {
   /// Turns the text read into a configuration; `name` is the file path or `etcd:KEY`. Throws
   /// `config_error` (or another `std::exception`) naming what is wrong. Null: JSON.
   std::function<resource_repository(std::string_view text, const std::string& name)> parse{};
+  /// CA and client certificate for `https://` etcd endpoints (docs/security.md).
+  net::tls_options etcd_tls{};
 };
 
 /// A parsed `config_options::source`.
@@ -86,15 +88,26 @@ struct config_location {
   return resource_repository::parse(text);
 }
 
+/// A file's whole text; throws `std::runtime_error` naming it when it cannot be read.
+[[nodiscard]] inline std::string read_config_file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 /// Reads and parses a configuration file; throws `std::runtime_error` when it cannot be read,
 /// `config_error` when it is invalid.
 [[nodiscard]] inline resource_repository read_config_file(const config_options& o,
                                                           const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read configuration {}", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config_text(o, text.str(), path);
+  std::string text;
+  try {
+    text = read_config_file_text(path);
+  } catch (const std::runtime_error&) {
+    throw std::runtime_error(fmt::format("cannot read configuration {}", path));
+  }
+  return parse_config_text(o, text, path);
 }
 
 /// A configuration read from its source, with the etcd revision it had (0 for a file).
@@ -108,7 +121,7 @@ struct loaded_config {
                                                     const std::string& key) {
   if (o.etcd_endpoints.empty()) throw std::invalid_argument("config etcd:KEY needs etcd endpoints");
   asio::io_context io;
-  net::etcd_client etcd(io.get_executor(), o.etcd_endpoints);
+  net::etcd_client etcd(io.get_executor(), o.etcd_endpoints, o.etcd_tls);
   std::optional<net::etcd_result<std::optional<net::etcd_kv>>> got;
   std::exception_ptr failed;
   const auto deadline = std::chrono::steady_clock::now() +

@@ -50,6 +50,8 @@ struct etcd_election_options {
   seconds ttl{10};  ///< the lease's TTL (whole seconds; etcd's minimum is about 2)
   /// One line per notable event (won, lost, master changed, etcd unreachable). Null: silent.
   std::function<void(std::string_view)> log{};
+  /// CA and client certificate for `https://` endpoints (docs/security.md).
+  net::tls_options tls{};
 };
 
 class etcd_election {
@@ -97,7 +99,7 @@ class etcd_election {
   struct state {
     state(asio::any_io_executor ex, etcd_election_options o)
         : strand(asio::make_strand(ex)),
-          etcd(strand, o.endpoints),
+          etcd(strand, o.endpoints, o.tls),
           timer(strand),
           options(std::move(o)) {}
     asio::strand<asio::any_io_executor> strand;

@@ -37,6 +37,7 @@
 #include "doorman/net/refresh_driver.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/node/access.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
@@ -75,6 +76,18 @@ struct node_options {
   /// Receives one line per notable event (start, config reload, parent lost and regained,
   /// mastership). Null: silent.
   std::function<void(std::string_view)> log{};
+  /// TLS of the JSON-RPC port and the admin endpoint (docs/security.md); all empty: plaintext.
+  net::tls_options tls{};
+  /// TLS of the link to the parent (a certificate here identifies this node to its parent).
+  net::tls_options parent_tls{};
+  /// The access file (docs/security.md); empty: every caller may make every call. Needs
+  /// client certificates (`tls.client_auth` request or require).
+  std::string access;
+  /// Turns the access file's text into a policy; null: JSON (`access_policy::parse`).
+  std::function<access_policy(std::string_view text, const std::string& name)> access_parse{};
+  /// Distinct client ids one caller (an identity, else a connection) may hold on one resource
+  /// at once; 0: no bound. Rules of an access file set their own (`max_client_ids`).
+  std::size_t max_client_ids = 0;
 };
 
 /// The placeholder configuration of an intermediate without one: every resource has capacity 0
@@ -133,7 +146,7 @@ class basic_node {
     log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
     if (admin_) {
       admin_->start();
-      log(fmt::format("admin endpoint on http://{}/status", admin_local_));
+      log(fmt::format("admin endpoint on {}://{}/status", tls_ ? "https" : "http", admin_local_));
     }
     election_.start(options_.advertise, [this](bool is_master, std::optional<std::string> m) {
       asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
@@ -184,6 +197,25 @@ class basic_node {
         log(fmt::format("warning: configuration {} rejected, keeping the old one: {}",
                         location_.where, e.what()));
       }
+    });
+  }
+
+  /// Re-reads the TLS certificates, keys and CAs (of the listening ports and of the parent
+  /// link) and the access file (thread-safe). Connections already open keep the certificates
+  /// they started with; new ones get the new. What fails to load is logged and the old kept.
+  void reload_security() {
+    asio::post(strand_, [this] {
+      if (stopping_) return;
+      reload_part("TLS certificates", [this] {
+        if (tls_) tls_->reload();
+        if (parent_) parent_->reload_tls();
+        return tls_ || options_.parent_tls.active();
+      });
+      reload_part("access file " + options_.access, [this] {
+        if (options_.access.empty()) return false;
+        access_.set_policy(read_access(options_));
+        return true;
+      });
     });
   }
 
@@ -247,9 +279,20 @@ class basic_node {
         options_(prepare(std::move(options))),
         location_(config_location::parse(options_.config.source)),
         engine_(std::move(config.config), options_.engine),
+        access_(read_access(options_), options_.max_client_ids,
+                [this](std::string_view resource, std::string_view client) {
+                  const auto* store = engine_.store(resource);
+                  return store != nullptr && store->find(client) != nullptr;
+                }),
         server_(
-            strand_, options_.server, [this](std::string_view line) { return on_line(line); },
+            strand_, options_.server,
+            [this](std::string_view line, const net::peer_info& peer) {
+              return on_line(line, peer);
+            },
             options_.log),
+        tls_(options_.tls.active()
+                 ? std::make_shared<net::tls_context>(net::tls_side::server, options_.tls)
+                 : nullptr),
         upstream_(options_.upstream),
         election_(std::move(election)),
         config_wake_(strand_),
@@ -260,13 +303,35 @@ class basic_node {
       ch.addresses = options_.parents;
       ch.call_timeout = options_.parent_timeout;
       ch.log = options_.log;
+      ch.tls = options_.parent_tls;
       parent_.emplace(strand_, std::move(ch));
       driver_.emplace(strand_, upstream_side_, *parent_, "upstream loop", options_.log);
     }
     if (!options_.admin.empty()) {
       admin_.emplace(
           strand_, options_.admin_server,
-          [this](const net::http_request& r) { return on_admin(r); }, options_.log);
+          [this](const net::http_request& r, const net::peer_info& peer) {
+            return on_admin(r, peer);
+          },
+          options_.log);
+      admin_->use_tls(tls_);
+    }
+    server_.use_tls(tls_);
+    server_.on_disconnect([this](const net::peer_info& p) { access_.disconnected(p.connection); });
+  }
+
+  static std::optional<access_policy> read_access(const node_options& o) {
+    if (o.access.empty()) return std::nullopt;
+    if (o.tls.client_auth == net::client_auth::none) {
+      throw std::invalid_argument(
+          "access: an access file needs client certificates (tls client_auth request or "
+          "require)");
+    }
+    const std::string text = read_config_file_text(o.access);
+    try {
+      return o.access_parse ? o.access_parse(text, o.access) : access_policy::parse(text);
+    } catch (const std::exception& e) {
+      throw config_error("", fmt::format("access file {}: {}", o.access, e.what()));
     }
   }
 
@@ -351,10 +416,16 @@ class basic_node {
                      : std::string("became master; learning mode is off"));
   }
 
-  std::optional<std::string> on_line(std::string_view line) {
+  std::optional<std::string> on_line(std::string_view line, const net::peer_info& peer) {
     const auto start = clock::now();
     dispatch_record record;
-    auto reply = handle_line(engine_, line, start, identity_, &record);
+    std::optional<std::string> reply;
+    if (guarded()) {
+      access_guard guard(access_, {peer.identity, peer.connection});
+      reply = handle_line(engine_, line, start, identity_, &record, &guard);
+    } else {
+      reply = handle_line(engine_, line, start, identity_, &record);
+    }
     metrics_.observe(record, std::chrono::duration<double>(clock::now() - start).count());
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
@@ -383,8 +454,26 @@ class basic_node {
     return s;
   }
 
-  net::http_answer on_admin(const net::http_request& r) {
+  template <class F>
+  void reload_part(const std::string& what, F f) {
+    try {
+      if (f()) log(fmt::format("{} reloaded", what));
+    } catch (const std::exception& e) {
+      log(fmt::format("error: {} rejected, keeping the old: {}", what, e.what()));
+    }
+  }
+
+  bool guarded() const noexcept {
+    return access_.policy().has_value() || options_.max_client_ids > 0;
+  }
+
+  net::http_answer on_admin(const net::http_request& r, const net::peer_info& peer) {
     if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+    if (r.path != "/readyz") {
+      if (auto why = access_.admin({peer.identity, peer.connection}, r.path)) {
+        return net::detail::http_error(403, "forbidden: " + *why);
+      }
+    }
     if (r.path == "/readyz") {
       // Readiness needs only these two; a full snapshot would copy the configuration.
       admin_snapshot state;
@@ -499,7 +588,7 @@ class basic_node {
   }
 
   void start_config_poll() {
-    config_etcd_.emplace(strand_, options_.config.etcd_endpoints);
+    config_etcd_.emplace(strand_, options_.config.etcd_endpoints, options_.config.etcd_tls);
     asio::co_spawn(strand_,
                    net::supervised(
                        "etcd configuration poll", [this] { return follow_etcd_config(); },
@@ -561,7 +650,9 @@ class basic_node {
   node_options options_;
   config_location location_;
   engine_type engine_;
+  access_control access_;  // before server_: a closing connection tells it
   net::server server_;
+  std::shared_ptr<net::tls_context> tls_;
   basic_upstream<engine_type> upstream_;
   std::optional<net::channel> parent_;
   upstream_requester upstream_side_{*this};

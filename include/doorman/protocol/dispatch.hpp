@@ -51,7 +51,31 @@ struct dispatch_record {
   std::optional<rpc_code> error;
 };
 
+/// Authorization for `handle_line`: each `allow` returns why the caller may not make the
+/// call (it is then answered `rpc_code::forbidden` and reaches no engine), or nothing.
+class call_guard {
+ public:
+  virtual ~call_guard() = default;
+  virtual std::optional<std::string> allow(const capacity_request&) = 0;
+  virtual std::optional<std::string> allow(const server_capacity_request&) = 0;
+  virtual std::optional<std::string> allow(const release_request&) = 0;
+  virtual std::optional<std::string> allow(const status_request&) = 0;
+
+ protected:
+  call_guard() = default;
+  call_guard(const call_guard&) = default;
+  call_guard& operator=(const call_guard&) = default;
+};
+
 namespace detail {
+
+inline std::optional<std::string> guard_says(call_guard* guard, const status_params& p) {
+  return guard->allow(p.request);
+}
+template <class Request>
+std::optional<std::string> guard_says(call_guard* guard, const Request& r) {
+  return guard->allow(r);
+}
 
 inline rpc_method method_of(std::string_view name) noexcept {
   for (std::size_t i = 0; i + 1 < rpc_method_names.size(); ++i)
@@ -66,10 +90,15 @@ inline std::optional<rpc_code> error_of(const nlohmann::json& response) {
 }
 
 template <class Request, class Call>
-nlohmann::json call_engine(const rpc_request& req, Call&& call) {
+nlohmann::json call_engine(const rpc_request& req, call_guard* guard, Call&& call) {
   Request decoded;
   if (auto err = decode(req.params, decoded)) {
     return make_error(req.id, rpc_code::invalid_params, err->message);
+  }
+  if (guard) {
+    if (auto why = guard_says(guard, decoded)) {
+      return make_error(req.id, rpc_code::forbidden, "forbidden: " + *why);
+    }
   }
   auto result = call(decoded);
   if (!result) {  // the engine names fields within the params
@@ -82,12 +111,14 @@ nlohmann::json call_engine(const rpc_request& req, Call&& call) {
 
 /// Handles one request line. Returns the response line (no newline), or nothing for a
 /// notification. Never throws: a failure inside the node becomes a `server_error` answer.
-/// Invalid input changes no state. `record`, when given, receives the method and outcome.
+/// Invalid input changes no state. `record`, when given, receives the method and outcome;
+/// `guard`, when given, may refuse a call (see `call_guard`).
 template <class Engine>
 [[nodiscard]] std::optional<std::string> handle_line(Engine& eng, std::string_view line,
                                                      typename Engine::time_point now,
                                                      const node_identity& identity = {},
-                                                     dispatch_record* record = nullptr) {
+                                                     dispatch_record* record = nullptr,
+                                                     call_guard* guard = nullptr) {
   dispatch_record ignored;
   dispatch_record& rec = record ? *record : ignored;
   rec = {};
@@ -103,18 +134,19 @@ template <class Engine>
     nlohmann::json response;
     if (req.method == "get_capacity") {
       response = detail::call_engine<capacity_request>(
-          req, [&](const capacity_request& r) { return eng.get_capacity(r, now); });
+          req, guard, [&](const capacity_request& r) { return eng.get_capacity(r, now); });
     } else if (req.method == "get_server_capacity") {
       response = detail::call_engine<server_capacity_request>(
-          req, [&](const server_capacity_request& r) { return eng.get_server_capacity(r, now); });
+          req, guard,
+          [&](const server_capacity_request& r) { return eng.get_server_capacity(r, now); });
     } else if (req.method == "release_capacity") {
       response = detail::call_engine<release_request>(
-          req, [&](const release_request& r) { return eng.release_capacity(r, now); });
+          req, guard, [&](const release_request& r) { return eng.release_capacity(r, now); });
     } else if (req.method == "discovery") {
       response = make_result(req.id, nlohmann::json(eng.discovery()));
     } else if (req.method == "status") {
       response = detail::call_engine<status_params>(
-          req, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
+          req, guard, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
       if (auto result = response.find("result"); result != response.end()) {
         (*result)["id"] = identity.id;
         (*result)["role"] = identity.role;

@@ -23,6 +23,7 @@ enum class rpc_code : int {
   method_not_found = -32601,  ///< no such method
   invalid_params = -32602,    ///< the message names the offending field
   server_error = -32000,      ///< the node failed (never the caller's fault)
+  forbidden = -32003,         ///< the caller may not make this call (docs/security.md)
 };
 
 /// A well-formed request envelope.

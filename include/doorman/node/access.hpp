@@ -1,0 +1,403 @@
+#pragma once
+
+/// \file
+/// Authorization by identity (docs/security.md). An access file maps identity patterns (globs
+/// over the names that TLS client certificates carry) to roles and resource globs:
+///
+///     {"rules": [
+///       {"identity": "admin.example", "roles": ["admin"]},
+///       {"identity": "spiffe://example.org/app/*", "roles": ["client"],
+///        "resources": ["api/*"], "max_client_ids": 16},
+///       {"identity": "leaf-*.example", "roles": ["server"], "server_ids": ["{identity}"]}]}
+///
+/// The first rule whose `identity` matches decides. `client` may call `get_capacity` and
+/// `release_capacity` with client ids matching `client_ids` (default: the identity itself, or
+/// the identity followed by `/` and a name) on resources matching `resources` (default: all);
+/// `server` may call `get_server_capacity` with a server id matching `server_ids` (default: the
+/// identity); `admin` may call `status` and read the admin pages. `{identity}` in `client_ids`
+/// and `server_ids` stands for the caller's identity, taken literally. `discovery` is open to
+/// everyone. `max_client_ids` (default 100) bounds the distinct client ids one identity holds on
+/// one resource at once.
+///
+/// `access_control` also enforces that bound without an access file (`max_client_ids` of the
+/// node; per connection for callers without an identity). It is sans-I/O: the node asks it
+/// about each decoded request, on its strand.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/config.hpp"
+#include "doorman/core/glob.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/protocol/dispatch.hpp"
+
+namespace doorman {
+
+/// What an identity may do; a rule holds any combination.
+enum class access_role : std::uint8_t { client = 1, server = 2, admin = 4 };
+
+/// One rule of an access file.
+struct access_rule {
+  std::string identity;                 ///< glob over identities
+  unsigned roles = 0;                   ///< `access_role` bits
+  std::vector<std::string> resources;   ///< globs over resource ids
+  std::vector<std::string> client_ids;  ///< globs; `{identity}` is the caller's identity
+  std::vector<std::string> server_ids;  ///< globs; `{identity}` is the caller's identity
+  std::size_t max_client_ids = 100;     ///< distinct client ids per resource, at once
+
+  [[nodiscard]] bool has(access_role r) const noexcept {
+    return (roles & static_cast<unsigned>(r)) != 0;
+  }
+};
+
+/// Bounds of an access file.
+struct access_limits {
+  static constexpr std::size_t max_rules = 10'000;
+  static constexpr std::size_t max_patterns = 1'000;  ///< per list of a rule
+  static constexpr std::size_t max_client_ids = 1'000'000;
+};
+
+/// A parsed, validated access file.
+class access_policy {
+ public:
+  access_policy() = default;
+
+  /// Parses the JSON text; throws `config_error` naming the field (`rules[2].roles[0]: ...`).
+  [[nodiscard]] static access_policy parse(std::string_view text) {
+    auto doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+    if (doc.is_discarded()) throw config_error("", "not valid JSON");
+    return from_json(doc);
+  }
+
+  /// Validates an access document already parsed (e.g. from YAML).
+  [[nodiscard]] static access_policy from_json(const nlohmann::json& doc) {
+    if (!doc.is_object()) throw config_error("", "expected an object with \"rules\"");
+    for (const auto& [key, value] : doc.items()) {
+      if (key != "rules") throw config_error(key, "unknown field");
+    }
+    const auto rules = doc.find("rules");
+    if (rules == doc.end() || !rules->is_array()) throw config_error("rules", "expected a list");
+    if (rules->size() > access_limits::max_rules) {
+      throw config_error("rules", fmt::format("more than {} rules", access_limits::max_rules));
+    }
+    access_policy p;
+    for (std::size_t i = 0; i < rules->size(); ++i)
+      p.rules_.push_back(rule_from((*rules)[i], fmt::format("rules[{}]", i)));
+    return p;
+  }
+
+  /// The rule that decides for `identity` (the first that matches), or none.
+  [[nodiscard]] const access_rule* rule_for(std::string_view identity) const {
+    if (identity.empty()) return nullptr;
+    for (const auto& r : rules_)
+      if (glob_match(r.identity, identity)) return &r;
+    return nullptr;
+  }
+
+  [[nodiscard]] const std::vector<access_rule>& rules() const noexcept { return rules_; }
+
+ private:
+  static std::vector<std::string> patterns(const nlohmann::json& rule, const char* key,
+                                           const std::string& at,
+                                           std::vector<std::string> fallback) {
+    const auto it = rule.find(key);
+    if (it == rule.end()) return fallback;
+    const std::string path = fmt::format("{}.{}", at, key);
+    if (!it->is_array()) throw config_error(path, "expected a list of globs");
+    if (it->size() > access_limits::max_patterns) {
+      throw config_error(path, fmt::format("more than {} globs", access_limits::max_patterns));
+    }
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      const auto& g = (*it)[i];
+      const std::string gp = fmt::format("{}[{}]", path, i);
+      if (!g.is_string() || g.get_ref<const std::string&>().empty())
+        throw config_error(gp, "expected a non-empty glob");
+      std::string text = g.get<std::string>();
+      if (auto e = glob_error(expand(text, "x"))) throw config_error(gp, *e);
+      out.push_back(std::move(text));
+    }
+    return out;
+  }
+
+  static unsigned roles_from(const nlohmann::json& rule, const std::string& at) {
+    const auto it = rule.find("roles");
+    const std::string path = at + ".roles";
+    if (it == rule.end() || !it->is_array() || it->empty())
+      throw config_error(path, "expected a list of roles (client, server, admin)");
+    unsigned roles = 0;
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      const auto& r = (*it)[i];
+      const std::string word = r.is_string() ? r.get<std::string>() : r.dump();
+      if (word == "client") {
+        roles |= static_cast<unsigned>(access_role::client);
+      } else if (word == "server") {
+        roles |= static_cast<unsigned>(access_role::server);
+      } else if (word == "admin") {
+        roles |= static_cast<unsigned>(access_role::admin);
+      } else {
+        throw config_error(fmt::format("{}[{}]", path, i),
+                           fmt::format("expected client, server or admin, got {}", word));
+      }
+    }
+    return roles;
+  }
+
+  static access_rule rule_from(const nlohmann::json& rule, const std::string& at) {
+    if (!rule.is_object()) throw config_error(at, "expected an object");
+    static constexpr std::array<std::string_view, 6> known = {
+        "identity", "roles", "resources", "client_ids", "server_ids", "max_client_ids"};
+    for (const auto& [key, value] : rule.items()) {
+      if (std::find(known.begin(), known.end(), key) == known.end())
+        throw config_error(at + "." + key, "unknown field");
+    }
+    access_rule r;
+    const auto id = rule.find("identity");
+    if (id == rule.end() || !id->is_string() || id->get_ref<const std::string&>().empty())
+      throw config_error(at + ".identity", "expected a non-empty glob");
+    r.identity = id->get<std::string>();
+    if (auto e = glob_error(r.identity)) throw config_error(at + ".identity", *e);
+    r.roles = roles_from(rule, at);
+    r.resources = patterns(rule, "resources", at, {"*"});
+    r.client_ids = patterns(rule, "client_ids", at, {"{identity}", "{identity}/*"});
+    r.server_ids = patterns(rule, "server_ids", at, {"{identity}"});
+    if (const auto m = rule.find("max_client_ids"); m != rule.end()) {
+      if (!m->is_number_integer() || m->get<std::int64_t>() < 1 ||
+          m->get<std::int64_t>() > static_cast<std::int64_t>(access_limits::max_client_ids)) {
+        throw config_error(at + ".max_client_ids", fmt::format("must be an integer from 1 to {}",
+                                                               access_limits::max_client_ids));
+      }
+      r.max_client_ids = m->get<std::size_t>();
+    }
+    return r;
+  }
+
+ public:
+  /// `pattern` with `{identity}` replaced by `identity`, its glob characters escaped.
+  [[nodiscard]] static std::string expand(std::string_view pattern, std::string_view identity) {
+    std::string literal;
+    for (const char c : identity) {
+      if (c == '*' || c == '?' || c == '[' || c == '\\') literal += '\\';
+      literal += c;
+    }
+    std::string out;
+    constexpr std::string_view token = "{identity}";
+    for (std::size_t i = 0; i < pattern.size();) {
+      if (pattern.substr(i, token.size()) == token) {
+        out += literal;
+        i += token.size();
+      } else {
+        out += pattern[i++];
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<access_rule> rules_;
+};
+
+/// The caller of one request, as the node's server saw it.
+struct access_caller {
+  std::string_view identity;     ///< from its certificate; empty: none
+  std::uint64_t connection = 0;  ///< the server's connection number
+};
+
+/// Decides whether a caller may make a call, and keeps the client ids each caller holds per
+/// resource (for `max_client_ids`). Without a policy every call is allowed, and only the bound
+/// applies (when `max_client_ids` is not 0).
+class access_control {
+ public:
+  /// Whether the engine still holds a lease for (resource, client id); used to forget client
+  /// ids whose leases expired when a caller reaches its bound.
+  using holds_type = std::function<bool(std::string_view resource, std::string_view client)>;
+
+  access_control(std::optional<access_policy> policy, std::size_t max_client_ids, holds_type holds)
+      : policy_(std::move(policy)), max_client_ids_(max_client_ids), holds_(std::move(holds)) {}
+
+  void set_policy(std::optional<access_policy> policy) { policy_ = std::move(policy); }
+  [[nodiscard]] const std::optional<access_policy>& policy() const noexcept { return policy_; }
+
+  /// Why `caller` may not make the call, or nothing. Allowed `get_capacity` calls record
+  /// their client id; `release_capacity` forgets it.
+  std::optional<std::string> check(const access_caller& caller, const capacity_request& r) {
+    const access_rule* rule = nullptr;
+    if (policy_) {
+      if (auto why = need(caller, access_role::client, "get_capacity", rule)) return why;
+      if (auto why = owns(caller, *rule, rule->client_ids, "client_id", r.client_id)) return why;
+      for (std::size_t i = 0; i < r.resources.size(); ++i) {
+        if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
+      }
+    }
+    const std::size_t bound = rule ? rule->max_client_ids : max_client_ids_;
+    if (bound == 0) return std::nullopt;
+    auto& held = held_[holder(caller)];
+    for (const auto& res : r.resources) {
+      if (auto why = room(caller, held[res.resource_id], res.resource_id, r.client_id, bound))
+        return why;
+    }
+    for (const auto& res : r.resources)
+      held[res.resource_id].insert(r.client_id);
+    return std::nullopt;
+  }
+
+  std::optional<std::string> check(const access_caller& caller, const release_request& r) {
+    if (policy_) {
+      const access_rule* rule = nullptr;
+      if (auto why = need(caller, access_role::client, "release_capacity", rule)) return why;
+      if (auto why = owns(caller, *rule, rule->client_ids, "client_id", r.client_id)) return why;
+    }
+    if (const auto h = held_.find(holder(caller)); h != held_.end()) {
+      for (const auto& res : r.resources) {
+        if (const auto it = h->second.find(res); it != h->second.end())
+          it->second.erase(r.client_id);
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> check(const access_caller& caller,
+                                   const server_capacity_request& r) const {
+    if (!policy_) return std::nullopt;
+    const access_rule* rule = nullptr;
+    if (auto why = need(caller, access_role::server, "get_server_capacity", rule)) return why;
+    if (auto why = owns(caller, *rule, rule->server_ids, "server_id", r.server_id)) return why;
+    for (std::size_t i = 0; i < r.resources.size(); ++i) {
+      if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<std::string> check(const access_caller& caller, const status_request&) const {
+    return admin(caller, "status");
+  }
+
+  /// Why `caller` may not read an admin page (`what`, e.g. "/metrics"), or nothing.
+  [[nodiscard]] std::optional<std::string> admin(const access_caller& caller,
+                                                 std::string_view what) const {
+    if (!policy_) return std::nullopt;
+    const access_rule* rule = nullptr;
+    return need(caller, access_role::admin, what, rule);
+  }
+
+  /// Forgets what a connection held (its client ids stay leased until they expire).
+  void disconnected(std::uint64_t connection) { held_.erase(fmt::format("#{}", connection)); }
+
+  /// Callers with client ids recorded (identities, and connections without one).
+  [[nodiscard]] std::size_t holders() const noexcept { return held_.size(); }
+
+ private:
+  static std::string holder(const access_caller& c) {
+    return c.identity.empty() ? fmt::format("#{}", c.connection) : std::string(c.identity);
+  }
+
+  static std::string who(const access_caller& c) {
+    return c.identity.empty() ? "this connection (no client certificate)"
+                              : fmt::format("identity \"{}\"", c.identity);
+  }
+
+  static std::string role_names(unsigned roles) {
+    std::string out;
+    for (const auto& [bit, name] :
+         {std::pair{access_role::client, "client"}, std::pair{access_role::server, "server"},
+          std::pair{access_role::admin, "admin"}}) {
+      if ((roles & static_cast<unsigned>(bit)) == 0) continue;
+      if (!out.empty()) out += ", ";
+      out += name;
+    }
+    return out;
+  }
+
+  std::optional<std::string> need(const access_caller& caller, access_role role,
+                                  std::string_view what, const access_rule*& rule) const {
+    rule = policy_->rule_for(caller.identity);
+    const char* name = role == access_role::client   ? "client"
+                       : role == access_role::server ? "server"
+                                                     : "admin";
+    if (rule == nullptr) {
+      return fmt::format("{} needs the {} role; {} matches no rule of the access file", what, name,
+                         who(caller));
+    }
+    if (!rule->has(role)) {
+      return fmt::format("{} needs the {} role; {} has {}", what, name, who(caller),
+                         role_names(rule->roles));
+    }
+    return std::nullopt;
+  }
+
+  static std::optional<std::string> owns(const access_caller& caller, const access_rule& rule,
+                                         const std::vector<std::string>& globs,
+                                         std::string_view field, std::string_view id) {
+    for (const auto& g : globs)
+      if (glob_match(access_policy::expand(g, caller.identity), id)) return std::nullopt;
+    std::string allowed;
+    for (const auto& g : globs)
+      allowed += (allowed.empty() ? "" : ", ") + access_policy::expand(g, caller.identity);
+    (void)rule;
+    return fmt::format("{} \"{}\" is not one that {} may use (allowed: {})", field, id, who(caller),
+                       allowed);
+  }
+
+  static std::optional<std::string> resource_allowed(const access_caller& caller,
+                                                     const access_rule& rule,
+                                                     std::string_view resource, std::size_t i) {
+    for (const auto& g : rule.resources)
+      if (glob_match(g, resource)) return std::nullopt;
+    return fmt::format("resources[{}].resource_id \"{}\" is not allowed for {}", i, resource,
+                       who(caller));
+  }
+
+  // Whether `client` fits in `held` (pruning client ids whose leases are gone when full).
+  std::optional<std::string> room(const access_caller& caller, std::set<std::string>& held,
+                                  const std::string& resource, const std::string& client,
+                                  std::size_t bound) {
+    if (held.contains(client) || held.size() < bound) return std::nullopt;
+    if (holds_) std::erase_if(held, [&](const std::string& c) { return !holds_(resource, c); });
+    if (held.size() < bound) return std::nullopt;
+    return fmt::format("{} already holds {} client ids on resource \"{}\" (max_client_ids {})",
+                       who(caller), held.size(), resource, bound);
+  }
+
+  std::optional<access_policy> policy_;
+  std::size_t max_client_ids_;
+  holds_type holds_;
+  std::map<std::string, std::map<std::string, std::set<std::string>, std::less<>>, std::less<>>
+      held_;
+};
+
+/// Binds `access_control` to one caller, for `handle_line`.
+class access_guard final : public call_guard {
+ public:
+  access_guard(access_control& control, access_caller caller)
+      : control_(control), caller_(caller) {}
+  std::optional<std::string> allow(const capacity_request& r) override {
+    return control_.check(caller_, r);
+  }
+  std::optional<std::string> allow(const server_capacity_request& r) override {
+    return control_.check(caller_, r);
+  }
+  std::optional<std::string> allow(const release_request& r) override {
+    return control_.check(caller_, r);
+  }
+  std::optional<std::string> allow(const status_request& r) override {
+    return control_.check(caller_, r);
+  }
+
+ private:
+  access_control& control_;
+  access_caller caller_;
+};
+
+}  // namespace doorman
