@@ -251,15 +251,14 @@ result run_one(const options& o, long clients, const std::filesystem::path& dir,
                                    "--minimum-refresh-interval",
                                    "0"};
   if (tls) {
-    for (const auto& a : {"--tls-cert", "/node.pem", "--tls-key", "/node.key", "--tls-ca",
-                          "/ca.pem"}) {
+    for (const auto& a :
+         {"--tls-cert", "/node.pem", "--tls-key", "/node.key", "--tls-ca", "/ca.pem"}) {
       args.push_back(a[0] == '/' ? o.tls_dir + a : std::string(a));
     }
     args.insert(args.end(), {"--tls-client-auth", "require"});
   }
-  doorman_examples::process node(args,
-                                 (dir / fmt::format("node-{}{}.log", clients, tls ? "-tls" : ""))
-                                     .string());
+  doorman_examples::process node(
+      args, (dir / fmt::format("node-{}{}.log", clients, tls ? "-tls" : "")).string());
   const auto address = node.listening_address();
   if (!address) throw std::runtime_error("the node did not start: " + node.log());
 
@@ -335,7 +334,8 @@ int main(int argc, char** argv) {
       } else {
         fmt::print(
             "usage: doorman_bench_load [--node-binary PATH] [--seconds S] [--connections N]\n"
-            "                          [--window N] [--clients N,N,...] [--tls DIR] [--json FILE]\n");
+            "                          [--window N] [--clients N,N,...] [--tls DIR] [--json "
+            "FILE]\n");
         return arg == "--help" ? 0 : 2;
       }
     }

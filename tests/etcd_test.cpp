@@ -233,14 +233,25 @@ class etcd_server {
     const std::string client = (tls_.empty() ? "http://" : "https://") + endpoint();
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     process_.reset();
-    std::vector<std::string> args = {
-        binary_, "--name", "doorman-test", "--data-dir", dir_ + "/data", "--listen-client-urls",
-        client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer, "--initial-cluster", "doorman-test=" + peer};
+    std::vector<std::string> args = {binary_,
+                                     "--name",
+                                     "doorman-test",
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "doorman-test=" + peer};
     if (!tls_.empty()) {
-      for (const auto& a : {"--cert-file=" + tls_ + "/node.pem", "--key-file=" + tls_ + "/node.key",
-                            "--trusted-ca-file=" + tls_ + "/ca.pem",
-                            std::string("--client-cert-auth")})
+      for (const auto& a :
+           {"--cert-file=" + tls_ + "/node.pem", "--key-file=" + tls_ + "/node.key",
+            "--trusted-ca-file=" + tls_ + "/ca.pem", std::string("--client-cert-auth")})
         args.push_back(a);
     }
     process_ = std::make_unique<process>(args, dir_ + "/etcd.log");

@@ -3,6 +3,8 @@
 // handshakes, authorization by identity, the admin endpoint, a tree over mutual TLS, and
 // certificate rotation by SIGHUP.
 
+#include <regex>
+
 #include "line_client.hpp"
 #include "support.hpp"
 
@@ -241,7 +243,9 @@ http_result https_get(const std::string& address, const std::string& target,
 TEST_CASE("TLS handshakes: the wrong CA, no certificate, expired, the wrong name are refused",
           "[net][tls]") {
   const auto& certs = test_certificates::get();
-  running_node node(fast_config(100), tls_node_options());
+  auto options = tls_node_options();
+  options.admin = "127.0.0.1:0";
+  running_node node(fast_config(100), options);
   const auto discovery = [&](const doorman::net::tls_options& tls) {
     tls_caller c(node.address(), tls, 1);
     return c.call("discovery", json::object());
@@ -266,6 +270,14 @@ TEST_CASE("TLS handshakes: the wrong CA, no certificate, expired, the wrong name
   refused(other_ca, "certificate verify failed");
   // Plaintext against a TLS port gets nowhere either.
   refused({}, "lost");
+
+  // The node counts the handshakes it refused (four at least: no certificate, the other CA,
+  // expired, plaintext).
+  const auto metrics = https_get(node.node().admin_address(), "/metrics", certs.side("admin"));
+  const std::regex failed(R"(doorman_tls_handshakes_failed_total (\d+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(metrics.body, m, failed));
+  CHECK(std::stoi(m[1].str()) >= 4);
 
   // A server whose certificate does not carry the name dialled.
   running_node wrong(fast_config(100), tls_node_options("wrong-name"));
@@ -417,9 +429,10 @@ TEST_CASE("a root, an intermediate and clients converge over mutual TLS as in pl
 }
 
 #ifdef DOORMAN_NODE_BINARY
-TEST_CASE("doorman-node over TLS: SIGHUP rotates certificates and the access file, clients keep "
-          "their leases",
-          "[net][tls][process]") {
+TEST_CASE(
+    "doorman-node over TLS: SIGHUP rotates certificates and the access file, clients keep "
+    "their leases",
+    "[net][tls][process]") {
   const auto& certs = test_certificates::get();
   char dir_template[] = "/tmp/doorman-test-XXXXXX";
   REQUIRE(::mkdtemp(dir_template));
@@ -433,11 +446,10 @@ TEST_CASE("doorman-node over TLS: SIGHUP rotates certificates and the access fil
   std::ofstream(dir + "/resources.json") << fast_config(100);
   std::ofstream(dir + "/access.json")
       << R"({"rules": [{"identity": ")" << client_a << R"(", "roles": ["client"]}]})";
-  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
-                dir + "/resources.json", "--admin", "off", "--minimum-refresh-interval", "0",
-                "--tls-cert", dir + "/cert.pem", "--tls-key", dir + "/key.pem", "--tls-ca",
-                certs("ca.pem"), "--tls-client-auth", "require", "--access",
-                dir + "/access.json"},
+  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", dir + "/resources.json",
+                "--admin", "off", "--minimum-refresh-interval", "0", "--tls-cert",
+                dir + "/cert.pem", "--tls-key", dir + "/key.pem", "--tls-ca", certs("ca.pem"),
+                "--tls-client-auth", "require", "--access", dir + "/access.json"},
                dir + "/root.log");
   const std::string address = listening_address(root);
 
@@ -500,8 +512,7 @@ TEST_CASE("doorman-node refuses bad TLS and access flags with a message", "[net]
        "--tls-cert: cannot read"},
       {{"--access", certs("ca.pem")}, "--access: needs --tls-client-auth request or require"},
       {{"--tls-client-auth", "require"}, "--tls-client-auth: needs --tls-cert and --tls-key"},
-      {{"--tls-cert", certs("node.pem"), "--tls-key", certs("admin.key")},
-       "tls key: cannot use"},
+      {{"--tls-cert", certs("node.pem"), "--tls-key", certs("admin.key")}, "tls key: cannot use"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = {DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
@@ -513,5 +524,54 @@ TEST_CASE("doorman-node refuses bad TLS and access flags with a message", "[net]
     CHECK(p.wait_exit() == 2);
     CHECK_THAT(p.log(), Catch::Contains(message));
   }
+}
+#endif
+
+#ifdef DOORMAN_SOURCE_DIR
+TEST_CASE("docs: security.md quotes what the code says", "[docs][access]") {
+  std::ifstream in(std::string(DOORMAN_SOURCE_DIR) + "/docs/security.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(!doc.empty());
+  // The access file shown there is valid, and decides as the text says.
+  const auto start = doc.find("{\"rules\": [");
+  const auto end = doc.find("\n]}", start);
+  REQUIRE(end != std::string::npos);
+  const auto policy = doorman::access_policy::parse(doc.substr(start, end + 3 - start));
+  doorman::access_control ac(policy, 0, nullptr);
+  const doorman::access_caller a{client_a, 1};
+  const auto refused = ac.check(a, ask("spiffe://doorman.test/client/b/w1", "api", 1));
+  REQUIRE(refused);
+  CHECK_THAT(doc, Catch::Contains("forbidden: " + *refused));
+  CHECK_THAT(doc, Catch::Contains("forbidden: " + *ac.check(a, doorman::status_request{})));
+  CHECK_THAT(doc, Catch::Contains("403 Forbidden: forbidden: " + *ac.admin(a, "/metrics")));
+  CHECK_THAT(doc, Catch::Contains("**-32003**"));
+  try {
+    (void)doorman::access_policy::parse(R"({"rules": [{"identity": "x", "roles": ["owner"]}]})");
+  } catch (const doorman::config_error& e) {
+    CHECK_THAT(doc, Catch::Contains(e.what()));
+  }
+  // The handshake failure the node logs, as the stream words it.
+  CHECK_THAT(doc, Catch::Contains("certificate verify failed: certificate has expired"));
+  CHECK_THAT(doc, Catch::Contains("error: TLS certificates rejected, keeping the old: tls cert: "
+                                  "cannot use"));
+}
+#endif
+
+#ifdef DOORMAN_HAVE_YAML
+#include "yaml_config.hpp"
+
+TEST_CASE("an access file may be YAML; its errors name the field and the line", "[access]") {
+  const auto p = doorman_examples::parse_access_any(R"(rules:
+  - identity: "spiffe://doorman.test/client/*"
+    roles: [client]
+    max_client_ids: 4
+)",
+                                                    "access.yml");
+  REQUIRE(p.rules().size() == 1);
+  CHECK(p.rules()[0].max_client_ids == 4);
+  CHECK_THROWS_WITH(doorman_examples::parse_access_any(
+                        "rules:\n  - identity: a\n    roles: [root]\n", "access.yml"),
+                    "rules[0].roles[0]: expected client, server or admin, got root (line 3 of "
+                    "access.yml)");
 }
 #endif

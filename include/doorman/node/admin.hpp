@@ -112,6 +112,7 @@ struct admin_snapshot {
   std::uint64_t connections_accepted = 0;
   std::uint64_t connections_refused = 0;
   std::uint64_t connections_closed_idle = 0;
+  std::uint64_t tls_handshakes_failed = 0;
   bool has_parent = false;
   int parent_failures = 0;                     ///< consecutive
   std::optional<double> since_parent_success;  ///< seconds; none before the first
@@ -222,6 +223,9 @@ inline void render_connections(prom_writer& w, const admin_snapshot& s) {
            "JSON-RPC connections closed for idle_timeout.");
   w.sample("doorman_connections_closed_idle_total", "",
            static_cast<double>(s.connections_closed_idle));
+  w.family("doorman_tls_handshakes_failed_total", "counter",
+           "TLS handshakes on the JSON-RPC port that failed or timed out.");
+  w.sample("doorman_tls_handshakes_failed_total", "", static_cast<double>(s.tls_handshakes_failed));
 }
 
 inline void render_resources(prom_writer& w, const admin_snapshot& s) {

@@ -445,6 +445,7 @@ class basic_node {
     s.connections_accepted = server_.accepted();
     s.connections_refused = server_.refused();
     s.connections_closed_idle = server_.closed_idle();
+    s.tls_handshakes_failed = server_.failed_handshakes();
     s.has_parent = parent_.has_value();
     s.parent_failures = upstream_.failures();
     if (parent_success_) {
