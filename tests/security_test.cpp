@@ -103,6 +103,10 @@ TEST_CASE("access control decides by role, client id, server id and resource", "
   srv.resources.back().resource_id = "db";
   CHECK(refusal(ac, node, srv).empty());
   CHECK_THAT(refusal(ac, a, srv), Catch::Contains("get_server_capacity needs the server role"));
+  // A server may read the node's summary (its level), not a resource's leases.
+  CHECK(refusal(ac, node, doorman::status_request{}).empty());
+  CHECK_THAT(refusal(ac, node, doorman::status_request{"api"}),
+             Catch::Contains("status needs the admin role"));
 
   const doorman::status_request status{};
   CHECK(refusal(ac, admin, status).empty());
@@ -426,6 +430,17 @@ TEST_CASE("a root, an intermediate and clients converge over mutual TLS as in pl
       [&] { return near(h1.capacity()) && near(h2.capacity()) && near(h3.capacity()); }, 20s);
   INFO(h1.capacity() << " " << h2.capacity() << " " << h3.capacity());
   CHECK(converged);
+  // The intermediate asked the root's summary for its level, and was answered (a server may).
+  std::promise<std::array<std::uint64_t, 2>> status_calls;
+  root.node().post([&](auto&) {
+    const auto& by_outcome =
+        root.node().metrics().requests[static_cast<std::size_t>(doorman::rpc_method::status)];
+    status_calls.set_value(
+        {by_outcome[0], by_outcome[doorman::outcome_index(doorman::rpc_code::forbidden)]});
+  });
+  const auto calls = status_calls.get_future().get();
+  CHECK(calls[0] >= 1);
+  CHECK(calls[1] == 0);
 }
 
 #ifdef DOORMAN_NODE_BINARY

@@ -333,7 +333,7 @@ class etcd_client {
     if (secure || tls.active()) {
       auto o = tls;
       o.enabled = true;
-      tls_ = tls_context(tls_side::client, o, "etcd tls").current();
+      tls_ = std::make_shared<tls_context>(tls_side::client, o, "etcd tls");
     }
   }
 
@@ -349,6 +349,12 @@ class etcd_client {
 
   [[nodiscard]] const std::vector<std::string>& endpoints() const noexcept { return endpoints_; }
 
+  /// Re-reads the TLS files for the next requests (thread-safe); throws as
+  /// `tls_context::reload` does, keeping the old ones. Nothing without TLS.
+  void reload_tls() {
+    if (tls_) tls_->reload();
+  }
+
   /// POSTs `body` to `/v3/<method>` on the endpoints in turn (starting with the last one that
   /// answered) until one answers 200 or the deadline passes. The answer's JSON, or why not.
   asio::awaitable<etcd_result<nlohmann::json>> call(std::string method, nlohmann::json body,
@@ -360,8 +366,9 @@ class etcd_client {
       const std::string endpoint = endpoints_[current_];
       // Leave the other endpoints a share of the time when this one hangs.
       const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
-      auto answer = co_await http_post(executor_, endpoint, "/v3/" + method, text,
-                                       clock::now() + share, std::size_t{1} << 20, tls_);
+      auto answer =
+          co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share,
+                             std::size_t{1} << 20, tls_ ? tls_->current() : nullptr);
       std::string why = std::move(answer.message);
       if (!answer.error) {
         auto a = etcd_decode::read(answer);
@@ -463,7 +470,7 @@ class etcd_client {
  private:
   asio::any_io_executor executor_;
   std::vector<std::string> endpoints_;
-  ssl_context_ptr tls_;  // all endpoints speak TLS when one is https://
+  std::shared_ptr<tls_context> tls_;  // all endpoints speak TLS when one is https://
   std::size_t current_ = 0;
 };
 

@@ -14,7 +14,8 @@
 /// `release_capacity` with client ids matching `client_ids` (default: the identity itself, or
 /// the identity followed by `/` and a name) on resources matching `resources` (default: all);
 /// `server` may call `get_server_capacity` with a server id matching `server_ids` (default: the
-/// identity); `admin` may call `status` and read the admin pages. `{identity}` in `client_ids`
+/// identity) and `status` without a resource id (to learn its level); `admin` may call `status`
+/// and read the admin pages. `{identity}` in `client_ids`
 /// and `server_ids` stands for the caller's identity, taken literally. `discovery` is open to
 /// everyone. `max_client_ids` (default 100) bounds the distinct client ids one identity holds on
 /// one resource at once.
@@ -280,7 +281,13 @@ class access_control {
     return std::nullopt;
   }
 
-  std::optional<std::string> check(const access_caller& caller, const status_request&) const {
+  /// `status` needs `admin`; a `server` may also read the node's own part (no `resource_id`,
+  /// so no leases), which is how an intermediate learns its level in the tree.
+  std::optional<std::string> check(const access_caller& caller, const status_request& r) const {
+    if (policy_ && !r.resource_id) {
+      const access_rule* rule = policy_->rule_for(caller.identity);
+      if (rule && rule->has(access_role::server)) return std::nullopt;
+    }
     return admin(caller, "status");
   }
 

@@ -84,6 +84,9 @@ class etcd_election {
 
   /// No callback after it returns. The election then revokes its lease (within a second) and
   /// ends.
+  /// Re-reads the TLS files of its etcd client (thread-safe); throws on a bad one.
+  void reload_tls() { state_->etcd.reload_tls(); }
+
   void stop() {
     {
       std::lock_guard lock(state_->mutex);

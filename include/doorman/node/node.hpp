@@ -211,6 +211,15 @@ class basic_node {
         if (parent_) parent_->reload_tls();
         return tls_ || options_.parent_tls.active();
       });
+      reload_part("etcd TLS certificates", [this] {
+        bool any = false;
+        if (config_etcd_) config_etcd_->reload_tls();
+        if constexpr (requires { election_.reload_tls(); }) {
+          election_.reload_tls();
+          any = true;
+        }
+        return (any || config_etcd_) && options_.config.etcd_tls.active();
+      });
       reload_part("access file " + options_.access, [this] {
         if (options_.access.empty()) return false;
         access_.set_policy(read_access(options_));
