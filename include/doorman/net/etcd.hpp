@@ -366,9 +366,11 @@ class etcd_client {
       const std::string endpoint = endpoints_[current_];
       // Leave the other endpoints a share of the time when this one hangs.
       const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
-      auto answer =
-          co_await http_post(executor_, endpoint, "/v3/" + method, text, clock::now() + share,
-                             std::size_t{1} << 20, tls_ ? tls_->current() : nullptr);
+      // A named copy: GCC 12 destroys a temporary passed by value into a coroutine twice when
+      // it comes from a conditional expression.
+      const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;
+      auto answer = co_await http_post(executor_, endpoint, "/v3/" + method, text,
+                                       clock::now() + share, std::size_t{1} << 20, tls);
       std::string why = std::move(answer.message);
       if (!answer.error) {
         auto a = etcd_decode::read(answer);

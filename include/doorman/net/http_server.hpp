@@ -205,7 +205,8 @@ class http_server {
         socket.close(ec);
         continue;
       }
-      auto s = std::make_shared<stream>(std::move(socket), tls_ ? tls_->current() : nullptr);
+      const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;  // named: see etcd.hpp
+      auto s = std::make_shared<stream>(std::move(socket), tls);
       sockets_.insert(s);
       asio::co_spawn(executor_, exchange(s), asio::detached);
     }

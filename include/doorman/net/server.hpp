@@ -487,8 +487,8 @@ inline asio::awaitable<void> server::accept_loop() {
       continue;
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    auto s = std::make_shared<session>(*this, std::move(socket),
-                                       tls_ ? tls_->current() : ssl_context_ptr{});
+    const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;  // named: see etcd.hpp
+    auto s = std::make_shared<session>(*this, std::move(socket), tls);
     ++accepted_;
     sessions_.insert(s);
     s->start();
