@@ -291,6 +291,21 @@ TEST_CASE("TLS handshakes: the wrong CA, no certificate, expired, the wrong name
   CHECK_THAT(r.message, Catch::Contains("certificate verify failed"));
 }
 
+TEST_CASE("a TLS connection that never completes its handshake is closed at the deadline",
+          "[net][tls]") {
+  auto options = tls_node_options();
+  options.server.handshake_timeout = doorman::seconds(0.2);
+  running_node node(fast_config(100), options);
+  line_client silent(node.address());  // connects, then sends nothing
+  REQUIRE(silent.connected());
+  const auto start = steady::now();
+  CHECK(silent.read_until_closed(5s).empty());
+  CHECK(steady::now() - start < 4s);  // closed by the node, not by the test's deadline
+  // The node still serves.
+  tls_caller c(node.address(), test_certificates::get().side("client-a"));
+  CHECK(c.call("discovery", json::object()));
+}
+
 TEST_CASE("identities bound what a caller may do over mutual TLS", "[net][tls][access]") {
   const auto& certs = test_certificates::get();
   const std::string access = certs("access.json");

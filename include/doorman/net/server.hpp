@@ -330,6 +330,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
       co_return false;
     }
     self->peer_.identity = self->stream_.identity();
+    self->handshaken_ = true;
     self->touch();
     co_return true;
   }
@@ -404,8 +405,14 @@ class server::session : public std::enable_shared_from_this<server::session> {
       co_await self->idle_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       if (self->closed_) co_return;
       if (clock::now() >= self->deadline_) {
-        ++self->owner_.closed_idle_;
-        self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_.address));
+        if (self->peer_.secure && !self->handshaken_) {
+          ++self->owner_.failed_handshakes_;
+          self->owner_.log(fmt::format("warning: TLS handshake with {} timed out; closing",
+                                       self->peer_.address));
+        } else {
+          ++self->owner_.closed_idle_;
+          self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_.address));
+        }
         self->close();
         co_return;
       }
@@ -425,6 +432,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
   bool writing_ = false;
   bool stopping_ = false;
   bool closed_ = false;
+  bool handshaken_ = false;  // TLS only
 };
 
 inline server::~server() {
