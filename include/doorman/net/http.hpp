@@ -3,7 +3,8 @@
 /// \file
 /// The smallest HTTP/1.1 client the etcd gateway needs: one POST of a JSON body per
 /// connection (`Connection: close`), the whole answer read until the peer closes, within a
-/// deadline. Chunked answers are decoded; answers longer than a limit are refused.
+/// deadline, over plaintext or TLS. Chunked answers are decoded; answers longer than a limit
+/// are refused.
 ///
 ///     auto r = co_await doorman::net::http_post(executor, "127.0.0.1:2379", "/v3/kv/range",
 ///                                               R"({"key":"Zm9v"})", deadline);

@@ -315,7 +315,10 @@ class stream {
     return socket_;
   }
   [[nodiscard]] const asio::ip::tcp::socket& socket() const noexcept {
-    return const_cast<stream*>(this)->socket();
+#ifdef DOORMAN_TLS
+    if (tls_) return tls_->next_layer();
+#endif
+    return socket_;
   }
 
   /// Whether the stream is TLS.

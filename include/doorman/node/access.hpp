@@ -237,7 +237,7 @@ class access_control {
     const access_rule* rule = nullptr;
     if (policy_) {
       if (auto why = need(caller, access_role::client, "get_capacity", rule)) return why;
-      if (auto why = owns(caller, *rule, rule->client_ids, "client_id", r.client_id)) return why;
+      if (auto why = owns(caller, rule->client_ids, "client_id", r.client_id)) return why;
       for (std::size_t i = 0; i < r.resources.size(); ++i) {
         if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
       }
@@ -258,7 +258,7 @@ class access_control {
     if (policy_) {
       const access_rule* rule = nullptr;
       if (auto why = need(caller, access_role::client, "release_capacity", rule)) return why;
-      if (auto why = owns(caller, *rule, rule->client_ids, "client_id", r.client_id)) return why;
+      if (auto why = owns(caller, rule->client_ids, "client_id", r.client_id)) return why;
     }
     if (const auto h = held_.find(holder(caller)); h != held_.end()) {
       for (const auto& res : r.resources) {
@@ -274,7 +274,7 @@ class access_control {
     if (!policy_) return std::nullopt;
     const access_rule* rule = nullptr;
     if (auto why = need(caller, access_role::server, "get_server_capacity", rule)) return why;
-    if (auto why = owns(caller, *rule, rule->server_ids, "server_id", r.server_id)) return why;
+    if (auto why = owns(caller, rule->server_ids, "server_id", r.server_id)) return why;
     for (std::size_t i = 0; i < r.resources.size(); ++i) {
       if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
     }
@@ -344,7 +344,7 @@ class access_control {
     return std::nullopt;
   }
 
-  static std::optional<std::string> owns(const access_caller& caller, const access_rule& rule,
+  static std::optional<std::string> owns(const access_caller& caller,
                                          const std::vector<std::string>& globs,
                                          std::string_view field, std::string_view id) {
     for (const auto& g : globs)
@@ -352,7 +352,6 @@ class access_control {
     std::string allowed;
     for (const auto& g : globs)
       allowed += (allowed.empty() ? "" : ", ") + access_policy::expand(g, caller.identity);
-    (void)rule;
     return fmt::format("{} \"{}\" is not one that {} may use (allowed: {})", field, id, who(caller),
                        allowed);
   }
