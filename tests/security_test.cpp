@@ -574,7 +574,8 @@ TEST_CASE("docs: security.md quotes what the code says", "[docs][access]") {
   CHECK_THAT(doc, Catch::Contains("forbidden: " + *refused));
   CHECK_THAT(doc, Catch::Contains("forbidden: " + *ac.check(a, doorman::status_request{})));
   CHECK_THAT(doc, Catch::Contains("403 Forbidden: forbidden: " + *ac.admin(a, "/metrics")));
-  CHECK_THAT(doc, Catch::Contains("**-32003**"));
+  CHECK_THAT(
+      doc, Catch::Contains(fmt::format("**{}**", static_cast<int>(doorman::rpc_code::forbidden))));
   try {
     (void)doorman::access_policy::parse(R"({"rules": [{"identity": "x", "roles": ["owner"]}]})");
   } catch (const doorman::config_error& e) {

@@ -22,6 +22,8 @@
 /// AES-GCM or ChaCha20-Poly1305); TLS 1.3 with OpenSSL's default suites; no compression, no
 /// renegotiation.
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -50,24 +52,18 @@ enum class client_auth : std::uint8_t {
   require,  ///< a client without a valid certificate fails the handshake
 };
 
+/// The modes' names, in the enum's order.
+inline constexpr std::array<const char*, 3> client_auth_names = {"none", "request", "require"};
+
 /// `none`, `request` or `require`; nothing for another word.
 [[nodiscard]] inline std::optional<client_auth> parse_client_auth(std::string_view s) noexcept {
-  if (s == "none") return client_auth::none;
-  if (s == "request") return client_auth::request;
-  if (s == "require") return client_auth::require;
+  for (std::size_t i = 0; i < client_auth_names.size(); ++i)
+    if (s == client_auth_names[i]) return static_cast<client_auth>(i);
   return std::nullopt;
 }
 
 [[nodiscard]] inline const char* to_string(client_auth a) noexcept {
-  switch (a) {
-    case client_auth::none:
-      return "none";
-    case client_auth::request:
-      return "request";
-    case client_auth::require:
-      return "require";
-  }
-  return "none";
+  return client_auth_names[static_cast<std::size_t>(a)];
 }
 
 /// TLS settings of one side of a link; files are PEM. All empty: plaintext.

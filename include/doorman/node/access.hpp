@@ -25,6 +25,7 @@
 /// about each decoded request, on its strand.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,19 @@ namespace doorman {
 
 /// What an identity may do; a rule holds any combination.
 enum class access_role : std::uint8_t { client = 1, server = 2, admin = 4 };
+
+/// Each role with its name in an access file (the one place the names are written).
+inline constexpr std::array<std::pair<access_role, std::string_view>, 3> access_role_names = {{
+    {access_role::client, "client"},
+    {access_role::server, "server"},
+    {access_role::admin, "admin"},
+}};
+
+[[nodiscard]] inline std::string_view to_string(access_role r) noexcept {
+  for (const auto& [role, name] : access_role_names)
+    if (role == r) return name;
+  return "?";
+}
 
 /// One rule of an access file.
 struct access_rule {
@@ -142,16 +156,14 @@ class access_policy {
     for (std::size_t i = 0; i < it->size(); ++i) {
       const auto& r = (*it)[i];
       const std::string word = r.is_string() ? r.get<std::string>() : r.dump();
-      if (word == "client") {
-        roles |= static_cast<unsigned>(access_role::client);
-      } else if (word == "server") {
-        roles |= static_cast<unsigned>(access_role::server);
-      } else if (word == "admin") {
-        roles |= static_cast<unsigned>(access_role::admin);
-      } else {
+      const auto* known =
+          std::find_if(access_role_names.begin(), access_role_names.end(),
+                       [&](const auto& role_name) { return role_name.second == word; });
+      if (known == access_role_names.end()) {
         throw config_error(fmt::format("{}[{}]", path, i),
                            fmt::format("expected client, server or admin, got {}", word));
       }
+      roles |= static_cast<unsigned>(known->first);
     }
     return roles;
   }
@@ -317,9 +329,7 @@ class access_control {
 
   static std::string role_names(unsigned roles) {
     std::string out;
-    for (const auto& [bit, name] :
-         {std::pair{access_role::client, "client"}, std::pair{access_role::server, "server"},
-          std::pair{access_role::admin, "admin"}}) {
+    for (const auto& [bit, name] : access_role_names) {
       if ((roles & static_cast<unsigned>(bit)) == 0) continue;
       if (!out.empty()) out += ", ";
       out += name;
@@ -330,9 +340,7 @@ class access_control {
   std::optional<std::string> need(const access_caller& caller, access_role role,
                                   std::string_view what, const access_rule*& rule) const {
     rule = policy_->rule_for(caller.identity);
-    const char* name = role == access_role::client   ? "client"
-                       : role == access_role::server ? "server"
-                                                     : "admin";
+    const auto name = to_string(role);
     if (rule == nullptr) {
       return fmt::format("{} needs the {} role; {} matches no rule of the access file", what, name,
                          who(caller));
