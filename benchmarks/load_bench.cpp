@@ -1,22 +1,29 @@
 // doorman_bench_load: a loopback load generator against a real doorman-node pinned to one core.
-// Defaults: 4 connections x 32 requests in flight, 5 s per client count.
 //
-//   doorman_bench_load [--node-binary PATH] [--seconds 5] [--connections 4] [--window 32]
-//                      [--clients 1000,10000,100000] [--tls DIR] [--json FILE]
+//   doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds 5]
+//                      [--connections 4] [--window 32] [--clients 1000,10000,100000,1000000]
+//                      [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR] [--json FILE]
 //
-// For each client count N: starts `taskset -c 0 doorman-node` (FAIR_SHARE, minimum refresh
-// interval 0, so every request runs the algorithm), pins itself to core 1, registers N client
-// ids, then for --seconds keeps --window pipelined get_capacity requests (one resource each,
-// random client ids among N, random wants) in flight on each of --connections connections.
-// Reports decisions/s and the latency percentiles (request written -> answer read), as a table
-// and as JSON.
+// For each client count N: starts `taskset -c 0 doorman-node` (minimum refresh interval 0, so
+// every request runs the algorithm; capacity 30 N, about 60% of what the clients want, so every
+// decision is contended), pins itself to core 1, and registers the N client ids, one request
+// each. Then, for --seconds, it keeps --window get_capacity requests in flight on each of
+// --connections connections, as N clients would: a random client that has no request in flight
+// asks again, its wants drifted by up to ±5% (between 1 and 100), sending the lease it holds as
+// `has`. Only answers read before the deadline count.
 //
+// Reported per run: decisions/s; the node's CPU time per decision and its share of one core
+// (from /proc/<pid>/stat over the measured seconds); latency percentiles (request written ->
+// answer read); and the node's resident memory per client (VmRSS after the run minus before
+// registration, over N).
+//
+// With --baseline-binary (another build of doorman-node, e.g. the previous commit's), every
+// client count runs on the baseline and then on --node-binary, in the same run.
 // With --tls DIR (certificates made by examples/make_certs.sh DIR), every client count runs
-// twice in the same run, plaintext then mutual TLS (node.pem for the node, --tls-client-auth
-// require, client-a.pem for the generator), connections made once and reused.
+// twice, plaintext then mutual TLS (node.pem for the node, --tls-client-auth require,
+// client-a.pem for the generator), connections made once and reused.
 
 #include <doorman/net/address.hpp>
-#include <doorman/protocol/json_rpc.hpp>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -28,14 +35,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,21 +66,51 @@ using clock_type = std::chrono::steady_clock;
 
 struct options {
   std::string node_binary;
+  std::string baseline_binary;
   double seconds = 5;
   int connections = 4;
   int window = 32;
-  std::vector<long> clients = {1000, 10000, 100000};
+  std::vector<long> clients = {1000, 10000, 100000, 1000000};
+  std::string algorithm = "FAIR_SHARE";
   std::string json_file;
   std::string tls_dir;
 };
 
 struct result {
+  std::string build;  // "baseline" or "node"
   long clients = 0;
   bool tls = false;
   double decisions_per_s = 0;
+  double cpu_us_per_decision = 0;  // the node's user + system CPU time per decision
+  double cpu_share = 0;            // the node's CPU time over the measured wall time
   double p50_us = 0, p99_us = 0, p999_us = 0;
+  double rss_bytes_per_client = 0;
   long errors = 0;
 };
+
+// The node's user + system CPU seconds so far (/proc/<pid>/stat, fields 14 and 15).
+double cpu_seconds(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) throw std::runtime_error("cannot read /proc/<pid>/stat");
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// The node's resident memory in bytes (/proc/<pid>/status, VmRSS).
+double resident_bytes(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  }
+  throw std::runtime_error("cannot read VmRSS from /proc/<pid>/status");
+}
 
 int connect_to(const std::string& address) {
   const auto a = doorman::net::parse_address(address);
@@ -118,7 +160,12 @@ struct connection {
   int fd = -1;
   SSL* ssl = nullptr;  // with --tls
   std::string in;
-  std::deque<clock_type::time_point> sent;  // answers come back in order on one connection
+  std::string out;
+  struct pending {
+    clock_type::time_point sent;
+    std::uint32_t client;
+  };
+  std::deque<pending> sent;  // answers come back in order on one connection
 };
 
 // Reads what is there (the descriptor is readable): plaintext or TLS.
@@ -134,13 +181,6 @@ void close_connection(connection& c) {
   if (c.ssl) SSL_free(c.ssl);
 #endif
   ::close(c.fd);
-}
-
-std::string request(long id, long client, double wants) {
-  return fmt::format(
-      R"({{"jsonrpc":"2.0","id":{},"method":"get_capacity","params":{{"client_id":"client-{}","resources":[{{"resource_id":"api","wants":{}}}]}}}})"
-      "\n",
-      id, client, wants);
 }
 
 void send_all(connection& c, const std::string& data) {
@@ -160,31 +200,111 @@ void send_all(connection& c, const std::string& data) {
   }
 }
 
-// Keeps `window` requests in flight on every connection until `until`; returns latencies in µs.
-// With `only_count` > 0, sends exactly that many requests (client ids 0..only_count-1) instead.
-std::vector<double> drive(std::vector<connection>& conns, long clients, int window,
-                          clock_type::time_point until, long only_count, long& errors) {
-  std::mt19937_64 rng(42);
-  std::uniform_int_distribution<long> pick(0, clients - 1);
-  std::uniform_real_distribution<double> wants(1, 100);
-  std::vector<double> latencies;
+// The configured lease, which `has` reports back as it ages.
+constexpr double lease_length = 60;
+constexpr double refresh_interval = 16;
+
+// N clients as the node sees them: each wants 1-100, drifting, and holds the last lease it got.
+class population {
+ public:
+  explicit population(long n) : clients_(static_cast<std::size_t>(n)) {
+    std::uniform_real_distribution<double> initial(1, 100);
+    for (auto& c : clients_)
+      c.wants = initial(rng_);
+  }
+
+  // A client with no request in flight (`next` for registration, else a random one).
+  std::uint32_t pick(std::optional<std::uint32_t> next) {
+    if (next) return *next;
+    std::uniform_int_distribution<std::uint32_t> any(
+        0, static_cast<std::uint32_t>(clients_.size() - 1));
+    for (;;) {
+      const auto i = any(rng_);
+      if (!clients_[i].in_flight) return i;
+    }
+  }
+
+  // Appends client `i`'s next request to `out`.
+  void ask(std::string& out, long id, std::uint32_t i, clock_type::time_point now) {
+    auto& c = clients_[i];
+    std::uniform_real_distribution<double> drift(0.95, 1.05);
+    c.wants = std::clamp(c.wants * drift(rng_), 1.0, 100.0);
+    c.in_flight = true;
+    auto o = std::back_inserter(out);
+    fmt::format_to(
+        o,
+        R"({{"jsonrpc":"2.0","id":{},"method":"get_capacity","params":{{"client_id":"client-{}",)"
+        R"("resources":[{{"resource_id":"api","wants":{:.2f})",
+        id, i, c.wants);
+    if (c.holds) {
+      const double age = std::chrono::duration<double>(now - c.got_at).count();
+      fmt::format_to(o, R"(,"has":{{"capacity":{},"expires_in":{:.3f},"refresh_interval":{}}})",
+                     c.has, std::max(0.0, lease_length - age), refresh_interval);
+    }
+    out += "}]}}\n";
+  }
+
+  // Takes client `i`'s answer line; returns whether it was an error.
+  bool answer(std::uint32_t i, std::string_view line, clock_type::time_point now) {
+    auto& c = clients_[i];
+    c.in_flight = false;
+    if (line.find("\"error\"") != std::string_view::npos) return true;
+    constexpr std::string_view key = "\"capacity\":";
+    const auto at = line.find(key);
+    if (at == std::string_view::npos) return true;
+    const char* begin = line.data() + at + key.size();
+    double has = 0;
+    if (std::from_chars(begin, line.data() + line.size(), has).ec != std::errc{}) return true;
+    c.has = has;
+    c.holds = true;
+    c.got_at = now;
+    return false;
+  }
+
+ private:
+  struct client {
+    double wants = 0;
+    double has = 0;
+    clock_type::time_point got_at;
+    bool holds = false;
+    bool in_flight = false;
+  };
+  std::vector<client> clients_;
+  std::mt19937_64 rng_{42};
+};
+
+struct drive_result {
+  std::vector<double> latencies_us;  // of the answers read before the deadline
+  long errors = 0;
+  double cpu_seconds = 0;  // the node's, from the start to the deadline
+  double elapsed = 0;
+};
+
+// Keeps `window` requests in flight on every connection until `until` (`registering`: sends
+// one request for each client in turn instead, and waits for every answer).
+drive_result drive(std::vector<connection>& conns, population& people, long clients, int window,
+                   clock_type::time_point until, bool registering, pid_t node) {
+  drive_result r;
+  const double cpu0 = cpu_seconds(node);
+  const auto t0 = clock_type::now();
   long next_id = 0;
   long registered = 0;
-  const auto more = [&] {
-    return only_count > 0 ? registered < only_count : clock_type::now() < until;
-  };
-  const auto top_up = [&](connection& c) {
-    std::string batch;
-    while (static_cast<int>(c.sent.size()) < window && more()) {
-      const long client = only_count > 0 ? registered++ : pick(rng);
-      batch += request(next_id++, client, std::round(wants(rng)));
-      c.sent.push_back(clock_type::now());
+  bool open = true;  // still sending
+  const auto top_up = [&](connection& c, clock_type::time_point now) {
+    c.out.clear();
+    while (open && static_cast<int>(c.sent.size()) < window) {
+      if (registering && registered == clients) break;
+      const auto who =
+          people.pick(registering ? std::optional<std::uint32_t>(registered++) : std::nullopt);
+      people.ask(c.out, next_id++, who, now);
+      c.sent.push_back({now, who});
     }
-    if (!batch.empty()) send_all(c, batch);
+    if (!c.out.empty()) send_all(c, c.out);
   };
   for (auto& c : conns)
-    top_up(c);
+    top_up(c, clock_type::now());
   std::vector<pollfd> fds(conns.size());
+  char chunk[1 << 16];
   for (;;) {
     bool pending = false;
     for (std::size_t i = 0; i < conns.size(); ++i) {
@@ -193,10 +313,16 @@ std::vector<double> drive(std::vector<connection>& conns, long clients, int wind
     }
     if (!pending) break;
     if (::poll(fds.data(), fds.size(), 5000) <= 0) throw std::runtime_error("no answer in 5 s");
+    const auto now = clock_type::now();
+    if (!registering && open && now >= until) {
+      open = false;  // the deadline: what is still in flight does not count
+      r.cpu_seconds = cpu_seconds(node) - cpu0;
+      r.elapsed = std::chrono::duration<double>(now - t0).count();
+      break;
+    }
     for (std::size_t i = 0; i < conns.size(); ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
       connection& c = conns[i];
-      char chunk[1 << 16];
       const auto n = receive(c, chunk, sizeof chunk);
       if (n <= 0) throw std::runtime_error("connection closed by the node");
       c.in.append(chunk, static_cast<std::size_t>(n));
@@ -208,22 +334,21 @@ std::vector<double> drive(std::vector<connection>& conns, long clients, int wind
         c.in.append(chunk, static_cast<std::size_t>(extra));
       }
 #endif
-      const auto now = clock_type::now();
       std::size_t start = 0;
       for (std::size_t nl; (nl = c.in.find('\n', start)) != std::string::npos; start = nl + 1) {
-        if (std::string_view(c.in).substr(start, nl - start).find("\"error\"") !=
-            std::string_view::npos) {
-          ++errors;
+        const auto& p = c.sent.front();
+        if (people.answer(p.client, std::string_view(c.in).substr(start, nl - start), now)) {
+          ++r.errors;
         }
-        latencies.push_back(
-            std::chrono::duration<double, std::micro>(now - c.sent.front()).count());
+        r.latencies_us.push_back(std::chrono::duration<double, std::micro>(now - p.sent).count());
         c.sent.pop_front();
       }
       c.in.erase(0, start);
-      top_up(c);
+      top_up(c, now);
     }
   }
-  return latencies;
+  if (registering) r.elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return r;
 }
 
 double percentile(std::vector<double>& v, double p) {
@@ -233,15 +358,19 @@ double percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-result run_one(const options& o, long clients, const std::filesystem::path& dir, bool tls) {
+result run_one(const options& o, const std::string& build, long clients,
+               const std::filesystem::path& dir, bool tls) {
+  const std::string& binary = build == "baseline" ? o.baseline_binary : o.node_binary;
   const auto config = dir / "resources.json";
-  std::ofstream(config) << R"({"resources": [{"identifier_glob": "*", "capacity": 1000000,
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 600, "refresh_interval": 60,
-                  "learning_mode_duration": 0}}]})";
+  std::ofstream(config) << fmt::format(
+      R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
+    "algorithm": {{"kind": "{}", "lease_length": {}, "refresh_interval": {},
+                  "learning_mode_duration": 0}}}}]}})",
+      30.0 * static_cast<double>(clients), o.algorithm, lease_length, refresh_interval);
   std::vector<std::string> args = {"/usr/bin/taskset",
                                    "-c",
                                    "0",
-                                   o.node_binary,
+                                   binary,
                                    "--listen",
                                    "127.0.0.1:0",
                                    "--admin",
@@ -258,9 +387,10 @@ result run_one(const options& o, long clients, const std::filesystem::path& dir,
     args.insert(args.end(), {"--tls-client-auth", "require"});
   }
   doorman_examples::process node(
-      args, (dir / fmt::format("node-{}{}.log", clients, tls ? "-tls" : "")).string());
+      args, (dir / fmt::format("{}-{}{}.log", build, clients, tls ? "-tls" : "")).string());
   const auto address = node.listening_address();
   if (!address) throw std::runtime_error("the node did not start: " + node.log());
+  const double rss0 = resident_bytes(node.pid());
 
   std::vector<connection> conns(static_cast<std::size_t>(o.connections));
 #ifdef DOORMAN_TLS
@@ -273,31 +403,65 @@ result run_one(const options& o, long clients, const std::filesystem::path& dir,
     if (secure) c.ssl = secure->wrap(c.fd);
 #endif
   }
-  long errors = 0;
-  fmt::print(stderr, "  {} clients{}: registering...", clients, tls ? " over TLS" : "");
-  (void)drive(conns, clients, o.window, clock_type::now(), clients, errors);
-  fmt::print(stderr, " measuring {} s...", o.seconds);
-  const auto t0 = clock_type::now();
-  auto lat = drive(conns, clients, o.window,
-                   t0 + std::chrono::duration_cast<clock_type::duration>(
-                            std::chrono::duration<double>(o.seconds)),
-                   0, errors);
-  const double elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+  population people(clients);
+  fmt::print(stderr, "  {} {} clients{}: registering...", build, clients, tls ? " over TLS" : "");
+  const auto reg = drive(conns, people, clients, o.window, {}, true, node.pid());
+  fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
+  auto m = drive(conns, people, clients, o.window,
+                 clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                         std::chrono::duration<double>(o.seconds)),
+                 false, node.pid());
   fmt::print(stderr, " done\n");
+  const double rss1 = resident_bytes(node.pid());
   for (auto& c : conns)
     close_connection(c);
   node.signal(SIGTERM);
   node.wait_exit();
 
   result r;
+  r.build = build;
   r.clients = clients;
   r.tls = tls;
-  r.decisions_per_s = static_cast<double>(lat.size()) / elapsed;
-  r.p50_us = percentile(lat, 0.5);
-  r.p99_us = percentile(lat, 0.99);
-  r.p999_us = percentile(lat, 0.999);
-  r.errors = errors;
+  const auto decisions = static_cast<double>(m.latencies_us.size());
+  r.decisions_per_s = decisions / m.elapsed;
+  r.cpu_us_per_decision = decisions > 0 ? m.cpu_seconds * 1e6 / decisions : 0;
+  r.cpu_share = m.cpu_seconds / m.elapsed;
+  r.p50_us = percentile(m.latencies_us, 0.5);
+  r.p99_us = percentile(m.latencies_us, 0.99);
+  r.p999_us = percentile(m.latencies_us, 0.999);
+  r.rss_bytes_per_client = (rss1 - rss0) / static_cast<double>(clients);
+  r.errors = m.errors + reg.errors;
   return r;
+}
+
+void report(const options& o, const std::vector<result>& results) {
+  fmt::print("{}, {} connections x {} in flight, {} s per run\n\n", o.algorithm, o.connections,
+             o.window, o.seconds);
+  fmt::print(
+      "| build | clients | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 | "
+      "p99.9 | RSS bytes/client | errors |\n");
+  fmt::print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::string json = fmt::format(
+      R"({{"algorithm": "{}", "connections": {}, "window": {}, "seconds": {}, "runs": [)",
+      o.algorithm, o.connections, o.window, o.seconds);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    const char* link = r.tls ? "mutual TLS" : "plaintext";
+    fmt::print(
+        "| {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.0f} "
+        "| {} |\n",
+        r.build, r.clients, link, r.decisions_per_s, r.cpu_us_per_decision, r.cpu_share * 100,
+        r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.rss_bytes_per_client, r.errors);
+    json += fmt::format(
+        "{}{{\"build\": \"{}\", \"clients\": {}, \"tls\": {}, \"decisions_per_s\": {:.1f}, "
+        "\"cpu_us_per_decision\": {:.3f}, \"cpu_share\": {:.3f}, \"p50_us\": {:.1f}, "
+        "\"p99_us\": {:.1f}, \"p999_us\": {:.1f}, \"rss_bytes_per_client\": {:.1f}, "
+        "\"errors\": {}}}",
+        i ? ", " : "", r.build, r.clients, r.tls, r.decisions_per_s, r.cpu_us_per_decision,
+        r.cpu_share, r.p50_us, r.p99_us, r.p999_us, r.rss_bytes_per_client, r.errors);
+  }
+  json += "]}\n";
+  if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
 }
 
 }  // namespace
@@ -314,6 +478,8 @@ int main(int argc, char** argv) {
       };
       if (arg == "--node-binary") {
         o.node_binary = value();
+      } else if (arg == "--baseline-binary") {
+        o.baseline_binary = value();
       } else if (arg == "--seconds") {
         o.seconds = std::stod(value());
       } else if (arg == "--connections") {
@@ -324,6 +490,11 @@ int main(int argc, char** argv) {
         o.clients.clear();
         for (const auto& s : doorman::net::split_list(value()))
           o.clients.push_back(std::stol(s));
+      } else if (arg == "--algorithm") {
+        o.algorithm = value();
+        if (o.algorithm != "FAIR_SHARE" && o.algorithm != "PROPORTIONAL_SHARE") {
+          throw std::invalid_argument("--algorithm: must be FAIR_SHARE or PROPORTIONAL_SHARE");
+        }
       } else if (arg == "--tls") {
         o.tls_dir = value();
 #ifndef DOORMAN_TLS
@@ -333,14 +504,21 @@ int main(int argc, char** argv) {
         o.json_file = value();
       } else {
         fmt::print(
-            "usage: doorman_bench_load [--node-binary PATH] [--seconds S] [--connections N]\n"
-            "                          [--window N] [--clients N,N,...] [--tls DIR] [--json "
-            "FILE]\n");
+            "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds "
+            "S]\n"
+            "                          [--connections N] [--window N] [--clients N,N,...]\n"
+            "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
+            "                          [--json FILE]\n");
         return arg == "--help" ? 0 : 2;
       }
     }
     if (o.connections < 1 || o.window < 1 || !(o.seconds > 0) || o.clients.empty()) {
       throw std::invalid_argument("connections, window, seconds and clients must be positive");
+    }
+    for (const long n : o.clients) {
+      if (n < 1 || n > 100'000'000) {
+        throw std::invalid_argument("--clients: each must be between 1 and 100000000");
+      }
     }
     // The generator on core 1; the node gets core 0 through taskset.
     cpu_set_t set;
@@ -352,33 +530,16 @@ int main(int argc, char** argv) {
         std::filesystem::temp_directory_path() / fmt::format("doorman-bench-load-{}", ::getpid());
     std::filesystem::create_directories(dir);
     std::vector<result> results;
-    fmt::print(stderr,
-               "node on core 0 (taskset), generator on core 1; {} connections x {} "
-               "in flight\n",
-               o.connections, o.window);
+    fmt::print(stderr, "node on core 0 (taskset), generator on core 1\n");
     for (const long n : o.clients) {
-      results.push_back(run_one(o, n, dir, false));
-      if (!o.tls_dir.empty()) results.push_back(run_one(o, n, dir, true));
+      for (const bool tls : {false, true}) {
+        if (tls && o.tls_dir.empty()) continue;
+        if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls));
+        results.push_back(run_one(o, "node", n, dir, tls));
+      }
     }
     std::filesystem::remove_all(dir);
-
-    fmt::print("| clients | link | decisions/s | p50 | p99 | p99.9 | errors |\n");
-    fmt::print("|---:|---|---:|---:|---:|---:|---:|\n");
-    std::string json = "{\"connections\": " + std::to_string(o.connections) +
-                       ", \"window\": " + std::to_string(o.window) + ", \"runs\": [";
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      const char* link = r.tls ? "mutual TLS" : "plaintext";
-      fmt::print("| {} | {} | {:.0f} | {:.2f} ms | {:.2f} ms | {:.2f} ms | {} |\n", r.clients, link,
-                 r.decisions_per_s, r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.errors);
-      json += fmt::format(
-          "{}{{\"clients\": {}, \"tls\": {}, \"decisions_per_s\": {:.1f}, \"p50_us\": {:.1f}, "
-          "\"p99_us\": {:.1f}, \"p999_us\": {:.1f}, \"errors\": {}}}",
-          i ? ", " : "", r.clients, r.tls, r.decisions_per_s, r.p50_us, r.p99_us, r.p999_us,
-          r.errors);
-    }
-    json += "]}\n";
-    if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
+    report(o, results);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "doorman_bench_load: {}\n", e.what());

@@ -78,6 +78,9 @@ class process {
     return line->substr(line->rfind(' ') + 1);
   }
 
+  /// The process id (-1 once it has exited and been reaped).
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
   void signal(int s) const {
     if (pid_ > 0) ::kill(pid_, s);
   }
