@@ -213,6 +213,9 @@ class population {
       c.wants = initial(rng_);
   }
 
+  // Whether some client has no request in flight.
+  [[nodiscard]] bool any_idle() const noexcept { return in_flight_ < clients_.size(); }
+
   // A client with no request in flight (`next` for registration, else a random one).
   std::uint32_t pick(std::optional<std::uint32_t> next) {
     if (next) return *next;
@@ -230,6 +233,7 @@ class population {
     std::uniform_real_distribution<double> drift(0.95, 1.05);
     c.wants = std::clamp(c.wants * drift(rng_), 1.0, 100.0);
     c.in_flight = true;
+    ++in_flight_;
     auto o = std::back_inserter(out);
     fmt::format_to(
         o,
@@ -248,6 +252,7 @@ class population {
   bool answer(std::uint32_t i, std::string_view line, clock_type::time_point now) {
     auto& c = clients_[i];
     c.in_flight = false;
+    --in_flight_;
     if (line.find("\"error\"") != std::string_view::npos) return true;
     constexpr std::string_view key = "\"capacity\":";
     const auto at = line.find(key);
@@ -270,6 +275,7 @@ class population {
     bool in_flight = false;
   };
   std::vector<client> clients_;
+  std::size_t in_flight_ = 0;
   std::mt19937_64 rng_{42};
 };
 
@@ -293,7 +299,7 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
   const auto top_up = [&](connection& c, clock_type::time_point now) {
     c.out.clear();
     while (open && static_cast<int>(c.sent.size()) < window) {
-      if (registering && registered == clients) break;
+      if (registering ? registered == clients : !people.any_idle()) break;
       const auto who =
           people.pick(registering ? std::optional<std::uint32_t>(registered++) : std::nullopt);
       people.ask(c.out, next_id++, who, now);

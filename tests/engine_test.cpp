@@ -928,6 +928,29 @@ TEST_CASE("a lease store keeps a small lease next to a huge one", "[core][bounds
   CHECK(store.sum_held() == 1e15 + 33.3);
 }
 
+TEST_CASE("a lease store's expiry queue is bounded by its clients, not by its refreshes",
+          "[core][bounds]") {
+  // Each refresh queues the new lease's expiry; the old entry is stale. Stale entries must not
+  // pile up until they expire (a lease length of refreshes at the request rate).
+  doorman::basic_lease_store<manual_clock::time_point> store;
+  manual_clock clock;
+  const doorman::band_demand band{0, 1, 1};
+  for (int round = 0; round < 200; ++round) {
+    for (int c = 0; c < 100; ++c) {
+      const auto& who = store.set_demand(fmt::format("c{}", c), std::span(&band, 1)).who;
+      store.set_lease(who, {1, clock.now() + std::chrono::seconds(60), std::chrono::seconds(16)},
+                      clock.now());
+      clock.advance(std::chrono::milliseconds(1));
+    }
+  }
+  CHECK(store.size() == 100);
+  CHECK(store.expiry_entries() <= 2 * 100 + 64);
+  // Still exact: every lease expires when it should, not before.
+  CHECK(store.expire(clock.now() + std::chrono::seconds(59)) == 0);
+  CHECK(store.expire(clock.now() + std::chrono::seconds(60)) == 100);
+  CHECK(store.expiry_entries() == 0);
+}
+
 TEST_CASE("demands that come and go leave no negative residue in the totals", "[core][bounds]") {
   // Ordinary wants (0.1 ... 40.1) whose running total used to end at about -7e-15 once the last
   // two clients wanted 0: an intermediate then sent a negative band and its parent refused it.

@@ -6,7 +6,11 @@
 #include <doorman/core.hpp>
 #include <doorman/protocol.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <string>
+#include <vector>
 
 using namespace std::chrono_literals;
 using doorman::manual_clock;
@@ -345,4 +349,227 @@ TEST_CASE("answers are read without throwing, whatever the peer sent", "[protoco
   CHECK(doorman::read_redirect(
             json::parse(R"({"mastership":{"is_master":false,"master":"10.0.0.7:7700"}})"))
             .master == "10.0.0.7:7700");
+}
+
+namespace {
+
+// A random request line for a hot method: mostly the plain form, often with something the
+// streaming reader does not take (escapes, non-ASCII, unknown or repeated members, floats where
+// integers go, nulls, odd numbers, white space), and sometimes mutated into invalid JSON.
+class line_maker {
+ public:
+  explicit line_maker(std::uint64_t seed) : rng_(seed) {}
+
+  std::string next() {
+    std::string line = envelope();
+    if (chance(0.1)) mutate(line);
+    return line;
+  }
+
+ private:
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  template <class T>
+  const T& pick(const std::vector<T>& v) {
+    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng_)];
+  }
+  std::string ws() { return chance(0.1) ? pick<std::string>({" ", "\t", "\r\n ", "  "}) : ""; }
+
+  std::string number() {
+    if (chance(0.85)) return pick<std::string>({"0", "1", "7", "40", "12.5", "2.50", "1e2"});
+    return pick<std::string>({"0",
+                              "1",
+                              "7",
+                              "40",
+                              "-1",
+                              "12.5",
+                              "1e2",
+                              "1E+2",
+                              "2.50",
+                              "0.1",
+                              "1e-7",
+                              "-0",
+                              "-0.0",
+                              "1e15",
+                              "1e16",
+                              "1000000000000001",
+                              "3e300",
+                              "1e400",
+                              "1e-400",
+                              "00",
+                              "1.",
+                              ".5",
+                              "99999999999999999999",
+                              "123456789012345678",
+                              "\"5\"",
+                              "null",
+                              "true",
+                              "[1]"});
+  }
+  std::string id_string() {
+    if (chance(0.9)) return pick<std::string>({"\"c1\"", "\"c2\"", "\"db\"", "\"cache\""});
+    return pick<std::string>({"\"c1\"", "\"c2\"", "\"db\"", "\"cache\"", "\"\"", "\"a\\u0062\"",
+                              "\"caf\xc3\xa9\"", "\"x\\\"y\"", "\"tab\\t\"", "\"c1\"", "7", "null",
+                              "\"" + std::string(300, 'x') + "\""});
+  }
+  std::string member(const std::string& key, const std::string& value) {
+    return ws() + "\"" + key + "\"" + ws() + ":" + ws() + value + ws();
+  }
+  std::string object(std::vector<std::string> members) {
+    std::shuffle(members.begin(), members.end(), rng_);
+    if (chance(0.02) && !members.empty()) members.push_back(members.front());  // repeated
+    if (chance(0.02)) members.push_back(member("extra", "{\"x\":[1,2]}"));
+    std::string s = "{";
+    for (std::size_t i = 0; i < members.size(); ++i)
+      s += (i ? "," : "") + members[i];
+    return s + "}";
+  }
+  std::string lease() {
+    if (chance(0.1)) return "null";
+    std::vector<std::string> m = {member("capacity", number()), member("expires_in", number()),
+                                  member("refresh_interval", number())};
+    if (chance(0.1)) m.pop_back();
+    return object(m);
+  }
+  std::string resource(bool server) {
+    std::vector<std::string> m = {member("resource_id", id_string())};
+    if (!server) {
+      m.push_back(member("wants", number()));
+      if (chance(0.3)) m.push_back(member("priority", chance(0.5) ? "1" : number()));
+    } else {
+      std::string bands = "[";
+      const int n = std::uniform_int_distribution<int>(0, 3)(rng_);
+      for (int i = 0; i < n; ++i) {
+        bands +=
+            (i ? "," : "") + object({member("priority", chance(0.7) ? std::to_string(i) : number()),
+                                     member("num_clients", chance(0.7) ? "3" : number()),
+                                     member("wants", number())});
+      }
+      m.push_back(member("wants", bands + "]"));
+      if (chance(0.5)) m.push_back(member("outstanding", number()));
+    }
+    if (chance(0.4)) m.push_back(member("has", lease()));
+    return object(m);
+  }
+  std::string envelope() {
+    const bool server = chance(0.4);
+    std::string resources = "[";
+    const int n = std::uniform_int_distribution<int>(0, 3)(rng_);
+    for (int i = 0; i < n; ++i)
+      resources += (i ? "," : "") + resource(server);
+    resources += "]";
+    const std::string params = object(
+        {member(server ? "server_id" : "client_id", id_string()), member("resources", resources)});
+    std::vector<std::string> m = {
+        member("jsonrpc", chance(0.95) ? "\"2.0\"" : "\"1.0\""),
+        member("method", server ? "\"get_server_capacity\"" : "\"get_capacity\""),
+        member("params", chance(0.95) ? params : "null")};
+    if (chance(0.9)) {
+      m.push_back(member("id", chance(0.8)
+                                   ? pick<std::string>({"1", "42", "-3", "\"abc\"", "null"})
+                                   : pick<std::string>({"1.5", "\"\\u00e9\"",
+                                                        "123456789012345678901", "-0", "[1]"})));
+    }
+    return ws() + object(m) + ws();
+  }
+  void mutate(std::string& line) {
+    if (line.empty()) return;
+    const auto at = std::uniform_int_distribution<std::size_t>(0, line.size() - 1)(rng_);
+    switch (std::uniform_int_distribution<int>(0, 2)(rng_)) {
+      case 0:
+        line.erase(at, 1);
+        break;
+      case 1:
+        line.insert(at, 1, pick<char>({'{', '"', ',', '1', ':', ' ', '\\', 'e'}));
+        break;
+      default:
+        line[at] = pick<char>({'}', ']', 'x', '0', '.', '-'});
+    }
+  }
+
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+TEST_CASE("the hot path answers exactly as the DOM path, and changes the same state",
+          "[protocol][hot]") {
+  node hot;
+  node reference;  // every line through the DOM path only
+  line_maker maker(GENERATE(1u, 2u, 3u));
+  std::size_t answered = 0;
+  std::size_t results = 0;
+  std::size_t plain = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const std::string line = maker.next();
+    std::string a;
+    std::string b;
+    doorman::dispatch_record ra;
+    doorman::dispatch_record rb;
+    const bool sa =
+        doorman::handle_line_to(a, hot.engine, line, hot.clock.now(), hot.identity, &ra);
+    const bool sb = doorman::detail::dispatch(b, reference.engine, line, reference.clock.now(),
+                                              reference.identity, &rb, nullptr, false);
+    INFO(line);
+    REQUIRE(sa == sb);
+    REQUIRE(a == b);
+    REQUIRE(ra.method == rb.method);
+    REQUIRE(ra.error == rb.error);
+    doorman::detail::hot_request read;
+    plain += doorman::detail::read_hot_request(line, read) ? 1 : 0;
+    answered += sa ? 1 : 0;
+    results += a.find("\"result\"") != std::string::npos ? 1 : 0;
+    hot.clock.advance(100ms);
+    reference.clock.advance(100ms);
+  }
+  // The engines hold the same leases.
+  for (const char* id : {"c1", "c2", "db", "cache"}) {
+    const std::string status =
+        R"({"jsonrpc":"2.0","id":9,"method":"status","params":{"resource_id":")" + std::string(id) +
+        "\"}}";
+    CHECK(
+        *doorman::handle_line(hot.engine, status, hot.clock.now(), hot.identity) ==
+        *doorman::handle_line(reference.engine, status, reference.clock.now(), reference.identity));
+  }
+  // The generator reaches both paths and both kinds of answer.
+  CHECK(plain > 300);
+  CHECK(plain < 2500);
+  CHECK(answered > 2000);
+  CHECK(results > 300);
+  CHECK(answered - results > 300);
+}
+
+TEST_CASE("numbers are written as nlohmann/json writes them", "[protocol][hot]") {
+  std::mt19937_64 rng(7);
+  std::vector<double> values = {0.0,
+                                -0.0,
+                                1.0,
+                                50.0,
+                                0.1,
+                                1e-7,
+                                1e15,
+                                1e16,
+                                1e300,
+                                33.3333,
+                                1e-300,
+                                -2.5,
+                                1e21,
+                                123456.789,
+                                5e-324,
+                                1e308,
+                                100.0 / 3,
+                                2e-5,
+                                999999999999999.9};
+  std::uniform_real_distribution<double> mantissa(-10, 10);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (int i = 0; i < 20000; ++i)
+    values.push_back(mantissa(rng) * std::pow(10.0, exponent(rng)));
+  for (const double v : values) {
+    std::string out;
+    doorman::detail::write_number(out, v);
+    INFO(v);
+    REQUIRE(out == json(v).dump());
+  }
+  std::string out;
+  doorman::detail::write_number(out, std::nan(""));
+  CHECK(out == json(std::nan("")).dump());
 }

@@ -5,4 +5,5 @@
 
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/dispatch.hpp"
+#include "doorman/protocol/hot_path.hpp"
 #include "doorman/protocol/json_rpc.hpp"

@@ -2,7 +2,9 @@
 // to line. The input is lines; a line "#<n>" advances the clock by n milliseconds, "#m" and "#s"
 // make the engine master again (learning mode) or not master. After every line: at most one
 // answer, on one line, a JSON-RPC 2.0 response with the request's id and exactly one of result
-// and error, never a server error; and the engine invariants (fuzz_support.hpp).
+// and error, never a server error; the engine invariants (fuzz_support.hpp); and the same answer
+// and outcome from a second engine fed the same lines through the DOM path only (the hot path
+// must answer byte for byte as it does).
 
 #include <doorman/protocol.hpp>
 
@@ -44,7 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   clock_type clock;
   static const auto repo = engine_type::parse_config(config_text());  // parsed once
   engine_type engine(repo);
+  engine_type reference(repo);  // the DOM path only
   engine.set_mastership(true, "self:7700", clock.now());
+  reference.set_mastership(true, "self:7700", clock.now());
   const doorman::node_identity identity{"self:7700", "root", 0, std::nullopt};
   std::string_view input(reinterpret_cast<const char*>(data), size);
   int lines = 0;
@@ -54,17 +58,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     input.remove_prefix(nl == std::string_view::npos ? input.size() : nl + 1);
     if (line.starts_with('#')) {
       if (line == "#m") {
-        engine.set_mastership(false, "other:7700", clock.now());
-        engine.set_mastership(true, "self:7700", clock.now());
+        for (auto* e : {&engine, &reference}) {
+          e->set_mastership(false, "other:7700", clock.now());
+          e->set_mastership(true, "self:7700", clock.now());
+        }
       } else if (line == "#s") {
         engine.set_mastership(false, "other:7700", clock.now());
+        reference.set_mastership(false, "other:7700", clock.now());
       } else {
         unsigned ms = 0;
         std::from_chars(line.data() + 1, line.data() + line.size(), ms);
         clock.advance(std::chrono::milliseconds(ms % 100'000));
       }
-    } else if (auto answer = doorman::handle_line(engine, line, clock.now(), identity)) {
-      check_answer(line, *answer);
+    } else {
+      std::string answer;
+      std::string expected;
+      doorman::dispatch_record record;
+      doorman::dispatch_record expected_record;
+      const bool answered =
+          doorman::handle_line_to(answer, engine, line, clock.now(), identity, &record);
+      const bool expected_answer = doorman::detail::dispatch(
+          expected, reference, line, clock.now(), identity, &expected_record, nullptr, false);
+      DOORMAN_FUZZ_CHECK(answered == expected_answer && answer == expected,
+                         "hot path: " + answer + "\nDOM path: " + expected);
+      DOORMAN_FUZZ_CHECK(
+          record.method == expected_record.method && record.error == expected_record.error,
+          std::string(line));
+      if (answered) check_answer(line, answer);
     }
     check_engine(engine, clock.now(), clock_type::time_point{});
   }

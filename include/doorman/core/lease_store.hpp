@@ -265,9 +265,8 @@ class basic_lease_store {
       } else {
         break;
       }
-      client& c = clients_[e.slot];
       // Only the entry of the client's current lease counts; older ones are stale.
-      if (c.generation_ == e.generation && !c.id.empty()) {
+      if (live(e)) {
         remove_slot(e.slot);
         ++removed;
       }
@@ -277,6 +276,11 @@ class basic_lease_store {
 
   /// Number of clients.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  /// Entries in the expiry order, stale ones included: at most 2 `size()` + 64.
+  [[nodiscard]] std::size_t expiry_entries() const noexcept {
+    return in_order_.size() + out_of_order_.size();
+  }
 
   /// Sum of the capacity of every lease held (never negative: rounding in the running sum is
   /// clamped, since a negative `outstanding` would be refused by a parent).
@@ -367,12 +371,31 @@ class basic_lease_store {
   // Leases of one resource mostly expire in the order they were granted (same lease length),
   // so a FIFO holds them; the rare earlier expiry (a capped lease, a config change) goes to a
   // heap. Both are ordered, so expire() pops only what has expired.
+  // A refresh leaves its client's previous entry stale; once stale entries could outnumber
+  // live ones, they are dropped (O(entries), after at least size() + 64 pushes: O(1) amortized),
+  // so the queue holds at most 2 size() + 64 entries however often clients refresh.
   void push_expiry(const expiry_entry& e) {
+    if (expiry_entries() >= 2 * size_ + 64) drop_stale_expiries();
     if (in_order_.empty() || in_order_.back().expiry <= e.expiry) {
       in_order_.push_back(e);
     } else {
       out_of_order_.push(e);
     }
+  }
+
+  [[nodiscard]] bool live(const expiry_entry& e) const noexcept {
+    const client& c = clients_[e.slot];
+    return c.generation_ == e.generation && !c.id.empty();
+  }
+
+  void drop_stale_expiries() {
+    std::erase_if(in_order_, [this](const expiry_entry& e) { return !live(e); });
+    std::vector<expiry_entry> rest;
+    rest.reserve(out_of_order_.size());
+    for (; !out_of_order_.empty(); out_of_order_.pop()) {
+      if (live(out_of_order_.top())) rest.push_back(out_of_order_.top());
+    }
+    out_of_order_ = decltype(out_of_order_)(later{}, std::move(rest));
   }
 
   static double excess_of(const client& c) noexcept {

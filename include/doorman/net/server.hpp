@@ -114,8 +114,11 @@ inline std::string error_line(rpc_code code, std::string message) {
 /// The server: an accept loop and one session per connection.
 class server {
  public:
-  /// Called for every non-empty line with who sent it; returns the answer line (no newline)
-  /// or nothing.
+  /// Called for every non-empty line with who sent it: appends the answer line (no newline)
+  /// to `out` and returns true, or returns false (no answer). Used as is, the answer goes
+  /// straight into the connection's output buffer.
+  using output_handler = std::function<bool(std::string_view, const peer_info&, std::string& out)>;
+  /// Returns the answer line (no newline) or nothing.
   using handler_type =
       std::function<std::optional<std::string>(std::string_view, const peer_info&)>;
   /// A handler that does not look at the peer.
@@ -123,7 +126,7 @@ class server {
   /// Receives one log line per notable event.
   using log_type = std::function<void(std::string_view)>;
 
-  server(asio::any_io_executor executor, server_options options, handler_type handler,
+  server(asio::any_io_executor executor, server_options options, output_handler handler,
          log_type log = {})
       : executor_(std::move(executor)),
         options_(options),
@@ -132,6 +135,17 @@ class server {
         acceptor_(executor_),
         retry_(executor_),
         stop_timer_(executor_) {}
+
+  server(asio::any_io_executor executor, server_options options, handler_type handler,
+         log_type log = {})
+      : server(std::move(executor), options,
+               output_handler([h = std::move(handler)](std::string_view line, const peer_info& peer,
+                                                       std::string& out) {
+                 auto reply = h(line, peer);
+                 if (reply) out += *reply;
+                 return reply.has_value();
+               }),
+               std::move(log)) {}
 
   server(asio::any_io_executor executor, server_options options, line_handler handler,
          log_type log = {})
@@ -213,7 +227,7 @@ class server {
 
   asio::any_io_executor executor_;
   server_options options_;
-  handler_type handler_;
+  output_handler handler_;
   log_type log_;
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_;
@@ -284,8 +298,7 @@ class server::session : public std::enable_shared_from_this<server::session> {
   void answer(std::string_view line) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) return;
-    if (auto reply = owner_.handler_(line, peer_)) {
-      out_ += *reply;
+    if (owner_.handler_(line, peer_, out_)) {
       out_ += '\n';
       ++queued_;
     }

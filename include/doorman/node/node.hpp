@@ -295,8 +295,8 @@ class basic_node {
                 }),
         server_(
             strand_, options_.server,
-            [this](std::string_view line, const net::peer_info& peer) {
-              return on_line(line, peer);
+            [this](std::string_view line, const net::peer_info& peer, std::string& out) {
+              return on_line(line, peer, out);
             },
             options_.log),
         tls_(options_.tls.active()
@@ -425,15 +425,15 @@ class basic_node {
                      : std::string("became master; learning mode is off"));
   }
 
-  std::optional<std::string> on_line(std::string_view line, const net::peer_info& peer) {
+  bool on_line(std::string_view line, const net::peer_info& peer, std::string& out) {
     const auto start = clock::now();
     dispatch_record record;
-    std::optional<std::string> reply;
+    bool reply = false;
     if (guarded()) {
       access_guard guard(access_, {peer.identity, peer.connection});
-      reply = handle_line(engine_, line, start, identity_, &record, &guard);
+      reply = handle_line_to(out, engine_, line, start, identity_, &record, &guard);
     } else {
-      reply = handle_line(engine_, line, start, identity_, &record);
+      reply = handle_line_to(out, engine_, line, start, identity_, &record);
     }
     metrics_.observe(record, std::chrono::duration<double>(clock::now() - start).count());
     // A client asked for a resource the node had no state for, or gave back capacity the

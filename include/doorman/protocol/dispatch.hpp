@@ -18,6 +18,7 @@
 
 #include "doorman/core/engine.hpp"
 #include "doorman/protocol/codec.hpp"
+#include "doorman/protocol/hot_path.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman {
@@ -107,64 +108,185 @@ nlohmann::json call_engine(const rpc_request& req, call_guard* guard, Call&& cal
   return make_result(req.id, nlohmann::json(result.value()));
 }
 
+// The id of a plain envelope as a JSON value (for an error answer).
+inline nlohmann::json id_value(std::string_view written) {
+  return written.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(written);
+}
+
+// Guard, engine, answer: the hot path once its request is read. False for a notification.
+template <class Request, class Call>
+bool hot_call(std::string& out, const plain_envelope& env, const Request& request,
+              dispatch_record& rec, call_guard* guard, Call&& call) {
+  std::optional<nlohmann::json> failure;
+  if (guard) {
+    if (auto why = guard->allow(request)) {
+      failure = make_error(id_value(env.id), rpc_code::forbidden, "forbidden: " + *why);
+    }
+  }
+  if (!failure) {
+    auto result = call(request);
+    if (result) {
+      if (env.id.empty()) return false;
+      write_capacity_answer(out, env.id, result.value());
+      return true;
+    }
+    failure =
+        make_error(id_value(env.id), rpc_code::invalid_params, "params." + result.error().message);
+  }
+  rec.error = error_of(*failure);
+  if (env.id.empty()) return false;
+  out += to_line(*failure);
+  return true;
+}
+
+// What the hot path did with a line.
+enum class hot_outcome { not_taken, answered, silent };
+
+// A hot request read in the plain form (doorman/protocol/hot_path.hpp): its envelope, its
+// method and, for that method, its params.
+struct hot_request {
+  plain_envelope envelope;
+  rpc_method method = rpc_method::other;
+  capacity_request client;
+  server_capacity_request server;
+};
+
+// Reads `line` into `out`; false when it is not a hot request in the plain form.
+inline bool read_hot_request(std::string_view line, hot_request& out) {
+  wire_reader in(line);
+  return read_envelope(in, out.envelope, [&](std::string_view name) {
+    if (name == "get_capacity") {
+      out.method = rpc_method::get_capacity;
+      return read_params(in, out.client);
+    }
+    if (name == "get_server_capacity") {
+      out.method = rpc_method::get_server_capacity;
+      return read_params(in, out.server);
+    }
+    return false;
+  });
+}
+
+// `get_capacity` and `get_server_capacity` in the plain form; anything else is not taken, and
+// nothing was changed.
+template <class Engine>
+hot_outcome try_hot_path(std::string& out, Engine& eng, std::string_view line,
+                         typename Engine::time_point now, dispatch_record& rec, call_guard* guard) {
+  hot_request req;
+  const bool plain = read_hot_request(line, req);
+  if (!plain) return hot_outcome::not_taken;
+  rec.method = req.method;
+  const plain_envelope& env = req.envelope;
+  bool answered = false;
+  if (req.method == rpc_method::get_capacity) {
+    answered = hot_call(out, env, req.client, rec, guard,
+                        [&](const capacity_request& r) { return eng.get_capacity(r, now); });
+  } else {
+    answered = hot_call(out, env, req.server, rec, guard, [&](const server_capacity_request& r) {
+      return eng.get_server_capacity(r, now);
+    });
+  }
+  return answered ? hot_outcome::answered : hot_outcome::silent;
+}
+
+// The DOM path: any line, the reference for every answer.
+template <class Engine>
+std::optional<nlohmann::json> dom_path(Engine& eng, std::string_view line,
+                                       typename Engine::time_point now,
+                                       const node_identity& identity, dispatch_record& rec,
+                                       call_guard* guard) {
+  auto parsed = parse_request(line);
+  if (auto* failure = std::get_if<rpc_failure>(&parsed)) {
+    rec.error = error_of(failure->response);
+    if (!failure->send) return std::nullopt;
+    return std::move(failure->response);
+  }
+  const rpc_request& req = std::get<rpc_request>(parsed);
+  rec.method = method_of(req.method);
+  nlohmann::json response;
+  if (req.method == "get_capacity") {
+    response = call_engine<capacity_request>(
+        req, guard, [&](const capacity_request& r) { return eng.get_capacity(r, now); });
+  } else if (req.method == "get_server_capacity") {
+    response = call_engine<server_capacity_request>(
+        req, guard,
+        [&](const server_capacity_request& r) { return eng.get_server_capacity(r, now); });
+  } else if (req.method == "release_capacity") {
+    response = call_engine<release_request>(
+        req, guard, [&](const release_request& r) { return eng.release_capacity(r, now); });
+  } else if (req.method == "discovery") {
+    response = make_result(req.id, nlohmann::json(eng.discovery()));
+  } else if (req.method == "status") {
+    response = call_engine<status_params>(
+        req, guard, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
+    if (auto result = response.find("result"); result != response.end()) {
+      (*result)["id"] = identity.id;
+      (*result)["role"] = identity.role;
+      (*result)["level"] = identity.level;
+      (*result)["parent"] = identity.parent ? nlohmann::json(*identity.parent) : nullptr;
+      (*result)["master"] = (*result)["mastership"]["master"];
+    }
+  } else {
+    response = make_error(req.id, rpc_code::method_not_found, "method not found: " + req.method);
+  }
+  rec.error = error_of(response);
+  if (req.notification) return std::nullopt;
+  return response;
+}
+
+// `handle_line_to`, with the hot path or (`hot` false, for tests) only the DOM path.
+template <class Engine>
+bool dispatch(std::string& out, Engine& eng, std::string_view line, typename Engine::time_point now,
+              const node_identity& identity, dispatch_record* record, call_guard* guard, bool hot) {
+  dispatch_record ignored;
+  dispatch_record& rec = record ? *record : ignored;
+  rec = {};
+  const std::size_t before = out.size();
+  try {
+    if (hot) {
+      const auto taken = try_hot_path(out, eng, line, now, rec, guard);
+      if (taken != hot_outcome::not_taken) return taken == hot_outcome::answered;
+    }
+    auto response = dom_path(eng, line, now, identity, rec, guard);
+    if (!response) return false;
+    out += to_line(*response);
+    return true;
+  } catch (const std::exception& e) {
+    out.resize(before);
+    rec.error = rpc_code::server_error;
+    out += to_line(
+        make_error(nullptr, rpc_code::server_error, std::string("server error: ") + e.what()));
+    return true;
+  }
+}
+
 }  // namespace detail
 
-/// Handles one request line. Returns the response line (no newline), or nothing for a
-/// notification. Never throws: a failure inside the node becomes a `server_error` answer.
-/// Invalid input changes no state. `record`, when given, receives the method and outcome;
-/// `guard`, when given, may refuse a call (see `call_guard`).
+/// Handles one request line, appending the answer (without a newline) to `out`. Returns
+/// whether it answered (not for a notification). Never throws: a failure inside the node
+/// becomes a `server_error` answer. Invalid input changes no state. `record`, when given,
+/// receives the method and outcome; `guard`, when given, may refuse a call (see `call_guard`).
+///
+/// `get_capacity` and `get_server_capacity` in their plain form (doorman/protocol/hot_path.hpp)
+/// are read and answered without a JSON DOM; every other line takes the DOM path, and both
+/// write the same bytes.
+template <class Engine>
+bool handle_line_to(std::string& out, Engine& eng, std::string_view line,
+                    typename Engine::time_point now, const node_identity& identity = {},
+                    dispatch_record* record = nullptr, call_guard* guard = nullptr) {
+  return detail::dispatch(out, eng, line, now, identity, record, guard, true);
+}
+
+/// `handle_line_to`, returning the answer line (no newline), or nothing for a notification.
 template <class Engine>
 [[nodiscard]] std::optional<std::string> handle_line(Engine& eng, std::string_view line,
                                                      typename Engine::time_point now,
                                                      const node_identity& identity = {},
                                                      dispatch_record* record = nullptr,
                                                      call_guard* guard = nullptr) {
-  dispatch_record ignored;
-  dispatch_record& rec = record ? *record : ignored;
-  rec = {};
-  try {
-    auto parsed = parse_request(line);
-    if (auto* failure = std::get_if<rpc_failure>(&parsed)) {
-      rec.error = detail::error_of(failure->response);
-      if (!failure->send) return std::nullopt;
-      return to_line(failure->response);
-    }
-    const rpc_request& req = std::get<rpc_request>(parsed);
-    rec.method = detail::method_of(req.method);
-    nlohmann::json response;
-    if (req.method == "get_capacity") {
-      response = detail::call_engine<capacity_request>(
-          req, guard, [&](const capacity_request& r) { return eng.get_capacity(r, now); });
-    } else if (req.method == "get_server_capacity") {
-      response = detail::call_engine<server_capacity_request>(
-          req, guard,
-          [&](const server_capacity_request& r) { return eng.get_server_capacity(r, now); });
-    } else if (req.method == "release_capacity") {
-      response = detail::call_engine<release_request>(
-          req, guard, [&](const release_request& r) { return eng.release_capacity(r, now); });
-    } else if (req.method == "discovery") {
-      response = make_result(req.id, nlohmann::json(eng.discovery()));
-    } else if (req.method == "status") {
-      response = detail::call_engine<status_params>(
-          req, guard, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
-      if (auto result = response.find("result"); result != response.end()) {
-        (*result)["id"] = identity.id;
-        (*result)["role"] = identity.role;
-        (*result)["level"] = identity.level;
-        (*result)["parent"] = identity.parent ? nlohmann::json(*identity.parent) : nullptr;
-        (*result)["master"] = (*result)["mastership"]["master"];
-      }
-    } else {
-      response = make_error(req.id, rpc_code::method_not_found, "method not found: " + req.method);
-    }
-    rec.error = detail::error_of(response);
-    if (req.notification) return std::nullopt;
-    return to_line(response);
-  } catch (const std::exception& e) {
-    rec.error = rpc_code::server_error;
-    return to_line(
-        make_error(nullptr, rpc_code::server_error, std::string("server error: ") + e.what()));
-  }
+  std::string out;
+  if (!handle_line_to(out, eng, line, now, identity, record, guard)) return std::nullopt;
+  return out;
 }
 
 }  // namespace doorman
