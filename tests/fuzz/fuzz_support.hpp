@@ -59,7 +59,7 @@ inline void check_engine(engine_type& eng, clock_type::time_point now,
     double magnitude = 0;
     store.for_each([&](const auto& c) {
       DOORMAN_FUZZ_CHECK(c.lease.capacity >= 0 && c.lease.capacity <= max_q, rid);
-      DOORMAN_FUZZ_CHECK(c.outstanding >= 0 && c.outstanding <= max_q, rid);
+      DOORMAN_FUZZ_CHECK(c.outstanding() >= 0 && c.outstanding() <= max_q, rid);
       DOORMAN_FUZZ_CHECK(std::isfinite(c.wants()), rid);
       magnitude += c.lease.capacity;
       if (!c.lease.expired(now)) leased += c.lease.capacity;

@@ -465,7 +465,7 @@ class basic_engine {
         d.r.store.set_relearn(c, c.lease.capacity,
                               d.now + as_duration(d.r.tmpl.algorithm.learning_mode_duration));
       }
-      if (d.now < c.relearn_until) out = std::max(out, c.relearn_floor);
+      if (d.now < c.relearn_until()) out = std::max(out, c.relearn_floor());
     }
     d.r.store.set_server_info(c, out);
     return {c, created};
@@ -620,7 +620,7 @@ class basic_engine {
   [[nodiscard]] static bool relearning(const typename store_type::client& c,
                                        const std::optional<lease_info>& has,
                                        time_point now) noexcept {
-    return now < c.relearn_until || starts_relearning(c, has, now);
+    return now < c.relearn_until() || starts_relearning(c, has, now);
   }
 
   // The leases of `r` in client id order from `req.offset`, at most `req.limit`: O(leases) to
@@ -645,7 +645,7 @@ class basic_engine {
     for (auto i = first; i != last; ++i) {
       const holder& c = **i;
       out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
-                            c.is_server, c.outstanding, c.bands.to_vector()});
+                            c.is_server, c.outstanding(), c.bands.to_vector()});
     }
   }
 

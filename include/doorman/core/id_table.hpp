@@ -23,7 +23,7 @@ class id_table {
   template <class IdAt>
   [[nodiscard]] std::uint32_t find(std::string_view id, IdAt&& id_at) const noexcept {
     if (cells_.empty()) return npos;
-    const std::uint64_t h = hash(id);
+    const std::uint32_t h = hash(id);
     for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
       const cell& c = cells_[i];
       if (c.slot == npos) return npos;
@@ -41,7 +41,7 @@ class id_table {
   /// Removes `id`, which must be present.
   template <class IdAt>
   void erase(std::string_view id, IdAt&& id_at) noexcept {
-    const std::uint64_t h = hash(id);
+    const std::uint32_t h = hash(id);
     std::size_t i = h & mask_;
     while (!(cells_[i].hash == h && id_at(cells_[i].slot) == id))
       i = (i + 1) & mask_;
@@ -61,18 +61,20 @@ class id_table {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
  private:
+  // 8 bytes: the low 32 bits of the hash place a cell (slots are 32-bit, so a table never
+  // needs more) and spare most id comparisons.
   struct cell {
-    std::uint64_t hash = 0;
+    std::uint32_t hash = 0;
     std::uint32_t slot = npos;
   };
 
-  static std::uint64_t hash(std::string_view id) noexcept {
+  static std::uint32_t hash(std::string_view id) noexcept {
     // std::hash of a string_view, mixed so that linear probing sees well-spread low bits.
     std::uint64_t h = std::hash<std::string_view>{}(id);
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;
-    return h;
+    return static_cast<std::uint32_t>(h);
   }
 
   void place(const cell& c) noexcept {

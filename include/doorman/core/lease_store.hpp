@@ -13,6 +13,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <queue>
 #include <span>
 #include <string>
@@ -38,7 +39,8 @@ struct band_demand {
 namespace detail {
 
 /// A client's demand bands with their index positions. Almost every client has one band, so
-/// the first lives inline: a refresh touches no memory beyond the client record.
+/// the first lives inline: a refresh touches no memory beyond the client record, and the others
+/// cost a pointer until there are any.
 class band_list {
  public:
   struct slot {
@@ -74,19 +76,20 @@ class band_list {
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   [[nodiscard]] iterator begin() const { return {this, 0}; }
   [[nodiscard]] iterator end() const { return {this, size_}; }
-  [[nodiscard]] const slot& at(std::size_t i) const { return i == 0 ? first_ : rest_[i - 1]; }
-  [[nodiscard]] slot& at(std::size_t i) { return i == 0 ? first_ : rest_[i - 1]; }
+  [[nodiscard]] const slot& at(std::size_t i) const { return i == 0 ? first_ : (*rest_)[i - 1]; }
+  [[nodiscard]] slot& at(std::size_t i) { return i == 0 ? first_ : (*rest_)[i - 1]; }
 
   void push_back(const slot& s) {
     if (size_ == 0) {
       first_ = s;
     } else {
-      rest_.push_back(s);
+      if (!rest_) rest_ = std::make_unique<std::vector<slot>>();
+      rest_->push_back(s);
     }
     ++size_;
   }
   void clear() noexcept {
-    rest_.clear();
+    rest_.reset();
     size_ = 0;
   }
   /// A plain copy of the demands (for status pages).
@@ -94,9 +97,8 @@ class band_list {
 
  private:
   slot first_{};
-  std::vector<slot> rest_;
-  std::size_t size_ = 0;
-  std::size_t servers_ = 0;
+  std::unique_ptr<std::vector<slot>> rest_;  // the bands after the first, when there are any
+  std::uint32_t size_ = 0;
 };
 
 }  // namespace detail
@@ -114,18 +116,26 @@ class basic_lease_store {
   using time_point = TimePoint;
   using lease_type = basic_lease<TimePoint>;
 
-  /// What the store knows of one client.
+  /// What the store knows of one client: about 140 bytes (plus its id beyond 15 bytes, its
+  /// index entry, its hash cell and its expiry entry), the fields only a server child needs
+  /// kept apart.
   struct client {
     std::string id;
     lease_type lease;            ///< what the client has (capacity 0 until assigned)
     time_point last_decision{};  ///< when the algorithm last ran for this client
-    double outstanding = 0;      ///< a server child's own grants, as it reported them
+    detail::band_list bands;     ///< its demand, one entry per priority
+    bool is_server = false;      ///< asked through get_server_capacity
+
+    /// A server child's own grants, as it reported them.
+    [[nodiscard]] double outstanding() const noexcept { return server_ ? server_->outstanding : 0; }
     /// A server child that came back without its lease (a new master, learning) may still
     /// have its predecessor's grants out beneath it: they count as outstanding until then.
-    double relearn_floor = 0;
-    time_point relearn_until{};
-    bool is_server = false;   ///< asked through get_server_capacity
-    detail::band_list bands;  ///< its demand, one entry per priority
+    [[nodiscard]] double relearn_floor() const noexcept {
+      return server_ ? server_->relearn_floor : 0;
+    }
+    [[nodiscard]] time_point relearn_until() const noexcept {
+      return server_ ? server_->relearn_until : time_point{};
+    }
 
     /// Sum of wants over the bands.
     [[nodiscard]] double wants() const noexcept {
@@ -144,8 +154,17 @@ class basic_lease_store {
 
    private:
     friend class basic_lease_store;
+    struct server_part {
+      double outstanding = 0;
+      double relearn_floor = 0;
+      time_point relearn_until{};
+    };
+    server_part& server() {
+      if (!server_) server_ = std::make_unique<server_part>();
+      return *server_;
+    }
+    std::unique_ptr<server_part> server_;  // only for a server child
     std::uint32_t slot_ = 0;
-    std::uint32_t generation_ = 0;
   };
 
   basic_lease_store() = default;
@@ -181,6 +200,7 @@ class basic_lease_store {
       } else {
         slot = static_cast<std::uint32_t>(clients_.size());
         clients_.emplace_back();
+        generations_.push_back(0);
       }
       clients_[slot].id.assign(id);
       slots_.insert(id, slot);
@@ -219,15 +239,14 @@ class basic_lease_store {
     c.lease = l;
     sum_held_.add(held(c));
     c.last_decision = now;
-    ++c.generation_;
-    push_expiry({l.expiry, c.slot_, c.generation_});
+    push_expiry({l.expiry, c.slot_, ++generations_[c.slot_]});
   }
 
   /// A server child `who` lost its state: what it held counts as outstanding until `until`.
   void set_relearn(const client& who, double floor, time_point until) {
     client& c = clients_[who.slot_];
-    c.relearn_floor = floor;
-    c.relearn_until = until;
+    c.server().relearn_floor = floor;
+    c.server().relearn_until = until;
   }
 
   /// Records what server child `who` reports as granted to its own clients.
@@ -236,7 +255,7 @@ class basic_lease_store {
     if (!c.is_server) ++servers_;
     c.is_server = true;
     sum_held_.add(-held(c));
-    c.outstanding = outstanding;
+    c.server().outstanding = outstanding;
     sum_held_.add(held(c));
   }
 
@@ -384,8 +403,7 @@ class basic_lease_store {
   }
 
   [[nodiscard]] bool live(const expiry_entry& e) const noexcept {
-    const client& c = clients_[e.slot];
-    return c.generation_ == e.generation && !c.id.empty();
+    return generations_[e.slot] == e.generation;
   }
 
   void drop_stale_expiries() {
@@ -399,7 +417,7 @@ class basic_lease_store {
   }
 
   static double excess_of(const client& c) noexcept {
-    return c.is_server ? std::max(0.0, c.outstanding - c.lease.capacity) : 0.0;
+    return c.is_server ? std::max(0.0, c.outstanding() - c.lease.capacity) : 0.0;
   }
 
   share_index& index_for(std::int64_t priority) { return bands_[priority]; }
@@ -425,9 +443,8 @@ class basic_lease_store {
     if (c.is_server) --servers_;
     remove_bands(c);
     slots_.erase(c.id, [this](std::uint32_t s) -> std::string_view { return clients_[s].id; });
-    const auto generation = c.generation_ + 1;  // invalidates queued expiry entries
+    ++generations_[slot];  // invalidates queued expiry entries
     c = client{};
-    c.generation_ = generation;
     free_slots_.push_back(slot);
     if (--size_ == 0) {
       sum_has_.reset();
@@ -436,6 +453,9 @@ class basic_lease_store {
   }
 
   std::deque<client> clients_;  // a deque: references stay valid as it grows
+  // Per slot, the generation of its current lease: an expiry entry of another generation is
+  // stale. Apart from the records, so that dropping stale entries reads 4 bytes per entry.
+  std::vector<std::uint32_t> generations_;
   std::vector<std::uint32_t> free_slots_;
   detail::id_table slots_;
   std::map<std::int64_t, share_index, std::greater<>> bands_;  // highest priority first
