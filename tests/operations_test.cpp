@@ -136,20 +136,23 @@ TEST_CASE("metrics: label values are escaped, histograms are cumulative", "[admi
   doorman::dispatch_record ok{doorman::rpc_method::get_capacity, std::nullopt};
   m.observe(ok, 30e-6);
   m.observe(ok, 2e-3);
+  m.observe(ok, 3e-6);  // a hot-path decision takes a few microseconds
   m.observe({doorman::rpc_method::other, doorman::rpc_code::parse_error}, 1.0);
   const auto text = doorman::render_metrics(s, m);
   CHECK_THAT(text, Catch::Contains(R"(id="a\"b\\c\nd")"));
   CHECK_THAT(text, Catch::Contains(R"(doorman_resource_capacity{resource="quote\"d"} 12.5)"));
   CHECK_THAT(text,
-             Catch::Contains(R"(doorman_requests_total{method="get_capacity",outcome="ok"} 2)"));
+             Catch::Contains(R"(doorman_requests_total{method="get_capacity",outcome="ok"} 3)"));
   CHECK_THAT(text,
              Catch::Contains(R"(doorman_requests_total{method="other",outcome="parse_error"} 1)"));
   CHECK_THAT(text,
              Catch::Contains(
-                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-05"} 1)"));
+                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-05"} 2)"));
+  CHECK_THAT(text, Catch::Contains(R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="2.5e-06"} 0)"));
+  CHECK_THAT(text, Catch::Contains(R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-06"} 1)"));
   CHECK_THAT(
       text, Catch::Contains(
-                R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="0.0025"} 2)"));
+                R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="0.0025"} 3)"));
   CHECK_THAT(text, Catch::Contains(
                        R"(doorman_request_duration_seconds_bucket{method="other",le="0.1"} 0)"));
   CHECK_THAT(text, Catch::Contains(
