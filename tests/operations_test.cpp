@@ -148,8 +148,13 @@ TEST_CASE("metrics: label values are escaped, histograms are cumulative", "[admi
   CHECK_THAT(text,
              Catch::Contains(
                  R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-05"} 2)"));
-  CHECK_THAT(text, Catch::Contains(R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="2.5e-06"} 0)"));
-  CHECK_THAT(text, Catch::Contains(R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-06"} 1)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="2.5e-06"} 0)"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-06"} 1)"));
   CHECK_THAT(
       text, Catch::Contains(
                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="0.0025"} 3)"));

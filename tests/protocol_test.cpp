@@ -573,3 +573,54 @@ TEST_CASE("numbers are written as nlohmann/json writes them", "[protocol][hot]")
   doorman::detail::write_number(out, std::nan(""));
   CHECK(out == json(std::nan("")).dump());
 }
+
+TEST_CASE("a batch of lines is answered as each line alone would be", "[protocol][hot]") {
+  node batched;
+  node reference;  // line by line, through the DOM path only
+  line_maker maker(GENERATE(4u, 5u));
+  std::mt19937_64 rng(9);
+  std::size_t answers = 0;
+  for (int round = 0; round < 150; ++round) {
+    // Batches of 1 to 40 lines: across the 16 read and prefetched together, and within them.
+    std::vector<std::string> text(std::uniform_int_distribution<std::size_t>(1, 40)(rng));
+    for (auto& line : text)
+      line = maker.next();
+    const std::vector<std::string_view> lines(text.begin(), text.end());
+    std::string got;
+    std::vector<doorman::dispatch_record> records;
+    const std::size_t n =
+        doorman::handle_lines_to(got, batched.engine, lines, batched.clock.now(), batched.identity,
+                                 nullptr, [&](std::size_t i, const doorman::dispatch_record& r) {
+                                   CHECK(i == records.size());  // in order, once each
+                                   records.push_back(r);
+                                 });
+    std::string expected;
+    std::size_t expected_n = 0;
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      doorman::dispatch_record r;
+      if (doorman::detail::dispatch(expected, reference.engine, lines[i], reference.clock.now(),
+                                    reference.identity, &r, nullptr, false)) {
+        expected += '\n';
+        ++expected_n;
+      }
+      REQUIRE(i < records.size());
+      CHECK(records[i].method == r.method);
+      CHECK(records[i].error == r.error);
+    }
+    REQUIRE(records.size() == lines.size());
+    REQUIRE(n == expected_n);
+    REQUIRE(got == expected);
+    answers += n;
+    batched.clock.advance(1s);
+    reference.clock.advance(1s);
+  }
+  CHECK(answers > 2000);
+  for (const char* id : {"c1", "c2", "db", "cache"}) {
+    const std::string status =
+        R"({"jsonrpc":"2.0","id":9,"method":"status","params":{"resource_id":")" + std::string(id) +
+        "\"}}";
+    CHECK(
+        *doorman::handle_line(batched.engine, status, batched.clock.now(), batched.identity) ==
+        *doorman::handle_line(reference.engine, status, reference.clock.now(), reference.identity));
+  }
+}

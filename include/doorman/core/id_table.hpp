@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "doorman/core/prefetch.hpp"
+
 namespace doorman::detail {
 
 /// Maps string ids to 32-bit slots with open addressing (linear probing, backward-shift
@@ -28,6 +30,22 @@ class id_table {
       const cell& c = cells_[i];
       if (c.slot == npos) return npos;
       if (c.hash == h && id_at(c.slot) == id) return c.slot;
+    }
+  }
+
+  /// Brings the cell where a lookup of `id` starts into cache (a hint; changes nothing).
+  void prefetch(std::string_view id) const noexcept {
+    if (!cells_.empty()) detail::prefetch(&cells_[hash(id) & mask_]);
+  }
+
+  /// The slot of the first cell whose hash matches `id`'s, or npos: `find` without comparing
+  /// ids (so without reading the caller's records), for prefetching the record it will read.
+  [[nodiscard]] std::uint32_t likely_slot(std::string_view id) const noexcept {
+    if (cells_.empty()) return npos;
+    const std::uint32_t h = hash(id);
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const cell& c = cells_[i];
+      if (c.slot == npos || c.hash == h) return c.slot;
     }
   }
 

@@ -12,6 +12,8 @@
 #include <limits>
 #include <vector>
 
+#include "doorman/core/prefetch.hpp"
+
 namespace doorman {
 
 /// Sums over a set of demands.
@@ -273,16 +275,7 @@ class share_index {
     return depth;
   }
 
-  static void prefetch(const void* p, std::size_t bytes) noexcept {
-#if defined(__GNUC__)
-    const char* c = static_cast<const char*>(p);
-    for (std::size_t off = 0; off < bytes; off += 64)
-      __builtin_prefetch(c + off);
-#else
-    (void)p;
-    (void)bytes;
-#endif
-  }
+  static void prefetch(const void* p, std::size_t bytes) noexcept { detail::prefetch(p, bytes); }
 
   // Exact sums of a node at `level` (1: leaf), from its own contents.
   [[nodiscard]] demand_sums sums_of(std::uint32_t node, std::uint32_t level) const noexcept {

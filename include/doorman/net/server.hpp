@@ -22,10 +22,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <asio.hpp>
@@ -114,9 +116,14 @@ inline std::string error_line(rpc_code code, std::string message) {
 /// The server: an accept loop and one session per connection.
 class server {
  public:
-  /// Called for every non-empty line with who sent it: appends the answer line (no newline)
-  /// to `out` and returns true, or returns false (no answer). Used as is, the answer goes
-  /// straight into the connection's output buffer.
+  /// Called with the non-blank lines of one read (without their line ends), in order, and who
+  /// sent them: appends an answer line and its newline to `out` for each line it answers, and
+  /// returns how many it appended. Used as is, the answers go straight into the connection's
+  /// output buffer, and a handler may work on several requests at once.
+  using batch_handler = std::function<std::size_t(std::span<const std::string_view>,
+                                                  const peer_info&, std::string& out)>;
+  /// Called for every non-blank line: appends the answer line (no newline) to `out` and returns
+  /// true, or returns false (no answer).
   using output_handler = std::function<bool(std::string_view, const peer_info&, std::string& out)>;
   /// Returns the answer line (no newline) or nothing.
   using handler_type =
@@ -126,7 +133,7 @@ class server {
   /// Receives one log line per notable event.
   using log_type = std::function<void(std::string_view)>;
 
-  server(asio::any_io_executor executor, server_options options, output_handler handler,
+  server(asio::any_io_executor executor, server_options options, batch_handler handler,
          log_type log = {})
       : executor_(std::move(executor)),
         options_(options),
@@ -135,6 +142,21 @@ class server {
         acceptor_(executor_),
         retry_(executor_),
         stop_timer_(executor_) {}
+
+  server(asio::any_io_executor executor, server_options options, output_handler handler,
+         log_type log = {})
+      : server(std::move(executor), options,
+               batch_handler([h = std::move(handler)](std::span<const std::string_view> lines,
+                                                      const peer_info& peer, std::string& out) {
+                 std::size_t answers = 0;
+                 for (const auto line : lines) {
+                   if (!h(line, peer, out)) continue;
+                   out += '\n';
+                   ++answers;
+                 }
+                 return answers;
+               }),
+               std::move(log)) {}
 
   server(asio::any_io_executor executor, server_options options, handler_type handler,
          log_type log = {})
@@ -227,7 +249,7 @@ class server {
 
   asio::any_io_executor executor_;
   server_options options_;
-  output_handler handler_;
+  batch_handler handler_;
   log_type log_;
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_;
@@ -294,14 +316,18 @@ class server::session : public std::enable_shared_from_this<server::session> {
     deadline_ = clock::now() + to_duration<clock::duration>(owner_.options_.idle_timeout.count());
   }
 
-  // Answers a complete line (without its newline).
-  void answer(std::string_view line) {
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) return;
-    if (owner_.handler_(line, peer_, out_)) {
-      out_ += '\n';
-      ++queued_;
+  // Takes up to `room` complete lines into `batch_` (line ends and blank lines dropped);
+  // false when there were none.
+  bool take_lines(line_buffer& in, std::size_t room) {
+    batch_.clear();
+    while (batch_.size() < room) {
+      auto line = in.next_line();
+      if (!line) break;
+      if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+      if (line->find_first_not_of(" \t") == std::string_view::npos) continue;
+      batch_.push_back(*line);
     }
+    return !batch_.empty();
   }
 
   // Queues the error for an over-long line and ends the connection after writing it.
@@ -353,15 +379,17 @@ class server::session : public std::enable_shared_from_this<server::session> {
     line_buffer in(self->owner_.options_.max_message_bytes);
     std::array<char, 16384> chunk;
     while (!self->closed_ && !self->stopping_) {
-      // Answer every complete line already read.
+      // Answer every complete line already read, a batch at a time.
       const std::size_t answered = in.lines();
-      while (const auto line = in.next_line()) {
-        self->answer(*line);
-        if (self->queued_ + self->in_write_ >= self->owner_.options_.max_in_flight) {
+      const std::size_t limit = self->owner_.options_.max_in_flight;
+      for (;;) {
+        const std::size_t used = self->queued_ + self->in_write_;
+        if (!self->take_lines(in, used < limit ? limit - used : 1)) break;
+        self->queued_ += self->owner_.handler_(self->batch_, self->peer_, self->out_);
+        if (self->queued_ + self->in_write_ >= limit) {
           self->flush();
           // Backpressure: read no further until the peer has taken some answers.
-          while (!self->closed_ &&
-                 self->queued_ + self->in_write_ >= self->owner_.options_.max_in_flight) {
+          while (!self->closed_ && self->queued_ + self->in_write_ >= limit) {
             self->drained_.expires_at(clock::time_point::max());
             std::error_code ec;
             co_await self->drained_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -439,9 +467,10 @@ class server::session : public std::enable_shared_from_this<server::session> {
   asio::steady_timer drained_;  // cancelled whenever answers were written
   asio::steady_timer idle_;
   clock::time_point deadline_{};
-  std::string out_;           // answers not yet handed to the socket
-  std::size_t queued_ = 0;    // answers in out_
-  std::size_t in_write_ = 0;  // answers being written
+  std::string out_;                      // answers not yet handed to the socket
+  std::vector<std::string_view> batch_;  // lines handed to the handler together
+  std::size_t queued_ = 0;               // answers in out_
+  std::size_t in_write_ = 0;             // answers being written
   bool writing_ = false;
   bool stopping_ = false;
   bool closed_ = false;

@@ -34,8 +34,8 @@ inline constexpr std::string_view version = "0.2.0";
 /// A cumulative latency histogram with fixed bucket bounds (seconds).
 struct latency_histogram {
   /// From 1 µs (a decision on the hot path takes a few) to 100 ms.
-  static constexpr std::array<double, 16> bounds = {1e-6,   2.5e-6, 5e-6,  10e-6, 25e-6,  50e-6,
-                                                    100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3,
+  static constexpr std::array<double, 16> bounds = {1e-6,   2.5e-6, 5e-6,   10e-6, 25e-6,  50e-6,
+                                                    100e-6, 250e-6, 500e-6, 1e-3,  2.5e-3, 5e-3,
                                                     10e-3,  25e-3,  50e-3,  0.1};
   std::array<std::uint64_t, bounds.size()> buckets{};  ///< observations <= bounds[i] (not summed)
   std::uint64_t count = 0;

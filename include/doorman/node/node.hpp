@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -293,12 +294,11 @@ class basic_node {
                   const auto* store = engine_.store(resource);
                   return store != nullptr && store->find(client) != nullptr;
                 }),
-        server_(
-            strand_, options_.server,
-            [this](std::string_view line, const net::peer_info& peer, std::string& out) {
-              return on_line(line, peer, out);
-            },
-            options_.log),
+        server_(strand_, options_.server,
+                net::server::batch_handler(
+                    [this](std::span<const std::string_view> lines, const net::peer_info& peer,
+                           std::string& out) { return on_lines(lines, peer, out); }),
+                options_.log),
         tls_(options_.tls.active()
                  ? std::make_shared<net::tls_context>(net::tls_side::server, options_.tls)
                  : nullptr),
@@ -425,21 +425,28 @@ class basic_node {
                      : std::string("became master; learning mode is off"));
   }
 
-  bool on_line(std::string_view line, const net::peer_info& peer, std::string& out) {
-    const auto start = clock::now();
-    dispatch_record record;
-    bool reply = false;
+  // The lines of one read: answered together (`handle_lines_to`), each timed from when the one
+  // before it was answered.
+  std::size_t on_lines(std::span<const std::string_view> lines, const net::peer_info& peer,
+                       std::string& out) {
+    auto since = clock::now();
+    const auto done = [&](std::size_t, const dispatch_record& record) {
+      const auto now = clock::now();
+      metrics_.observe(record, std::chrono::duration<double>(now - since).count());
+      since = now;
+    };
+    const auto start = since;
+    std::size_t answers = 0;
     if (guarded()) {
       access_guard guard(access_, {peer.identity, peer.connection});
-      reply = handle_line_to(out, engine_, line, start, identity_, &record, &guard);
+      answers = handle_lines_to(out, engine_, lines, start, identity_, &guard, done);
     } else {
-      reply = handle_line_to(out, engine_, line, start, identity_, &record);
+      answers = handle_lines_to(out, engine_, lines, start, identity_, nullptr, done);
     }
-    metrics_.observe(record, std::chrono::duration<double>(clock::now() - start).count());
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
     if (driver_ && upstream_.next_request(engine_) < driver_->wakes_at()) driver_->reschedule();
-    return reply;
+    return answers;
   }
 
   admin_snapshot base_snapshot(clock::time_point now) const {
