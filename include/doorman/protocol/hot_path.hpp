@@ -197,25 +197,40 @@ inline bool read_optional_integer(wire_reader& in, std::int64_t& out) {
   return in.null() || in.integer(out);
 }
 
-/// `get_capacity` params in the plain form.
-inline bool read_params(wire_reader& in, capacity_request& out) {
+// Params of both capacity calls: `{"<id_key>": "...", "resources": [...]}`, each resource read
+// by `member(resource, key, seen)` (which marks what it read in `seen`) and complete when
+// `seen & required == required`.
+template <class Request, class Member>
+bool read_capacity_params(wire_reader& in, std::string_view id_key, std::string& id, Request& out,
+                          unsigned required, Member&& member) {
   unsigned seen = 0;
   const bool ok = in.object([&](std::string_view key) {
-    if (key == "client_id") return first_time(seen, 1) && in.string(out.client_id);
+    if (key == id_key) return first_time(seen, 1) && in.string(id);
     if (key != "resources" || !first_time(seen, 2)) return false;
     return in.array(request_limits::max_resources, [&] {
-      resource_request& r = out.resources.emplace_back();
+      auto& r = out.resources.emplace_back();
       unsigned got = 0;
-      return in.object([&](std::string_view k) {
-        if (k == "resource_id") return first_time(got, 1) && in.string(r.resource_id);
-        if (k == "wants") return first_time(got, 2) && in.number(r.wants);
-        if (k == "priority") return first_time(got, 4) && read_optional_integer(in, r.priority);
-        if (k == "has") return first_time(got, 8) && read_lease_member(in, r.has);
-        return false;
-      }) && (got & 3) == 3;
+      return in.object([&](std::string_view k) { return member(r, k, got); }) &&
+             (got & required) == required;
     });
   });
   return ok && seen == 3;
+}
+
+/// `get_capacity` params in the plain form.
+inline bool read_params(wire_reader& in, capacity_request& out) {
+  return read_capacity_params(in, "client_id", out.client_id, out, 3,
+                              [&](resource_request& r, std::string_view k, unsigned& got) {
+                                if (k == "resource_id")
+                                  return first_time(got, 1) && in.string(r.resource_id);
+                                if (k == "wants") return first_time(got, 2) && in.number(r.wants);
+                                if (k == "priority")
+                                  return first_time(got, 4) &&
+                                         read_optional_integer(in, r.priority);
+                                if (k == "has")
+                                  return first_time(got, 8) && read_lease_member(in, r.has);
+                                return false;
+                              });
 }
 
 inline bool read_band(wire_reader& in, priority_band& b) {
@@ -230,25 +245,18 @@ inline bool read_band(wire_reader& in, priority_band& b) {
 
 /// `get_server_capacity` params in the plain form.
 inline bool read_params(wire_reader& in, server_capacity_request& out) {
-  unsigned seen = 0;
-  const bool ok = in.object([&](std::string_view key) {
-    if (key == "server_id") return first_time(seen, 1) && in.string(out.server_id);
-    if (key != "resources" || !first_time(seen, 2)) return false;
-    return in.array(request_limits::max_resources, [&] {
-      server_resource_request& r = out.resources.emplace_back();
-      unsigned got = 0;
-      return in.object([&](std::string_view k) {
+  return read_capacity_params(
+      in, "server_id", out.server_id, out, 9,
+      [&](server_resource_request& r, std::string_view k, unsigned& got) {
         if (k == "resource_id") return first_time(got, 1) && in.string(r.resource_id);
-        if (k == "outstanding")
+        if (k == "outstanding") {
           return first_time(got, 2) && (in.null() || in.number(r.outstanding));
+        }
         if (k == "has") return first_time(got, 4) && read_lease_member(in, r.has);
         if (k != "wants" || !first_time(got, 8)) return false;
         return in.array(request_limits::max_resources,
                         [&] { return read_band(in, r.wants.emplace_back()); });
-      }) && (got & 9) == 9;
-    });
-  });
-  return ok && seen == 3;
+      });
 }
 
 // ---- writing ---------------------------------------------------------------------------------
