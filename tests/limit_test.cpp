@@ -5,11 +5,14 @@
 #include <doorman/core.hpp>
 #include <doorman/limit.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
 #include <random>
 #include <stop_token>
 #include <string>
@@ -406,4 +409,308 @@ TEST_CASE("demand estimator averages over its window", "[limit]") {
   CHECK(d.estimate() == Approx(200));  // ignored
   d.add(0, 30s);                       // one long sample is kept alone
   CHECK(d.estimate() == Approx(0));
+}
+
+// ---- The window algorithms and the leaky bucket, against exact references ----
+
+namespace {
+
+using fixed_window = doorman::basic_fixed_window_limiter<clock_ref>;
+using sliding_log = doorman::basic_sliding_log_limiter<clock_ref>;
+using sliding_window = doorman::basic_sliding_window_limiter<clock_ref>;
+using leaky = doorman::basic_leaky_bucket<clock_ref>;
+
+constexpr std::int64_t ns_of(manual_clock::time_point t) { return t.time_since_epoch().count(); }
+
+// Admissions (time in ns, permits), oldest first, and exact counts over them.
+struct history {
+  std::vector<std::pair<std::int64_t, int>> admitted;
+  // Permits admitted in (t - w, t].
+  [[nodiscard]] int in_window(std::int64_t t, std::int64_t w) const {
+    int n = 0;
+    for (auto it = admitted.rbegin(); it != admitted.rend() && it->first > t - w; ++it)
+      if (it->first <= t) n += it->second;
+    return n;
+  }
+  // The most permits admitted in any window of length w (windows ending at an admission).
+  [[nodiscard]] int most_in_any(std::int64_t w) const {
+    int most = 0;
+    int sum = 0;
+    std::size_t tail = 0;
+    for (std::size_t i = 0; i < admitted.size(); ++i) {
+      sum += admitted[i].second;
+      while (admitted[tail].first <= admitted[i].first - w)
+        sum -= admitted[tail++].second;
+      most = std::max(most, sum);
+    }
+    return most;
+  }
+};
+
+// Random traffic against `lim` on `clock`: gaps drawn around `mean_gap`, with bursts; each
+// refusal's retry_after is checked sometimes: 1 ns before it, refused; at it, admitted.
+// `on_decision(t, n, admitted)` sees every decision before it is recorded.
+template <class Limiter, class OnDecision>
+history drive(Limiter& lim, manual_clock& clock, std::int64_t mean_gap, int events,
+              unsigned seed, OnDecision on_decision) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(1.0 / static_cast<double>(mean_gap));
+  std::uniform_int_distribution<int> size(1, 3);
+  std::uniform_int_distribution<int> pick(0, 99);
+  history h;
+  auto decide = [&](int n) {
+    const auto r = lim.try_acquire(n);
+    on_decision(ns_of(clock.now()), n, r.admitted);
+    if (r) h.admitted.emplace_back(ns_of(clock.now()), n);
+    return r;
+  };
+  for (int i = 0; i < events; ++i) {
+    const int roll = pick(rng);
+    if (roll >= 10) clock.advance(std::chrono::nanoseconds(static_cast<std::int64_t>(gap(rng))));
+    const int n = roll < 70 ? 1 : size(rng);
+    const auto r = decide(n);
+    if (!r && roll % 7 == 0 && r.retry_after != manual_clock::duration::max()) {
+      if (r.retry_after > 1ns) {
+        clock.advance(r.retry_after - 1ns);
+        INFO("1 ns before retry_after, at " << ns_of(clock.now()));
+        CHECK_FALSE(decide(n));
+        clock.advance(1ns);
+      } else {
+        clock.advance(r.retry_after);
+      }
+      INFO("at retry_after, " << ns_of(clock.now()));
+      CHECK(decide(n));
+    }
+  }
+  return h;
+}
+
+constexpr std::int64_t minute = 60'000'000'000;
+
+}  // namespace
+
+TEST_CASE("fixed window: at most N per aligned window, 2N in any window, exact otherwise",
+          "[limit][algorithms]") {
+  for (const double load : {0.8, 1.2, 3.0}) {
+    manual_clock clock;
+    fixed_window lim({.limit = 100, .window = 60s}, clock_ref{&clock});
+    std::map<std::int64_t, int> per_window;
+    const auto h = drive(lim, clock, static_cast<std::int64_t>(minute / 100 / load), 4000, 7,
+                         [&](std::int64_t t, int n, bool admitted) {
+                           int& count = per_window[t / minute];
+                           // Exactly a fixed window: refused only when the window is full.
+                           CHECK(admitted == (count + n <= 100));
+                           if (admitted) count += n;
+                         });
+    INFO("load " << load);
+    CHECK(h.most_in_any(minute) <= 200);
+    for (const auto& [w, count] : per_window)
+      CHECK(count <= 100);
+    if (load > 1) CHECK(h.most_in_any(minute) > 100);  // the edge lets more through
+  }
+}
+
+TEST_CASE("sliding log: never more than N in any window, and refuses only when it must",
+          "[limit][algorithms]") {
+  for (const double load : {0.8, 1.2, 3.0}) {
+    manual_clock clock;
+    sliding_log lim({.limit = 100, .window = 60s}, clock_ref{&clock});
+    history exact;
+    const auto h = drive(lim, clock, static_cast<std::int64_t>(minute / 100 / load), 4000, 11,
+                         [&](std::int64_t t, int n, bool admitted) {
+                           CHECK(admitted == (exact.in_window(t, minute) + n <= 100));
+                           if (admitted) exact.admitted.emplace_back(t, n);
+                         });
+    INFO("load " << load);
+    CHECK(h.most_in_any(minute) <= 100);
+    CHECK(lim.memory_bytes() <= sizeof(lim) + 100 * 16);
+  }
+  SECTION("a full log merges entries: it refuses early, never admits more") {
+    manual_clock clock;
+    sliding_log lim({.limit = 1000, .window = 60s, .max_log_entries = 16}, clock_ref{&clock});
+    const auto h = drive(lim, clock, minute / 1000, 5000, 13, [](auto...) {});
+    CHECK(h.most_in_any(minute) <= 1000);
+    CHECK(lim.memory_bytes() <= sizeof(lim) + 16 * 16);
+  }
+}
+
+TEST_CASE("sliding window counter: the documented estimate, within one sub-window of exact",
+          "[limit][algorithms]") {
+  for (const unsigned k : {1u, 4u, 12u}) {
+    for (const double load : {0.8, 1.2, 3.0}) {
+      manual_clock clock;
+      sliding_window lim({.limit = 100, .window = 60s, .sub_windows = k}, clock_ref{&clock});
+      const std::int64_t sub = minute / k;
+      std::map<std::int64_t, int> per_sub;
+      const auto h = drive(
+          lim, clock, static_cast<std::int64_t>(minute / 100 / load), 3000, 17 + k,
+          [&](std::int64_t t, int n, bool admitted) {
+            // The reference: the newest k sub-windows plus the oldest one weighted by the
+            // part of it still in the window.
+            const std::int64_t s = t / sub;
+            double estimate = 0;
+            for (std::int64_t j = 0; j < static_cast<std::int64_t>(k); ++j)
+              estimate += per_sub[s - j];
+            const double covered = static_cast<double>(t - s * sub) / static_cast<double>(sub);
+            estimate += per_sub[s - k] * (1.0 - covered);
+            CHECK(admitted == (estimate + n <= 100.0));
+            if (admitted) per_sub[s] += n;
+          });
+      int busiest = 0;
+      for (const auto& [s, count] : per_sub)
+        busiest = std::max(busiest, count);
+      INFO("k " << k << ", load " << load);
+      CHECK(h.most_in_any(minute) <= 100 + busiest);
+      CHECK(lim.memory_bytes() <= sizeof(lim) + (k + 1) * 8);
+    }
+  }
+}
+
+TEST_CASE("leaky bucket: admissions spaced by 1/rate; a bounded queue served in order",
+          "[limit][algorithms]") {
+  manual_clock clock;
+  SECTION("try_acquire") {
+    leaky lim({.rate = 100.0 / 60.0, .queue = 0}, clock_ref{&clock});
+    const auto h = drive(lim, clock, minute / 100, 3000, 23, [](auto...) {});
+    const std::int64_t interval = minute / 100;
+    for (std::size_t i = 1; i < h.admitted.size(); ++i) {
+      CHECK(h.admitted[i].first - h.admitted[i - 1].first >=
+            h.admitted[i - 1].second * interval - 1);
+    }
+    CHECK(h.most_in_any(minute) <= 100 + 3);
+  }
+  SECTION("reservations") {
+    leaky lim({.rate = 10, .queue = 2}, clock_ref{&clock});
+    const auto start = clock.now();
+    CHECK(lim.reserve() == start);
+    CHECK(lim.reserve() == start + 100ms);
+    CHECK(lim.reserve() == start + 200ms);
+    CHECK(lim.reserve() == manual_clock::time_point::max());  // two wait already: full
+    CHECK_FALSE(lim.try_acquire());                           // nobody jumps the queue
+    CHECK(lim.status().remaining == 0);
+    CHECK(lim.cancel_reservation(1, start + 200ms));
+    CHECK(lim.reserve() == start + 200ms);
+    clock.advance(300ms);
+    CHECK(lim.try_acquire());
+    CHECK(lim.refused() == 2);
+  }
+}
+
+TEST_CASE("window limiters and the leaky bucket are exact under concurrent callers",
+          "[limit][algorithms]") {
+  manual_clock clock;  // frozen: exactly the limit is admitted
+  fixed_window fixed({.limit = 1000, .window = 60s}, clock_ref{&clock});
+  sliding_log log({.limit = 1000, .window = 60s}, clock_ref{&clock});
+  sliding_window counter({.limit = 1000, .window = 60s, .sub_windows = 6}, clock_ref{&clock});
+  leaky shaper({.rate = 1, .queue = 0}, clock_ref{&clock});
+  std::atomic<int> admitted[4]{};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 5000; ++i) {
+        admitted[0] += fixed.try_acquire() ? 1 : 0;
+        admitted[1] += log.try_acquire() ? 1 : 0;
+        admitted[2] += counter.try_acquire() ? 1 : 0;
+        admitted[3] += shaper.try_acquire() ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  CHECK(admitted[0] == 1000);
+  CHECK(admitted[1] == 1000);
+  CHECK(admitted[2] == 1000);
+  CHECK(admitted[3] == 1);
+  CHECK(fixed.attempted() == 20000);
+  CHECK(fixed.refused() == 19000);
+}
+
+TEST_CASE("window limiters: limits, rates, status and waits", "[limit][algorithms]") {
+  manual_clock clock;
+  clock.advance(30s);  // halfway through the first minute
+  fixed_window fixed({.limit = 3, .window = 60s}, clock_ref{&clock});
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(fixed.try_acquire());
+  auto r = fixed.try_acquire();
+  CHECK_FALSE(r);
+  CHECK(r.retry_after == 30s);  // the window's end
+  CHECK(fixed.status().limit == 3);
+  CHECK(fixed.status().remaining == 0);
+  CHECK(fixed.status().reset == 30s);
+  CHECK(fixed.try_acquire(4).retry_after == manual_clock::duration::max());  // never fits
+
+  fixed.set_rate(0.1);  // per second: 6 per minute
+  CHECK(fixed.limit() == 6);
+  CHECK(fixed.rate() == Approx(0.1));
+  CHECK(fixed.try_acquire(3));
+  fixed.set_limit(-1);
+  CHECK(fixed.try_acquire(1e6));
+  CHECK(fixed.status().limit == -1);
+  fixed.set_limit(0);
+  CHECK(fixed.try_acquire().retry_after == manual_clock::duration::max());
+
+  sliding_log log({.limit = 2, .window = 10s}, clock_ref{&clock});
+  REQUIRE(log.try_acquire());
+  clock.advance(4s);
+  REQUIRE(log.try_acquire());
+  CHECK(log.try_acquire().retry_after == 6s);  // the oldest leaves at 10 s
+  CHECK(log.status().reset == 10s);            // the newest at 14 s
+
+  SECTION("a blocked window limiter's wait ends on stop, taking nothing") {
+    doorman::basic_sliding_log_limiter<std::chrono::steady_clock> blocked({.limit = 0});
+    CHECK_FALSE(stopped_wait([&](std::stop_token t) { return blocked.wait(1, t); },
+                             [&] { return blocked.delayed() > 0; }));
+    blocked.set_limit(1);
+    CHECK(blocked.try_acquire());
+  }
+  SECTION("a wait is admitted once the window moves on") {
+    doorman::basic_fixed_window_limiter<std::chrono::steady_clock> real(
+        {.limit = 1, .window = 20ms});
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4; ++i)
+      REQUIRE(real.wait());
+    CHECK(std::chrono::steady_clock::now() - start >= 40ms);  // three window edges, at least
+    CHECK_FALSE(real.wait(2));                                // never fits
+  }
+}
+
+TEST_CASE("keyed limiter: a limiter per key, idle keys evicted, a flood of keys bounded",
+          "[limit][algorithms]") {
+  manual_clock clock;
+  doorman::keyed_limiter<fixed_window> per_key({.limit = 2, .window = 60s}, {.max_keys = 64},
+                                               clock_ref{&clock});
+  CHECK(per_key.try_acquire("alice"));
+  CHECK(per_key.try_acquire("alice"));
+  CHECK_FALSE(per_key.try_acquire("alice"));
+  CHECK(per_key.try_acquire("bob"));
+  CHECK(per_key.status("bob").remaining == 1);
+
+  // A flood of fresh keys: memory stays bounded, and alice's limit is not reset.
+  for (int i = 0; i < 10000; ++i)
+    (void)per_key.try_acquire(fmt::format("flood-{}", i));
+  CHECK(per_key.size() <= per_key.max_keys());
+  CHECK(per_key.max_keys() == 64);
+  CHECK(per_key.overflowed() > 0);
+  CHECK_FALSE(per_key.try_acquire("alice"));
+  const auto full = per_key.memory_bytes();
+
+  // A minute on, every key is idle: new keys evict them (and alice starts afresh, losslessly).
+  clock.advance(61s);
+  for (int i = 0; i < 32; ++i)
+    (void)per_key.try_acquire(fmt::format("later-{}", i));
+  CHECK(per_key.evicted() > 0);
+  CHECK(per_key.size() <= per_key.max_keys());
+  CHECK(per_key.memory_bytes() <= full + 64 * 16);
+  CHECK(per_key.try_acquire("alice"));
+
+  SECTION("a key held by a caller is not evicted") {
+    clock.advance(61s);
+    auto held = per_key.get("carol");
+    REQUIRE(per_key.size() <= per_key.max_keys());
+    REQUIRE(held->try_acquire(2));
+    clock.advance(120s);
+    for (int i = 0; i < 10000; ++i)
+      (void)per_key.try_acquire(fmt::format("again-{}", i));
+    CHECK(per_key.get("carol") == held);
+  }
 }

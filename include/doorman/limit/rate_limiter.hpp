@@ -35,6 +35,7 @@
 #include <cmath>
 #include <concepts>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -42,37 +43,15 @@
 #include <thread>
 
 #include "doorman/limit/clock.hpp"
+#include "doorman/limit/limiter_base.hpp"
 
 namespace doorman {
 
-namespace detail {
-
-/// A small number per thread, in order of first use: the stripe a thread counts in.
-inline unsigned thread_slot() noexcept {
-  static std::atomic<unsigned> next{0};
-  thread_local const unsigned slot = next.fetch_add(1, std::memory_order_relaxed);
-  return slot;
-}
-
-}  // namespace detail
 
 /// Options of a rate limiter, with their defaults.
 struct rate_limiter_options {
   double rate = -1;  ///< permits per second; < 0 unlimited, 0 blocked
   double burst = 1;  ///< permits an idle limiter admits at once (>= 1; smaller values are 1)
-};
-
-/// The outcome of `try_acquire`.
-template <class Duration>
-struct basic_acquire_result {
-  bool admitted = false;
-  /// When refused: how long until the same request would be admitted (for a `Retry-After`);
-  /// with `coarse_clock`, possibly overstated by up to its resolution (never understated).
-  /// `Duration::max()` when the limiter is blocked (rate 0), or when the request is larger than
-  /// the burst and so never fits at once (`wait` can still take it).
-  Duration retry_after{};
-
-  explicit operator bool() const noexcept { return admitted; }
 };
 
 /// The rate limiter on clock `Clock`, which must be steady; `rate_limiter` reads
@@ -84,6 +63,7 @@ class basic_rate_limiter {
   using duration = typename Clock::duration;
   using time_point = typename Clock::time_point;
   using acquire_result = basic_acquire_result<duration>;
+  using options_type = rate_limiter_options;
 
   explicit basic_rate_limiter(rate_limiter_options options = {}, Clock clock = Clock{})
       : clock_(std::move(clock)) {
@@ -209,12 +189,7 @@ class basic_rate_limiter {
   [[nodiscard]] double burst() const noexcept { return burst_.load(std::memory_order_relaxed); }
 
   /// Permits asked for so far, admitted or not (what the demand estimator samples).
-  [[nodiscard]] double attempted() const noexcept {
-    std::uint64_t sum = 0;
-    for (const auto& s : attempted_)
-      sum += s.value.load(std::memory_order_relaxed);
-    return static_cast<double>(sum) / 1000.0;
-  }
+  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
 
   /// How many `try_acquire` calls so far were refused.
   [[nodiscard]] std::uint64_t refused() const noexcept {
@@ -229,6 +204,31 @@ class basic_rate_limiter {
 
   /// Both of the above: every request the rate held back.
   [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
+
+  /// Where the limiter stands: `limit` is the burst, `remaining` the permits admitted at once
+  /// now, `reset` the time until the whole burst is back. Rate < 0: limit and remaining −1;
+  /// rate 0: both 0, reset `nanoseconds::max()`.
+  [[nodiscard]] limit_status status() const noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return {-1, -1, {}};
+    if (std::isinf(interval)) return {0, 0, std::chrono::nanoseconds::max()};
+    const double burst = burst_.load(std::memory_order_relaxed);
+    const std::int64_t debt =
+        std::max<std::int64_t>(0, tat_.load(std::memory_order_relaxed) - ticks(precise_now()));
+    return {burst, std::max(0.0, burst - static_cast<double>(debt) / interval),
+            std::chrono::nanoseconds{debt}};
+  }
+
+  /// How long after its last use the limiter is as a new one (what `keyed_limiter` waits
+  /// before it may forget a key): the burst's span.
+  [[nodiscard]] std::chrono::nanoseconds memory_span() const noexcept {
+    return std::chrono::nanoseconds{tolerance_.load(std::memory_order_relaxed)};
+  }
+
+  /// The bytes the limiter occupies (it allocates nothing).
+  [[nodiscard]] static constexpr std::size_t memory_bytes() noexcept {
+    return sizeof(basic_rate_limiter);
+  }
 
   [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
 
@@ -246,16 +246,7 @@ class basic_rate_limiter {
     return n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
   }
 
-  void count(double n) noexcept {
-    const std::uint64_t m = to_milli(n);
-    const unsigned slot = detail::thread_slot();
-    if (slot < stripes - 1) {
-      auto& v = attempted_[slot].value;
-      v.store(v.load(std::memory_order_relaxed) + m, std::memory_order_relaxed);
-    } else {
-      attempted_[stripes - 1].value.fetch_add(m, std::memory_order_relaxed);
-    }
-  }
+  void count(double n) noexcept { attempted_.add(n); }
 
   time_point reserve_uncounted(double n) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
@@ -286,39 +277,20 @@ class basic_rate_limiter {
     count(n);
     for (;;) {
       if (stop.stop_requested()) return time_point::max();
-      const std::uint32_t seen = changes_.load(std::memory_order_acquire);
+      const std::uint32_t seen = changes_.seen();
       const time_point at = reserve_uncounted(n);
       if (at != time_point::max()) {
         return sleep_until(at, stop) || !cancel_reservation(n, at) ? at : time_point::max();
       }
-      const std::stop_callback wake(stop, [this] { notify_change(); });
-      changes_.wait(seen, std::memory_order_acquire);
+      changes_.wait(seen, stop);
     }
   }
 
-  // Whether `at` came before `stop` was requested; without a stop that can be requested, a
-  // plain sleep.
   bool sleep_until(time_point at, const std::stop_token& stop) const {
-    if (!stop.stop_possible()) {
-      for (auto now = precise_now(); now < at; now = precise_now())
-        std::this_thread::sleep_for(at - now);
-      return true;
-    }
-    std::mutex m;
-    std::condition_variable_any cv;
-    std::unique_lock lock(m);
-    for (auto now = precise_now(); now < at; now = precise_now()) {
-      cv.wait_for(lock, stop, at - now, [] { return false; });
-      if (stop.stop_requested()) return false;
-    }
-    return true;
+    return detail::sleep_until([this] { return precise_now(); }, at, stop);
   }
 
-  // Wakes the callers of `wait` blocked at rate 0, to look again.
-  void notify_change() noexcept {
-    changes_.fetch_add(1, std::memory_order_release);
-    changes_.notify_all();
-  }
+  void notify_change() noexcept { changes_.notify(); }
 
   static constexpr bool has_precise_clock = requires(const Clock& c) {
     { c.precise_now() } -> std::same_as<time_point>;
@@ -356,10 +328,6 @@ class basic_rate_limiter {
     constexpr double limit = 1e18;  // ~31 years
     return static_cast<std::int64_t>(std::min(limit, std::max(0.0, ns)));
   }
-  static std::uint64_t to_milli(double n) noexcept {
-    return static_cast<std::uint64_t>(std::clamp(n, 0.0, 1e12) * 1000.0);
-  }
-
   [[no_unique_address]] Clock clock_;
   std::int64_t lag_ = lag_of(clock_);  // how far clock_.now() may lag precise_now()
   // Read-mostly configuration on one cache line, the contended state on another.
@@ -370,15 +338,8 @@ class basic_rate_limiter {
   alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
   // The latest precise reading (any thread's): a time already passed, so never ahead of now.
   std::atomic<std::int64_t> seen_{std::numeric_limits<std::int64_t>::min() / 2};
-  // Permits asked for, in thousandths, striped by thread: a thread with a stripe of its own
-  // adds with a plain load and store (no locked instruction on the hot path); the threads
-  // beyond the stripes share the last one with fetch_add.
-  struct alignas(64) stripe {
-    std::atomic<std::uint64_t> value{0};
-  };
-  static constexpr unsigned stripes = 16;
-  std::array<stripe, stripes> attempted_{};
-  std::atomic<std::uint32_t> changes_{0};
+  detail::demand_counter<16> attempted_;  // permits asked for
+  detail::change_signal changes_;
   std::atomic<std::uint64_t> throttled_{0};  // delayed reservations
   std::atomic<std::uint64_t> refused_{0};
 };

@@ -1,0 +1,241 @@
+#pragma once
+
+/// \file
+/// A leaky bucket shaper: permits leave at a constant rate, one every 1/rate seconds, with no
+/// burst; callers that `wait` queue first come, first served, and at most `queue` permits may
+/// wait. A caller that would overflow the queue is refused at once.
+///
+///     doorman::leaky_bucket shaper({.rate = 50, .queue = 100});
+///     if (!shaper.wait()) reply_429();           // queued: runs at most 50 per second
+///     if (auto r = shaper.try_acquire(); !r) ... // admitted only when nobody is queued
+///
+/// The state is one 64-bit atomic, the time the queue drains (`next`); lock-free. Over any
+/// window of length W at most rate × W + n permits leave (n: the largest request). Unlike a
+/// token bucket, an idle shaper saves nothing up: it smooths load for a downstream that cannot
+/// take bursts, at the cost of making callers wait up to `queue` / rate.
+///
+/// `rate` < 0 means unlimited, 0 blocked.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stop_token>
+
+#include "doorman/limit/clock.hpp"
+#include "doorman/limit/limiter_base.hpp"
+
+namespace doorman {
+
+/// Options of a leaky bucket, with their defaults.
+struct leaky_bucket_options {
+  double rate = -1;   ///< permits released per second; < 0 unlimited, 0 blocked
+  double queue = 10;  ///< permits that may wait (>= 0; negative values are 0)
+};
+
+template <class Clock>
+class basic_leaky_bucket {
+ public:
+  using clock_type = Clock;
+  using duration = typename Clock::duration;
+  using time_point = typename Clock::time_point;
+  using acquire_result = basic_acquire_result<duration>;
+  using options_type = leaky_bucket_options;
+
+  explicit basic_leaky_bucket(leaky_bucket_options options = {}, Clock clock = Clock{})
+      : clock_(std::move(clock)) {
+    set_queue(options.queue);
+    set_rate(options.rate);
+  }
+
+  basic_leaky_bucket(const basic_leaky_bucket&) = delete;
+  basic_leaky_bucket& operator=(const basic_leaky_bucket&) = delete;
+
+  /// Takes `n` permits if nobody is queued and the previous permits have left; never blocks.
+  acquire_result try_acquire(double n = 1) noexcept {
+    attempted_.add(n);
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return {true, {}};
+    if (std::isinf(interval)) return refuse(detail::never);
+    std::int64_t now = ticks::point(clock_.now());
+    bool precise = lag_ == 0;
+    std::int64_t next = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (next > now) {
+        if (!precise && next - now <= lag_) {
+          now = ticks::point(ticks::precise(clock_));
+          precise = true;
+          continue;
+        }
+        return refuse(next - now);
+      }
+      if (next_.compare_exchange_weak(next, now + span(n, interval), std::memory_order_relaxed))
+        return {true, {}};
+    }
+  }
+
+  /// Queues for `n` permits: the time they leave (now or later), or `time_point::max()` when
+  /// the queue is full or the shaper is blocked (nothing is queued then).
+  time_point reserve(double n = 1) noexcept {
+    attempted_.add(n);
+    return reserve_uncounted(n);
+  }
+
+  /// Gives back `n` permits queued for `at`, if `at` is still ahead (a cancelled wait): the
+  /// callers queued behind keep their times; later ones may leave sooner.
+  bool cancel_reservation(double n, time_point at) noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (!(interval > 0) || std::isinf(interval)) return false;
+    const std::int64_t now = ticks::point(ticks::precise(clock_));
+    if (ticks::point(at) <= now) return false;
+    const std::int64_t s = span(n, interval);
+    std::int64_t next = next_.load(std::memory_order_relaxed);
+    while (!next_.compare_exchange_weak(next, std::max(next - s, now), std::memory_order_relaxed)) {
+    }
+    return true;
+  }
+
+  /// Queues for `n` permits and blocks until they leave: true then; false when the queue was
+  /// full, or `stop` was requested first (a stopped wait gives its place back). While the
+  /// shaper is blocked (rate 0) it waits for a rate change.
+  bool wait(double n = 1, std::stop_token stop = {}) {
+    attempted_.add(n);
+    for (;;) {
+      if (stop.stop_requested()) return false;
+      const std::uint32_t seen = changes_.seen();
+      const time_point at = reserve_uncounted(n);
+      if (at != time_point::max()) {
+        return detail::sleep_until([this] { return ticks::precise(clock_); }, at, stop) ||
+               !cancel_reservation(n, at);
+      }
+      if (!std::isinf(interval_.load(std::memory_order_relaxed))) return false;  // full
+      changes_.wait(seen, stop);
+    }
+  }
+
+  /// Changes the rate at once; permits already queued keep their place, at the new spacing.
+  void set_rate(double rate) noexcept {
+    double interval = 0;
+    if (rate == 0 || std::isnan(rate)) {
+      interval = std::numeric_limits<double>::infinity();
+    } else if (rate > 0) {
+      interval = 1e9 / rate;
+    }
+    const double old = interval_.exchange(interval, std::memory_order_relaxed);
+    if (old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval) &&
+        old != interval) {
+      const std::int64_t now = ticks::point(ticks::precise(clock_));
+      std::int64_t next = next_.load(std::memory_order_relaxed);
+      while (next > now &&
+             !next_.compare_exchange_weak(
+                 next, now + to_ns(static_cast<double>(next - now) * interval / old),
+                 std::memory_order_relaxed)) {
+      }
+    }
+    changes_.notify();
+  }
+
+  /// Changes how many permits may wait.
+  void set_queue(double queue) noexcept {
+    queue_.store(std::isfinite(queue) ? std::max(0.0, queue) : 0.0, std::memory_order_relaxed);
+  }
+
+  /// A shaper has no burst; accepted for a uniform surface, ignored.
+  void set_burst(double) noexcept {}
+
+  [[nodiscard]] double rate() const noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return -1;
+    if (std::isinf(interval)) return 0;
+    return 1e9 / interval;
+  }
+  [[nodiscard]] double queue() const noexcept { return queue_.load(std::memory_order_relaxed); }
+
+  /// `limit` is the queue's size, `remaining` its free places, `reset` the time it drains.
+  [[nodiscard]] limit_status status() const noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (interval == 0) return {-1, -1, {}};
+    if (std::isinf(interval)) return {0, 0, std::chrono::nanoseconds::max()};
+    const double q = queue();
+    const std::int64_t ahead = std::max<std::int64_t>(
+        0, next_.load(std::memory_order_relaxed) - ticks::point(ticks::precise(clock_)));
+    return {q, std::max(0.0, q - static_cast<double>(ahead) / interval),
+            std::chrono::nanoseconds{ahead}};
+  }
+
+  /// How long after its last use the shaper is as a new one (its queue drained).
+  [[nodiscard]] std::chrono::nanoseconds memory_span() const noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (!(interval > 0) || std::isinf(interval)) return {};
+    return std::chrono::nanoseconds{to_ns((queue() + 1) * interval)};
+  }
+
+  [[nodiscard]] static constexpr std::size_t memory_bytes() noexcept {
+    return sizeof(basic_leaky_bucket);
+  }
+
+  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
+  /// `try_acquire` calls refused, and waits refused because the queue was full.
+  [[nodiscard]] std::uint64_t refused() const noexcept {
+    return refused_.load(std::memory_order_relaxed);
+  }
+  /// Waits that had to queue (or found the shaper blocked).
+  [[nodiscard]] std::uint64_t delayed() const noexcept {
+    return delayed_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
+  [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
+
+ private:
+  using ticks = detail::ticks_of<Clock>;
+
+  acquire_result refuse(std::int64_t wait) noexcept {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return {false, ticks::to_duration(wait)};
+  }
+
+  time_point reserve_uncounted(double n) noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    const std::int64_t now = ticks::point(ticks::precise(clock_));
+    if (interval == 0) return ticks::to_point(now);
+    if (std::isinf(interval)) {
+      delayed_.fetch_add(1, std::memory_order_relaxed);
+      return time_point::max();
+    }
+    const std::int64_t room = to_ns(queue() * interval);
+    const std::int64_t s = span(n, interval);
+    std::int64_t next = next_.load(std::memory_order_relaxed);
+    std::int64_t at = 0;
+    do {
+      at = std::max(next, now);
+      if (at - now > room) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        return time_point::max();
+      }
+    } while (!next_.compare_exchange_weak(next, at + s, std::memory_order_relaxed));
+    if (at > now) delayed_.fetch_add(1, std::memory_order_relaxed);
+    return ticks::to_point(at);
+  }
+
+  static std::int64_t span(double n, double interval) noexcept { return to_ns(n * interval); }
+  static std::int64_t to_ns(double ns) noexcept {
+    return static_cast<std::int64_t>(std::clamp(ns, 0.0, 1e18));
+  }
+
+  [[no_unique_address]] Clock clock_;
+  const std::int64_t lag_ = ticks::lag(clock_);
+  std::atomic<double> interval_{0};  // nanoseconds per permit
+  std::atomic<double> queue_{0};
+  alignas(64) std::atomic<std::int64_t> next_{std::numeric_limits<std::int64_t>::min() / 2};
+  detail::demand_counter<1> attempted_;
+  std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> delayed_{0};
+  detail::change_signal changes_;
+};
+
+using leaky_bucket = basic_leaky_bucket<coarse_clock>;
+
+}  // namespace doorman

@@ -1,0 +1,189 @@
+#pragma once
+
+/// \file
+/// What the local rate algorithms share: the outcome of `try_acquire`, a limiter's status (for
+/// `RateLimit-*` headers), the clock helpers, the demand and refusal counters, and the one
+/// sleeping loop of their `wait`s. Each algorithm keeps its state in nanoseconds since its
+/// clock's epoch.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+namespace doorman {
+
+/// The outcome of `try_acquire`.
+template <class Duration>
+struct basic_acquire_result {
+  bool admitted = false;
+  /// When refused: how long until the same request would be admitted (for a `Retry-After`);
+  /// with `coarse_clock`, possibly overstated by up to its resolution (never understated).
+  /// `Duration::max()` when the limiter is blocked (rate 0), or when the request is larger than
+  /// the limiter ever admits at once.
+  Duration retry_after{};
+
+  explicit operator bool() const noexcept { return admitted; }
+};
+
+/// Where a limiter stands, in its own terms (what `RateLimit-Limit`, `RateLimit-Remaining`
+/// and `RateLimit-Reset` report).
+struct limit_status {
+  double limit = 0;      ///< permits per window (the burst, for GCRA); < 0 unlimited
+  double remaining = 0;  ///< permits that would be admitted now
+  std::chrono::nanoseconds reset{};  ///< until `remaining` is back to `limit`, if unused
+};
+
+namespace detail {
+
+/// A small number per thread, in order of first use: the stripe a thread counts in.
+inline unsigned thread_slot() noexcept {
+  static std::atomic<unsigned> next{0};
+  thread_local const unsigned slot = next.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+/// "Never": the wait of a request that cannot be admitted as things stand.
+inline constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+
+/// A clock `C` with a cheap `now()` that lags a `precise_now()` by at most `resolution()`.
+template <class C>
+concept two_speed_clock = requires(const C& c) {
+  { c.precise_now() } -> std::same_as<typename C::time_point>;
+  { c.resolution() } -> std::same_as<typename C::duration>;
+};
+
+/// Nanoseconds since `Clock`'s epoch, and back.
+template <class Clock>
+struct ticks_of {
+  using time_point = typename Clock::time_point;
+  using duration = typename Clock::duration;
+  static std::int64_t point(time_point t) noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  }
+  static time_point to_point(std::int64_t t) noexcept {
+    return time_point{std::chrono::duration_cast<duration>(std::chrono::nanoseconds{t})};
+  }
+  static duration to_duration(std::int64_t t) noexcept {
+    if (t == never) return duration::max();
+    return std::chrono::duration_cast<duration>(std::chrono::nanoseconds{t});
+  }
+  static time_point precise(const Clock& c) noexcept {
+    if constexpr (two_speed_clock<Clock>) {
+      return c.precise_now();
+    } else {
+      return c.now();
+    }
+  }
+  static std::int64_t lag(const Clock& c) noexcept {
+    if constexpr (two_speed_clock<Clock>) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(c.resolution()).count();
+    } else {
+      return 0;
+    }
+  }
+};
+
+/// Permits in thousandths, the unit the counting algorithms keep (so that sums are exact);
+/// clamped to [0, 10^12] permits.
+inline std::uint64_t to_milli(double n) noexcept {
+  if (!(n > 0)) return 0;
+  return static_cast<std::uint64_t>(std::min(n, 1e12) * 1000.0 + 0.5);
+}
+
+/// Permits asked for, in thousandths, striped by thread: a thread with a stripe of its own adds
+/// with a plain load and store (no locked instruction on the hot path); the threads beyond the
+/// stripes share the last one with fetch_add.
+template <unsigned Stripes>
+class demand_counter {
+ public:
+  void add(double n) noexcept {
+    const std::uint64_t m = to_milli(n);
+    const unsigned slot = thread_slot();
+    if (slot < Stripes - 1) {
+      auto& v = stripes_[slot].value;
+      v.store(v.load(std::memory_order_relaxed) + m, std::memory_order_relaxed);
+    } else {
+      stripes_[Stripes - 1].value.fetch_add(m, std::memory_order_relaxed);
+    }
+  }
+  [[nodiscard]] double total() const noexcept {
+    std::uint64_t sum = 0;
+    for (const auto& s : stripes_)
+      sum += s.value.load(std::memory_order_relaxed);
+    return static_cast<double>(sum) / 1000.0;
+  }
+
+ private:
+  struct alignas(Stripes > 1 ? 64 : 8) stripe {
+    std::atomic<std::uint64_t> value{0};
+  };
+  stripe stripes_[Stripes]{};
+};
+
+/// Sleeps until `precise()` reaches `at`; whether it did before `stop` was requested. Without
+/// a stop that can be requested, a plain sleep.
+template <class Precise, class TimePoint>
+bool sleep_until(const Precise& precise, TimePoint at, const std::stop_token& stop) {
+  if (!stop.stop_possible()) {
+    for (auto now = precise(); now < at; now = precise())
+      std::this_thread::sleep_for(at - now);
+    return true;
+  }
+  std::mutex m;
+  std::condition_variable_any cv;
+  std::unique_lock lock(m);
+  for (auto now = precise(); now < at; now = precise()) {
+    cv.wait_for(lock, stop, at - now, [] { return false; });
+    if (stop.stop_requested()) return false;
+  }
+  return true;
+}
+
+/// Wakes callers blocked while a limiter is blocked (rate 0) when its rate changes.
+class change_signal {
+ public:
+  [[nodiscard]] std::uint32_t seen() const noexcept {
+    return changes_.load(std::memory_order_acquire);
+  }
+  void notify() noexcept {
+    changes_.fetch_add(1, std::memory_order_release);
+    changes_.notify_all();
+  }
+  /// Blocks until a change after `seen`, or until `stop` is requested.
+  void wait(std::uint32_t seen, const std::stop_token& stop) {
+    const std::stop_callback wake(stop, [this] { notify(); });
+    if (stop.stop_requested()) return;
+    changes_.wait(seen, std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<std::uint32_t> changes_{0};
+};
+
+/// A test-and-test-and-set lock for a few-word critical section (BasicLockable).
+class spin_lock {
+ public:
+  void lock() noexcept {
+    for (unsigned spins = 0;; ++spins) {
+      if (!locked_.exchange(true, std::memory_order_acquire)) return;
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) std::this_thread::yield();
+      }
+    }
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+}  // namespace detail
+
+}  // namespace doorman
