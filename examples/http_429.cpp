@@ -1,31 +1,138 @@
-// doorman-http-429: a tiny HTTP service that keeps to its share of a global rate. Every request
-// asks the resource's lease for a permit (try_acquire, never blocking): admitted requests get
-// 200, the others 429 Too Many Requests with a Retry-After header saying when a permit will be
-// there. The demand it reports is measured from all requests, answered or refused.
+// doorman-http-429: a tiny HTTP service that keeps to its limits and says so in its headers.
+//
+// With a Doorman server, every request asks the resource's lease for a permit (try_acquire,
+// never blocking). With a rule file (--rules, JSON or YAML in the style of Lyft's ratelimit),
+// every request is also checked against the rules of --domain with three descriptors:
+// [remote_address=<peer IP>], [path=<request path>], and, when the request has an X-Api-Key
+// header, [api_key=<key>]. Admitted requests get 200; the others 429 Too Many Requests with a
+// Retry-After header (whole seconds, rounded up). Every answer carries RateLimit-Limit,
+// RateLimit-Remaining and RateLimit-Reset (seconds) for the limit with the fewest requests
+// left. A request over an elastic rule is held (up to the rule's max_delay, and at most
+// --max-queued at once) and checked again when it would fit, instead of being refused.
 //
 //   doorman-http-429 --server 127.0.0.1:7700 --listen 127.0.0.1:8080 --resource api
+//   doorman-http-429 --rules examples/rules.yaml --domain api --listen 127.0.0.1:8080
 //   curl -i http://127.0.0.1:8080/
 //
-// One request per connection (Connection: close); requests are read up to 8 KiB of headers.
+// With --rules and no --server, no Doorman client is made. One request per connection
+// (Connection: close); requests are read up to 8 KiB of headers.
 
 #include <doorman/client.hpp>
+#include <doorman/limit/rules.hpp>
 
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "arguments.hpp"
+#include "yaml_config.hpp"
 
 namespace {
 
-asio::awaitable<void> serve(asio::ip::tcp::socket socket, doorman::rate_resource& api) {
+using namespace std::chrono_literals;
+
+struct service {
+  doorman::rate_resource* api = nullptr;  // the Doorman resource, if any
+  std::optional<doorman::rule_set> rules;
+  std::string domain;
+  int max_queued = 1000;
+  int queued = 0;  // requests held by an elastic rule (on the io thread)
+};
+
+struct request_head {
+  std::string method;
+  std::string path;
+  std::string api_key;
+};
+
+request_head read_head(const std::string& text) {
+  request_head h;
+  std::istringstream in(text);
+  std::string version;
+  in >> h.method >> h.path >> version;
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line) && line != "\r") {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (name != "x-api-key") continue;
+    auto value = line.substr(colon + 1);
+    const auto first = value.find_first_not_of(" \t");
+    const auto last = value.find_last_not_of(" \t\r");
+    h.api_key = first == std::string::npos ? "" : value.substr(first, last - first + 1);
+  }
+  return h;
+}
+
+long whole_seconds(std::chrono::nanoseconds d) {
+  if (d == std::chrono::nanoseconds::max()) return 1;
+  return static_cast<long>(std::ceil(std::chrono::duration<double>(d).count()));
+}
+
+// The verdict for one request: the rules', then the Doorman resource's.
+doorman::rule_verdict decide(service& s, const request_head& h, const std::string& peer) {
+  doorman::rule_verdict v;
+  if (s.rules) {
+    std::vector<doorman::descriptor> d{{{"remote_address", peer}}, {{"path", h.path}}};
+    if (!h.api_key.empty()) d.push_back({{"api_key", h.api_key}});
+    v = s.rules->check(s.domain, d);
+  }
+  if (s.api && v.code != doorman::rule_code::refused && v.code != doorman::rule_code::delay) {
+    const auto r = s.api->try_acquire();
+    const auto st = s.api->limiter().status();
+    if (!r) {
+      // While the capacity is 0 the client's next refresh is the earliest a permit can
+      // appear: say 1 s.
+      v.code = doorman::rule_code::refused;
+      v.retry_after = r.retry_after == doorman::any_rate_limiter::duration::max()
+                          ? std::chrono::nanoseconds(1s)
+                          : std::chrono::duration_cast<std::chrono::nanoseconds>(r.retry_after);
+    }
+    if (v.limit < 0 || st.remaining < v.remaining) {
+      v.limit = st.limit;
+      v.remaining = st.remaining;
+      v.reset = st.reset;
+    }
+  }
+  return v;
+}
+
+std::string answer(const doorman::rule_verdict& v) {
+  std::string headers;
+  if (v.limit >= 0) {
+    headers =
+        fmt::format("RateLimit-Limit: {}\r\nRateLimit-Remaining: {}\r\nRateLimit-Reset: {}\r\n",
+                    static_cast<long long>(v.limit),
+                    static_cast<long long>(std::floor(v.remaining)), whole_seconds(v.reset));
+  }
+  if (v.code == doorman::rule_code::refused || v.code == doorman::rule_code::delay) {
+    return fmt::format(
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {}\r\n{}Content-Type: text/plain\r\n"
+        "Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n",
+        std::max(1L, whole_seconds(v.retry_after)), headers);
+  }
+  return fmt::format(
+      "HTTP/1.1 200 OK\r\n{}Content-Type: text/plain\r\nContent-Length: 3\r\n"
+      "Connection: close\r\n\r\nok\n",
+      headers);
+}
+
+asio::awaitable<void> serve(asio::ip::tcp::socket socket, service& s) {
   std::string request;
   std::error_code ec;
   // Read the request head (a client that sends nothing is dropped after 5 s).
@@ -37,63 +144,108 @@ asio::awaitable<void> serve(asio::ip::tcp::socket socket, doorman::rate_resource
                                   asio::redirect_error(asio::use_awaitable, ec));
   deadline.cancel();
   if (ec) co_return;
+  const auto head = read_head(request);
+  const auto peer = socket.remote_endpoint(ec);
+  const std::string ip = ec ? "" : peer.address().to_string();
   std::string response;
-  if (request.rfind("GET ", 0) != 0 && request.rfind("POST ", 0) != 0) {
+  if (head.method != "GET" && head.method != "POST") {
     response = "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-  } else if (const auto r = api.try_acquire()) {
-    response =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
-        "Connection: close\r\n\r\nok\n";
   } else {
-    // Retry-After is whole seconds, rounded up; while the capacity is 0 the client's next
-    // refresh is the earliest a permit can appear, so say 1.
-    const double wait = r.retry_after == doorman::rate_limiter::duration::max()
-                            ? 1.0
-                            : std::ceil(doorman::to_seconds(r.retry_after));
-    response = fmt::format(
-        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {}\r\nContent-Type: text/plain\r\n"
-        "Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n",
-        std::max(1.0, wait));
+    auto v = decide(s, head, ip);
+    // An elastic rule: hold the request until it fits (each wait within the rule's max_delay),
+    // at most 8 times, and at most max_queued requests at once.
+    for (int round = 0; v.code == doorman::rule_code::delay && round < 8; ++round) {
+      if (s.queued >= s.max_queued) break;
+      ++s.queued;
+      asio::steady_timer wait(socket.get_executor(), v.retry_after);
+      co_await wait.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      --s.queued;
+      v = decide(s, head, ip);
+    }
+    response = answer(v);
   }
   co_await asio::async_write(socket, asio::buffer(response),
                              asio::redirect_error(asio::use_awaitable, ec));
   socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
 }
 
-asio::awaitable<void> accept(asio::ip::tcp::acceptor& acceptor, doorman::rate_resource& api) {
+asio::awaitable<void> accept(asio::ip::tcp::acceptor& acceptor, service& s) {
   for (;;) {
     std::error_code ec;
     auto socket = co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
     if (ec) continue;
-    asio::co_spawn(acceptor.get_executor(), serve(std::move(socket), api), asio::detached);
+    asio::co_spawn(acceptor.get_executor(), serve(std::move(socket), s), asio::detached);
   }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("--rules: cannot read " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:8080";
+  std::string rules_path;
+  std::string algorithm = "gcra";
+  bool server_given = false;
+  service s;
   doorman_examples::client_flags flags{.resource = "api"};
   try {
     doorman_examples::arguments args(argc, argv);
     const bool go = args.parse(
         "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
-        " [--resource ID]\n",
+        " [--resource ID] [--algorithm NAME] [--rules FILE] [--domain NAME] [--max-queued N]\n",
         [&](const std::string& flag) {
-          if (flag != "--listen") return flags.parse(flag, args);
-          listen = args.value();
+          if (flag == "--listen") {
+            listen = args.value();
+          } else if (flag == "--rules") {
+            rules_path = args.value();
+          } else if (flag == "--domain") {
+            s.domain = args.value();
+          } else if (flag == "--algorithm") {
+            algorithm = args.value();
+          } else if (flag == "--max-queued") {
+            s.max_queued = static_cast<int>(args.number(0, 1e6));
+          } else {
+            server_given = server_given || flag == "--server";
+            return flags.parse(flag, args);
+          }
           return true;
         });
     if (!go) return 0;
     const auto at = doorman::net::parse_address(listen);
     if (!at) throw std::invalid_argument("--listen: expected host:port, got " + listen);
+    const auto kind = doorman::rate_algorithm_from(algorithm);
+    if (!kind) {
+      throw std::invalid_argument(
+          "--algorithm: expected gcra, fixed_window, sliding_log, sliding_window or "
+          "leaky_bucket, got " +
+          algorithm);
+    }
+    if (!rules_path.empty()) {
+      s.rules.emplace(doorman_examples::parse_rules_any(read_file(rules_path), rules_path));
+      const auto domains = s.rules->domains();
+      if (s.domain.empty() && !domains.empty()) s.domain = domains.front();
+      if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
+        throw std::invalid_argument("--domain: " + rules_path + " has no domain " + s.domain);
+    }
 
-    doorman::client_options options;
-    options.addresses = doorman::net::split_list(flags.server);
-    options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-    doorman::client client(options);
-    doorman::rate_resource api(client, flags.resource);
+    std::optional<doorman::client> client;
+    std::optional<doorman::rate_resource> api;
+    if (rules_path.empty() || server_given) {
+      doorman::client_options options;
+      options.addresses = doorman::net::split_list(flags.server);
+      options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
+      client.emplace(options);
+      api.emplace(*client, flags.resource, doorman::resource_options{.algorithm = *kind});
+      s.api = &*api;
+    }
 
     asio::io_context io;
     asio::ip::tcp::acceptor acceptor(io);
@@ -110,7 +262,7 @@ int main(int argc, char** argv) {
       acceptor.close();
       io.stop();
     });
-    asio::co_spawn(io, accept(acceptor, api), asio::detached);
+    asio::co_spawn(io, accept(acceptor, s), asio::detached);
     io.run();
     return 0;
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 // this file.
 
 #include <doorman/core/config.hpp>
+#include <doorman/limit/rules.hpp>
 #include <doorman/node/access.hpp>
 
 #include <fmt/format.h>
@@ -137,28 +138,13 @@ inline nlohmann::json yaml_config_json(std::string_view text, const std::string&
 }
 
 // Parses Doorman's YAML; errors read "FILE:LINE: field: reason".
-inline doorman::resource_repository parse_yaml_config(std::string_view text,
-                                                      const std::string& name) {
+// `parse(json)` of the YAML `text`, its errors made to read "field: reason (line N of FILE)".
+template <class Parse>
+auto parse_yaml_with(std::string_view text, const std::string& name, Parse parse) {
   std::map<std::string, int> lines;
   const auto doc = yaml_config_json(text, name, &lines);
   try {
-    return doorman::resource_repository::parse(doc.dump());
-  } catch (const doorman::config_error& e) {
-    const int line = detail::line_of(lines, e.path());
-    throw doorman::config_error(
-        e.path(),
-        fmt::format("{} (line {} of {})",
-                    std::string_view(e.what()).substr(e.path().empty() ? 0 : e.path().size() + 2),
-                    line, name));
-  }
-}
-
-// An access file in YAML (docs/security.md); errors read "field: reason (line N of FILE)".
-inline doorman::access_policy parse_yaml_access(std::string_view text, const std::string& name) {
-  std::map<std::string, int> lines;
-  const auto doc = yaml_config_json(text, name, &lines);
-  try {
-    return doorman::access_policy::from_json(doc);
+    return parse(doc);
   } catch (const doorman::config_error& e) {
     throw doorman::config_error(
         e.path(),
@@ -168,6 +154,25 @@ inline doorman::access_policy parse_yaml_access(std::string_view text, const std
   }
 }
 
+inline doorman::resource_repository parse_yaml_config(std::string_view text,
+                                                      const std::string& name) {
+  return parse_yaml_with(text, name, [](const nlohmann::json& doc) {
+    return doorman::resource_repository::parse(doc.dump());
+  });
+}
+
+// An access file in YAML (docs/security.md); errors read "field: reason (line N of FILE)".
+inline doorman::access_policy parse_yaml_access(std::string_view text, const std::string& name) {
+  return parse_yaml_with(
+      text, name, [](const nlohmann::json& doc) { return doorman::access_policy::from_json(doc); });
+}
+
+// A rule file (docs/algorithms.md, "Rules") in YAML, as Lyft's ratelimit writes it.
+inline doorman::rule_set parse_yaml_rules(std::string_view text, const std::string& name) {
+  return parse_yaml_with(text, name,
+                         [](const nlohmann::json& doc) { return doorman::rule_set::parse(doc); });
+}
+
 #else
 
 inline doorman::resource_repository parse_yaml_config(std::string_view, const std::string& name) {
@@ -175,6 +180,10 @@ inline doorman::resource_repository parse_yaml_config(std::string_view, const st
 }
 
 inline doorman::access_policy parse_yaml_access(std::string_view, const std::string& name) {
+  throw doorman::config_error("", name + ": this binary was built without YAML support (yaml-cpp)");
+}
+
+inline doorman::rule_set parse_yaml_rules(std::string_view, const std::string& name) {
   throw doorman::config_error("", name + ": this binary was built without YAML support (yaml-cpp)");
 }
 
@@ -191,6 +200,18 @@ inline doorman::resource_repository parse_config_any(std::string_view text,
                                                      const std::string& name) {
   if (is_yaml(text, name)) return parse_yaml_config(text, name);
   return doorman::resource_repository::parse(text);
+}
+
+// A rule file: YAML for a .yml/.yaml path, else JSON. Errors name the field.
+inline doorman::rule_set parse_rules_any(std::string_view text, const std::string& name) {
+  if (is_yaml(text, name)) return parse_yaml_rules(text, name);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text, nullptr, true, true);
+  } catch (const nlohmann::json::exception& e) {
+    throw doorman::config_error("", name + ": not valid JSON: " + e.what());
+  }
+  return doorman::rule_set::parse(doc);
 }
 
 }  // namespace doorman_examples

@@ -190,6 +190,78 @@ TEST_CASE("async waits complete through asio completion tokens", "[client][net]"
   g.release();
 }
 
+TEST_CASE("every local algorithm enforces a rate resource's lease", "[client][net][algorithms]") {
+  running_node root(fast_config(100));
+  doorman::client cl(fast_client(root.address()));
+  using doorman::rate_algorithm;
+  for (const auto algorithm : {rate_algorithm::fixed_window, rate_algorithm::sliding_log,
+                               rate_algorithm::sliding_window, rate_algorithm::leaky_bucket}) {
+    INFO(doorman::to_string(algorithm));
+    const std::string id = fmt::format("algo-{}", doorman::to_string(algorithm));
+    doorman::rate_resource r(
+        cl, id,
+        {.wants = 40, .algorithm = algorithm, .window = 200ms, .sub_windows = 4, .queue = 2});
+    CHECK(r.limiter().algorithm() == algorithm);
+    REQUIRE(eventually([&] { return r.leased() && r.capacity() == Approx(40); }));
+    CHECK(r.limiter().rate() == Approx(40));
+    if (algorithm != rate_algorithm::leaky_bucket) {
+      // A window of 200 ms at 40/s holds 8 permits.
+      CHECK(r.limiter().status().limit == Approx(8));
+    }
+    // Asynchronous and blocking waits are admitted at the lease's rate.
+    const auto start = steady::now();
+    for (int i = 0; i < 12; ++i) {
+      auto f = r.async_wait(1, asio::use_future);
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      f.get();
+    }
+    r.wait();
+    CHECK(steady::now() - start >= 100ms);  // 13 permits at 40/s: at least one window edge
+    // A request the algorithm can never admit is an error, not a hang.
+    if (algorithm != rate_algorithm::leaky_bucket) {
+      auto f = r.async_wait(100, asio::use_future);
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      CHECK_THROWS_AS(f.get(), std::system_error);
+      CHECK_THROWS_AS(r.wait(100), std::system_error);
+    }
+  }
+}
+
+TEST_CASE("a keyed rate resource: one Doorman resource per key, bounded, idle keys released",
+          "[client][net][algorithms]") {
+  CHECK(doorman::resource_id_for("api-key:*", "abc") == "api-key:abc");
+  CHECK(doorman::resource_id_for("t/*/x", "a/b*c%") == "t/a%2Fb%2Ac%25/x");
+  CHECK(doorman::glob_match("api-key:*", doorman::resource_id_for("api-key:*", "?[/] \xff")));
+  CHECK_THROWS_AS(doorman::resource_id_for("api-key", "abc"), std::invalid_argument);
+
+  running_node root(fast_config(10));
+  doorman::client cl(fast_client(root.address()));
+  doorman::keyed_rate_resource per_key(cl, "api-key:*", {.wants = 4},
+                                       {.max_keys = 2, .idle = std::chrono::hours(1)});
+  auto ann = per_key.resource("ann");
+  CHECK(ann.id() == "api-key:ann");
+  REQUIRE(eventually([&] { return ann.leased() && ann.capacity() == Approx(4); }));
+  CHECK(held_at(root, "api-key:ann").first == Approx(4));
+  (void)per_key.try_acquire("bob");
+  CHECK(per_key.size() == 2);
+  // Full, and both keys were used just now: a third shares the overflow resource.
+  CHECK(per_key.resource("cat").id() == "api-key:%overflow");
+  CHECK(per_key.overflowed() == 1);
+
+  // Keys idle at once make room as new keys come: their leases are released.
+  doorman::keyed_rate_resource brief(cl, "api-key:*", {.wants = 1}, {.max_keys = 2, .idle = {}});
+  auto dan = brief.resource("dan");
+  REQUIRE(eventually([&] { return held_at(root, "api-key:dan").second == 1; }));
+  (void)brief.try_acquire("eve");
+  (void)brief.try_acquire("fay");
+  CHECK(brief.evicted() >= 1);
+  CHECK(brief.size() <= 2);
+  CHECK(brief.overflowed() == 0);
+  REQUIRE(eventually([&] { return held_at(root, "api-key:eve").second == 0; }));
+  CHECK(dan.id() == "api-key:dan");  // a handle held outside keeps its resource
+  CHECK(held_at(root, "api-key:dan").second == 1);
+}
+
 TEST_CASE("measured wants follow use", "[client][net]") {
   running_node root(fast_config(1000));
   doorman::client cl(fast_client(root.address()));
@@ -277,6 +349,61 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   CHECK(http.wait_exit() == 0);
   node.signal(SIGTERM);
   CHECK(node.wait_exit() == 0);
+  std::filesystem::remove_all(dir);
+}
+TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After, elastic waits",
+          "[client][process][rules]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("doorman-rules-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [
+    {"key": "remote_address", "rate_limit": {"unit": "hour", "requests_per_unit": 3}},
+    {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})";
+  doorman_examples::process http(
+      {DOORMAN_HTTP_BINARY, "--rules", (dir / "rules.json").string(), "--listen", "127.0.0.1:0"},
+      (dir / "http.log").string());
+  const auto address = http.listening_address();
+  REQUIRE(address);
+  for (int i = 0; i < 3; ++i) {
+    const auto r = http_get(*address, "/");
+    CHECK(r.status == 200);
+    CHECK_THAT(r.head, Catch::Contains("RateLimit-Limit: 3\r\n"));
+    CHECK_THAT(r.head, Catch::Contains(fmt::format("RateLimit-Remaining: {}\r\n", 2 - i)));
+  }
+  const auto refused = http_get(*address, "/");
+  CHECK(refused.status == 429);
+  CHECK_THAT(refused.head, Catch::Contains("RateLimit-Remaining: 0\r\n"));
+  CHECK_THAT(refused.head, Catch::Matches("(.|\r|\n)*Retry-After: [0-9]+\r\n(.|\r|\n)*"));
+  CHECK_THAT(refused.head, Catch::Matches("(.|\r|\n)*RateLimit-Reset: [0-9]+(.|\r|\n)*"));
+
+  // A bad rule file: refused at start, naming the field.
+  std::ofstream(dir / "bad.json") << R"({"domain": "web", "descriptors": [
+    {"key": "path", "rate_limit": {"unit": "fortnight", "requests_per_unit": 3}}]})";
+  doorman_examples::process bad(
+      {DOORMAN_HTTP_BINARY, "--rules", (dir / "bad.json").string(), "--listen", "127.0.0.1:0"},
+      (dir / "bad.log").string());
+  CHECK(bad.wait_exit() == 2);
+  std::ifstream log(dir / "bad.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains(
+                       "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day"));
+  http.signal(SIGTERM);
+  CHECK(http.wait_exit() == 0);
+
+  // Elastic: requests over the limit wait for room instead of a 429 (a fresh service, so
+  // that the per-address limit above does not apply).
+  doorman_examples::process elastic(
+      {DOORMAN_HTTP_BINARY, "--rules", (dir / "rules.json").string(), "--listen", "127.0.0.1:0"},
+      (dir / "elastic.log").string());
+  const auto at = elastic.listening_address();
+  REQUIRE(at);
+  const auto start = steady::now();
+  CHECK(http_get(*at, "/slow").status == 200);
+  CHECK(http_get(*at, "/slow").status == 200);  // held until the next second
+  CHECK(steady::now() - start >= 500ms);
+  elastic.signal(SIGTERM);
+  CHECK(elastic.wait_exit() == 0);
   std::filesystem::remove_all(dir);
 }
 #endif

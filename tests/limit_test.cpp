@@ -418,9 +418,11 @@ namespace {
 using fixed_window = doorman::basic_fixed_window_limiter<clock_ref>;
 using sliding_log = doorman::basic_sliding_log_limiter<clock_ref>;
 using sliding_window = doorman::basic_sliding_window_limiter<clock_ref>;
-using leaky = doorman::basic_leaky_bucket<clock_ref>;
+using leaky = doorman::basic_leaky_bucket_limiter<clock_ref>;
 
-constexpr std::int64_t ns_of(manual_clock::time_point t) { return t.time_since_epoch().count(); }
+constexpr std::int64_t ns_of(manual_clock::time_point t) {
+  return t.time_since_epoch().count();
+}
 
 // Admissions (time in ns, permits), oldest first, and exact counts over them.
 struct history {
@@ -451,8 +453,8 @@ struct history {
 // refusal's retry_after is checked sometimes: 1 ns before it, refused; at it, admitted.
 // `on_decision(t, n, admitted)` sees every decision before it is recorded.
 template <class Limiter, class OnDecision>
-history drive(Limiter& lim, manual_clock& clock, std::int64_t mean_gap, int events,
-              unsigned seed, OnDecision on_decision) {
+history drive(Limiter& lim, manual_clock& clock, std::int64_t mean_gap, int events, unsigned seed,
+              OnDecision on_decision) {
   std::mt19937_64 rng(seed);
   std::exponential_distribution<double> gap(1.0 / static_cast<double>(mean_gap));
   std::uniform_int_distribution<int> size(1, 3);
@@ -542,20 +544,20 @@ TEST_CASE("sliding window counter: the documented estimate, within one sub-windo
       sliding_window lim({.limit = 100, .window = 60s, .sub_windows = k}, clock_ref{&clock});
       const std::int64_t sub = minute / k;
       std::map<std::int64_t, int> per_sub;
-      const auto h = drive(
-          lim, clock, static_cast<std::int64_t>(minute / 100 / load), 3000, 17 + k,
-          [&](std::int64_t t, int n, bool admitted) {
-            // The reference: the newest k sub-windows plus the oldest one weighted by the
-            // part of it still in the window.
-            const std::int64_t s = t / sub;
-            double estimate = 0;
-            for (std::int64_t j = 0; j < static_cast<std::int64_t>(k); ++j)
-              estimate += per_sub[s - j];
-            const double covered = static_cast<double>(t - s * sub) / static_cast<double>(sub);
-            estimate += per_sub[s - k] * (1.0 - covered);
-            CHECK(admitted == (estimate + n <= 100.0));
-            if (admitted) per_sub[s] += n;
-          });
+      const auto h = drive(lim, clock, static_cast<std::int64_t>(minute / 100 / load), 3000, 17 + k,
+                           [&](std::int64_t t, int n, bool admitted) {
+                             // The reference: the newest k sub-windows plus the oldest one weighted
+                             // by the part of it still in the window.
+                             const std::int64_t s = t / sub;
+                             double estimate = 0;
+                             for (std::int64_t j = 0; j < static_cast<std::int64_t>(k); ++j)
+                               estimate += per_sub[s - j];
+                             const double covered =
+                                 static_cast<double>(t - s * sub) / static_cast<double>(sub);
+                             estimate += per_sub[s - k] * (1.0 - covered);
+                             CHECK(admitted == (estimate + n <= 100.0));
+                             if (admitted) per_sub[s] += n;
+                           });
       int busiest = 0;
       for (const auto& [s, count] : per_sub)
         busiest = std::max(busiest, count);
@@ -713,4 +715,137 @@ TEST_CASE("keyed limiter: a limiter per key, idle keys evicted, a flood of keys 
       (void)per_key.try_acquire(fmt::format("again-{}", i));
     CHECK(per_key.get("carol") == held);
   }
+}
+
+// ---- Rules ----
+
+namespace {
+
+using test_rules = doorman::basic_rule_set<fixed_window>;
+
+const char* const rules_text = R"({
+  "domain": "api",
+  "descriptors": [
+    {"key": "remote_address", "rate_limit": {"unit": "minute", "requests_per_unit": 3}},
+    {"key": "remote_address", "value": "10.0.0.1",
+     "rate_limit": {"unit": "minute", "requests_per_unit": 1}},
+    {"key": "plan", "value": "free",
+     "descriptors": [
+       {"key": "user", "mode": "soft", "overage": 0.5,
+        "rate_limit": {"unit": "second", "requests_per_unit": 2}},
+       {"key": "report", "mode": "elastic", "max_delay": 2,
+        "rate_limit": {"unit": "second", "requests_per_unit": 1}}]},
+    {"key": "path", "value": "/beta", "shadow": true,
+     "rate_limit": {"unit": "hour", "requests_per_unit": 1}}]})";
+
+}  // namespace
+
+TEST_CASE("rules: descriptors match by key and value, else by key; each value its own limit",
+          "[limit][rules]") {
+  manual_clock clock;
+  auto rules = test_rules::parse(nlohmann::json::parse(rules_text), {}, clock_ref{&clock});
+  using doorman::rule_code;
+  const auto ip = [](std::string a) {
+    return std::vector<doorman::descriptor>{{{"remote_address", std::move(a)}}};
+  };
+  for (int i = 0; i < 3; ++i) {
+    const auto v = rules.check("api", ip("10.0.0.2"));
+    CHECK(v.code == rule_code::ok);
+    CHECK(v.limit == 3);
+    CHECK(v.remaining == 2 - i);
+    CHECK(v.key == "api/remote_address=10.0.0.2");
+  }
+  auto v = rules.check("api", ip("10.0.0.2"));
+  CHECK(v.code == rule_code::refused);
+  CHECK(v.remaining == 0);
+  CHECK(v.retry_after == 60s);
+  CHECK(v.reset == 60s);
+  CHECK(rules.check("api", ip("10.0.0.3")).code == rule_code::ok);  // another value
+  CHECK(rules.check("api", ip("10.0.0.1")).code == rule_code::ok);  // the value's own rule
+  CHECK(rules.check("api", ip("10.0.0.1")).code == rule_code::refused);
+  CHECK(rules.check("api", {{{"plan", "paid"}, {"user", "ann"}}}).limit == -1);  // no rule
+  CHECK(rules.check("api", {{{"plan", "free"}}}).limit == -1);  // no rate_limit there
+  CHECK(rules.check("other", ip("10.0.0.2")).code == rule_code::ok);
+  CHECK(rules.check("other", ip("10.0.0.2")).limit == -1);
+
+  SECTION("several descriptors: the worst code, the fewest remaining") {
+    clock.advance(60s);
+    v = rules.check("api", {{{"remote_address", "10.0.0.9"}}, {{"remote_address", "10.0.0.1"}}});
+    CHECK(v.code == rule_code::ok);
+    CHECK(v.limit == 1);
+    CHECK(v.remaining == 0);
+    v = rules.check("api", {{{"remote_address", "10.0.0.9"}}, {{"remote_address", "10.0.0.1"}}});
+    CHECK(v.code == rule_code::refused);
+    CHECK(v.key == "api/remote_address=10.0.0.1");
+  }
+  SECTION("soft: served beyond the limit up to the overage, then refused") {
+    const std::vector<doorman::descriptor> ann{{{"plan", "free"}, {"user", "ann"}}};
+    CHECK(rules.check("api", ann).code == rule_code::ok);
+    CHECK(rules.check("api", ann).code == rule_code::ok);
+    v = rules.check("api", ann);
+    CHECK(v.code == rule_code::soft);  // 3 of 2 (+50%)
+    CHECK(v.remaining == 0);
+    CHECK(v.limit == 2);
+    CHECK(rules.check("api", ann).code == rule_code::refused);
+  }
+  SECTION("elastic: come back within max_delay, then admitted") {
+    const std::vector<doorman::descriptor> rep{{{"plan", "free"}, {"report", "q3"}}};
+    CHECK(rules.check("api", rep).code == rule_code::ok);
+    v = rules.check("api", rep);
+    CHECK(v.code == rule_code::delay);
+    CHECK(v.retry_after == 1s);
+    clock.advance(v.retry_after);
+    CHECK(rules.check("api", rep).code == rule_code::ok);
+  }
+  SECTION("shadow: counted and reported, never refused") {
+    const std::vector<doorman::descriptor> beta{{{"path", "/beta"}}};
+    for (int i = 0; i < 5; ++i)
+      CHECK(rules.check("api", beta).code == rule_code::ok);
+    CHECK(rules.check("api", beta).shadow_exceeded);
+    CHECK(rules.shadow_exceeded() == 5);
+  }
+  SECTION("compiled to resource templates") {
+    const auto t = rules.resource_templates();
+    REQUIRE(t.size() == 5);
+    CHECK(t[0].identifier_glob == "api/remote_address=*");
+    CHECK(t[0].capacity == Approx(3.0 / 60));
+    CHECK(t[2].identifier_glob == "api/plan=free/user=*");
+    CHECK(t[2].capacity == Approx(2));
+    CHECK(doorman::glob_match(t[2].identifier_glob, "api/plan=free/user=ann"));
+  }
+}
+
+TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rules]") {
+  const auto problem = [](const char* text) -> std::string {
+    try {
+      (void)doorman::rule_set::parse(nlohmann::json::parse(text));
+    } catch (const doorman::config_error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "rate_limit": {"unit": "week",
+        "requests_per_unit": 1}}]})") ==
+        "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day");
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "rate_limit": {"unit": "second",
+        "requests_per_unit": -1}}]})") ==
+        "descriptors[0].rate_limit.requests_per_unit: must be between 0 and 1e9");
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "mode": "strict"}]})") ==
+        "descriptors[0].mode: must be one of hard, soft, elastic");
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "limit": 3}]})") ==
+        "descriptors[0].limit: unknown field");
+  CHECK(problem(
+            R"({"domain": "a", "descriptors": [{"key": "k", "descriptors": [{"value": "v"}]}]})") ==
+        "descriptors[0].descriptors[0].key: is required");
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k"}, {"key": "k"}]})") ==
+        "descriptors[1]: repeats the key and value of an earlier descriptor");
+  CHECK(problem(R"([{"domain": "a"}, {"domain": "a"}])") == "[1].domain: is already defined");
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "max_delay": 1e9}]})") ==
+        "descriptors[0].max_delay: must be between 0 and 3600");
+  std::string deep = R"({"key": "k"})";
+  for (int i = 0; i < 8; ++i)
+    deep = R"({"key": "k", "descriptors": [)" + deep + "]}";
+  CHECK(problem((R"({"domain": "a", "descriptors": [)" + deep + "]}").c_str())
+            .ends_with("nests too deep (at most 8 levels)"));
+  CHECK(problem(R"({"domain": "a", "descriptors": []})") == "accepted");
 }

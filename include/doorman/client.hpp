@@ -5,5 +5,6 @@
 /// limiters they use.
 
 #include "doorman/client/client.hpp"
+#include "doorman/client/keyed_resource.hpp"
 #include "doorman/client/resource.hpp"
 #include "doorman/limit.hpp"

@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/client_state.hpp"
+#include "doorman/limit/any_limiter.hpp"
 #include "doorman/limit/demand_estimator.hpp"
 #include "doorman/limit/gauge_limiter.hpp"
 #include "doorman/limit/rate_limiter.hpp"
@@ -89,16 +90,22 @@ struct pending_wait {
   }
 };
 
+/// A burst of 0 follows the capacity; until the first one, 1.
+inline rate_algorithm_options with_burst(rate_algorithm_options o) noexcept {
+  if (!(o.burst > 0)) o.burst = 1;
+  return o;
+}
+
 /// What every handle to one resource id shares: the limiter, the demand, the capacity.
 struct resource_entry : std::enable_shared_from_this<resource_entry> {
   resource_entry(asio::any_io_executor strand_, std::string id_, resource_kind kind_,
-                 client_resource_options options_, bool estimate_, double burst)
+                 client_resource_options options_, bool estimate_, rate_algorithm_options local)
       : id(std::move(id_)),
         kind(kind_),
         options(options_),
         estimate(estimate_),
-        rate({.rate = 0, .burst = burst}),
-        auto_burst(!(burst > 0)),
+        rate(with_burst(local), 0),
+        auto_burst(!(local.burst > 0)),
         gauge(0),
         strand(std::move(strand_)) {}
 
@@ -106,7 +113,7 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   const resource_kind kind;
   const client_resource_options options;
   const bool estimate;    // wants measured from use (else fixed by the user)
-  rate_limiter rate;      // used when kind == rate
+  any_rate_limiter rate;  // used when kind == rate
   const bool auto_burst;  // the burst follows the capacity
   gauge_limiter gauge;    // used when kind == gauge
   std::atomic<double> capacity{0};
@@ -269,7 +276,7 @@ class client {
   /// these options for the first one). Thread-safe.
   std::shared_ptr<detail::resource_entry> attach(std::string_view id, detail::resource_kind kind,
                                                  client_resource_options opts, bool estimate,
-                                                 double burst) {
+                                                 const rate_algorithm_options& local) {
     if (const char* problem = detail::id_problem(id)) {
       throw std::invalid_argument("resource id " + std::string(problem));
     }
@@ -285,7 +292,7 @@ class client {
       return slot;
     }
     slot = std::make_shared<detail::resource_entry>(strand_, std::string(id), kind, opts, estimate,
-                                                    burst);
+                                                    local);
     slot->handles = 1;
     slot->wants = opts.wants;
     slot->on_held_back = [this, e = slot.get()] {

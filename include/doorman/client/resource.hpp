@@ -41,6 +41,13 @@ struct resource_options {
   /// Rate only: the permits an idle limiter admits at once; 0 (the default) follows the lease
   /// as max(1, capacity × 0.1 s), which absorbs the jitter of callers arriving on a schedule.
   double burst = 0;
+  /// Rate only: the local algorithm that enforces the lease (see docs/algorithms.md), and its
+  /// parameters: a window algorithm's limit is the capacity × `window`.
+  rate_algorithm algorithm = rate_algorithm::gcra;
+  std::chrono::nanoseconds window = std::chrono::seconds(1);  ///< the window algorithms
+  unsigned sub_windows = 1;            ///< sliding_window: sub-windows per window (1–1024)
+  std::size_t max_log_entries = 4096;  ///< sliding_log: its bound
+  double queue = 10;                   ///< leaky_bucket: permits that may wait
 };
 
 namespace detail {
@@ -101,10 +108,16 @@ class resource_handle {
       : client_(&c),
         entry_(c.attach(id, kind,
                         {o.priority, o.wants.value_or(o.initial_wants), o.mode, o.safe_capacity},
-                        !o.wants.has_value(), o.burst)) {}
+                        !o.wants.has_value(),
+                        {.algorithm = o.algorithm,
+                         .burst = o.burst,
+                         .window = o.window,
+                         .sub_windows = o.sub_windows,
+                         .max_log_entries = o.max_log_entries,
+                         .queue = o.queue})) {}
 
   resource_handle(const resource_handle& other) : client_(other.client_), entry_(other.entry_) {
-    if (entry_) client_->attach(entry_->id, entry_->kind, entry_->options, entry_->estimate, 1);
+    if (entry_) client_->attach(entry_->id, entry_->kind, entry_->options, entry_->estimate, {});
   }
   resource_handle(resource_handle&& other) noexcept
       : client_(other.client_), entry_(std::move(other.entry_)) {}
@@ -142,7 +155,7 @@ class resource_handle {
 /// A rate resource: at most `capacity()` operations per second, following the lease.
 class rate_resource : public detail::resource_handle {
  public:
-  using acquire_result = rate_limiter::acquire_result;
+  using acquire_result = any_rate_limiter::acquire_result;
 
   rate_resource(client& c, std::string_view id, const resource_options& o = {})
       : resource_handle(c, id, detail::resource_kind::rate, o) {}
@@ -151,31 +164,41 @@ class rate_resource : public detail::resource_handle {
   /// (`duration::max()` while the capacity is 0).
   acquire_result try_acquire(double n = 1) noexcept {
     auto r = entry_->rate.try_acquire(n);
-    if (!r && r.retry_after == rate_limiter::duration::max()) entry_->held_back();
+    if (!r && r.retry_after == any_rate_limiter::duration::max()) entry_->held_back();
     return r;
   }
 
-  /// Blocks until `n` permits are admitted (first come, first served). Throws
-  /// `std::system_error` (`asio::error::operation_aborted`) when the client stops or the
-  /// resource is released first; a wait ended so consumes no permit.
+  /// Blocks until `n` permits are admitted (first come, first served with `gcra` and
+  /// `leaky_bucket`; the window algorithms retry when their refusal says). Throws
+  /// `std::system_error`: `asio::error::operation_aborted` when the client stops or the
+  /// resource is released first (a wait ended so consumes no permit);
+  /// `asio::error::no_buffer_space` when the algorithm can never admit it (a leaky bucket's
+  /// queue is full, or `n` exceeds a window's limit).
   void wait(double n = 1) {
     std::error_code ec;
     wait(n, ec);
-    if (ec) throw detail::stopped_error();
+    if (ec == asio::error::operation_aborted) throw detail::stopped_error();
+    if (ec)
+      throw std::system_error(
+          ec, "rate resource " + id() + ": cannot wait for " + std::to_string(n) + " permits");
   }
 
-  /// As above, reporting the stop in `ec` instead.
+  /// As above, reporting the error in `ec` instead.
   void wait(double n, std::error_code& ec) {
     entry_->held_back();  // (when the capacity is 0)
-    ec = entry_->rate.wait(n, entry_->stop_source.get_token())
-             ? std::error_code()
-             : std::error_code(asio::error::operation_aborted);
+    const auto stop = entry_->stop_source.get_token();
+    if (entry_->rate.wait(n, stop)) {
+      ec = {};
+    } else {
+      ec = stop.stop_requested() ? asio::error::operation_aborted : asio::error::no_buffer_space;
+    }
   }
 
   /// Waits asynchronously for `n` permits, through any asio completion token, completing
   /// `void(std::error_code)`: success once admitted, `asio::error::operation_aborted` when
   /// cancelled (the handler's cancellation slot: terminal, partial or total) or when the client
-  /// stops. A cancelled wait consumes no permit. The handler runs on its associated executor.
+  /// stops, `asio::error::no_buffer_space` as `wait` says. A cancelled wait consumes no permit.
+  /// The handler runs on its associated executor.
   template <class CompletionToken>
   auto async_wait(double n, CompletionToken&& token) {
     return detail::async_pending(
@@ -183,19 +206,21 @@ class rate_resource : public detail::resource_handle {
         std::forward<CompletionToken>(token));
   }
 
-  /// The local limiter (e.g. to change its burst).
-  [[nodiscard]] rate_limiter& limiter() noexcept { return entry_->rate; }
+  /// The local limiter (e.g. to change its burst), running `resource_options::algorithm`.
+  [[nodiscard]] any_rate_limiter& limiter() noexcept { return entry_->rate; }
 
  private:
   static asio::awaitable<std::error_code> wait_op(std::shared_ptr<detail::resource_entry> e,
                                                   double n,
                                                   std::shared_ptr<detail::pending_wait> w) {
     detail::listed_wait listed(*e, *w);
+    if (!e->rate.reserves()) co_return co_await retry_op(*e, n, *w, listed);
     for (;;) {
       if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
       const auto at = e->rate.reserve(n);
-      if (at == coarse_clock::time_point::max()) {  // blocked (capacity 0): until it changes
-        e->held_back();
+      if (at == coarse_clock::time_point::max()) {
+        if (e->rate.rate() != 0) co_return asio::error::no_buffer_space;  // a full queue
+        e->held_back();  // blocked (capacity 0): until it changes
         co_await listed.until_woken();
         continue;
       }
@@ -209,6 +234,26 @@ class rate_resource : public detail::resource_handle {
         co_return asio::error::operation_aborted;
       }
       co_return std::error_code();
+    }
+  }
+
+  // The window algorithms' wait: tried again when the refusal says the permits fit.
+  static asio::awaitable<std::error_code> retry_op(detail::resource_entry& e, double n,
+                                                   detail::pending_wait& w,
+                                                   detail::listed_wait& listed) {
+    for (bool first = true;; first = false) {
+      if (w.cancelled || e.stopped()) co_return asio::error::operation_aborted;
+      const auto r = first ? e.rate.try_acquire(n) : e.rate.try_again(n);
+      if (r) co_return std::error_code();
+      if (r.retry_after == any_rate_limiter::duration::max()) {
+        if (e.rate.rate() != 0) co_return asio::error::no_buffer_space;  // never fits
+        e.held_back();  // blocked (capacity 0): until it changes
+        co_await listed.until_woken();
+        continue;
+      }
+      w.timer.expires_after(r.retry_after);
+      std::error_code ec;
+      co_await w.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
   }
 };

@@ -5,7 +5,7 @@
 /// burst; callers that `wait` queue first come, first served, and at most `queue` permits may
 /// wait. A caller that would overflow the queue is refused at once.
 ///
-///     doorman::leaky_bucket shaper({.rate = 50, .queue = 100});
+///     doorman::leaky_bucket_limiter shaper({.rate = 50, .queue = 100});
 ///     if (!shaper.wait()) reply_429();           // queued: runs at most 50 per second
 ///     if (auto r = shaper.try_acquire(); !r) ... // admitted only when nobody is queued
 ///
@@ -37,7 +37,7 @@ struct leaky_bucket_options {
 };
 
 template <class Clock>
-class basic_leaky_bucket {
+class basic_leaky_bucket_limiter {
  public:
   using clock_type = Clock;
   using duration = typename Clock::duration;
@@ -45,14 +45,14 @@ class basic_leaky_bucket {
   using acquire_result = basic_acquire_result<duration>;
   using options_type = leaky_bucket_options;
 
-  explicit basic_leaky_bucket(leaky_bucket_options options = {}, Clock clock = Clock{})
+  explicit basic_leaky_bucket_limiter(leaky_bucket_options options = {}, Clock clock = Clock{})
       : clock_(std::move(clock)) {
     set_queue(options.queue);
     set_rate(options.rate);
   }
 
-  basic_leaky_bucket(const basic_leaky_bucket&) = delete;
-  basic_leaky_bucket& operator=(const basic_leaky_bucket&) = delete;
+  basic_leaky_bucket_limiter(const basic_leaky_bucket_limiter&) = delete;
+  basic_leaky_bucket_limiter& operator=(const basic_leaky_bucket_limiter&) = delete;
 
   /// Takes `n` permits if nobody is queued and the previous permits have left; never blocks.
   acquire_result try_acquire(double n = 1) noexcept {
@@ -129,10 +129,9 @@ class basic_leaky_bucket {
         old != interval) {
       const std::int64_t now = ticks::point(ticks::precise(clock_));
       std::int64_t next = next_.load(std::memory_order_relaxed);
-      while (next > now &&
-             !next_.compare_exchange_weak(
-                 next, now + to_ns(static_cast<double>(next - now) * interval / old),
-                 std::memory_order_relaxed)) {
+      while (next > now && !next_.compare_exchange_weak(
+                               next, now + to_ns(static_cast<double>(next - now) * interval / old),
+                               std::memory_order_relaxed)) {
       }
     }
     changes_.notify();
@@ -174,7 +173,7 @@ class basic_leaky_bucket {
   }
 
   [[nodiscard]] static constexpr std::size_t memory_bytes() noexcept {
-    return sizeof(basic_leaky_bucket);
+    return sizeof(basic_leaky_bucket_limiter);
   }
 
   [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
@@ -236,6 +235,6 @@ class basic_leaky_bucket {
   detail::change_signal changes_;
 };
 
-using leaky_bucket = basic_leaky_bucket<coarse_clock>;
+using leaky_bucket_limiter = basic_leaky_bucket_limiter<coarse_clock>;
 
 }  // namespace doorman

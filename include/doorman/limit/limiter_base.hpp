@@ -35,8 +35,8 @@ struct basic_acquire_result {
 /// Where a limiter stands, in its own terms (what `RateLimit-Limit`, `RateLimit-Remaining`
 /// and `RateLimit-Reset` report).
 struct limit_status {
-  double limit = 0;      ///< permits per window (the burst, for GCRA); < 0 unlimited
-  double remaining = 0;  ///< permits that would be admitted now
+  double limit = 0;                  ///< permits per window (the burst, for GCRA); < 0 unlimited
+  double remaining = 0;              ///< permits that would be admitted now
   std::chrono::nanoseconds reset{};  ///< until `remaining` is back to `limit`, if unused
 };
 

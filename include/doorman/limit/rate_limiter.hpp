@@ -47,7 +47,6 @@
 
 namespace doorman {
 
-
 /// Options of a rate limiter, with their defaults.
 struct rate_limiter_options {
   double rate = -1;  ///< permits per second; < 0 unlimited, 0 blocked

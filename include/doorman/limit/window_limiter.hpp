@@ -53,8 +53,8 @@ namespace doorman {
 struct window_limiter_options {
   double limit = -1;  ///< permits per window; < 0 unlimited, 0 blocked; at most 10^9
   std::chrono::nanoseconds window = std::chrono::seconds(1);  ///< at least 1 ms
-  unsigned sub_windows = 1;           ///< sliding window counter: 1 to 1024
-  std::size_t max_log_entries = 4096; ///< sliding log: 16 to 2^24
+  unsigned sub_windows = 1;                                   ///< sliding window counter: 1 to 1024
+  std::size_t max_log_entries = 4096;                         ///< sliding log: 16 to 2^24
 };
 
 namespace detail {
@@ -203,7 +203,8 @@ class sliding_log_policy {
 };
 
 /// Sliding window counter: counts of the last k + 1 sub-windows (a ring), the estimate being
-/// the newest k plus the oldest weighted by the part of it still in the window.
+/// the newest k (kept summed, so a decision is O(1) in k) plus the oldest weighted by the part
+/// of it still in the window.
 class sliding_window_policy {
  public:
   static constexpr bool lock_free = false;
@@ -220,6 +221,7 @@ class sliding_window_policy {
     now = advance(now);
     if (estimate(now) + static_cast<double>(m) <= static_cast<double>(limit_)) {  // (fits)
       counts_[slot(newest_)] += m;
+      whole_ += m;
       return 0;
     }
     return until_fits(now, m);
@@ -252,19 +254,24 @@ class sliding_window_policy {
   std::int64_t advance(std::int64_t now) {
     const std::int64_t s = floor_div(now, sub_);
     if (s < newest_) return newest_ * sub_;
-    const std::int64_t steps = std::min<std::int64_t>(s - newest_, k_ + 1);
-    for (std::int64_t j = 1; j <= steps; ++j)
-      counts_[slot(s - steps + j)] = 0;
+    if (s - newest_ > static_cast<std::int64_t>(k_)) {
+      std::fill(counts_.begin(), counts_.end(), 0);
+      whole_ = 0;
+    } else {
+      // Each new sub-window takes the slot of the one that leaves the window, and the one
+      // that becomes the oldest leaves the newest k.
+      for (std::int64_t x = newest_ + 1; x <= s; ++x) {
+        counts_[slot(x)] = 0;
+        whole_ -= counts_[slot(x - static_cast<std::int64_t>(k_))];
+      }
+    }
     newest_ = s;
     return now;
   }
 
   // The estimate at `now` (in the newest sub-window), in thousandths.
   double estimate(std::int64_t now) const noexcept {
-    std::uint64_t whole = 0;
-    for (std::int64_t j = 0; j < static_cast<std::int64_t>(k_); ++j)
-      whole += counts_[slot(newest_ - j)];
-    return weighted(whole, counts_[slot(newest_ - k_)], now - newest_ * sub_);
+    return weighted(whole_, counts_[slot(newest_ - k_)], now - newest_ * sub_);
   }
 
   // The newest sub-windows' count plus the oldest's, weighted by the part of it still inside
@@ -282,9 +289,7 @@ class sliding_window_policy {
   // across the current sub-window; then the next oldest becomes the oldest, and so on.
   std::int64_t until_fits(std::int64_t now, std::uint64_t m) const noexcept {
     const double room = static_cast<double>(limit_ - m);
-    std::uint64_t whole = 0;
-    for (std::int64_t j = 0; j < static_cast<std::int64_t>(k_); ++j)
-      whole += counts_[slot(newest_ - j)];
+    std::uint64_t whole = whole_;
     for (std::int64_t step = 0; step <= static_cast<std::int64_t>(k_); ++step) {
       const std::int64_t cur = newest_ + step;
       const std::uint64_t oldest = counts_[slot(cur - static_cast<std::int64_t>(k_))];
@@ -309,6 +314,7 @@ class sliding_window_policy {
   const std::int64_t sub_;  // nanoseconds per sub-window
   std::uint64_t limit_ = 0;
   std::int64_t newest_ = 0;  // the newest sub-window's number
+  std::uint64_t whole_ = 0;  // the newest k sub-windows' counts, summed
   std::vector<std::uint64_t> counts_;
 };
 
@@ -348,6 +354,13 @@ class basic_window_limiter {
     return {false, ticks::to_duration(wait)};
   }
 
+  /// `try_acquire` for a caller already counted (a retried asynchronous wait): neither its
+  /// demand nor a refusal is counted again.
+  acquire_result try_again(double n = 1) noexcept {
+    const std::int64_t wait = decide(n);
+    return {wait == 0, wait == 0 ? duration{} : ticks::to_duration(wait)};
+  }
+
   /// Blocks until `n` permits are admitted, retrying when the refusal said they would fit
   /// (not first come, first served: a new caller may take them first). Returns false when
   /// `stop` was requested first, or when `n` exceeds the limit (it never fits); while the
@@ -364,8 +377,7 @@ class basic_window_limiter {
       counted = true;
       if (wait != detail::never) {
         const time_point at = ticks::precise(clock_) + ticks::to_duration(wait);
-        if (!detail::sleep_until([this] { return ticks::precise(clock_); }, at, stop))
-          return false;
+        if (!detail::sleep_until([this] { return ticks::precise(clock_); }, at, stop)) return false;
       } else if (limit_milli_.load(std::memory_order_relaxed) == 0) {
         changes_.wait(seen, stop);
       } else {
@@ -470,8 +482,7 @@ class basic_window_limiter {
     return policy_.admit(now, m);
   }
 
-  using lock_type =
-      std::conditional_t<Policy::lock_free, detail::no_lock, detail::spin_lock>;
+  using lock_type = std::conditional_t<Policy::lock_free, detail::no_lock, detail::spin_lock>;
 
   [[no_unique_address]] Clock clock_;
   const std::int64_t lag_ = ticks::lag(clock_);

@@ -1,0 +1,375 @@
+#pragma once
+
+/// \file
+/// Rate-limit rules in the style of Lyft's ratelimit service (as Envoy uses it): a `domain`,
+/// a tree of `descriptors` (key, optional value, nested descriptors), each with a `rate_limit`
+/// of `requests_per_unit` per `unit`, plus this library's `mode` (hard, soft, elastic) and
+/// `shadow`. A request names its domain and carries descriptors, each a list of key/value
+/// entries; `check` finds the rule each descriptor matches and counts the request against it.
+///
+///     auto rules = doorman::rule_set::parse(nlohmann::json::parse(R"({
+///       "domain": "api",
+///       "descriptors": [
+///         {"key": "remote_address", "rate_limit": {"unit": "minute", "requests_per_unit": 100}},
+///         {"key": "plan", "value": "free",
+///          "descriptors": [{"key": "user", "mode": "elastic", "max_delay": 2,
+///                           "rate_limit": {"unit": "second", "requests_per_unit": 5}}]}]})"));
+///     auto verdict = rules.check("api", {{{"remote_address", ip}}, {{"plan", "free"},
+///                                                                   {"user", login}}});
+///     if (verdict.code == doorman::rule_code::refused) reply_429(verdict);
+///
+/// Matching, per descriptor: the first entry is looked up among the domain's descriptors by
+/// key and value, else by key alone (a rule without a value: one limit per distinct value);
+/// each next entry among the matched rule's nested descriptors. A descriptor whose every entry
+/// matched is limited by the last rule's `rate_limit` (a rule without one limits nothing).
+///
+/// Each rule is a template (`resource_templates()`): its limit applies per distinct request
+/// key, `<domain>/<key>=<value>/...` with the values of the rule's path, held by a
+/// `keyed_limiter` (bounded memory). The same key is a Doorman resource id, so a rule can be
+/// made global across a fleet by giving each key a `rate_resource` (see `keyed_rate_resource`).
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/config.hpp"
+#include "doorman/core/json_reader.hpp"
+#include "doorman/limit/keyed_limiter.hpp"
+#include "doorman/limit/window_limiter.hpp"
+
+namespace doorman {
+
+/// What a rule does with a request over its limit.
+enum class rule_mode {
+  hard,     ///< refuse it
+  soft,     ///< serve it, up to `overage` × the limit more per unit, reported as over
+  elastic,  ///< ask the caller to come back when it fits, if within `max_delay`; else refuse
+};
+
+/// The verdict of `check`, worst first.
+enum class rule_code {
+  ok,       ///< within every limit
+  soft,     ///< served, but over a soft limit
+  delay,    ///< an elastic limit: come back after `retry_after`
+  refused,  ///< over a limit: answer 429
+};
+
+/// A descriptor's entry and a descriptor, as a request carries them.
+struct descriptor_entry {
+  std::string key;
+  std::string value;
+};
+using descriptor = std::vector<descriptor_entry>;
+
+/// The outcome of `check`: the worst code among the descriptors, and for the headers the
+/// limit that has the fewest permits left (`limit` < 0 when no rule matched).
+struct rule_verdict {
+  rule_code code = rule_code::ok;
+  double limit = -1;     ///< requests per `window` of the deciding rule
+  double remaining = 0;  ///< requests left in it (0 when over)
+  std::chrono::nanoseconds window{};
+  std::chrono::nanoseconds reset{};        ///< until `remaining` is back to `limit`
+  std::chrono::nanoseconds retry_after{};  ///< with `delay` and `refused`: when to come back
+  std::string key;               ///< the deciding request key (a resource id), e.g. "api/user=ann"
+  bool shadow_exceeded = false;  ///< a shadow rule was over its limit (nothing refused)
+};
+
+/// Limits on what a rule file may hold (a file is input from outside).
+struct rule_limits {
+  static constexpr std::size_t max_descriptors = 1000;  ///< per level
+  static constexpr std::size_t max_depth = 8;
+  static constexpr std::size_t max_rules = 10'000;  ///< in all
+  static constexpr double max_requests_per_unit = 1e9;
+  static constexpr double max_delay = 3600;  ///< seconds
+  static constexpr std::size_t max_key_bytes = 256;
+};
+
+/// Compiled rules, counting with `Limiter` (a window limiter) per request key.
+template <class Limiter = sliding_window_limiter>
+class basic_rule_set {
+ public:
+  using clock_type = typename Limiter::clock_type;
+
+  /// One rule (a node of the descriptor tree).
+  struct rule {
+    std::string key;
+    std::string value;                // empty: any value (a limit per value)
+    double requests_per_unit = -1;    // < 0: no rate_limit here
+    std::chrono::nanoseconds unit{};  // the window
+    rule_mode mode = rule_mode::hard;
+    bool shadow = false;
+    double overage = 0.5;                                         // soft
+    std::chrono::nanoseconds max_delay{std::chrono::seconds(1)};  // elastic
+    std::string path;  // "<domain>/<key>=<value or *>/..."
+    std::vector<rule> children;
+    std::shared_ptr<keyed_limiter<Limiter>> limiters;
+    std::shared_ptr<std::atomic<std::uint64_t>> shadow_count;
+  };
+
+  /// Options of the compiled rules, with their defaults.
+  struct options {
+    keyed_limiter_options keys{};  ///< per rule
+    unsigned sub_windows = 6;      ///< for a sliding window counter
+  };
+
+  /// Compiles one domain's rules (an object) or several (an array of them). Throws
+  /// `config_error` naming the field (`descriptors[0].rate_limit.unit: must be one of second,
+  /// minute, hour, day`).
+  static basic_rule_set parse(const nlohmann::json& j, options o = {},
+                              clock_type clock = clock_type{}) {
+    basic_rule_set set(o, clock);
+    std::size_t count = 0;
+    if (j.is_array()) {
+      if (j.size() > rule_limits::max_descriptors)
+        throw config_error("", "must hold at most 1000 domains");
+      for (std::size_t i = 0; i < j.size(); ++i)
+        set.read_domain(j[i], "[" + std::to_string(i) + "]", count);
+    } else {
+      set.read_domain(j, "", count);
+    }
+    return set;
+  }
+
+  /// Counts one request (`n` hits) against the rule each descriptor matches.
+  rule_verdict check(std::string_view domain, const std::vector<descriptor>& descriptors,
+                     double n = 1) {
+    rule_verdict verdict;
+    const auto d = std::find_if(domains_.begin(), domains_.end(),
+                                [&](const auto& x) { return x.name == domain; });
+    if (d == domains_.end()) return verdict;
+    for (const auto& desc : descriptors) {
+      std::string key(domain);
+      const rule* r = match(d->rules, desc, key);
+      if (r && r->requests_per_unit >= 0) apply(*r, key, n, verdict);
+    }
+    return verdict;
+  }
+
+  /// The rules as resource templates: `identifier_glob` the rule's path, `capacity` its
+  /// requests per second. A Doorman node configured with them shares each key's limit
+  /// across a fleet (one resource, so one lease per client, per key).
+  [[nodiscard]] std::vector<resource_template> resource_templates() const {
+    std::vector<resource_template> out;
+    for (const auto& d : domains_)
+      collect(d.rules, out);
+    return out;
+  }
+
+  /// Requests a shadow rule would have refused, so far.
+  [[nodiscard]] std::uint64_t shadow_exceeded() const noexcept { return shadow_total_->load(); }
+
+  /// The domains' names.
+  [[nodiscard]] std::vector<std::string> domains() const {
+    std::vector<std::string> out;
+    for (const auto& d : domains_)
+      out.push_back(d.name);
+    return out;
+  }
+
+ private:
+  struct domain_rules {
+    std::string name;
+    std::vector<rule> rules;
+  };
+
+  basic_rule_set(options o, clock_type clock) : options_(o), clock_(clock) {}
+
+  void read_domain(const nlohmann::json& j, const std::string& path, std::size_t& count) {
+    detail::json_reader r(j, path);
+    r.only({"domain", "descriptors"});
+    domain_rules d;
+    if (r.string("domain", d.name) && (d.name.empty() || d.name.size() > 256))
+      r.fail("domain", "must be a string of 1 to 256 bytes");
+    for (const auto& other : domains_) {
+      if (!r.error() && other.name == d.name) r.fail("domain", "is already defined");
+    }
+    read_rules(r, "descriptors", d.name, 1, d.rules, count);
+    if (r.error()) throw config_error(*r.error());
+    domains_.push_back(std::move(d));
+  }
+
+  void read_rules(detail::json_reader& r, const char* field, const std::string& parent,
+                  std::size_t depth, std::vector<rule>& out, std::size_t& count) {
+    r.array(
+        field,
+        [&](const nlohmann::json& e, const std::string& path) {
+          detail::json_reader er(e, path);
+          rule x = read_rule(er, parent, depth, count);
+          for (const auto& sibling : out) {
+            if (!er.error() && sibling.key == x.key && sibling.value == x.value)
+              er.fail("", "repeats the key and value of an earlier descriptor");
+          }
+          r.absorb(er.error());
+          out.push_back(std::move(x));
+        },
+        rule_limits::max_descriptors, false);
+  }
+
+  rule read_rule(detail::json_reader& r, const std::string& parent, std::size_t depth,
+                 std::size_t& count) {
+    r.only({"key", "value", "rate_limit", "mode", "shadow", "overage", "max_delay", "descriptors"});
+    rule x;
+    if (++count > rule_limits::max_rules) r.fail("", "one rule too many (at most 10000)");
+    if (depth > rule_limits::max_depth) r.fail("", "nests too deep (at most 8 levels)");
+    r.string("key", x.key);
+    r.string("value", x.value, false);
+    if (!r.error() && (x.key.empty() || x.key.size() > rule_limits::max_key_bytes))
+      r.fail("key", "must be a string of 1 to 256 bytes");
+    if (!r.error() && x.value.size() > rule_limits::max_key_bytes)
+      r.fail("value", "must be at most 256 bytes");
+    x.path = parent + "/" + x.key + "=" + (x.value.empty() ? "*" : x.value);
+    read_limit(r, x);
+    read_rules(r, "descriptors", x.path, depth + 1, x.children, count);
+    if (!r.error() && x.requests_per_unit >= 0) {
+      x.limiters = make_limiters(x);
+      x.shadow_count = std::make_shared<std::atomic<std::uint64_t>>(0);
+    }
+    return x;
+  }
+
+  void read_limit(detail::json_reader& r, rule& x) {
+    std::string mode = "hard";
+    r.string("mode", mode, false);
+    if (mode == "soft") {
+      x.mode = rule_mode::soft;
+    } else if (mode == "elastic") {
+      x.mode = rule_mode::elastic;
+    } else if (mode != "hard") {
+      r.fail("mode", "must be one of hard, soft, elastic");
+    }
+    r.boolean("shadow", x.shadow, false);
+    if (r.number("overage", x.overage, false)) r.within("overage", x.overage, 0, 10);
+    double delay = 1;
+    if (r.number("max_delay", delay, false))
+      r.within("max_delay", delay, 0, rule_limits::max_delay);
+    x.max_delay = std::chrono::nanoseconds(static_cast<std::int64_t>(delay * 1e9));
+    const nlohmann::json* limit = r.object("rate_limit", false);
+    if (!limit || r.error()) return;
+    detail::json_reader lr(*limit, r.at("rate_limit"));
+    lr.only({"unit", "requests_per_unit"});
+    std::string unit;
+    if (lr.string("unit", unit)) {
+      constexpr std::array<std::pair<std::string_view, std::int64_t>, 4> units{
+          {{"second", 1}, {"minute", 60}, {"hour", 3600}, {"day", 86400}}};
+      const auto u =
+          std::find_if(units.begin(), units.end(), [&](const auto& p) { return p.first == unit; });
+      if (u == units.end()) {
+        lr.fail("unit", "must be one of second, minute, hour, day");
+      } else {
+        x.unit = std::chrono::seconds(u->second);
+      }
+    }
+    std::int64_t n = 0;
+    if (lr.integer("requests_per_unit", n)) {
+      lr.within("requests_per_unit", static_cast<double>(n), 0, rule_limits::max_requests_per_unit);
+      x.requests_per_unit = static_cast<double>(n);
+    }
+    r.absorb(lr.error());
+  }
+
+  std::shared_ptr<keyed_limiter<Limiter>> make_limiters(const rule& x) const {
+    // A soft rule counts up to its overage; the verdict reports what is over the limit.
+    const double limit = x.mode == rule_mode::soft
+                             ? std::floor(x.requests_per_unit * (1 + x.overage))
+                             : x.requests_per_unit;
+    return std::make_shared<keyed_limiter<Limiter>>(
+        window_limiter_options{
+            .limit = limit, .window = x.unit, .sub_windows = options_.sub_windows},
+        options_.keys, clock_);
+  }
+
+  // The rule `desc` matches, extending `key` with its path; null when an entry matched none.
+  static const rule* match(const std::vector<rule>& rules, const descriptor& desc,
+                           std::string& key) {
+    const std::vector<rule>* level = &rules;
+    const rule* found = nullptr;
+    for (const auto& entry : desc) {
+      if (!level) return nullptr;
+      const rule* exact = nullptr;
+      const rule* any = nullptr;
+      for (const auto& r : *level) {
+        if (r.key != entry.key) continue;
+        if (r.value == entry.value) exact = &r;
+        if (r.value.empty()) any = &r;
+      }
+      found = exact ? exact : any;
+      if (!found) return nullptr;
+      // A request's values come from outside: at most 256 bytes of each counts (longer values
+      // that share their first 256 bytes share a limit).
+      key += '/';
+      key += std::string_view(entry.key).substr(0, rule_limits::max_key_bytes);
+      key += '=';
+      key += std::string_view(entry.value).substr(0, rule_limits::max_key_bytes);
+      level = found->children.empty() ? nullptr : &found->children;
+    }
+    return found;
+  }
+
+  void apply(const rule& r, const std::string& key, double n, rule_verdict& v) {
+    const auto limiter = r.limiters->get(key);
+    const auto result = limiter->try_acquire(n);
+    const limit_status s = limiter->status();
+    const double over = r.mode == rule_mode::soft ? s.limit - r.requests_per_unit : 0;
+    rule_code code = rule_code::ok;
+    if (!result) {
+      code = r.mode == rule_mode::elastic && result.retry_after <= r.max_delay ? rule_code::delay
+                                                                               : rule_code::refused;
+    } else if (s.remaining < over) {
+      code = rule_code::soft;
+    }
+    if (r.shadow) {
+      if (code == rule_code::ok) return;
+      r.shadow_count->fetch_add(1);
+      shadow_total_->fetch_add(1);
+      v.shadow_exceeded = true;
+      return;
+    }
+    const double remaining = std::max(0.0, s.remaining - over);
+    if (v.limit < 0 || remaining < v.remaining || code > v.code) {
+      v.limit = r.requests_per_unit;
+      v.remaining = remaining;
+      v.window = r.unit;
+      v.reset = s.reset;
+      v.key = key;
+    }
+    if (code > v.code) v.code = code;
+    if (!result) {
+      const auto after = std::chrono::duration_cast<std::chrono::nanoseconds>(result.retry_after);
+      v.retry_after = std::max(v.retry_after, after);
+    }
+  }
+
+  static void collect(const std::vector<rule>& rules, std::vector<resource_template>& out) {
+    for (const auto& r : rules) {
+      if (r.requests_per_unit >= 0) {
+        resource_template t;
+        t.identifier_glob = r.path;
+        t.capacity = r.requests_per_unit / std::chrono::duration<double>(r.unit).count();
+        t.description = "rule " + r.path;
+        out.push_back(std::move(t));
+      }
+      collect(r.children, out);
+    }
+  }
+
+  options options_;
+  [[no_unique_address]] clock_type clock_;
+  std::vector<domain_rules> domains_;
+  std::shared_ptr<std::atomic<std::uint64_t>> shadow_total_ =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
+};
+
+using rule_set = basic_rule_set<>;
+
+}  // namespace doorman
