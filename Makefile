@@ -56,12 +56,13 @@ fuzz:
 ## Benchmarks (Release), JSON written to build/release/{decision,load,limiter}.json.
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision doorman_bench_load doorman_bench_limiter
+	@cmake --build --preset release -j $(JOBS) --target doorman_bench_decision doorman_bench_load doorman_bench_limiter doorman_bench_algorithms
 	@./build/release/benchmarks/doorman_bench_decision --benchmark_repetitions=5 \
 	  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
 	  --benchmark_out=build/release/decision.json --benchmark_out_format=json
 	@./build/release/benchmarks/doorman_bench_load --json build/release/load.json
 	@./build/release/benchmarks/doorman_bench_limiter --json build/release/limiter.json
+	@./build/release/benchmarks/doorman_bench_algorithms --json build/release/algorithms.json
 
 ## Format every C++ file with clang-format.
 format:

@@ -13,7 +13,9 @@
 //   second after it.
 // For each: requests admitted; the most admitted in any 60 s window (over the limit: what the
 // limit failed to stop); refusals while the algorithm's own admissions in the last 60 s were
-// under the limit (an exact sliding window would have admitted them); memory per limiter.
+// under the limit (an exact sliding window would have admitted them); memory per limiter (the
+// compact window limiters, as a keyed limiter holds them; the leaky bucket queues instead of
+// refusing, up to 100 requests, so its mean wait is shown).
 // Cost (real time, coarse clock, every call admitted): nanoseconds per try_acquire on one
 // thread and on each of two threads sharing one limiter, over S seconds (default 0.5) each.
 // --svg DIR writes one chart per pattern: each algorithm's own count (limit − remaining) and
@@ -113,11 +115,12 @@ std::vector<algorithm> algorithms() {
           "gcra (burst 100)", doorman::rate_limiter_options{.rate = limit / 60, .burst = 100}),
       make_algorithm<doorman::basic_rate_limiter<clock_ref>>(
           "gcra (burst 10)", doorman::rate_limiter_options{.rate = limit / 60, .burst = 10}),
-      make_algorithm<doorman::basic_fixed_window_limiter<clock_ref>>("fixed_window", w),
-      make_algorithm<doorman::basic_sliding_log_limiter<clock_ref>>("sliding_log", w),
-      make_algorithm<doorman::basic_sliding_window_limiter<clock_ref>>("sliding_window (k=1)", w),
-      make_algorithm<doorman::basic_sliding_window_limiter<clock_ref>>("sliding_window (k=12)",
-                                                                       k12),
+      make_algorithm<doorman::basic_fixed_window_limiter<clock_ref, 1>>("fixed_window", w),
+      make_algorithm<doorman::basic_sliding_log_limiter<clock_ref, 1>>("sliding_log", w),
+      make_algorithm<doorman::basic_sliding_window_limiter<clock_ref, 1>>("sliding_window (k=1)",
+                                                                          w),
+      make_algorithm<doorman::basic_sliding_window_limiter<clock_ref, 1>>("sliding_window (k=12)",
+                                                                          k12),
       make_algorithm<doorman::basic_leaky_bucket_limiter<clock_ref>>(
           "leaky_bucket (queue 100)",
           doorman::leaky_bucket_options{.rate = limit / 60, .queue = limit}),

@@ -686,6 +686,10 @@ TEST_CASE("keyed limiter: a limiter per key, idle keys evicted, a flood of keys 
   CHECK_FALSE(per_key.try_acquire("alice"));
   CHECK(per_key.try_acquire("bob"));
   CHECK(per_key.status("bob").remaining == 1);
+  // Keys from outside count by their first 256 bytes: a megabyte key costs no more.
+  CHECK(per_key.try_acquire(std::string(1 << 20, 'k') + "1"));
+  CHECK(per_key.try_acquire(std::string(1 << 20, 'k') + "2"));
+  CHECK_FALSE(per_key.try_acquire(std::string(1 << 20, 'k') + "3"));  // the same 256 bytes
 
   // A flood of fresh keys: memory stays bounded, and alice's limit is not reset.
   for (int i = 0; i < 10000; ++i)

@@ -835,6 +835,30 @@ TEST_CASE("docs: node.md's flag table is doorman-node --help", "[docs]") {
   CHECK(flags == table.size());
 }
 
+#ifdef DOORMAN_HTTP_BINARY
+TEST_CASE("docs: every doorman-http-429 flag they show is one it takes", "[docs]") {
+  const auto usage = run_command(std::string(DOORMAN_HTTP_BINARY) + " --help").second;
+  REQUIRE_THAT(usage, Catch::Contains("usage: doorman-http-429"));
+  const std::regex shown(R"(doorman-http-429 ([^`\n]*))");
+  const std::regex flag(R"(--[a-z-]+)");
+  std::size_t checked = 0;
+  for (const auto& file : markdown_files()) {
+    const auto text = read_text(file);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), shown);
+         it != std::sregex_iterator(); ++it) {
+      const std::string line = (*it)[1].str();
+      for (auto f = std::sregex_iterator(line.begin(), line.end(), flag);
+           f != std::sregex_iterator(); ++f) {
+        INFO(file.filename().string() << ": " << f->str());
+        CHECK_THAT(usage, Catch::Contains("[" + f->str() + " "));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked >= 5);
+}
+#endif
+
 TEST_CASE("docs: every doorman command they show exists", "[docs]") {
   const auto usage = run_command(std::string(DOORMAN_CLI_BINARY) + " --help").second;
   const std::regex shown(R"(\$ doorman ([a-z]+)|`doorman ([a-z]+)[ `])");

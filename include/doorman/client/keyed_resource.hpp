@@ -41,19 +41,25 @@ namespace doorman {
 /// The resource id of `key` under `pattern` (which holds one `*`): `api-key:*` and `abc` give
 /// `api-key:abc`. The bytes a glob treats specially (`* ? [ ] \ /`), `%`, and bytes outside
 /// printable ASCII are written `%XX`, so the id always matches the pattern and distinct keys
-/// give distinct ids. Throws `std::invalid_argument` when `pattern` holds no `*` or more than
-/// one.
+/// give distinct ids, up to the protocol's 256 bytes: a longer id keeps the key's first bytes
+/// that fit (keys sharing them share the id). Throws `std::invalid_argument` when `pattern`
+/// holds no `*` or more than one, or leaves no room for a key.
 inline std::string resource_id_for(std::string_view pattern, std::string_view key) {
   const auto star = pattern.find('*');
   if (star == std::string_view::npos || pattern.find('*', star + 1) != std::string_view::npos)
     throw std::invalid_argument("resource id template must hold exactly one '*': " +
                                 std::string(pattern));
+  if (pattern.size() + 8 > request_limits::max_id_bytes)
+    throw std::invalid_argument("resource id template leaves no room for a key: " +
+                                std::string(pattern));
+  const std::size_t room = request_limits::max_id_bytes - (pattern.size() - 1);
   std::string id(pattern.substr(0, star));
   constexpr char hex[] = "0123456789ABCDEF";
   for (const char ch : key) {
     const auto c = static_cast<unsigned char>(ch);
     const bool special = c == '*' || c == '?' || c == '[' || c == ']' || c == '\\' || c == '/' ||
                          c == '%' || c <= 0x20 || c >= 0x7f;
+    if (id.size() - star + (special ? 3 : 1) > room) break;
     if (special) {
       id += '%';
       id += hex[c >> 4];
@@ -99,9 +105,10 @@ class keyed_rate_resource {
   /// A handle to `key`'s resource (made if new; the overflow resource when full): for `wait`,
   /// `async_wait`, `capacity()`. Holding it keeps the resource, even once evicted here.
   rate_resource resource(std::string_view key) {
+    std::string id = resource_id_for(pattern_, key);  // at most 256 bytes, whatever the key
     const auto now = std::chrono::steady_clock::now();
     const std::lock_guard lock(mutex_);
-    if (auto it = index_.find(std::string(key)); it != index_.end()) {
+    if (auto it = index_.find(id); it != index_.end()) {
       it->second->last_used = now;
       lru_.splice(lru_.begin(), lru_, it->second);
       return it->second->handle;
@@ -117,8 +124,8 @@ class keyed_rate_resource {
       if (!overflow_) overflow_.emplace(client_, overflow_id_, options_);
       return *overflow_;
     }
-    lru_.push_front(
-        {std::string(key), rate_resource(client_, resource_id_for(pattern_, key), options_), now});
+    rate_resource handle(client_, id, options_);
+    lru_.push_front({std::move(id), std::move(handle), now});
     index_.emplace(lru_.front().key, lru_.begin());
     return lru_.front().handle;
   }
@@ -139,7 +146,7 @@ class keyed_rate_resource {
 
  private:
   struct entry {
-    std::string key;
+    std::string key;  // the resource id
     rate_resource handle;
     std::chrono::steady_clock::time_point last_used;
   };

@@ -3,9 +3,13 @@
 /// \file
 /// One limiter per key (a user, an IP address, an API key) in one process, with bounded memory.
 ///
-///     doorman::keyed_limiter<doorman::sliding_window_limiter> per_ip(
+///     doorman::keyed_limiter<doorman::compact_sliding_window_limiter> per_ip(
 ///         {.limit = 100, .window = 60s, .sub_windows = 12}, {.max_keys = 100'000});
 ///     if (auto r = per_ip.try_acquire(remote_address); !r) reply_429(r.retry_after);
+///
+/// Any limiter works; the compact window limiters (`compact_fixed_window_limiter`,
+/// `compact_sliding_log_limiter`, `compact_sliding_window_limiter`: one demand counter instead
+/// of 16 per-thread stripes) take about 100–250 bytes a key, where `rate_limiter` takes 1.3 KB.
 ///
 /// Each key gets its own `Limiter`, made with the same options, on first use. Memory is bounded
 /// by `max_keys`:
@@ -44,6 +48,9 @@ struct keyed_limiter_options {
   /// How long a key must be unused before it may be evicted; 0: the limiter's memory span
   /// (evicting then changes no decision). A shorter time saves memory and forgets limits.
   std::chrono::nanoseconds idle{0};
+  /// Longer keys count by their first `max_key_bytes` bytes (keys often come from outside: a
+  /// header, an address); keys that share them share a limit.
+  std::size_t max_key_bytes = 256;
 };
 
 template <class Limiter>
@@ -81,6 +88,7 @@ class keyed_limiter {
   /// `key`'s limiter, made if new (or the overflow limiter when its shard is full). Held, the
   /// pointer keeps the key from being evicted.
   std::shared_ptr<Limiter> get(std::string_view key) {
+    key = key.substr(0, std::max<std::size_t>(options_.max_key_bytes, 1));
     const std::size_t h = std::hash<std::string_view>{}(key);
     shard& s = shards_[h % shards];
     const std::int64_t now = ticks(clock_.now());

@@ -96,7 +96,7 @@ struct rule_limits {
 };
 
 /// Compiled rules, counting with `Limiter` (a window limiter) per request key.
-template <class Limiter = sliding_window_limiter>
+template <class Limiter = compact_sliding_window_limiter>
 class basic_rule_set {
  public:
   using clock_type = typename Limiter::clock_type;

@@ -327,8 +327,10 @@ struct no_lock {
 }  // namespace detail
 
 /// A window limiter on clock `Clock` counting with `Policy` (one of the three above);
-/// use the aliases below.
-template <class Policy, class Clock>
+/// use the aliases below. The demand counter (`attempted`) has `Stripes` cache lines, one per
+/// thread for the first ones: 16 keeps one limiter shared by many threads fast (each line
+/// 64 bytes); 1 makes a compact limiter for one per key (`keyed_limiter`).
+template <class Policy, class Clock, unsigned Stripes = 16>
 class basic_window_limiter {
  public:
   using clock_type = Clock;
@@ -490,21 +492,28 @@ class basic_window_limiter {
   std::atomic<std::uint64_t> limit_milli_{0};
   [[no_unique_address]] lock_type lock_;
   Policy policy_;
-  detail::demand_counter<1> attempted_;
+  detail::demand_counter<Stripes> attempted_;
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> delayed_{0};
   detail::change_signal changes_;
 };
 
-template <class Clock = coarse_clock>
-using basic_fixed_window_limiter = basic_window_limiter<detail::fixed_window_policy, Clock>;
-template <class Clock = coarse_clock>
-using basic_sliding_log_limiter = basic_window_limiter<detail::sliding_log_policy, Clock>;
-template <class Clock = coarse_clock>
-using basic_sliding_window_limiter = basic_window_limiter<detail::sliding_window_policy, Clock>;
+template <class Clock = coarse_clock, unsigned Stripes = 16>
+using basic_fixed_window_limiter =
+    basic_window_limiter<detail::fixed_window_policy, Clock, Stripes>;
+template <class Clock = coarse_clock, unsigned Stripes = 16>
+using basic_sliding_log_limiter = basic_window_limiter<detail::sliding_log_policy, Clock, Stripes>;
+template <class Clock = coarse_clock, unsigned Stripes = 16>
+using basic_sliding_window_limiter =
+    basic_window_limiter<detail::sliding_window_policy, Clock, Stripes>;
 
 using fixed_window_limiter = basic_fixed_window_limiter<>;
 using sliding_log_limiter = basic_sliding_log_limiter<>;
 using sliding_window_limiter = basic_sliding_window_limiter<>;
+
+/// The compact forms, for a limiter per key (`keyed_limiter`, rules): one demand counter.
+using compact_fixed_window_limiter = basic_fixed_window_limiter<coarse_clock, 1>;
+using compact_sliding_log_limiter = basic_sliding_log_limiter<coarse_clock, 1>;
+using compact_sliding_window_limiter = basic_sliding_window_limiter<coarse_clock, 1>;
 
 }  // namespace doorman

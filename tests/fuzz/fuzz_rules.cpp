@@ -1,0 +1,84 @@
+// libFuzzer target: rule files (docs/algorithms.md, "Rules") and the checks they make. Any text
+// either is not JSON, or is refused with a `config_error` (nothing else may escape), or
+// compiles into rules; then requests whose descriptors come from the input's last bytes are
+// checked on a frozen clock, and every verdict keeps the documented bounds: a code among the
+// four, a limit of −1 (no rule) or within 0 to 10^9, remaining within 0 to the limit, and a
+// hard rule's key never admitted more than its limit in one window.
+
+#include <doorman/core/time.hpp>
+#include <doorman/limit/rules.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz_support.hpp"
+
+namespace {
+
+struct clock_ref {
+  using duration = doorman::manual_clock::duration;
+  using rep = doorman::manual_clock::rep;
+  using period = doorman::manual_clock::period;
+  using time_point = doorman::manual_clock::time_point;
+  static constexpr bool is_steady = true;
+  const doorman::manual_clock* c;
+  [[nodiscard]] time_point now() const noexcept { return c->now(); }
+};
+
+using rules_type = doorman::basic_rule_set<doorman::basic_fixed_window_limiter<clock_ref, 1>>;
+
+// Descriptors from the input's tail: entries "key=value" separated by ';', descriptors by '|'.
+std::vector<doorman::descriptor> descriptors_of(std::string_view s) {
+  std::vector<doorman::descriptor> out(1);
+  std::size_t i = 0;
+  while (i < s.size() && out.size() <= 8) {
+    const auto end = std::min(s.find_first_of(";|", i), s.size());
+    const auto entry = s.substr(i, end - i);
+    const auto eq = entry.find('=');
+    out.back().push_back({std::string(entry.substr(0, eq)),
+                          eq == std::string_view::npos ? "" : std::string(entry.substr(eq + 1))});
+    if (end < s.size() && s[end] == '|') out.emplace_back();
+    i = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  // The rule file, then after a NUL byte the requests.
+  const auto cut = std::min(input.find('\0'), input.size());
+  const auto doc = nlohmann::json::parse(input.substr(0, cut), nullptr, false);
+  if (doc.is_discarded()) return 0;
+  doorman::manual_clock clock;
+  try {
+    auto rules = rules_type::parse(doc, {}, clock_ref{&clock});
+    const auto domains = rules.domains();
+    const auto requests = descriptors_of(cut < input.size() ? input.substr(cut + 1) : "");
+    std::map<std::string, int> ok;  // per deciding key
+    for (const auto& domain : domains) {
+      for (int round = 0; round < 4; ++round) {
+        const auto v = rules.check(domain, requests);
+        DOORMAN_FUZZ_CHECK(
+            v.code >= doorman::rule_code::ok && v.code <= doorman::rule_code::refused, domain);
+        DOORMAN_FUZZ_CHECK(v.limit == -1 || (v.limit >= 0 && v.limit <= 1e9), domain);
+        DOORMAN_FUZZ_CHECK(v.limit == -1 || (v.remaining >= 0 && v.remaining <= v.limit), v.key);
+        DOORMAN_FUZZ_CHECK(v.key.size() <= domain.size() + 9 * (2 * 256 + 2), v.key);
+        if (v.limit >= 0 && v.code == doorman::rule_code::ok && requests.size() == 1) {
+          DOORMAN_FUZZ_CHECK(++ok[v.key] <= static_cast<int>(v.limit), v.key);
+        }
+      }
+    }
+    for (const auto& t : rules.resource_templates())
+      DOORMAN_FUZZ_CHECK(t.capacity >= 0 && t.capacity <= 1e9, t.identifier_glob);
+  } catch (const doorman::config_error& e) {
+    DOORMAN_FUZZ_CHECK(std::string_view(e.what()).size() > 0, "");
+  }
+  return 0;
+}
