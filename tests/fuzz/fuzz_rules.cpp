@@ -25,7 +25,6 @@ struct clock_ref {
   using rep = doorman::manual_clock::rep;
   using period = doorman::manual_clock::period;
   using time_point = doorman::manual_clock::time_point;
-  static constexpr bool is_steady = true;
   const doorman::manual_clock* c;
   [[nodiscard]] time_point now() const noexcept { return c->now(); }
 };
