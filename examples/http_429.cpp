@@ -14,7 +14,8 @@
 //   doorman-http-429 --rules examples/rules.yaml --domain api --listen 127.0.0.1:8080
 //   curl -i http://127.0.0.1:8080/
 //
-// With --rules and no --server, no Doorman client is made. One request per connection
+// With --rules and no --server, no Doorman client is made. SIGHUP reads the rule file again
+// (a file that does not parse keeps the previous rules). One request per connection
 // (Connection: close); requests are read up to 8 KiB of headers.
 
 #include <doorman/client.hpp>
@@ -29,6 +30,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -262,6 +264,29 @@ int main(int argc, char** argv) {
       acceptor.close();
       io.stop();
     });
+    // SIGHUP reads the rule file again: the new rules apply from the next request (their
+    // counts start afresh); a file that does not parse keeps the previous rules.
+    asio::signal_set hup(io);
+    std::function<void()> await_hup = [&] {
+      hup.async_wait([&](std::error_code e, int) {
+        if (e) return;
+        try {
+          auto fresh = doorman_examples::parse_rules_any(read_file(rules_path), rules_path);
+          const auto domains = fresh.domains();
+          if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
+            throw std::invalid_argument(rules_path + " has no domain " + s.domain);
+          s.rules.emplace(std::move(fresh));
+          fmt::print(stderr, "doorman-http-429: reloaded {}\n", rules_path);
+        } catch (const std::exception& ex) {
+          fmt::print(stderr, "doorman-http-429: kept the previous rules: {}\n", ex.what());
+        }
+        await_hup();
+      });
+    };
+    if (!rules_path.empty()) {
+      hup.add(SIGHUP);
+      await_hup();
+    }
     asio::co_spawn(io, accept(acceptor, s), asio::detached);
     io.run();
     return 0;

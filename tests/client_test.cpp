@@ -383,6 +383,23 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
   CHECK_THAT(refused.head, Catch::Matches("(.|\r|\n)*Retry-After: [0-9]+\r\n(.|\r|\n)*"));
   CHECK_THAT(refused.head, Catch::Matches("(.|\r|\n)*RateLimit-Reset: [0-9]+(.|\r|\n)*"));
 
+  // SIGHUP reloads the rules (and their counts); a broken file keeps the previous ones.
+  std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [
+    {"key": "remote_address", "rate_limit": {"unit": "hour", "requests_per_unit": 5}}]})";
+  http.signal(SIGHUP);
+  REQUIRE(eventually([&] {
+    return http_get(*address, "/").head.find("RateLimit-Limit: 5\r\n") != std::string::npos;
+  }));
+  std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [{"key": 1}]})";
+  http.signal(SIGHUP);
+  REQUIRE(eventually([&] {
+    std::ifstream in(dir / "http.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return log.find("kept the previous rules: descriptors[0].key: must be a string") !=
+           std::string::npos;
+  }));
+  CHECK_THAT(http_get(*address, "/").head, Catch::Contains("RateLimit-Limit: 5\r\n"));
+
   // A bad rule file: refused at start, naming the field.
   std::ofstream(dir / "bad.json") << R"({"domain": "web", "descriptors": [
     {"key": "path", "rate_limit": {"unit": "fortnight", "requests_per_unit": 3}}]})";
@@ -399,8 +416,11 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
 
   // Elastic: requests over the limit wait for room instead of a 429 (a fresh service, so
   // that the per-address limit above does not apply).
+  std::ofstream(dir / "elastic.json") << R"({"domain": "web", "descriptors": [
+    {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})";
   doorman_examples::process elastic(
-      {DOORMAN_HTTP_BINARY, "--rules", (dir / "rules.json").string(), "--listen", "127.0.0.1:0"},
+      {DOORMAN_HTTP_BINARY, "--rules", (dir / "elastic.json").string(), "--listen", "127.0.0.1:0"},
       (dir / "elastic.log").string());
   const auto at = elastic.listening_address();
   REQUIRE(at);
