@@ -853,3 +853,22 @@ TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rul
             .ends_with("nests too deep (at most 8 levels)"));
   CHECK(problem(R"({"domain": "a", "descriptors": []})") == "accepted");
 }
+
+TEST_CASE("rate limiter status: the burst, what is left of it, and when it is whole again",
+          "[limit][algorithms]") {
+  manual_clock clock;
+  test_limiter lim({.rate = 1, .burst = 3}, clock_ref{&clock});
+  CHECK(lim.status().remaining == 3);
+  REQUIRE(lim.try_acquire(2));
+  auto s = lim.status();
+  CHECK(s.limit == 3);
+  CHECK(s.remaining == Approx(1));
+  CHECK(s.reset == 2s);
+  clock.advance(1500ms);
+  CHECK(lim.status().remaining == Approx(2.5));
+  CHECK(lim.memory_span() == 3s);  // after 3 s unused it is as new
+  lim.set_rate(-1);
+  CHECK(lim.status().limit == -1);
+  lim.set_rate(0);
+  CHECK(lim.status().reset == std::chrono::nanoseconds::max());
+}
