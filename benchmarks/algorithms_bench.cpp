@@ -49,15 +49,7 @@ using namespace std::chrono_literals;
 std::atomic<std::uint64_t> sink{0};  // refusals in the cost runs (keeps the calls)
 using doorman::manual_clock;
 
-struct clock_ref {
-  using duration = manual_clock::duration;
-  using rep = manual_clock::rep;
-  using period = manual_clock::period;
-  using time_point = manual_clock::time_point;
-  static constexpr bool is_steady = true;
-  const manual_clock* c;
-  [[nodiscard]] time_point now() const noexcept { return c->now(); }
-};
+using clock_ref = doorman::manual_clock_ref;
 
 constexpr double limit = 100;
 constexpr std::int64_t window_ns = 60'000'000'000;

@@ -24,16 +24,7 @@ using doorman::manual_clock;
 
 namespace {
 
-// A handle to a manual clock, so that a limiter and its test share one.
-struct clock_ref {
-  using duration = manual_clock::duration;
-  using rep = manual_clock::rep;
-  using period = manual_clock::period;
-  using time_point = manual_clock::time_point;
-  static constexpr bool is_steady = true;
-  const manual_clock* c;
-  [[nodiscard]] time_point now() const noexcept { return c->now(); }
-};
+using clock_ref = doorman::manual_clock_ref;
 
 using test_limiter = doorman::basic_rate_limiter<clock_ref>;
 
@@ -41,9 +32,9 @@ using test_limiter = doorman::basic_rate_limiter<clock_ref>;
 // CLOCK_MONOTONIC_COARSE does behind CLOCK_MONOTONIC.
 struct stepped_clock_ref : clock_ref {
   [[nodiscard]] time_point now() const noexcept {
-    return time_point{c->now().time_since_epoch() / 4ms * 4ms};
+    return time_point{source->now().time_since_epoch() / 4ms * 4ms};
   }
-  [[nodiscard]] time_point precise_now() const noexcept { return c->now(); }
+  [[nodiscard]] time_point precise_now() const noexcept { return source->now(); }
   [[nodiscard]] static duration resolution() noexcept { return 4ms; }
 };
 
@@ -103,7 +94,7 @@ TEST_CASE("rate limiter: one precise reading serves many calls", "[limit]") {
     std::size_t* reads;
     [[nodiscard]] time_point precise_now() const noexcept {
       ++*reads;
-      return c->now();
+      return source->now();
     }
   };
   manual_clock clock;

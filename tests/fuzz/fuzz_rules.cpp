@@ -20,14 +20,7 @@
 
 namespace {
 
-struct clock_ref {
-  using duration = doorman::manual_clock::duration;
-  using rep = doorman::manual_clock::rep;
-  using period = doorman::manual_clock::period;
-  using time_point = doorman::manual_clock::time_point;
-  const doorman::manual_clock* c;
-  [[nodiscard]] time_point now() const noexcept { return c->now(); }
-};
+using clock_ref = doorman::manual_clock_ref;
 
 using rules_type = doorman::basic_rule_set<doorman::basic_fixed_window_limiter<clock_ref, 1>>;
 

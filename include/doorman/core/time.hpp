@@ -63,7 +63,25 @@ class manual_clock {
   time_point now_{};
 };
 
+/// A handle to a manual clock, itself a clock: for objects that keep their clock by value (the
+/// limiters) while a test or a simulation moves the one they share.
+///
+///     doorman::manual_clock clock;
+///     doorman::basic_rate_limiter<doorman::manual_clock_ref> lim({.rate = 1}, {&clock});
+struct manual_clock_ref {
+  using rep = manual_clock::rep;
+  using period = manual_clock::period;
+  using duration = manual_clock::duration;
+  using time_point = manual_clock::time_point;
+  static constexpr bool is_steady = true;
+
+  const manual_clock* source = nullptr;
+
+  [[nodiscard]] time_point now() const noexcept { return source->now(); }
+};
+
 static_assert(clock<manual_clock>);
+static_assert(clock<manual_clock_ref>);
 static_assert(clock<std::chrono::steady_clock>);
 
 /// Converts relative seconds to `Duration`, saturating instead of overflowing, so that a huge

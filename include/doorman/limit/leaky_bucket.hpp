@@ -37,7 +37,7 @@ struct leaky_bucket_options {
 };
 
 template <class Clock>
-class basic_leaky_bucket_limiter {
+class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
  public:
   using clock_type = Clock;
   using duration = typename Clock::duration;
@@ -56,7 +56,7 @@ class basic_leaky_bucket_limiter {
 
   /// Takes `n` permits if nobody is queued and the previous permits have left; never blocks.
   acquire_result try_acquire(double n = 1) noexcept {
-    attempted_.add(n);
+    this->count_attempt(n);
     const double interval = interval_.load(std::memory_order_relaxed);
     if (interval == 0) return {true, {}};
     if (std::isinf(interval)) return refuse(detail::never);
@@ -80,7 +80,7 @@ class basic_leaky_bucket_limiter {
   /// Queues for `n` permits: the time they leave (now or later), or `time_point::max()` when
   /// the queue is full or the shaper is blocked (nothing is queued then).
   time_point reserve(double n = 1) noexcept {
-    attempted_.add(n);
+    this->count_attempt(n);
     return reserve_uncounted(n);
   }
 
@@ -102,7 +102,7 @@ class basic_leaky_bucket_limiter {
   /// full, or `stop` was requested first (a stopped wait gives its place back). While the
   /// shaper is blocked (rate 0) it waits for a rate change.
   bool wait(double n = 1, std::stop_token stop = {}) {
-    attempted_.add(n);
+    this->count_attempt(n);
     for (;;) {
       if (stop.stop_requested()) return false;
       const std::uint32_t seen = changes_.seen();
@@ -176,23 +176,13 @@ class basic_leaky_bucket_limiter {
     return sizeof(basic_leaky_bucket_limiter);
   }
 
-  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
-  /// `try_acquire` calls refused, and waits refused because the queue was full.
-  [[nodiscard]] std::uint64_t refused() const noexcept {
-    return refused_.load(std::memory_order_relaxed);
-  }
-  /// Waits that had to queue (or found the shaper blocked).
-  [[nodiscard]] std::uint64_t delayed() const noexcept {
-    return delayed_.load(std::memory_order_relaxed);
-  }
-  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
   [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
 
  private:
   using ticks = detail::ticks_of<Clock>;
 
   acquire_result refuse(std::int64_t wait) noexcept {
-    refused_.fetch_add(1, std::memory_order_relaxed);
+    this->count_refusal();
     return {false, ticks::to_duration(wait)};
   }
 
@@ -201,7 +191,7 @@ class basic_leaky_bucket_limiter {
     const std::int64_t now = ticks::point(ticks::precise(clock_));
     if (interval == 0) return ticks::to_point(now);
     if (std::isinf(interval)) {
-      delayed_.fetch_add(1, std::memory_order_relaxed);
+      this->count_delay();
       return time_point::max();
     }
     const std::int64_t room = to_ns(queue() * interval);
@@ -211,11 +201,11 @@ class basic_leaky_bucket_limiter {
     do {
       at = std::max(next, now);
       if (at - now > room) {
-        refused_.fetch_add(1, std::memory_order_relaxed);
+        this->count_refusal();
         return time_point::max();
       }
     } while (!next_.compare_exchange_weak(next, at + s, std::memory_order_relaxed));
-    if (at > now) delayed_.fetch_add(1, std::memory_order_relaxed);
+    if (at > now) this->count_delay();
     return ticks::to_point(at);
   }
 
@@ -229,9 +219,6 @@ class basic_leaky_bucket_limiter {
   std::atomic<double> interval_{0};  // nanoseconds per permit
   std::atomic<double> queue_{0};
   alignas(64) std::atomic<std::int64_t> next_{std::numeric_limits<std::int64_t>::min() / 2};
-  detail::demand_counter<1> attempted_;
-  std::atomic<std::uint64_t> refused_{0};
-  std::atomic<std::uint64_t> delayed_{0};
   detail::change_signal changes_;
 };
 

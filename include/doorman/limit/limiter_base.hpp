@@ -127,6 +127,39 @@ class demand_counter {
   stripe stripes_[Stripes]{};
 };
 
+/// The demand and hold-back counters every rate algorithm keeps, and their readings: the
+/// algorithms derive from it, so these are part of their public surface.
+template <unsigned Stripes>
+class limiter_counters {
+ public:
+  /// Permits asked for so far, admitted or not (what the demand estimator samples).
+  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
+
+  /// `try_acquire` calls refused (for the leaky bucket, also waits refused by a full queue).
+  [[nodiscard]] std::uint64_t refused() const noexcept {
+    return refused_.load(std::memory_order_relaxed);
+  }
+
+  /// Waits that had to wait for their permits or found the limiter blocked: callers held
+  /// back, whose attempts per second understate their demand.
+  [[nodiscard]] std::uint64_t delayed() const noexcept {
+    return delayed_.load(std::memory_order_relaxed);
+  }
+
+  /// Both of the above: every request the limiter held back.
+  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
+
+ protected:
+  void count_attempt(double n) noexcept { attempted_.add(n); }
+  void count_refusal() noexcept { refused_.fetch_add(1, std::memory_order_relaxed); }
+  void count_delay() noexcept { delayed_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  demand_counter<Stripes> attempted_;
+  std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> delayed_{0};
+};
+
 /// Sleeps until `precise()` reaches `at`; whether it did before `stop` was requested. Without
 /// a stop that can be requested, a plain sleep.
 template <class Precise, class TimePoint>

@@ -56,7 +56,7 @@ struct rate_limiter_options {
 /// The rate limiter on clock `Clock`, which must be steady; `rate_limiter` reads
 /// `coarse_clock`. `Clock` is held by value, so a test can pass a handle to a manual clock.
 template <class Clock>
-class basic_rate_limiter {
+class basic_rate_limiter : public detail::limiter_counters<16> {
  public:
   using clock_type = Clock;
   using duration = typename Clock::duration;
@@ -75,11 +75,11 @@ class basic_rate_limiter {
 
   /// Takes `n` permits if they are available now; never blocks. Thread-safe, lock-free.
   acquire_result try_acquire(double n = 1) noexcept {
-    count(n);
+    this->count_attempt(n);
     const double interval = interval_.load(std::memory_order_relaxed);
     if (interval == 0) return {true, {}};
     if (std::isinf(interval)) {
-      refused_.fetch_add(1, std::memory_order_relaxed);
+      this->count_refusal();
       return {false, duration::max()};
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
@@ -100,7 +100,7 @@ class basic_rate_limiter {
           precise = true;
           continue;
         }
-        refused_.fetch_add(1, std::memory_order_relaxed);
+        this->count_refusal();
         if (n > burst_.load(std::memory_order_relaxed)) return {false, duration::max()};
         return {false, from_ticks(next - now - tolerance)};
       }
@@ -112,7 +112,7 @@ class basic_rate_limiter {
   /// later): reservations are served in the order they are made. `time_point::max()` when
   /// blocked (rate 0): nothing is reserved then. (`wait` and asynchronous waits build on it.)
   time_point reserve(double n = 1) noexcept {
-    count(n);
+    this->count_attempt(n);
     return reserve_uncounted(n);
   }
 
@@ -187,23 +187,6 @@ class basic_rate_limiter {
 
   [[nodiscard]] double burst() const noexcept { return burst_.load(std::memory_order_relaxed); }
 
-  /// Permits asked for so far, admitted or not (what the demand estimator samples).
-  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
-
-  /// How many `try_acquire` calls so far were refused.
-  [[nodiscard]] std::uint64_t refused() const noexcept {
-    return refused_.load(std::memory_order_relaxed);
-  }
-
-  /// How many reservations (`wait`, `reserve`) so far had to wait for their permits or found
-  /// the limiter blocked: callers held back, whose attempts per second understate their demand.
-  [[nodiscard]] std::uint64_t delayed() const noexcept {
-    return throttled_.load(std::memory_order_relaxed);
-  }
-
-  /// Both of the above: every request the rate held back.
-  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
-
   /// Where the limiter stands: `limit` is the burst, `remaining` the permits admitted at once
   /// now, `reset` the time until the whole burst is back. Rate < 0: limit and remaining −1;
   /// rate 0: both 0, reset `nanoseconds::max()`.
@@ -245,14 +228,12 @@ class basic_rate_limiter {
     return n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
   }
 
-  void count(double n) noexcept { attempted_.add(n); }
-
   time_point reserve_uncounted(double n) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     const std::int64_t now = ticks(precise_now());
     if (interval == 0) return from_tick_point(now);
     if (std::isinf(interval)) {
-      throttled_.fetch_add(1, std::memory_order_relaxed);
+      this->count_delay();
       return time_point::max();
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
@@ -263,7 +244,7 @@ class basic_rate_limiter {
       next = std::max(tat, now) + increment;
     } while (!tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed));
     if (next - tolerance > now) {
-      throttled_.fetch_add(1, std::memory_order_relaxed);
+      this->count_delay();
       return from_tick_point(next - tolerance);
     }
     return from_tick_point(now);
@@ -273,7 +254,7 @@ class basic_rate_limiter {
   // `stop` was requested first (then nothing is consumed: a reservation still ahead is given
   // back, unless its time came meanwhile).
   time_point wait_until_admitted(double n, const std::stop_token& stop) {
-    count(n);
+    this->count_attempt(n);
     for (;;) {
       if (stop.stop_requested()) return time_point::max();
       const std::uint32_t seen = changes_.seen();
@@ -337,10 +318,7 @@ class basic_rate_limiter {
   alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
   // The latest precise reading (any thread's): a time already passed, so never ahead of now.
   std::atomic<std::int64_t> seen_{std::numeric_limits<std::int64_t>::min() / 2};
-  detail::demand_counter<16> attempted_;  // permits asked for
   detail::change_signal changes_;
-  std::atomic<std::uint64_t> throttled_{0};  // delayed reservations
-  std::atomic<std::uint64_t> refused_{0};
 };
 
 /// The rate limiter on the cheap monotonic clock.

@@ -331,7 +331,7 @@ struct no_lock {
 /// thread for the first ones: 16 keeps one limiter shared by many threads fast (each line
 /// 64 bytes); 1 makes a compact limiter for one per key (`keyed_limiter`).
 template <class Policy, class Clock, unsigned Stripes = 16>
-class basic_window_limiter {
+class basic_window_limiter : public detail::limiter_counters<Stripes> {
  public:
   using clock_type = Clock;
   using duration = typename Clock::duration;
@@ -349,10 +349,10 @@ class basic_window_limiter {
 
   /// Takes `n` permits if they fit now; never blocks. Thread-safe.
   acquire_result try_acquire(double n = 1) noexcept {
-    attempted_.add(n);
+    this->count_attempt(n);
     const std::int64_t wait = decide(n);
     if (wait == 0) return {true, {}};
-    refused_.fetch_add(1, std::memory_order_relaxed);
+    this->count_refusal();
     return {false, ticks::to_duration(wait)};
   }
 
@@ -368,14 +368,14 @@ class basic_window_limiter {
   /// `stop` was requested first, or when `n` exceeds the limit (it never fits); while the
   /// limiter is blocked it waits for a rate change. A wait takes permits only when admitted.
   bool wait(double n = 1, std::stop_token stop = {}) {
-    attempted_.add(n);
+    this->count_attempt(n);
     bool counted = false;
     for (;;) {
       if (stop.stop_requested()) return false;
       const std::uint32_t seen = changes_.seen();
       const std::int64_t wait = decide(n);
       if (wait == 0) return true;
-      if (!counted) delayed_.fetch_add(1, std::memory_order_relaxed);
+      if (!counted) this->count_delay();
       counted = true;
       if (wait != detail::never) {
         const time_point at = ticks::precise(clock_) + ticks::to_duration(wait);
@@ -451,14 +451,6 @@ class basic_window_limiter {
     return sizeof(*this) + policy_.dynamic_bytes();
   }
 
-  [[nodiscard]] double attempted() const noexcept { return attempted_.total(); }
-  [[nodiscard]] std::uint64_t refused() const noexcept {
-    return refused_.load(std::memory_order_relaxed);
-  }
-  [[nodiscard]] std::uint64_t delayed() const noexcept {
-    return delayed_.load(std::memory_order_relaxed);
-  }
-  [[nodiscard]] std::uint64_t throttled() const noexcept { return refused() + delayed(); }
   [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
 
  private:
@@ -492,9 +484,6 @@ class basic_window_limiter {
   std::atomic<std::uint64_t> limit_milli_{0};
   [[no_unique_address]] lock_type lock_;
   Policy policy_;
-  detail::demand_counter<Stripes> attempted_;
-  std::atomic<std::uint64_t> refused_{0};
-  std::atomic<std::uint64_t> delayed_{0};
   detail::change_signal changes_;
 };
 
