@@ -163,8 +163,12 @@ class rpc {
 
   json call(const std::string& method, json params) {
     auto f = asio::co_spawn(io_, channel_->call(method, std::move(params)), asio::use_future);
-    while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    while (f.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      // An io_context that ran out of work stays stopped (and run_one_for returns at once)
+      // until restarted: after one call has ended, the next needs this.
+      if (io_.stopped()) io_.restart();
       io_.run_one_for(std::chrono::milliseconds(50));
+    }
     const auto reply = f.get();
     if (!reply) {
       throw failure(

@@ -45,6 +45,107 @@ TEST_CASE("a channel fails over to the next address and times out when none answ
 
 namespace {
 
+// A peer on its own thread that accepts connections and then either holds them without ever
+// answering (`hang`) or closes each at once (`refuse`), counting them.
+class faulty_peer {
+ public:
+  enum class mode { hang, refuse };
+  explicit faulty_peer(mode m)
+      : mode_(m), acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}) {
+    accept();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  faulty_peer(const faulty_peer&) = delete;
+  faulty_peer& operator=(const faulty_peer&) = delete;
+  ~faulty_peer() {
+    asio::post(io_, [this] {
+      acceptor_.close();
+      held_.clear();
+    });
+    io_.stop();
+    thread_.join();
+  }
+  [[nodiscard]] std::string address() const {
+    return "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+  }
+  [[nodiscard]] int accepted() const { return accepted_.load(); }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket s) {
+      if (ec) return;
+      ++accepted_;
+      if (mode_ == mode::hang) held_.push_back(std::move(s));  // else closed as it goes
+      accept();
+    });
+  }
+  mode mode_;
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  std::vector<asio::ip::tcp::socket> held_;
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a call that passes its deadline leaves a hung peer: the next goes to the next address",
+          "[net][channel][fault]") {
+  faulty_peer hung(faulty_peer::mode::hang);
+  running_node root(fast_config(10));
+  asio::io_context io;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {hung.address(), root.address()},
+                                               .call_timeout = doorman::seconds(0.3)});
+  const auto first = run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); });
+  CHECK(first.error == doorman::errc::timed_out);
+  CHECK(ch.current() == root.address());  // left the hung peer
+  CHECK_FALSE(ch.connected());
+  const auto second = run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); });
+  CHECK(second);
+  CHECK(ch.failures() == 0);
+  CHECK(hung.accepted() == 1);
+}
+
+TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][channel][fault]") {
+  using clock = std::chrono::steady_clock;
+  // Calls one after another for `span`, as a refresh loop or a retrying CLI would.
+  const auto hammer = [](const std::string& address, std::chrono::milliseconds span) {
+    asio::io_context io;
+    doorman::net::channel ch(io.get_executor(),
+                             {.addresses = {address}, .call_timeout = doorman::seconds(0.5)});
+    int calls = 0;
+    const auto until = clock::now() + span;
+    while (clock::now() < until) {
+      const auto r = run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); });
+      CHECK_FALSE(r);
+      ++calls;
+    }
+    return calls;
+  };
+  SECTION("accepted, then closed before any answer") {
+    faulty_peer refuser(faulty_peer::mode::refuse);
+    hammer(refuser.address(), 2s);
+    // Backoff from 50 ms doubling (jittered ½–1): about 6 attempts in 2 s, thousands without.
+    INFO("connections in 2 s: " << refuser.accepted());
+    CHECK(refuser.accepted() >= 3);
+    CHECK(refuser.accepted() <= 12);
+  }
+  SECTION("over the connection limit, with a retry hint") {
+    doorman::node_options options;
+    options.server.max_connections = 0;
+    options.server.refused_retry_after = doorman::seconds(0.8);
+    running_node full(fast_config(10), options);
+    hammer(full.address(), 2s);
+    full.stop();
+    const std::size_t refused = full.node().server().refused();
+    INFO("connections in 2 s: " << refused);
+    CHECK(refused >= 2);
+    CHECK(refused <= 4);  // one per 0.8 s at most
+  }
+}
+
+namespace {
+
 // A requester that sends `calls` discovery requests, then sleeps for a day.
 struct counting_requester {
   using clock = std::chrono::steady_clock;

@@ -1009,3 +1009,89 @@ TEST_CASE("log_throttle passes one line per interval and counts the rest", "[cor
   CHECK(t.pass("d", c.now()) == "d (and 2 more like it since the last such line)");
   CHECK(t.held() == 0);
 }
+
+TEST_CASE("election_term: renewals extend the term, a lost lease ends it", "[core][election]") {
+  using namespace std::chrono_literals;
+  using tp = manual_clock::time_point;
+  doorman::election_term<tp> term(10s);
+  const tp t0{};
+  CHECK(term.margin() == 1s);
+  CHECK(term.period() == 2s);
+  CHECK_FALSE(term.valid(t0));  // no term before the first confirmation
+
+  term.confirmed(t0);
+  CHECK(term.valid_until() == t0 + 9s);  // the TTL less the margin, from when it was sent
+  CHECK(term.valid(t0 + 8999ms));
+  CHECK_FALSE(term.valid(t0 + 9s));
+
+  // An answer that arrives late counts from when its renewal was sent, and never shortens.
+  term.confirmed(t0 + 5s);
+  CHECK(term.valid_until() == t0 + 14s);
+  term.confirmed(t0 + 1s);
+  CHECK(term.valid_until() == t0 + 14s);
+
+  // A master's round never runs past the term; a non-master's takes a period.
+  CHECK(term.round_deadline(t0 + 13s, true) == t0 + 14s);
+  CHECK(term.round_deadline(t0 + 6s, true) == t0 + 8s);
+  CHECK(term.round_deadline(t0 + 13s, false) == t0 + 15s);
+  CHECK(term.round_deadline(t0 + 20s, true) == t0 + 22s);  // over already: nothing to protect
+  CHECK(term.next_round(t0, true) == t0 + 2s);
+  CHECK(term.next_round(t0, false) == t0 + 500ms);
+
+  term.lost();
+  CHECK_FALSE(term.valid(t0 + 6s));
+
+  SECTION("short TTLs keep a margin of 100 ms and a period of 50 ms") {
+    doorman::election_term<tp> shorter(200ms);
+    CHECK(shorter.margin() == 100ms);
+    CHECK(shorter.period() == 50ms);
+  }
+}
+
+TEST_CASE("fencing: a master past its term steps down before it decides anything",
+          "[core][engine][election]") {
+  using namespace std::chrono_literals;
+  manual_clock clock;
+  engine_t e(repo_for("FAIR_SHARE", 100, 60));
+  e.set_mastership(true, "10.0.0.7:7700", clock.now());
+  e.set_valid_until(clock.now() + 2s);
+  // Learning mode: the client has what it says (nothing).
+  auto first = e.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+  REQUIRE(first);
+  REQUIRE(first.value().resources.size() == 1);
+  CHECK(first.value().mastership.is_master);
+
+  // The process was paused past its term: what queued up is answered as a non-master that
+  // knows no master, whatever the method, and every lease is forgotten.
+  clock.advance(2s);
+  SECTION("get_capacity") {
+    auto r = e.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+    REQUIRE(r);
+    CHECK(r.value().resources.empty());
+    CHECK(r.value().mastership == doorman::mastership_info{false, std::nullopt});
+  }
+  SECTION("get_server_capacity") {
+    auto r = e.get_server_capacity({"leaf", {{"res", std::nullopt, 0, {{0, 2, 10}}}}}, clock.now());
+    REQUIRE(r);
+    CHECK(r.value().resources.empty());
+    CHECK_FALSE(r.value().mastership.is_master);
+  }
+  SECTION("discovery and status") {
+    CHECK_FALSE(e.discovery(clock.now()).mastership.is_master);
+    CHECK_FALSE(e.status({}, clock.now()).value().mastership.is_master);
+  }
+  SECTION("a parent's lease is not taken") {
+    CHECK_FALSE(e.set_parent_lease("res", {10, clock.now() + 10s, 1s}, clock.now()));
+  }
+  CHECK(e.store("res") == nullptr);
+  CHECK(e.fenced() == 1);
+  CHECK_FALSE(e.fence(clock.now()));  // once
+
+  // A new term (a renewal confirmed while the election still names it) is a new mastership.
+  e.set_valid_until(clock.now() + 9s);
+  e.set_mastership(true, "10.0.0.7:7700", clock.now());
+  CHECK(e.learning("res", clock.now()));
+  auto again = e.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
+  REQUIRE(again);
+  CHECK(again.value().mastership.is_master);
+}

@@ -259,15 +259,15 @@ TEST_CASE("admin endpoint: bad requests are refused and change nothing", "[admin
   const auto huge = http_exchange(admin, "GET / HTTP/1.1\r\nX: " + std::string(20000, 'a'));
   CHECK(huge.status == 431);
 
-  // Two slow peers hold both connections: a third is answered 503 at once; once the slow ones
-  // time out, the endpoint serves again.
+  // Two slow peers hold both connections: a third request takes the place of the oldest (which
+  // is closed) and is served; the other is closed at its deadline.
   line_client slow1(admin), slow2(admin);
   slow1.send("GET / HTTP/1.1\r\n");
   slow2.send("GET / HTTP/1.1\r\n");
-  CHECK(eventually([&] { return http_get(admin, "/healthz").status == 503; }));
+  CHECK(http_get(admin, "/healthz").status == 200);
   CHECK(slow1.closed_by_peer());
   CHECK(slow2.closed_by_peer());
-  CHECK(eventually([&] { return http_get(admin, "/healthz").status == 200; }));
+  CHECK(http_get(admin, "/healthz").status == 200);
   CHECK(gets(line_client(root.address()).call("get_capacity", capacity_params("a", "r", 5))) == 5);
 }
 
@@ -291,6 +291,58 @@ TEST_CASE("admin endpoint: leases are paged", "[admin][net]") {
   CHECK_THAT(p3.body, !Catch::Contains("<td>c0999</td>"));
   CHECK_THAT(p3.body, Catch::Contains("?page=2\">previous</a>"));
   CHECK_THAT(p3.body, !Catch::Contains(">next</a>"));
+}
+
+TEST_CASE("admin endpoint: floods of idle connections cannot keep health checks out",
+          "[admin][net][fault]") {
+  running_node<> root(fast_config(10), with_admin());
+  const std::string admin = root.node().admin_address();
+  // Far more idle connections than the endpoint takes (64 in all, 16 per peer), all from the
+  // address the health checks come from, held open without a byte sent.
+  std::vector<std::unique_ptr<line_client>> held;
+  for (int i = 0; i < 100; ++i) {
+    held.push_back(std::make_unique<line_client>(admin));
+    REQUIRE(held.back()->connected());
+  }
+  for (int round = 0; round < 3; ++round) {
+    CHECK(http_get(admin, "/healthz").status == 200);
+    CHECK(http_get(admin, "/readyz").status == 200);
+    CHECK(http_get(admin, "/metrics").status == 200);
+  }
+  // The held connections were closed to make room, or at their head deadline.
+  const auto closed_by_peer = [](line_client& c) { return !c.read_line(3s).has_value(); };
+  CHECK(closed_by_peer(*held.front()));
+  CHECK(closed_by_peer(*held.back()));
+}
+
+TEST_CASE("attacks on the JSON-RPC port leave throttled summaries in the log", "[net][fault]") {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  doorman::node_options o;
+  o.server.max_message_bytes = 512;
+  o.log = [&](std::string_view line) {
+    const std::lock_guard lock(mutex);
+    lines.emplace_back(line);
+  };
+  running_node<> root(fast_config(10), o);
+  for (int i = 0; i < 100; ++i) {
+    line_client c(root.address());
+    REQUIRE(c.send("not json\n"));
+    CHECK(c.read_line());
+  }
+  for (int i = 0; i < 100; ++i) {
+    line_client c(root.address());
+    REQUIRE(c.send(std::string(1000, 'x')));
+    CHECK(c.read_line());
+  }
+  root.stop();
+  const auto count = [&](std::string_view what) {
+    return std::count_if(lines.begin(), lines.end(),
+                         [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  // Each kind is logged, named, and summarized: one line per 10 s, not one per event.
+  CHECK(count("warning: a malformed request from 127.0.0.1:") == 1);
+  CHECK(count("a line longer than max_message_bytes (512)") == 1);
 }
 
 TEST_CASE("admin endpoint: an intermediate reports its parent", "[admin][net]") {
@@ -735,7 +787,10 @@ TEST_CASE("doorman CLI: config check and convert, offline", "[cli]") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("doorman CLI: watch redraws in a real terminal and quits on q", "[cli][net][tools]") {
+TEST_CASE(
+    "doorman CLI: watch redraws in a real terminal, rides out its node's absence and quits "
+    "on q",
+    "[cli][net][tools]") {
   if (!have("tmux")) {
     WARN("tmux is not installed; skipped");
     return;
@@ -765,6 +820,23 @@ TEST_CASE("doorman CLI: watch redraws in a real terminal and quits on q", "[cli]
     return seen.find("watched   100       30   30     2") != std::string::npos;
   }));
   CHECK(seen.starts_with("doorman watch  " + root.address()));  // redrawn from the top
+
+  // The node goes away: the error shows, and the node back on its port is shown again.
+  const std::string address = root.address();
+  root.stop();
+  CHECK(eventually([&] {
+    seen = screen();
+    return seen.find("cannot read status") != std::string::npos;
+  }));
+  doorman::node_options again_options;
+  again_options.listen = address;
+  running_node<> again(fast_config(100), again_options);
+  line_client b(again.address());
+  CHECK(gets(b.call("get_capacity", capacity_params("c", "watched", 7))) == 7);
+  CHECK(eventually([&] {
+    seen = screen();
+    return seen.find("watched   100       7    7      1") != std::string::npos;
+  }));
   run_command(fmt::format("tmux {} send-keys -t {} q", socket, session));
   CHECK(eventually([&] {
     return run_command(fmt::format("tmux {} has-session -t {}", socket, session)).first != 0;
@@ -850,7 +922,8 @@ TEST_CASE("docs: every doorman-http-429 flag they show is one it takes", "[docs]
       for (auto f = std::sregex_iterator(line.begin(), line.end(), flag);
            f != std::sregex_iterator(); ++f) {
         INFO(file.filename().string() << ": " << f->str());
-        CHECK_THAT(usage, Catch::Contains("[" + f->str() + " "));
+        // fmt, not operator+: GCC 12 -O3 reports a false -Wstringop-overflow on the concatenation
+        CHECK_THAT(usage, Catch::Contains(fmt::format("[{} ", f->str())));
         ++checked;
       }
     }
@@ -884,7 +957,7 @@ TEST_CASE("docs: make targets and links they name exist", "[docs]") {
     for (auto it = std::sregex_iterator(text.begin(), text.end(), make_target);
          it != std::sregex_iterator(); ++it) {
       INFO(file.filename().string() << ": make " << (*it)[1].str());
-      CHECK_THAT(makefile, Catch::Contains("\n" + (*it)[1].str() + ":"));
+      CHECK_THAT(makefile, Catch::Contains(fmt::format("\n{}:", (*it)[1].str())));
     }
     for (auto it = std::sregex_iterator(text.begin(), text.end(), link);
          it != std::sregex_iterator(); ++it) {

@@ -148,3 +148,68 @@ TEST_CASE("the client state and the upstream say what to do next", "[core][refre
   (void)node.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
   CHECK(up.has_news(node));  // a new resource; after a failure it still waits out the backoff
 }
+
+TEST_CASE("failover: every failure moves on, a failed round backs off, only answers reset",
+          "[core][failover]") {
+  using namespace std::chrono_literals;
+  using tp = doorman::manual_clock::time_point;
+  doorman::failover<tp> f({"a:1", "b:1"}, {.backoff = {doorman::seconds(1), doorman::seconds(8)}});
+  const tp t0{};
+  CHECK(f.current() == "a:1");
+  CHECK(f.connect_at() <= t0);
+
+  // a fails: b at once; b fails too: the round is over, wait ½–1 of 1 s.
+  f.failed(t0, doorman::failure::unreachable);
+  CHECK(f.current() == "b:1");
+  CHECK(f.connect_at() == t0);
+  f.failed(t0, doorman::failure::closed);  // accepted, then closed before any answer
+  CHECK(f.current() == "a:1");
+  CHECK(f.connect_at() >= t0 + 500ms);
+  CHECK(f.connect_at() <= t0 + 1s);
+  // A connection that comes up is not yet a success: closing it is a failure of the next
+  // round, which waits 1–2 s.
+  f.connected();
+  f.failed(t0 + 1s, doorman::failure::closed);
+  f.failed(t0 + 1s, doorman::failure::closed);
+  CHECK(f.connect_at() >= t0 + 2s);
+  CHECK(f.connect_at() <= t0 + 3s);
+  CHECK(f.failures() == 4);
+  // Capped at 8 s however long it goes on.
+  for (int i = 0; i < 40; ++i)
+    f.failed(t0, doorman::failure::unreachable);
+  CHECK(f.connect_at() <= t0 + 8s);
+  CHECK(f.connect_at() >= t0 + 4s);
+
+  // An answer resets the rounds; the next failure moves on at once.
+  f.connected();
+  f.answered();
+  CHECK(f.answered_on_connection());
+  CHECK(f.failures() == 0);
+  const std::string before = f.current();
+  f.failed(t0 + 60s, doorman::failure::hung);  // a call's deadline passed: leave that peer
+  CHECK(f.current() != before);
+  CHECK(f.connect_at() == t0 + 60s);
+  CHECK(f.last_failure() == doorman::failure::hung);
+
+  SECTION("a refusal's retry delay is a floor") {
+    f.failed(t0 + 60s, doorman::failure::refused, doorman::seconds(3));
+    CHECK(f.connect_at() >= t0 + 63s);
+    // and an absurd one is capped at 300 s
+    f.failed(t0 + 60s, doorman::failure::refused, doorman::seconds(1e9));
+    CHECK(f.connect_at() == t0 + 60s + 300s);
+  }
+  SECTION("a redirect goes to the master at once, adding it when unknown") {
+    f.redirected("c:1", t0 + 61s);
+    CHECK(f.current() == "c:1");
+    CHECK(f.addresses().size() == 3);
+    CHECK(f.connect_at() == t0 + 61s);
+    f.redirected("a:1", t0 + 61s);
+    CHECK(f.current() == "a:1");
+    CHECK(f.addresses().size() == 3);
+  }
+  SECTION("a non-master that names no master counts as a failure") {
+    f.no_master(t0 + 60s);
+    CHECK(f.failures() == 2);
+    CHECK(f.current() == before);
+  }
+}

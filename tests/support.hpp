@@ -57,8 +57,11 @@ bool eventually(Condition condition, std::chrono::milliseconds timeout = 10s) {
 template <class Future>
 void run_until_ready(asio::io_context& io, Future& f, std::chrono::milliseconds timeout = 10s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (f.wait_for(0s) != std::future_status::ready && std::chrono::steady_clock::now() < deadline)
+  while (f.wait_for(0s) != std::future_status::ready &&
+         std::chrono::steady_clock::now() < deadline) {
+    if (io.stopped()) io.restart();  // it ran out of work before: new work came since
     io.run_one_for(50ms);
+  }
   REQUIRE(f.wait_for(0s) == std::future_status::ready);
 }
 

@@ -148,11 +148,31 @@ class basic_engine {
 
   [[nodiscard]] const mastership_info& mastership() const noexcept { return mastership_; }
 
+  /// Fencing: a master answers as master only before `t`, its election's validity deadline
+  /// (`election_term::valid_until`). Every call at or after it steps the engine down first
+  /// (`fence`), so a task that was paused past its term answers what queued up meanwhile as a
+  /// non-master that knows no master. `time_point::max()`, the default, is no deadline.
+  void set_valid_until(time_point t) noexcept { valid_until_ = t; }
+  [[nodiscard]] time_point valid_until() const noexcept { return valid_until_; }
+
+  /// Steps down (every lease forgotten, the master unknown) when master and the term is over at
+  /// `now`; true when it did. Every call that decides or reports runs it first.
+  bool fence(time_point now) {
+    if (!mastership_.is_master || now < valid_until_) return false;
+    set_mastership(false, std::nullopt, now);
+    ++fenced_;
+    return true;
+  }
+
+  /// How many times `fence` stepped the engine down.
+  [[nodiscard]] std::uint64_t fenced() const noexcept { return fenced_; }
+
   /// For an intermediate: the lease this node holds from its parent for `resource_id`, and the
   /// parent's algorithm and lease parameters for it, which replace the local template's (a kind
   /// this engine does not know is ignored, with a log line). Returns false when not master.
   bool set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now,
                         const std::optional<algorithm_config>& algorithm = std::nullopt) {
+    fence(now);
     if (!mastership_.is_master) return false;
     resource& r = resource_for(resource_id, now);
     r.parent_lease = lease;
@@ -248,6 +268,7 @@ class basic_engine {
                                                        time_point now) {
     if (auto e = validate(req)) return *e;
     capacity_response out;
+    fence(now);
     out.mastership = mastership_;
     if (!mastership_.is_master) return out;
     out.resources.reserve(req.resources.size());
@@ -266,6 +287,7 @@ class basic_engine {
       const server_capacity_request& req, time_point now) {
     if (auto e = validate(req)) return *e;
     server_capacity_response out;
+    fence(now);
     out.mastership = mastership_;
     if (!mastership_.is_master) return out;
     out.resources.reserve(req.resources.size());
@@ -287,6 +309,7 @@ class basic_engine {
   [[nodiscard]] result<release_response> release_capacity(const release_request& req,
                                                           time_point now) {
     if (auto e = validate(req)) return *e;
+    fence(now);
     if (mastership_.is_master) {
       for (const auto& id : req.resources) {
         const auto it = resources_.find(id);
@@ -301,11 +324,18 @@ class basic_engine {
   /// `discovery`: who is master.
   [[nodiscard]] discovery_response discovery() const { return {mastership_}; }
 
+  /// `discovery` at `now`, fenced first.
+  [[nodiscard]] discovery_response discovery(time_point now) {
+    fence(now);
+    return {mastership_};
+  }
+
   /// `status`: every resource with state; with a resource id, that resource and its leases
   /// (`page` of them, in client id order).
   [[nodiscard]] result<status_response> status(const status_request& req, time_point now,
                                                const lease_page& page = {}) {
     if (auto e = validate(req, page)) return *e;
+    fence(now);
     expire(now);
     status_response out;
     out.mastership = mastership_;
@@ -690,7 +720,9 @@ class basic_engine {
   resource_repository config_;
   engine_options options_;
   mastership_info mastership_;
-  time_point master_since_{};  // learning mode counts from here
+  time_point master_since_{};                   // learning mode counts from here
+  time_point valid_until_ = time_point::max();  // the term's end (fencing)
+  std::uint64_t fenced_ = 0;
   mutable log_throttle<time_point> unknown_lease_log_{seconds(10)};
   struct string_hash {
     using is_transparent = void;

@@ -2,8 +2,11 @@
 
 /// \file
 /// A client connection to a tree position: several addresses, the master found through
-/// `mastership` answers (and redirects followed), reconnects with exponential backoff and
-/// jitter, pipelined calls each with a deadline. Used by intermediate nodes and clients.
+/// `mastership` answers (and redirects followed), pipelined calls each with a deadline. Where
+/// and when to connect is decided by the sans-I/O `failover` machine (doorman/core/failover.hpp):
+/// a call that passes its deadline abandons its connection and the next goes to the next
+/// address; every way of failing (refused, reset, closed after accept, a TLS failure, an
+/// over-limit refusal) backs off, jittered and capped. Used by intermediate nodes and clients.
 ///
 ///     doorman::net::channel ch(io.get_executor(), {.addresses = {"10.0.0.7:7700"}});
 ///     auto reply = co_await ch.call("get_capacity", params);
@@ -33,6 +36,7 @@
 
 #include "doorman/core/backoff.hpp"
 #include "doorman/core/error.hpp"
+#include "doorman/core/failover.hpp"
 #include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
@@ -48,7 +52,7 @@ struct channel_options {
   seconds call_timeout{5};             ///< a call's deadline, redirects and retries included
   seconds connect_timeout{2};          ///< one connection attempt
   seconds initial_backoff{0.05};       ///< after a whole round of addresses failed
-  seconds maximum_backoff{5};          ///< ceiling of the exponential backoff
+  seconds maximum_backoff{5};          ///< ceiling of the exponential backoff (jittered)
   std::size_t max_message_bytes = std::size_t{1} << 20;  ///< longest answer accepted
   int max_redirects = 4;                                 ///< per call
   std::function<void(std::string_view)> log{};  ///< one line per notable event; null: silent
@@ -78,12 +82,8 @@ class channel {
                  ? std::make_shared<tls_context>(tls_side::client, options_.tls, "channel tls")
                  : nullptr),
         state_(fresh_state()),
-        backoff_({options_.initial_backoff, options_.maximum_backoff}, std::random_device{}()) {
-    if (options_.addresses.empty()) throw std::invalid_argument("channel: no addresses");
-    for (const auto& a : options_.addresses) {
-      if (!parse_address(a)) throw std::invalid_argument("channel: bad address " + a);
-    }
-  }
+        policy_(checked(options_.addresses),
+                {{options_.initial_backoff, options_.maximum_backoff}, std::random_device{}()}) {}
 
   channel(const channel&) = delete;
   channel& operator=(const channel&) = delete;
@@ -93,7 +93,11 @@ class channel {
   }
 
   /// The address calls go to now.
-  [[nodiscard]] const std::string& current() const { return options_.addresses[current_]; }
+  [[nodiscard]] const std::string& current() const { return policy_.current(); }
+
+  /// Failures in a row since the last answer (each backs off once a round of addresses
+  /// failed).
+  [[nodiscard]] std::uint32_t failures() const noexcept { return policy_.failures(); }
 
   /// Re-reads the TLS certificate, key and CA files for the next connections (the open one
   /// stays); throws as `tls_context::reload` does. Nothing without TLS.
@@ -140,37 +144,30 @@ class channel {
 
   /// Calls `method` with `params` on the master: follows `mastership` redirects (when
   /// `follow_redirects`), reconnects and retries other addresses until the call's deadline
-  /// (`timeout`, or else the options' `call_timeout`).
+  /// (`timeout`, or else the options' `call_timeout`). A call that passes its deadline leaves
+  /// its connection (the peer may be hung or cut off): the next call goes to the next address.
+  /// A call that finds the channel backing off until after its deadline fails at once.
   asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
                                    bool follow_redirects = true,
                                    std::optional<seconds> timeout = std::nullopt) {
     const auto deadline = clock::now() + to_duration<clock::duration>(
                                              timeout.value_or(options_.call_timeout).count());
     int redirects = 0;
-    int failed_rounds = 0;
-    std::size_t tried = 0;  // addresses tried in this round
     const std::uint64_t cancels = cancels_;
     for (;;) {
       if (shut_) co_return fail(errc::shut_down, "channel shut down");
       if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
       if (!state_->open) {
-        const bool ok = co_await connect(deadline);
-        if (cancels_ != cancels) continue;
-        if (!ok) {
-          ++tried;
-          current_ = (current_ + 1) % options_.addresses.size();
-          if (clock::now() >= deadline) {
-            co_return fail(errc::unreachable,
-                           "no task of the position answered before the deadline" + last_problem());
-          }
-          if (tried >= options_.addresses.size()) {
-            tried = 0;
-            co_await backoff(++failed_rounds, deadline);
-          }
-          continue;
-        }
+        // (Not inside the if's condition: GCC 12 miscompiles a co_await there.)
+        std::optional<call_reply> refused = co_await reconnect(deadline, cancels);
+        if (refused) co_return std::move(*refused);
+        continue;
       }
       call_reply reply = co_await send(method, params, deadline);
+      if (reply.error == errc::timed_out) {
+        abandon(failure::hung, fmt::format("{} did not answer {} in time", current(), method));
+        co_return reply;
+      }
       if (reply.error == errc::unreachable && clock::now() < deadline) {
         continue;  // the connection broke: reconnect and resend (calls are idempotent)
       }
@@ -184,9 +181,8 @@ class channel {
       if (hint.master && parse_address(*hint.master)) {
         redirect(*hint.master);
       } else {
-        current_ = (current_ + 1) % options_.addresses.size();
+        policy_.no_master(clock::now());
         drop();
-        co_await backoff(redirects, deadline);
       }
       if (clock::now() >= deadline) {
         co_return fail(errc::no_master, "no master found before the deadline");
@@ -214,6 +210,8 @@ class channel {
     std::map<std::int64_t, pending_call*> pending;
     std::string out;
     bool writing = false;
+    bool answered = false;   // an answer came on this connection
+    seconds retry_after{0};  // a refusal's retry hint (an error answer with id null)
   };
 
   static call_reply fail(std::error_code e, std::string message) {
@@ -232,22 +230,63 @@ class channel {
     return problem_.empty() ? std::string() : " (last problem: " + problem_ + ")";
   }
 
-  void redirect(const std::string& master) {
-    auto it = std::find(options_.addresses.begin(), options_.addresses.end(), master);
-    if (it == options_.addresses.end()) {
-      options_.addresses.push_back(master);
-      it = options_.addresses.end() - 1;
+  static std::vector<std::string> checked(const std::vector<std::string>& addresses) {
+    if (addresses.empty()) throw std::invalid_argument("channel: no addresses");
+    for (const auto& a : addresses) {
+      if (!parse_address(a)) throw std::invalid_argument("channel: bad address " + a);
     }
-    const auto index = static_cast<std::size_t>(it - options_.addresses.begin());
-    if (index != current_ || !state_->open) {
+    return addresses;
+  }
+
+  void redirect(const std::string& master) {
+    const std::string before = current();
+    policy_.redirected(master, clock::now());
+    if (master != before || !state_->open) {
       // During a failover several calls may each be redirected: one line per 5 s at most.
-      if (auto line = redirect_log_.pass(fmt::format("following the master to {}", master),
-                                         std::chrono::steady_clock::now())) {
+      if (auto line =
+              redirect_log_.pass(fmt::format("following the master to {}", master), clock::now())) {
         log(*line);
       }
-      current_ = index;
       drop();
     }
+  }
+
+  // A connection problem, in words, for the calls' failures and (throttled) the log.
+  void warn(std::string problem) {
+    problem_ = std::move(problem);
+    if (auto line = problem_log_.pass("warning: " + problem_, clock::now())) log(*line);
+  }
+
+  // The connection failed for `why`: the machine moves on (backing off once a round failed),
+  // and the connection is closed.
+  void abandon(failure why, std::string problem, seconds retry_after = seconds(0)) {
+    policy_.failed(clock::now(), why, retry_after);
+    warn(std::move(problem));
+    drop();
+  }
+
+  // Connects when the machine allows, before `deadline`; a failed call's reply when it cannot.
+  asio::awaitable<std::optional<call_reply>> reconnect(clock::time_point deadline,
+                                                       std::uint64_t cancels) {
+    std::optional<call_reply> out;
+    if (clock::now() >= deadline || policy_.connect_at() >= deadline) {
+      out = fail(errc::unreachable, fmt::format("no task of the position answered; backing off "
+                                                "after {} failures in a row{}",
+                                                policy_.failures(), last_problem()));
+      co_return out;
+    }
+    if (clock::now() < policy_.connect_at()) {
+      co_await sleep_until(policy_.connect_at());
+      co_return out;
+    }
+    connect_problem_.clear();
+    if (co_await connect(deadline)) {
+      policy_.connected();
+    } else if (cancels_ == cancels) {
+      policy_.failed(clock::now(), failure::unreachable);
+      warn(std::move(connect_problem_));
+    }
+    co_return out;
   }
 
   // Closes the connection; every pending call fails as lost.
@@ -269,10 +308,9 @@ class channel {
     return std::make_shared<connection_state>(executor_, tls_ ? tls_->current() : nullptr);
   }
 
-  asio::awaitable<void> backoff(int round, clock::time_point deadline) {
-    const auto until = clock::now() + to_duration<clock::duration>(backoff_.delay(round).count());
+  asio::awaitable<void> sleep_until(clock::time_point until) {
     asio::steady_timer t(executor_);
-    t.expires_at(std::min(until, deadline));
+    t.expires_at(until);
     sleeping_.insert(&t);
     std::error_code ec;
     co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -281,7 +319,7 @@ class channel {
 
   // One attempt at the current address, bounded by connect_timeout and the deadline.
   asio::awaitable<bool> connect(clock::time_point deadline) {
-    const auto addr = parse_address(options_.addresses[current_]);
+    const auto addr = parse_address(current());
     auto s = state_;
     std::error_code ec;
     bool timed_out = false;
@@ -304,15 +342,18 @@ class channel {
       if (!ec && !guard.expired() && s->stream.secure()) {
         const auto& name = options_.tls.server_name.empty() ? addr->host : options_.tls.server_name;
         co_await s->stream.handshake(tls_side::client, name, ec);
-        if (ec && !guard.expired() && s == state_) {
-          problem_ = fmt::format("TLS handshake with {} failed: {}", addr->to_string(),
-                                 s->stream.failure(ec));
-          log("warning: " + problem_);
+        if (ec && !guard.expired()) {
+          connect_problem_ = fmt::format("TLS handshake with {} failed: {}", addr->to_string(),
+                                         s->stream.failure(ec));
         }
       }
       timed_out = guard.expired();
     }
     if (ec || timed_out || s != state_) {
+      if (connect_problem_.empty()) {
+        connect_problem_ = fmt::format("cannot connect to {}: {}", addr->to_string(),
+                                       timed_out ? "timed out" : ec.message());
+      }
       s->stream.close();
       co_return false;
     }
@@ -395,7 +436,9 @@ class channel {
           auto answer = nlohmann::json::parse(line->begin(), line->end(), nullptr, false);
           if (!answer.is_object()) continue;
           const auto id = answer.find("id");
+          if (id != answer.end() && id->is_null()) s->retry_after = retry_hint(answer);
           if (id == answer.end() || !id->is_number_integer()) continue;
+          answered(alive, *s);
           const auto it = s->pending.find(id->get<std::int64_t>());
           if (it == s->pending.end()) continue;  // a call that timed out meanwhile
           it->second->answer = std::move(answer);
@@ -413,23 +456,48 @@ class channel {
     }
     channel* self = *alive;
     if (self && s == self->state_ && s->open) {
-      self->problem_ = fmt::format("connection to {} lost: {}", self->current(), problem);
-      self->log("warning: " + self->problem_);
-      self->drop();
+      // Closed before any answer: the peer refused us (over its limit, a refused certificate,
+      // a protocol mismatch), which backs off like a refused connect.
+      const failure why = s->answered                  ? failure::lost
+                          : s->retry_after.count() > 0 ? failure::refused
+                                                       : failure::closed;
+      self->abandon(why,
+                    fmt::format("connection to {} {}: {}", self->current(),
+                                s->answered ? "lost" : "closed before any answer", problem),
+                    s->retry_after);
     }
+  }
+
+  static void answered(const std::shared_ptr<channel*>& alive, connection_state& s) {
+    s.answered = true;
+    channel* self = *alive;
+    if (self && self->state_.get() == &s) self->policy_.answered();
+  }
+
+  // The retry delay a refusal asks for: `error.data.retry_after` seconds, if a sane number.
+  static seconds retry_hint(const nlohmann::json& answer) {
+    const auto e = answer.find("error");
+    if (e == answer.end() || !e->is_object()) return seconds(0);
+    const auto d = e->find("data");
+    if (d == e->end() || !d->is_object()) return seconds(0);
+    const auto r = d->find("retry_after");
+    if (r == d->end() || !r->is_number()) return seconds(0);
+    const double v = r->get<double>();
+    return seconds(v > 0 && v <= 300 ? v : 0);
   }
 
   asio::any_io_executor executor_;
   channel_options options_;
   std::shared_ptr<tls_context> tls_;
   std::shared_ptr<connection_state> state_;
-  std::size_t current_ = 0;
+  failover<clock::time_point> policy_;
   std::int64_t next_id_ = 1;
   bool shut_ = false;
   std::uint64_t cancels_ = 0;  // calls begun before the latest cancel() end
   std::unordered_set<asio::steady_timer*> sleeping_;
-  jittered_backoff backoff_;
-  std::string problem_;  // the last connection problem, in words
+  std::string problem_;          // the last connection problem, in words
+  std::string connect_problem_;  // why the last connection attempt failed
+  log_throttle<clock::time_point> problem_log_{seconds(5)};
   log_throttle<std::chrono::steady_clock::time_point> redirect_log_{seconds(5)};
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);
 };

@@ -3,8 +3,11 @@
 /// \file
 /// The smallest HTTP/1.1 server the admin endpoint needs: `GET` and `HEAD`, one request per
 /// connection (`Connection: close`), no request body. Every connection is bounded: the request
-/// head in bytes and header lines, the whole exchange in time, and the number of connections
-/// open at once. The handler is synchronous and runs on the server's executor.
+/// head in bytes, header lines and time, the whole exchange in time, and the number of
+/// connections open at once, in all and per peer address. A connection that comes when either
+/// limit is reached takes the place of the oldest one still waiting for its request head, so a
+/// flood of idle connections cannot keep a health check out. The handler is synchronous and
+/// runs on the server's executor.
 ///
 ///     doorman::net::http_server admin(strand, {}, [&](const doorman::net::http_request& r) {
 ///       return doorman::net::http_answer{200, "text/plain; charset=utf-8", "ok\n"};
@@ -16,18 +19,21 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
@@ -43,8 +49,14 @@ struct http_server_options {
   std::size_t max_head_bytes = 16 * 1024;
   /// Target length and header count (see `http_request_limits`).
   http_request_limits request{};
-  /// Connections open at once; one beyond is answered 503 and closed.
+  /// Connections open at once. One beyond takes the place of the oldest connection still
+  /// waiting for its request head; when every connection is past its head, it is answered 503
+  /// and closed.
   std::size_t max_connections = 64;
+  /// Connections open at once from one peer address (IP), the same way.
+  std::size_t max_connections_per_peer = 16;
+  /// Deadline of the request head (and the TLS handshake), from the accept.
+  seconds head_timeout{2};
   /// Deadline of one whole exchange: reading the head, then writing the answer.
   seconds timeout{10};
 };
@@ -168,17 +180,56 @@ class http_server {
     close_all();
   }
 
-  [[nodiscard]] std::size_t connections() const noexcept { return sockets_.size(); }
+  [[nodiscard]] std::size_t connections() const noexcept { return open_.size(); }
   /// Connections refused for `max_connections`, since the start.
   [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
+  /// Connections closed before their request head to make room for a newer one.
+  [[nodiscard]] std::size_t evicted() const noexcept { return evicted_; }
 
  private:
   using socket_ptr = std::shared_ptr<stream>;
 
+  struct connection {
+    socket_ptr s;
+    std::string ip;
+    bool head_read = false;
+  };
+  using connection_ptr = std::shared_ptr<connection>;
+
   void close_all() {
-    for (const auto& s : sockets_)
-      s->close();
-    sockets_.clear();
+    for (const auto& [seq, c] : open_)
+      c->s->close();
+    open_.clear();
+  }
+
+  // Makes room for a connection from `ip`: true when there is room (after closing the oldest
+  // connection still waiting for its head, of that peer when the peer is at its limit).
+  bool make_room(const std::string& ip) {
+    std::size_t from_peer = 0;
+    for (const auto& [seq, c] : open_)
+      from_peer += c->ip == ip ? 1 : 0;
+    const bool peer_full = from_peer >= options_.max_connections_per_peer;
+    if (!peer_full && open_.size() < options_.max_connections) return true;
+    for (auto it = open_.begin(); it != open_.end(); ++it) {
+      const connection& c = *it->second;
+      if (c.head_read || (peer_full && c.ip != ip)) continue;
+      c.s->close();
+      open_.erase(it);
+      ++evicted_;
+      warn(
+          fmt::format("admin: closed a connection from {} that sent no request (the connection "
+                      "limits are reached; {} closed so far)",
+                      c.ip, evicted_));
+      return true;
+    }
+    return false;
+  }
+
+  void warn(std::string line) {
+    if (!log_) return;
+    if (auto l =
+            log_throttle_.pass("warning: " + std::move(line), std::chrono::steady_clock::now()))
+      log_(*l);
   }
 
   asio::awaitable<void> accept_loop() {
@@ -186,6 +237,7 @@ class http_server {
       std::error_code ec;
       auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
       if (stopping_) co_return;
+      if (!ec) detail::close_on_exec(socket);
       if (ec) {
         if (ec == asio::error::operation_aborted) co_return;
         if (log_)
@@ -194,8 +246,15 @@ class http_server {
         co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
-      if (sockets_.size() >= options_.max_connections) {
+      std::error_code peer_ec;
+      const auto remote = socket.remote_endpoint(peer_ec);
+      const std::string ip = peer_ec ? std::string() : remote.address().to_string();
+      if (!make_room(ip)) {
         ++refused_;
+        warn(
+            fmt::format("admin: refused a connection from {}: every connection is busy ({} "
+                        "refused so far)",
+                        ip, refused_));
         if (!tls_) {
           socket.non_blocking(true, ec);
           const auto busy =
@@ -206,19 +265,28 @@ class http_server {
         continue;
       }
       const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;  // named: see etcd.hpp
-      auto s = std::make_shared<stream>(std::move(socket), tls);
-      sockets_.insert(s);
-      asio::co_spawn(executor_, exchange(s), asio::detached);
+      auto c = std::make_shared<connection>(
+          connection{std::make_shared<stream>(std::move(socket), tls), ip});
+      const std::uint64_t seq = next_seq_++;
+      open_.emplace(seq, c);
+      asio::co_spawn(executor_, exchange(c, seq), asio::detached);
     }
   }
 
-  // Reads one request head, answers it, closes; all before the deadline.
-  asio::awaitable<void> exchange(socket_ptr s) {
+  // Reads one request head (before the head deadline), answers it, closes; all before the
+  // exchange's deadline.
+  asio::awaitable<void> exchange(connection_ptr c, std::uint64_t seq) {
+    const socket_ptr s = c->s;
+    const auto accepted = std::chrono::steady_clock::now();
     const socket_deadline guard(
         executor_,
-        std::chrono::steady_clock::now() +
-            to_duration<std::chrono::steady_clock::duration>(options_.timeout.count()),
+        accepted + to_duration<std::chrono::steady_clock::duration>(options_.timeout.count()),
         [s] { s->close(); });
+    std::optional<socket_deadline> head_guard;
+    head_guard.emplace(executor_,
+                       accepted + to_duration<std::chrono::steady_clock::duration>(
+                                      std::min(options_.head_timeout, options_.timeout).count()),
+                       [s] { s->close(); });
     peer_info peer;
     peer.address = detail::peer_of(s->socket());
     peer.secure = s->secure();
@@ -250,6 +318,8 @@ class http_server {
         answer = detail::http_error(431, "request head too long");
         break;
       }
+      c->head_read = true;
+      head_guard.reset();
       answer = respond(parse_http_request(std::string_view(head).substr(0, stop), options_.request),
                        peer, head_only);
       break;
@@ -261,7 +331,7 @@ class http_server {
       s->socket().shutdown(asio::socket_base::shutdown_send, ec);
     }
     s->close();
-    sockets_.erase(s);
+    open_.erase(seq);
   }
 
   http_answer respond(const http_request& r, const peer_info& peer, bool& head_only) {
@@ -285,9 +355,12 @@ class http_server {
   log_type log_;
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer retry_;
-  std::unordered_set<socket_ptr> sockets_;
+  std::map<std::uint64_t, connection_ptr> open_;  // in the order they were accepted
+  std::uint64_t next_seq_ = 0;
   std::shared_ptr<tls_context> tls_;
   std::size_t refused_ = 0;
+  std::size_t evicted_ = 0;
+  log_throttle<std::chrono::steady_clock::time_point> log_throttle_{seconds(10)};
   bool stopping_ = false;
 };
 

@@ -32,6 +32,10 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#endif
+
 #include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
@@ -50,6 +54,10 @@ struct server_options {
 
   /// Connections beyond this are answered with an error and closed at once.
   std::size_t max_connections = 10'000;
+
+  /// The retry delay that refusal names (`error.data.retry_after`, seconds); this library's
+  /// clients wait at least that long before they connect to any task of the position again.
+  seconds refused_retry_after{1};
 
   /// A connection that completes no line for this long is closed (this also ends a peer that
   /// stops reading its answers).
@@ -79,6 +87,19 @@ namespace detail {
 
 // Resolves `where`, then opens, binds and listens `acceptor` (port 0 picks a free port); on
 // failure `ec` says why and the acceptor is left closed.
+// Keeps a socket out of the processes an embedding program starts: a child that inherited the
+// listening socket would hold the port after the node stopped (and an accepted one, the peer's
+// connection).
+template <class Socket>
+void close_on_exec(Socket& socket) {
+#if defined(__unix__) || defined(__APPLE__)
+  const int fd = socket.native_handle();
+  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+#else
+  (void)socket;
+#endif
+}
+
 inline void listen_on(asio::ip::tcp::acceptor& acceptor, const address& where,
                       std::error_code& ec) {
   asio::ip::tcp::resolver resolver(acceptor.get_executor());
@@ -90,6 +111,7 @@ inline void listen_on(asio::ip::tcp::acceptor& acceptor, const address& where,
   }
   const auto endpoint = results.begin()->endpoint();
   acceptor.open(endpoint.protocol(), ec);
+  if (!ec) close_on_exec(acceptor);
   if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
@@ -243,6 +265,13 @@ class server {
     if (log_) log_(s);
   }
 
+  // A line of a repetitive kind (a flood of them is an attack or a misconfigured fleet):
+  // one per 10 s per kind, with the count of those held back.
+  void warn(log_throttle<std::chrono::steady_clock::time_point>& kind, std::string line) {
+    if (!log_) return;
+    if (auto l = kind.pass(std::move(line), std::chrono::steady_clock::now())) log_(*l);
+  }
+
   void close_all();
 
   asio::awaitable<void> accept_loop();
@@ -258,6 +287,9 @@ class server {
   std::shared_ptr<tls_context> tls_;
   std::function<void(const peer_info&)> on_disconnect_;
   log_throttle<std::chrono::steady_clock::time_point> handshake_log_{seconds(10)};
+  log_throttle<std::chrono::steady_clock::time_point> idle_log_{seconds(10)};
+  log_throttle<std::chrono::steady_clock::time_point> too_long_log_{seconds(10)};
+  log_throttle<std::chrono::steady_clock::time_point> refused_log_{seconds(10)};
   std::size_t refused_ = 0;
   std::size_t accepted_ = 0;
   std::size_t closed_idle_ = 0;
@@ -332,6 +364,10 @@ class server::session : public std::enable_shared_from_this<server::session> {
 
   // Queues the error for an over-long line and ends the connection after writing it.
   void too_long() {
+    owner_.warn(owner_.too_long_log_,
+                fmt::format("warning: closing the connection from {}: a line longer than "
+                            "max_message_bytes ({})",
+                            peer_.address, owner_.options_.max_message_bytes));
     out_ += detail::error_line(rpc_code::invalid_request,
                                fmt::format("message longer than max_message_bytes ({})",
                                            owner_.options_.max_message_bytes));
@@ -359,12 +395,9 @@ class server::session : public std::enable_shared_from_this<server::session> {
     if (self->closed_) co_return false;
     if (ec) {
       ++self->owner_.failed_handshakes_;
-      if (auto line = self->owner_.handshake_log_.pass(
-              fmt::format("warning: TLS handshake with {} failed: {}", self->peer_.address,
-                          self->stream_.failure(ec)),
-              clock::now())) {
-        self->owner_.log(*line);
-      }
+      self->owner_.warn(self->owner_.handshake_log_,
+                        fmt::format("warning: TLS handshake with {} failed: {}",
+                                    self->peer_.address, self->stream_.failure(ec)));
       self->close();
       co_return false;
     }
@@ -448,11 +481,13 @@ class server::session : public std::enable_shared_from_this<server::session> {
       if (clock::now() >= self->deadline_) {
         if (self->peer_.secure && !self->handshaken_) {
           ++self->owner_.failed_handshakes_;
-          self->owner_.log(fmt::format("warning: TLS handshake with {} timed out; closing",
-                                       self->peer_.address));
+          self->owner_.warn(self->owner_.handshake_log_,
+                            fmt::format("warning: TLS handshake with {} timed out; closing",
+                                        self->peer_.address));
         } else {
           ++self->owner_.closed_idle_;
-          self->owner_.log(fmt::format("closing an idle connection from {}", self->peer_.address));
+          self->owner_.warn(self->owner_.idle_log_,
+                            fmt::format("closing an idle connection from {}", self->peer_.address));
         }
         self->close();
         co_return;
@@ -512,6 +547,7 @@ inline asio::awaitable<void> server::accept_loop() {
     std::error_code ec;
     auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
     if (stopping_) co_return;
+    if (!ec) detail::close_on_exec(socket);
     if (ec) {
       if (ec == asio::error::operation_aborted) co_return;
       // Out of descriptors or a transient failure: pause instead of spinning.
@@ -521,17 +557,18 @@ inline asio::awaitable<void> server::accept_loop() {
       continue;
     }
     if (sessions_.size() >= options_.max_connections) {
-      if (refused_++ % 1000 == 0) {
-        log(
-            fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
-                        "({} refused so far; "
-                        "one line per 1000)",
-                        options_.max_connections, detail::peer_of(socket), refused_));
-      }
+      ++refused_;
+      warn(refused_log_,
+           fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
+                       "({} refused so far)",
+                       options_.max_connections, detail::peer_of(socket), refused_));
       // The send buffer of a fresh socket takes this short line without blocking.
       socket.non_blocking(true, ec);
-      const std::string line =
-          detail::error_line(rpc_code::server_error, "too many connections; try again later");
+      // The hint tells clients of this library when to come back (their backoff's floor).
+      auto refusal =
+          make_error(nullptr, rpc_code::server_error, "too many connections; try again later");
+      refusal["error"]["data"] = {{"retry_after", options_.refused_retry_after.count()}};
+      const std::string line = to_line(refusal) + "\n";
       socket.write_some(asio::buffer(line), ec);
       socket.close(ec);
       continue;

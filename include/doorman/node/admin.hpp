@@ -81,6 +81,7 @@ struct node_metrics {
   /// Time to handle a request (parse, decide, serialize), by method.
   std::array<latency_histogram, rpc_method_names.size()> latency{};
   std::uint64_t master_changes = 0;
+  std::uint64_t fenced = 0;  ///< times a master stepped down at the end of its term
   std::uint64_t reloads_ok = 0;
   std::uint64_t reloads_failed = 0;
   double last_reload_unix = 0;  ///< when the configuration was last loaded (Unix seconds)
@@ -299,6 +300,9 @@ inline void render_node(prom_writer& w, const admin_snapshot& s, const node_metr
   w.sample("doorman_is_master", "", s.mastership.is_master ? 1 : 0);
   w.family("doorman_master_changes_total", "counter", "Times this node gained or lost mastership.");
   w.sample("doorman_master_changes_total", "", static_cast<double>(m.master_changes));
+  w.family("doorman_mastership_fenced_total", "counter",
+           "Times a master stepped down because its election term ended before it could renew.");
+  w.sample("doorman_mastership_fenced_total", "", static_cast<double>(m.fenced));
   w.family("doorman_config_reloads_total", "counter", "Configuration loads, by outcome.");
   w.sample("doorman_config_reloads_total", "outcome=\"ok\"", static_cast<double>(m.reloads_ok));
   w.sample("doorman_config_reloads_total", "outcome=\"failed\"",

@@ -9,10 +9,11 @@
 /// another task takes it at its next poll.
 ///
 /// A renewal that fails is retried (other endpoints too) until the lease could have expired on
-/// etcd's side, less a guard of `ttl / 10`: only then is mastership given up. So a master rides
-/// out an etcd outage shorter than its TTL, and never keeps granting past the moment another
-/// task could win. On a graceful stop the lease is revoked so that another task takes over at
-/// once.
+/// etcd's side, less a margin of `ttl / 10`: only then is mastership given up. So a master rides
+/// out an etcd outage shorter than its TTL. The same instant, `valid_until()` (from
+/// `election_term`), fences the node's every decision, so a master never grants past the moment
+/// another task could win, even when it was paused and has not yet heard that its lease is
+/// gone. On a graceful stop the lease is revoked so that another task takes over at once.
 ///
 ///     doorman::etcd_election election(io.get_executor(),
 ///                                     {.endpoints = {"127.0.0.1:2379"}, .key = "/doorman/root"});
@@ -20,6 +21,7 @@
 ///                                                      std::move(election));
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +38,7 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/election_term.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/etcd.hpp"
 #include "doorman/net/supervise.hpp"
@@ -82,11 +85,17 @@ class etcd_election {
                    asio::detached);
   }
 
-  /// No callback after it returns. The election then revokes its lease (within a second) and
-  /// ends.
   /// Re-reads the TLS files of its etcd client (thread-safe); throws on a bad one.
   void reload_tls() { state_->etcd.reload_tls(); }
 
+  /// Until when this task's mastership is certainly valid (thread-safe): the end of its term,
+  /// `clock::time_point::min()` when it holds none. The node fences every decision with it.
+  [[nodiscard]] clock::time_point valid_until() const noexcept {
+    return clock::time_point(clock::duration(state_->valid_until.load(std::memory_order_acquire)));
+  }
+
+  /// No callback after it returns. The election then revokes its lease (within a second) and
+  /// ends.
   void stop() {
     {
       std::lock_guard lock(state_->mutex);
@@ -104,7 +113,8 @@ class etcd_election {
         : strand(asio::make_strand(ex)),
           etcd(strand, o.endpoints, o.tls),
           timer(strand),
-          options(std::move(o)) {}
+          options(std::move(o)),
+          term(to_duration<clock::duration>(options.ttl.count())) {}
     asio::strand<asio::any_io_executor> strand;
     net::etcd_client etcd;
     asio::steady_timer timer;
@@ -113,11 +123,12 @@ class etcd_election {
     std::mutex mutex;  // guards callback
     mastership_callback callback;
     bool stopping = false;
+    // The term's end, read by the node's strand (nanoseconds of clock::duration).
+    std::atomic<clock::rep> valid_until{clock::time_point::min().time_since_epoch().count()};
 
     // Only on the strand:
     std::int64_t lease = 0;
-    clock::duration ttl{};
-    clock::time_point confirmed{};  // when the last successful renewal was sent
+    election_term<clock::time_point> term;
     bool is_master = false;
     std::optional<std::string> master;
     bool reported = false;
@@ -136,24 +147,29 @@ class etcd_election {
       if (callback) callback(is_master, master);
     }
 
-    [[nodiscard]] clock::duration period() const {
-      return std::max<clock::duration>(ttl / 5, std::chrono::milliseconds(50));
+    // The term's news, published to the node before any report that depends on it.
+    void confirmed(clock::time_point sent) {
+      term.confirmed(sent);
+      publish();
     }
-    // Past this, the lease could have expired on etcd's side and another task could win.
-    [[nodiscard]] clock::time_point at_risk() const {
-      return confirmed + ttl - std::max<clock::duration>(ttl / 10, std::chrono::milliseconds(100));
+    void lost() {
+      term.lost();
+      publish();
+    }
+    void publish() {
+      valid_until.store(term.valid_until().time_since_epoch().count(), std::memory_order_release);
     }
   };
 
   static asio::awaitable<void> run(std::shared_ptr<state> s) {
-    s->ttl = to_duration<clock::duration>(s->options.ttl.count());
     while (!s->stopping) {
       const bool ok = co_await round(*s);
       if (s->stopping) break;
-      s->timer.expires_after(ok ? s->period() : s->period() / 4);
+      s->timer.expires_at(s->term.next_round(clock::now(), ok));
       std::error_code ec;
       co_await s->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
+    s->lost();
     if (s->lease != 0) {
       const auto r = co_await s->etcd.revoke(s->lease, clock::now() + std::chrono::seconds(1));
       s->log(r ? "etcd: lease revoked; another task can take over at once"
@@ -165,31 +181,27 @@ class etcd_election {
   // One renewal and one claim. False when etcd could not be reached (retry soon).
   static asio::awaitable<bool> round(state& s) {
     const auto sent = clock::now();
-    const auto deadline =
-        s.is_master ? std::min(sent + s.period(), s.at_risk()) : sent + s.period();
+    const auto deadline = s.term.round_deadline(sent, s.is_master);
     if (s.lease == 0) {
       const auto g = co_await s.etcd.grant(std::llround(s.options.ttl.count()), deadline);
       if (!g) co_return unreachable(s, g.message);
       s.lease = g.value.id;
-      s.ttl = std::chrono::seconds(g.value.ttl);
-      s.confirmed = sent;
+      s.term.set_ttl(std::chrono::seconds(g.value.ttl));
     } else {
       const auto k = co_await s.etcd.keep_alive(s.lease, deadline);
       if (!k) co_return unreachable(s, k.message);
       if (k.value <= 0) {
         s.log("warning: etcd: our lease has expired; campaigning with a new one");
-        s.lease = 0;
-        if (s.is_master) s.report(false, std::nullopt);
+        lease_gone(s);
         co_return true;
       }
-      s.confirmed = sent;
+      if (s.is_master) s.confirmed(sent);  // our lease holds the key: the term runs on
     }
     if (s.stopping) co_return true;
     const auto c = co_await s.etcd.put_if_absent(s.options.key, s.advertise, s.lease,
-                                                 std::min(clock::now() + s.period(), s.at_risk()));
+                                                 s.term.round_deadline(clock::now(), s.is_master));
     if (c.error == net::etcd_errc::not_found) {  // the lease expired between renewal and claim
-      s.lease = 0;
-      if (s.is_master) s.report(false, std::nullopt);
+      lease_gone(s);
       co_return true;
     }
     if (!c) co_return unreachable(s, c.message);
@@ -199,9 +211,12 @@ class etcd_election {
     }
     const auto& holder = c.value.holder;
     if (holder.lease == s.lease) {
+      // The key is held by our lease, granted or renewed by a message sent at `sent`.
+      s.confirmed(sent);
       if (!s.is_master) s.log(fmt::format("etcd: won the election on {}", s.options.key));
       s.report(true, s.advertise);
     } else {
+      s.lost();
       // A key left by an earlier run of this task (same address, older lease) names no one
       // to redirect to until it expires.
       std::optional<std::string> m;
@@ -215,16 +230,27 @@ class etcd_election {
     co_return true;
   }
 
+  static void lease_gone(state& s) {
+    s.lease = 0;
+    s.lost();
+    if (s.is_master) s.report(false, std::nullopt);
+  }
+
   static bool unreachable(state& s, const std::string& why) {
+    const auto now = clock::now();
+    const auto left = s.term.valid(now) ? to_ms(s.term.valid_until() - now) : -1;
     if (s.last_error.empty()) {
-      s.log(s.is_master
+      s.log(!s.is_master ? fmt::format("warning: etcd: unreachable ({}); retrying", why)
+            : left > 0
                 ? fmt::format(
-                      "warning: etcd: renewal failed ({}); retrying, the lease is safe for {} ms",
-                      why, to_ms(s.at_risk() - clock::now()))
-                : fmt::format("warning: etcd: unreachable ({}); retrying", why));
+                      "warning: etcd: renewal failed ({}); retrying, the term is safe for {} ms",
+                      why, left)
+                : fmt::format("warning: etcd: renewal failed ({}); the term is over, no decision "
+                              "is made as master until a renewal succeeds",
+                              why));
     }
     s.last_error = why;
-    if (s.is_master && clock::now() >= s.at_risk()) {
+    if (s.is_master && !s.term.valid(now)) {
       s.log(
           "warning: etcd: mastership could not be confirmed before the lease is at risk; stepping "
           "down");

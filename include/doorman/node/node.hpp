@@ -409,9 +409,12 @@ class basic_node {
 
   void on_mastership(bool is_master, std::optional<std::string> m) {
     if (stopping_) return;
+    elected_ = is_master;
     const bool changed = is_master != engine_.mastership().is_master;
-    engine_.set_mastership(is_master, std::move(m), clock::now());
-    if (!changed) return;
+    const auto now = clock::now();
+    engine_.set_mastership(is_master, std::move(m), now);
+    apply_term(now);
+    if (!changed || engine_.mastership().is_master != is_master) return;
     ++metrics_.master_changes;
     if (!is_master) {
       log(fmt::format("not master; redirecting to {}",
@@ -425,14 +428,53 @@ class basic_node {
                      : std::string("became master; learning mode is off"));
   }
 
+  // Fencing (docs/high-availability.md): the engine answers as master only inside the
+  // election's term. A master whose term ended steps down at its next call; it takes
+  // mastership back (learning mode again: it forgot its leases) once a renewal extends the
+  // term while the election still names it.
+  void apply_term(clock::time_point now) {
+    if constexpr (requires { election_.valid_until(); }) {
+      const auto until = election_.valid_until();
+      engine_.set_valid_until(until);
+      if (elected_ && !engine_.mastership().is_master && now < until) {
+        engine_.set_mastership(true, options_.advertise, now);
+        log("mastership confirmed again after the term ended; learning mode starts");
+      }
+    }
+    fence(now);
+  }
+
+  void fence(clock::time_point now) {
+    if (!engine_.fence(now)) return;
+    ++metrics_.fenced;
+    ++metrics_.master_changes;
+    log("warning: the election term ended before a renewal was confirmed (was the process "
+        "paused?); stepping down before answering anything more");
+  }
+
+  // Requests that were not valid JSON-RPC (a broken or hostile peer): one line per 10 s.
+  void note_refused(rpc_code code, const net::peer_info& peer, clock::time_point now) {
+    if (code != rpc_code::parse_error && code != rpc_code::invalid_request) return;
+    if (auto line = malformed_log_.pass(
+            fmt::format("warning: a malformed request from {} ({}, {})", peer.address,
+                        code == rpc_code::parse_error ? "not JSON" : "not a JSON-RPC request",
+                        static_cast<int>(code)),
+            now)) {
+      log(*line);
+    }
+  }
+
   // The lines of one read: answered together (`handle_lines_to`), each timed from when the one
-  // before it was answered.
+  // before it was answered, and each decided inside the term (fenced with the time it ended).
   std::size_t on_lines(std::span<const std::string_view> lines, const net::peer_info& peer,
                        std::string& out) {
     auto since = clock::now();
+    apply_term(since);
     const auto done = [&](std::size_t, const dispatch_record& record) {
       const auto now = clock::now();
       metrics_.observe(record, std::chrono::duration<double>(now - since).count());
+      if (record.error) note_refused(*record.error, peer, now);
+      fence(now);
       since = now;
     };
     const auto start = since;
@@ -485,6 +527,7 @@ class basic_node {
   }
 
   net::http_answer on_admin(const net::http_request& r, const net::peer_info& peer) {
+    apply_term(clock::now());
     if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
     if (r.path != "/readyz") {
       if (auto why = access_.admin({peer.identity, peer.connection}, r.path)) {
@@ -676,6 +719,8 @@ class basic_node {
   std::optional<net::refresh_driver<upstream_requester>> driver_;
   std::size_t asked_ = 0;  // resources in the last request to the parent
   Election election_;
+  bool elected_ = false;  // what the election last reported
+  log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
   std::string local_;
   std::string admin_local_;

@@ -216,7 +216,7 @@ std::optional<nlohmann::json> dom_path(Engine& eng, std::string_view line,
     response = call_engine<release_request>(
         req, guard, [&](const release_request& r) { return eng.release_capacity(r, now); });
   } else if (req.method == "discovery") {
-    response = make_result(req.id, nlohmann::json(eng.discovery()));
+    response = make_result(req.id, nlohmann::json(eng.discovery(now)));
   } else if (req.method == "status") {
     response = call_engine<status_params>(
         req, guard, [&](const status_params& r) { return eng.status(r.request, now, r.page); });

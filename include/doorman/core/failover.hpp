@@ -1,0 +1,135 @@
+#pragma once
+
+/// \file
+/// Where and when a channel connects (sans-I/O): the addresses of a tree position, the one in
+/// use, the move to the next one when a connection fails, hangs or is refused, redirects to
+/// the master, and one jittered, capped backoff for every way of failing. `net::channel` only
+/// drives it; the simulator drives the same machine.
+///
+///     doorman::failover<time_point> f({"10.0.0.7:7700", "10.0.0.8:7700"}, {});
+///     if (now >= f.connect_at()) connect(f.current());   // else wait until then
+///     f.connected(now);                                  // the connection is up ...
+///     f.answered();                                      // ... and a real answer came on it
+///     f.failed(now, failure::hung);                      // or: the call's deadline passed
+///
+/// Every failure moves to the next address. Once every address has failed in a row (a round),
+/// the next attempt waits a backoff: `backoff.initial` doubling per round up to
+/// `backoff.maximum`, each delay jittered in [½, 1] of its step. Only an answer on a
+/// connection resets the rounds: a node that accepts and closes at once (over its connection
+/// limit, a refused certificate, plaintext to a TLS port) is a failure like a refused connect,
+/// so a refused client backs off instead of reconnecting thousands of times a second. A refusal
+/// that names a retry delay is honoured as a floor.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "doorman/core/backoff.hpp"
+#include "doorman/core/time.hpp"
+
+namespace doorman {
+
+/// How a connection failed, for the log and the counters (every kind moves on and counts
+/// toward the backoff).
+enum class failure : std::uint8_t {
+  unreachable,  ///< the connect (or TLS handshake) failed or timed out
+  closed,       ///< closed by the peer before any answer (refused after accept)
+  lost,         ///< broke after answers had come
+  hung,         ///< a call's deadline passed without an answer: the peer is hung or cut off
+  refused,      ///< an explicit refusal (over the connection limit), maybe with a retry delay
+};
+
+/// Options of the failover machine, with their defaults.
+struct failover_options {
+  backoff_options backoff{seconds(0.05), seconds(5)};  ///< after each failed round
+  std::uint64_t seed = 0x0fa1'10e7;                    ///< of the jitter
+};
+
+template <class TimePoint>
+class failover {
+ public:
+  using time_point = TimePoint;
+  using duration = typename TimePoint::duration;
+
+  /// Throws `std::invalid_argument` when `addresses` is empty.
+  failover(std::vector<std::string> addresses, failover_options options)
+      : addresses_(std::move(addresses)), backoff_(options.backoff, options.seed) {
+    if (addresses_.empty()) throw std::invalid_argument("failover: no addresses");
+  }
+
+  /// Every address known: the configured ones, then masters learned from redirects.
+  [[nodiscard]] const std::vector<std::string>& addresses() const noexcept { return addresses_; }
+
+  /// The address to connect to (or connected to).
+  [[nodiscard]] const std::string& current() const noexcept { return addresses_[current_]; }
+
+  /// The earliest time of the next connection attempt.
+  [[nodiscard]] time_point connect_at() const noexcept { return connect_at_; }
+
+  /// Failures in a row since the last answer.
+  [[nodiscard]] std::uint32_t failures() const noexcept { return failures_; }
+
+  /// A connection to `current()` is up. Not yet a success: see `answered`.
+  void connected() noexcept { answered_on_connection_ = false; }
+
+  /// An answer came on the connection (a result or an error answer): the peer is alive, so
+  /// the rounds of failures start again from zero.
+  void answered() noexcept {
+    failures_ = 0;
+    answered_on_connection_ = true;
+  }
+
+  /// Whether an answer came since the last `connected`.
+  [[nodiscard]] bool answered_on_connection() const noexcept { return answered_on_connection_; }
+
+  /// The connection (or the attempt) failed at `now`: move to the next address, after a
+  /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
+  /// floor for the next attempt at any address).
+  void failed(time_point now, failure why, seconds retry_after = seconds(0)) {
+    last_ = why;
+    ++failures_;
+    current_ = (current_ + 1) % addresses_.size();
+    const std::size_t n = addresses_.size();
+    duration wait = duration::zero();
+    if (failures_ % n == 0) {
+      const auto rounds = std::min<std::size_t>(failures_ / n, 31);
+      wait = to_duration<duration>(backoff_.delay(static_cast<int>(rounds)).count());
+    }
+    wait = std::max(wait, to_duration<duration>(std::clamp(retry_after.count(), 0.0, 300.0)));
+    connect_at_ = now + wait;
+  }
+
+  /// A non-master named `master` as the master: go there next, at once (the rounds of
+  /// failures are kept, so a redirect loop to a dead address still backs off). A master not
+  /// among the addresses is added.
+  void redirected(const std::string& master, time_point now) {
+    auto it = std::find(addresses_.begin(), addresses_.end(), master);
+    if (it == addresses_.end()) {
+      addresses_.push_back(master);
+      it = addresses_.end() - 1;
+    }
+    current_ = static_cast<std::size_t>(it - addresses_.begin());
+    connect_at_ = std::max(connect_at_, now);
+  }
+
+  /// A non-master that knows no master: try the next address, with the backoff of a failure.
+  void no_master(time_point now) { failed(now, failure::refused); }
+
+  /// The kind of the last failure.
+  [[nodiscard]] failure last_failure() const noexcept { return last_; }
+
+ private:
+  std::vector<std::string> addresses_;
+  std::size_t current_ = 0;
+  std::uint32_t failures_ = 0;
+  bool answered_on_connection_ = false;
+  failure last_ = failure::unreachable;
+  time_point connect_at_{};
+  jittered_backoff backoff_;
+};
+
+}  // namespace doorman
