@@ -138,6 +138,9 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
   }
   SECTION("failures back off exponentially with jitter") {
     clock.advance(2s);
+    (void)s.make_request(clock.now());
+    s.on_reply(grant("a", 1, 60, 30), clock.now());  // a longer interval: no cap below 15 s
+    clock.advance(61s);                              // and no lease left to hurry for
     for (int i = 1; i <= 6; ++i) {
       (void)s.make_request(clock.now());
       s.on_reply(doorman::errc::timed_out, clock.now());
@@ -145,6 +148,17 @@ TEST_CASE("client state refresh timing: floor, new resources, backoff, expiry", 
       const double step = std::min(15.0, 0.5 * std::pow(2, i - 1));
       CHECK(wait >= std::max(2.0, step / 2) - 1e-9);
       CHECK(wait <= std::max(2.0, step) + 1e-9);
+      clock.set(s.next_request());
+    }
+  }
+  SECTION("a failing client asks no more often than a served one, and no less") {
+    clock.advance(2s);
+    for (int i = 1; i <= 8; ++i) {
+      (void)s.make_request(clock.now());
+      s.on_reply(doorman::errc::timed_out, clock.now());
+      // The last answer's interval (2 s, the floor) caps the backoff: a healed link is used
+      // within one interval.
+      CHECK(s.next_request() - clock.now() <= 2s);
       clock.set(s.next_request());
     }
   }

@@ -193,3 +193,145 @@ TEST_CASE("simulation: an action may schedule more actions", "[sim]") {
   s.run_until(doorman::sim::at(3));
   CHECK(ran == 101);
 }
+
+namespace {
+
+// What a fault did to a tree, sampled every 50 ms.
+struct fault_figures {
+  double capacity = 0;
+  double worst = 0;          // the most the clients held at once, tree-wide
+  double longest_gap = 0;    // the longest time a client held no lease
+  double recovered_at = -1;  // when every client held a lease again after `from`
+};
+
+// Root and two intermediates, each a job of two tasks; four clients under each intermediate
+// and two on the root, wanting 160 of a capacity of 100 (FAIR_SHARE, leases of 8 s, refresh
+// every 2 s, learning mode as long as a lease, an election TTL of 4 s, calls time out at 1 s,
+// reconnects back off up to 2 s).
+struct fault_tree {
+  explicit fault_tree(bool fencing = true)
+      : sim({.config = R"({"resources": [{"identifier_glob": "*", "capacity": 100,
+               "algorithm": {"kind": "FAIR_SHARE", "lease_length": 8, "refresh_interval": 2,
+                             "learning_mode_duration": 8}}]})",
+             .network = {.latency = 0.001, .jitter = 0.002, .timeout = 1},
+             .client_resource = {.mode = doorman::fallback::pessimistic},
+             .seed = 7,
+             .tasks = 2,
+             .election_ttl = 4,
+             .fencing = fencing,
+             .failover = {.backoff = {doorman::seconds(0.05), doorman::seconds(2)}}}) {
+    root = sim.add_job("root", std::nullopt);
+    left = sim.add_job("left", root);
+    right = sim.add_job("right", root);
+    for (int i = 0; i < 4; ++i) {
+      sim.add_client("l" + std::to_string(i), left, 15);
+      sim.add_client("r" + std::to_string(i), right, 15);
+    }
+    sim.add_client("d0", root, 20);
+    sim.add_client("d1", root, 20);
+  }
+
+  // Runs to `end` seconds, sampling; `from`: when recovery starts counting (a new master, a
+  // heal). Gaps are counted from 50 s on (after the first learning mode).
+  fault_figures run(double end, const std::function<double()>& from) {
+    fault_figures f;
+    f.capacity = sim.capacity();
+    std::vector<double> gap_since(sim.clients().size(), -1);
+    for (double t = 0; t <= end; t += 0.05) {
+      sim.run_until(doorman::sim::at(t));
+      f.worst = std::max(f.worst, sim.total_granted());
+      bool all = true;
+      for (std::size_t i = 0; i < sim.clients().size(); ++i) {
+        const bool held = sim.leased(i);
+        all = all && held;
+        if (!held && gap_since[i] < 0 && t >= 50) gap_since[i] = t;
+        if (held && gap_since[i] >= 0) {
+          f.longest_gap = std::max(f.longest_gap, t - gap_since[i]);
+          gap_since[i] = -1;
+        }
+      }
+      const double start = from();
+      if (f.recovered_at < 0 && start >= 0 && t >= start && all) f.recovered_at = t;
+    }
+    return f;
+  }
+
+  // When job `j`'s master changed last (its second election), or -1.
+  [[nodiscard]] double second_election(std::size_t j) const {
+    const auto& job = sim.jobs()[j];
+    return job.elections >= 2 ? doorman::sim::seconds_of(job.elected_at) : -1;
+  }
+
+  doorman::sim::simulation sim;
+  std::size_t root = 0, left = 0, right = 0;
+};
+
+}  // namespace
+
+TEST_CASE("simulation faults: a master paused past its TTL never breaks invariant 1",
+          "[sim][fault]") {
+  fault_tree tree;
+  tree.sim.at(60, [&] { tree.sim.pause_master(tree.root, 15); });
+  const auto f = tree.run(120, [&] { return tree.second_election(tree.root); });
+  const double elected = tree.second_election(tree.root);
+  std::printf(
+      "sim pause: new master %.2f s after the pause; every client leased %.2f s after "
+      "it; worst %.2f of %.0f; longest gap %.2f s\n",
+      elected - 60, f.recovered_at - elected, f.worst, f.capacity, f.longest_gap);
+  CHECK(f.worst <= f.capacity + 1e-9);
+  REQUIRE(elected > 60);
+  CHECK(elected - 60 <= 4 + 0.8 + 0.01);  // the TTL and a poll
+  REQUIRE(f.recovered_at >= 0);
+  // A client may have just sent a request to the paused task when the new master wins: that
+  // request times out, and the retry comes within a refresh interval (the refresh schedule's
+  // cap): a call timeout and two refresh intervals in all.
+  CHECK(f.recovered_at - elected <= 1 + 2 * 2 + 0.05);
+}
+
+TEST_CASE("simulation faults: a hung master is left for the new one", "[sim][fault]") {
+  fault_tree tree;
+  tree.sim.at(60, [&] { tree.sim.hang_master(tree.root); });
+  const auto f = tree.run(120, [&] { return tree.second_election(tree.root); });
+  const double elected = tree.second_election(tree.root);
+  std::printf(
+      "sim hang: new master %.2f s after the hang; every client leased %.2f s after it; "
+      "worst %.2f of %.0f; longest gap %.2f s\n",
+      elected - 60, f.recovered_at - elected, f.worst, f.capacity, f.longest_gap);
+  CHECK(f.worst <= f.capacity + 1e-9);
+  REQUIRE(f.recovered_at >= 0);
+  CHECK(f.recovered_at - elected <= 1 + 2 * 2 + 0.05);
+}
+
+TEST_CASE("simulation faults: a cut link heals within a refresh interval", "[sim][fault]") {
+  fault_tree tree;
+  tree.sim.at(60, [&] { tree.sim.cut_parent(tree.left, 30); });
+  tree.sim.at(60, [&] { tree.sim.cut_clients(tree.right, 30); });
+  const auto f = tree.run(150, [] { return 90.0; });
+  std::printf(
+      "sim partition: every client leased %.2f s after the heal; worst %.2f of %.0f; "
+      "longest gap %.2f s\n",
+      f.recovered_at - 90, f.worst, f.capacity, f.longest_gap);
+  CHECK(f.worst <= f.capacity + 1e-9);
+  REQUIRE(f.recovered_at >= 0);
+  // A request sent into the cut times out first: a call timeout and a refresh interval.
+  CHECK(f.recovered_at - 90 <= 1 + 2 + 0.3);
+}
+
+TEST_CASE("simulation faults: a refusing root is backed off from, then used again",
+          "[sim][fault]") {
+  fault_tree tree;
+  const auto before = tree.sim.jobs()[tree.root].requests;
+  std::uint64_t during = 0;
+  tree.sim.at(60, [&] { tree.sim.refuse(tree.root, 30); });
+  tree.sim.at(60, [&] { during = tree.sim.jobs()[tree.root].requests; });
+  tree.sim.at(90, [&] { during = tree.sim.jobs()[tree.root].requests - during; });
+  const auto f = tree.run(150, [] { return 90.0; });
+  std::printf(
+      "sim refusal: %llu requests reached the refusing root in 30 s (4 requesters); "
+      "every client leased %.2f s after it stopped refusing; worst %.2f of %.0f\n",
+      static_cast<unsigned long long>(during), f.recovered_at - 90, f.worst, f.capacity);
+  CHECK(before < tree.sim.jobs()[tree.root].requests);
+  CHECK(f.worst <= f.capacity + 1e-9);
+  CHECK(during < 4 * 30);  // backing off: fewer than one a second per requester
+  REQUIRE(f.recovered_at >= 0);
+}

@@ -88,7 +88,8 @@ class refresh_schedule {
   refresh_event answered(time_point now, double interval) noexcept {
     in_flight_ = false;
     if (!std::isfinite(interval)) interval = idle_;
-    next_ = now + to_duration<duration>(std::max(interval, floor_));
+    interval_ = std::max(interval, floor_);
+    next_ = now + to_duration<duration>(interval_);
     const refresh_event e = !answered_      ? refresh_event::reached
                             : failures_ > 0 ? refresh_event::regained
                                             : refresh_event::none;
@@ -100,11 +101,13 @@ class refresh_schedule {
   /// The request failed at `now` (no answer, an error answer, an answer not to be used): retry
   /// after the backoff of this many consecutive failures, but within half the time left until
   /// `earliest_expiry` (of the leases still held), so that a peer back in time is reached
-  /// before a lease runs out; never sooner than the floor.
+  /// before a lease runs out, and never later than the interval of the last answer (a failing
+  /// requester asks no more often than a served one, and a healed link is used within one
+  /// interval); never sooner than the floor.
   refresh_event failed(time_point now, time_point earliest_expiry) noexcept {
     in_flight_ = false;
     ++failures_;
-    double delay = backoff_.delay(failures_).count();
+    double delay = std::min(backoff_.delay(failures_).count(), interval_);
     if (earliest_expiry > now) delay = std::min(delay, to_seconds(earliest_expiry - now) / 2);
     next_ = now + to_duration<duration>(std::max(floor_, delay));
     return failures_ == 1 && answered_ ? refresh_event::lost : refresh_event::none;
@@ -130,6 +133,7 @@ class refresh_schedule {
 
   double floor_;
   double idle_;
+  double interval_ = idle_;  // set by the last answer
   jittered_backoff backoff_;
   time_point next_{};
   time_point last_request_{};

@@ -32,12 +32,16 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "doorman/core/backoff.hpp"
 #include "doorman/core/client_state.hpp"
+#include "doorman/core/election_term.hpp"
 #include "doorman/core/engine.hpp"
+#include "doorman/core/failover.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/core/upstream.hpp"
 
@@ -86,6 +90,17 @@ struct simulation_options {
   client_state_options client{};              ///< every client's (client_id and seed per client)
   client_resource_options client_resource{};  ///< priority and fallback of every client
   std::uint64_t seed = 1;
+  /// Tasks per job. With more than one, one is master and the others redirect to it, and every
+  /// requester keeps a `failover` machine over them (as `net::channel` does): a timed-out,
+  /// refused or redirected request moves it, and its backoff delays the next.
+  std::size_t tasks = 1;
+  /// The TTL of every job's election lease, in seconds: a paused or hung master's term
+  /// (`election_term`, from its last renewal) ends a margin before the lease runs out, and
+  /// another task wins one poll (TTL / 5) after it has.
+  double election_ttl = 10;
+  /// Whether a master answers only inside its term. Off only to show what fencing prevents.
+  bool fencing = true;
+  failover_options failover{};  ///< every requester's (with `tasks` > 1)
   /// Checks after every decision that no lease outlives its granter's, and that outside
   /// learning mode a decision never adds to what a node has granted beyond its capacity.
   /// O(clients of the node) per decision: for tests.
@@ -100,6 +115,17 @@ struct exchange {
   std::uint32_t in_flight = 0;  ///< the request number awaited, 0 for none
   time_point sent{};
   std::uint64_t epoch_seen = 0;  ///< the master epoch of the job it asked last
+  failure why = failure::hung;   ///< how the request in flight fails, if it does
+  /// Which task of the job to ask, and when (with `simulation_options::tasks` > 1).
+  std::optional<failover<time_point>> route;
+};
+
+/// A request waiting in the socket of a paused master, answered when it resumes.
+struct queued_request {
+  bool from_node = false;  ///< an intermediate's, else a client's
+  std::size_t who = 0;
+  std::uint32_t number = 0;
+  std::variant<capacity_request, server_capacity_request> request;
 };
 
 /// One task group at one position of the tree.
@@ -114,7 +140,18 @@ struct job {
   std::uint64_t elections = 0;
   exchange up;                             ///< with the parent
   time_point wake_at = time_point::max();  ///< of the wake-up pending
-  std::uint64_t in_flight_epoch = 0;       ///< this job's epoch when the request went out
+  std::size_t master_task = 0;             ///< the task that is master (when `engine`)
+  time_point elected_at{};                 ///< the master's election (it renews every poll)
+  // Faults (`pause_master`, `hang_master`, `cut_clients`, `cut_parent`, `refuse`):
+  std::unique_ptr<engine_type> stopped;  ///< a paused or hung master's engine, fenced
+  std::size_t stopped_task = 0;
+  bool hung = false;
+  time_point key_expires{};  ///< when the stopped master's election lease runs out
+  std::vector<queued_request> queued;
+  time_point refusing_until{};
+  time_point clients_cut_until{};     ///< the links from its clients
+  time_point parent_cut_until{};      ///< the link to its parent
+  std::uint64_t in_flight_epoch = 0;  ///< this job's epoch when the request went out
   server_capacity_request request;
   server_capacity_response response;
 };
@@ -185,6 +222,7 @@ class simulation {
     c.wants = wants;
     c.active = true;
     c.up.in_flight = 0;
+    c.up.route = route(mix(options_.seed, 0xfa, index));
     client_resource_options r = options_.client_resource;
     r.wants = wants;
     c.state->add(options_.resource, r);
@@ -249,6 +287,36 @@ class simulation {
     elect(index);
   }
 
+  /// The job's master process is paused for `for_seconds` (SIGSTOP), then resumes. Requests
+  /// that reach it wait in its socket. Its election lease runs out `election_ttl` after its
+  /// last renewal and another task wins a poll later; on resume it answers what waited, each
+  /// fenced by its term (`election_term`, as the node does), and is a standby from then on. A
+  /// pause that ends while its lease holds keeps it master (re-elected: learning mode again
+  /// when its term had ended).
+  void pause_master(std::size_t index, double for_seconds) {
+    if (!stop_master(index, false)) return;
+    at(seconds_of(now()) + std::max(0.0, for_seconds), [this, index] { resume_master(index); });
+  }
+
+  /// The job's master hangs for good: it accepts requests and answers none, and renews nothing;
+  /// another task wins once its election lease has run out.
+  void hang_master(std::size_t index) { stop_master(index, true); }
+
+  /// Every message between the job and its clients is lost for `for_seconds`.
+  void cut_clients(std::size_t index, double for_seconds) {
+    jobs_.at(index).clients_cut_until = now() + to_duration<duration>(for_seconds);
+  }
+
+  /// Every message between the job and its parent is lost for `for_seconds`.
+  void cut_parent(std::size_t index, double for_seconds) {
+    jobs_.at(index).parent_cut_until = now() + to_duration<duration>(for_seconds);
+  }
+
+  /// Every task of the job refuses connections for `for_seconds`: a request fails at once.
+  void refuse(std::size_t index, double for_seconds) {
+    jobs_.at(index).refusing_until = now() + to_duration<duration>(for_seconds);
+  }
+
   /// Runs `f` at `seconds` after the start (in the order scheduled among equal times).
   void at(double seconds, std::function<void()> f) {
     actions_.push_back(std::move(f));
@@ -274,6 +342,9 @@ class simulation {
   [[nodiscard]] double effective_capacity(std::size_t index) const {
     return standing_[index].at(now());
   }
+
+  /// Whether client `index` holds an unexpired lease now (of any capacity, 0 included).
+  [[nodiscard]] bool leased(std::size_t index) const { return now() < standing_[index].until; }
 
   /// The sum of `effective_capacity` over all clients, in index order.
   [[nodiscard]] double total_granted() const noexcept {
@@ -526,13 +597,24 @@ class simulation {
   // Sends an answer back to a caller that sent its request at `sent`: it arrives after the
   // network's delay (plus `extra`), unless it is lost or comes after the caller gave up.
   void answer(time_point sent, duration extra, kind arrives, kind gives_up, std::size_t who,
-              std::uint32_t number) {
+              std::uint32_t number, bool cut = false) {
     const time_point back = now() + extra + one_way();
-    if (lost() || back > sent + timeout()) {
+    if (lost() || cut || back > sent + timeout()) {
       schedule(sent + timeout(), gives_up, who, number);
     } else {
       schedule(back, arrives, who, number);
     }
+  }
+
+  // A requester's failover machine over the tasks of a job (none with one task).
+  std::optional<failover<time_point>> route(std::uint64_t seed) const {
+    if (options_.tasks <= 1) return std::nullopt;
+    std::vector<std::string> tasks;
+    for (std::size_t t = 0; t < options_.tasks; ++t)
+      tasks.push_back(std::to_string(t));
+    failover_options o = options_.failover;
+    o.seed = seed;
+    return failover<time_point>(std::move(tasks), o);
   }
 
   void elect(std::size_t index, double quiet = 0) {
@@ -542,6 +624,7 @@ class simulation {
     eo.log = nullptr;
     j.engine = std::make_unique<engine_type>(config_, eo);
     j.engine->set_mastership(true, j.name, now(), to_duration<duration>(quiet));
+    j.elected_at = now();
     ++j.epoch;
     ++j.elections;
     j.up.in_flight = 0;
@@ -551,6 +634,7 @@ class simulation {
       uo.decay_factor = eo.decay_factor;
       uo.refresh.seed = mix(options_.seed, 0x0b, index * 1000 + j.elections);
       j.upstream = std::make_unique<upstream_type>(uo);
+      j.up.route = route(mix(options_.seed, 0xfb, index * 1000 + j.elections));
       node_side{*this, index}.wake_at(now());
     }
   }
@@ -647,6 +731,7 @@ class simulation {
     [[nodiscard]] client& me() const { return s.clients_[index]; }
     [[nodiscard]] exchange& up() const { return me().up; }
     [[nodiscard]] bool present() const { return me().active; }
+    [[nodiscard]] bool link_cut() const { return s.now() < s.jobs_[me().job].clients_cut_until; }
     [[nodiscard]] bool awaited() const { return true; }
     [[nodiscard]] bool due() const { return me().state->due(s.now()); }
     [[nodiscard]] time_point next_request() const { return me().state->next_request(); }
@@ -687,7 +772,8 @@ class simulation {
 
     [[nodiscard]] job& me() const { return s.jobs_[index]; }
     [[nodiscard]] exchange& up() const { return me().up; }
-    [[nodiscard]] bool present() const { return me().upstream != nullptr; }
+    [[nodiscard]] bool present() const { return me().upstream && me().engine; }
+    [[nodiscard]] bool link_cut() const { return s.now() < me().parent_cut_until; }
     // An answer to a request of an earlier master of this job is nobody's.
     [[nodiscard]] bool awaited() const { return me().in_flight_epoch == me().epoch; }
     [[nodiscard]] bool due() const { return me().upstream->due(*me().engine, s.now()); }
@@ -730,6 +816,9 @@ class simulation {
         on_arrives(side);
       } else if (side.awaited()) {  // the answer, or the caller gives up
         x.in_flight = 0;
+        if (x.route && what == Side::answered) x.route->answered();
+        if (x.route && what != Side::answered) x.route->failed(now(), x.why);
+        x.why = failure::hung;
         side.reply(what == Side::answered ? std::error_code() : make_error_code(errc::timed_out));
         side.wake_at(side.next_request());
       }
@@ -745,10 +834,14 @@ class simulation {
       if (x.in_flight == 0) side.wake_at(side.next_request());
       return;
     }
+    if (x.route && now() < x.route->connect_at()) {  // backing off
+      side.wake_at(x.route->connect_at());
+      return;
+    }
     side.make_request();
     x.sent = now();
     x.in_flight = ++x.request_number;
-    if (lost()) {
+    if (lost() || side.link_cut()) {
       schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
     } else {
       schedule(now() + one_way(), Side::arrives, side.index, x.in_flight);
@@ -762,11 +855,22 @@ class simulation {
     const std::size_t target = side.asks();
     job& j = jobs_[target];
     ++j.requests;
+    if (x.route) {
+      arrive_at_task(side, target);
+      return;
+    }
     if (!j.engine) {  // nobody answers
       schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
       return;
     }
-    const duration extra = redirect_cost(x.epoch_seen, j.epoch);
+    decide_and_answer(side, target, redirect_cost(x.epoch_seen, j.epoch));
+  }
+
+  // The master of `target` decides, and the answer travels back (after `extra` more).
+  template <class Side>
+  void decide_and_answer(const Side& side, std::size_t target, duration extra) {
+    exchange& x = side.up();
+    job& j = jobs_[target];
     const auto before = check_before(j, side.name());
     if (const std::string refused = side.decide(*j.engine); !refused.empty()) {
       throw std::logic_error("simulation: the engine refused " + side.name() +
@@ -774,7 +878,115 @@ class simulation {
     }
     check_after(j, side.name(), before);
     after_decision(target);
-    answer(x.sent, extra, Side::answered, Side::timed_out, side.index, x.in_flight);
+    answer(x.sent, extra, Side::answered, Side::timed_out, side.index, x.in_flight,
+           side.link_cut());
+  }
+
+  // ---- tasks and faults ----
+
+  // The request reaches the task its route names: the master decides; a standby redirects to
+  // the election key's holder (one more round trip) or, knowing none, fails it; a paused
+  // master keeps it until it resumes; a hung one never answers; a refusing job fails it at once.
+  template <class Side>
+  void arrive_at_task(const Side& side, std::size_t target) {
+    exchange& x = side.up();
+    job& j = jobs_[target];
+    if (now() < j.refusing_until) return fail_soon(side, failure::refused);
+    std::size_t task = std::stoul(x.route->current());
+    duration extra = duration::zero();
+    const bool master = j.engine && task == j.master_task;
+    const bool stopped = j.stopped && task == j.stopped_task;
+    if (!master && !stopped) {
+      std::optional<std::size_t> holder;
+      if (j.engine) holder = j.master_task;
+      if (!j.engine && j.stopped && now() < j.key_expires) holder = j.stopped_task;
+      if (!holder) return fail_soon(side, failure::refused);  // "no master known"
+      x.route->redirected(std::to_string(*holder), now());
+      task = *holder;
+      extra = 2 * to_duration<duration>(options_.network.latency);
+    }
+    if (j.engine && task == j.master_task) return decide_and_answer(side, target, extra);
+    // The stopped master: the caller waits in vain, unless it resumes in time.
+    schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+    if (j.hung) return;
+    queued_request q;
+    q.from_node = std::is_same_v<Side, node_side>;
+    q.who = side.index;
+    q.number = x.in_flight;
+    q.request = side.me().request;
+    j.queued.push_back(std::move(q));
+  }
+
+  // The request fails for `why`, as soon as the answer saying so is back.
+  template <class Side>
+  void fail_soon(const Side& side, failure why) {
+    exchange& x = side.up();
+    x.why = why;
+    schedule(now() + one_way(), Side::timed_out, side.index, x.in_flight);
+  }
+
+  // Stops the job's master (paused or hung): its engine is kept aside, fenced by its term.
+  bool stop_master(std::size_t index, bool hang) {
+    job& j = jobs_.at(index);
+    if (!j.engine) return false;
+    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
+    // It renewed every poll since it was elected: the latest renewal before now.
+    const duration period = term.period();
+    const auto polls = (now() - j.elected_at) / period;
+    term.confirmed(j.elected_at + polls * period);
+    if (options_.fencing) j.engine->set_valid_until(term.valid_until());
+    j.stopped = std::move(j.engine);
+    j.stopped_task = j.master_task;
+    j.hung = hang;
+    j.key_expires = term.valid_until() + term.margin();
+    j.queued.clear();
+    ++j.epoch;
+    j.up.in_flight = 0;
+    ++j.up.wake_generation;
+    // Another task wins at its first poll after the key is gone.
+    const std::uint64_t epoch = j.epoch;
+    at(seconds_of(j.key_expires + period), [this, index, epoch] {
+      job& k = jobs_[index];
+      if (k.engine || k.epoch != epoch) return;  // it resumed in time
+      k.master_task = (k.stopped_task + 1) % std::max<std::size_t>(options_.tasks, 1);
+      if (k.hung) k.stopped.reset();  // its key is gone: it is nobody's master
+      elect(index);
+    });
+    return true;
+  }
+
+  // A paused master resumes: it answers what waited (fenced), then is master again only if
+  // its election lease still held (re-elected), else a standby.
+  void resume_master(std::size_t index) {
+    job& j = jobs_[index];
+    if (!j.stopped || j.hung) return;
+    std::unique_ptr<engine_type> engine = std::move(j.stopped);
+    for (queued_request& q : j.queued)
+      answer_queued(*engine, q);
+    j.queued.clear();
+    if (!j.engine && now() < j.key_expires) {
+      j.master_task = j.stopped_task;
+      elect(index);
+    }
+  }
+
+  // A paused master's answer to a request that waited for it, if its caller still waits.
+  void answer_queued(engine_type& engine, queued_request& q) {
+    if (q.from_node) {
+      job& n = jobs_[q.who];
+      auto r = engine.get_server_capacity(std::get<server_capacity_request>(q.request), now());
+      if (!r || n.up.in_flight != q.number) return;
+      n.response = std::move(r).value();
+      answer(n.up.sent, duration::zero(), kind::node_answer, kind::node_timeout, q.who, q.number,
+             now() < n.parent_cut_until);
+    } else {
+      client& c = clients_[q.who];
+      auto r = engine.get_capacity(std::get<capacity_request>(q.request), now());
+      if (!r || !c.active || c.up.in_flight != q.number) return;
+      c.response = std::move(r).value();
+      answer(c.up.sent, duration::zero(), kind::client_answer, kind::client_timeout, q.who,
+             q.number, now() < jobs_[c.job].clients_cut_until);
+    }
   }
 
   // A decision at an intermediate may have given it news for its parent (a new resource, or
