@@ -17,6 +17,21 @@
 
 namespace doorman_examples {
 
+// The flags both demos take: --duration SECONDS (from `shortest`) and --capacity N. Whether
+// `flag` was one of them (its value then read from `args`).
+template <class Arguments>
+bool demo_flag(Arguments& args, const std::string& flag, double shortest, double& duration,
+               double& capacity) {
+  if (flag == "--duration") {
+    duration = args.number(shortest, 3600);
+  } else if (flag == "--capacity") {
+    capacity = args.number(0, 1e15);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 struct local_tree {
   std::filesystem::path dir;
   std::unique_ptr<process> root;

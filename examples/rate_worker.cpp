@@ -10,8 +10,8 @@
 // second (a lease cut inside it counts for the part before the cut) plus the limiter's burst.
 // Every capacity change is a line too, stamped with the monotonic clock (shared by every
 // process of the machine), for a tree-wide sum at each instant:
-// "lease name=w1 t=123456789 capacity=33.300 leased=1" (t in nanoseconds). The last one, as
-// the worker stops admitting, has capacity 0.
+// "lease name=w1 t=123456789 capacity=33.3 leased=1" (t in nanoseconds, the capacity exact). The
+// last one, as the worker stops admitting, has capacity 0.
 
 #include <doorman/client.hpp>
 
@@ -51,7 +51,7 @@ class ledger {
     close(now);
     rate_ = capacity;
     most_ = std::max(most_, capacity);
-    fmt::print(stderr, "lease name={} t={} capacity={:.3f} leased={}\n", name_,
+    fmt::print(stderr, "lease name={} t={} capacity={} leased={}\n", name_,
                now.time_since_epoch().count(), rate_, leased ? 1 : 0);
     std::fflush(stderr);
   }

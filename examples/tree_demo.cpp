@@ -208,15 +208,9 @@ int main(int argc, char** argv) {
         "  --capacity N        capacity of the resource \"api\" (default 100)\n"
         "  --node-binary PATH  the doorman-node to start (default: next to this program)\n",
         [&](const std::string& flag) {
-          if (flag == "--duration") {
-            o.duration = args.number(0.001, 3600);
-          } else if (flag == "--capacity") {
-            o.capacity = args.number(0, 1e15);
-          } else if (flag == "--node-binary") {
-            o.node_binary = args.value();
-          } else {
-            return false;
-          }
+          if (doorman_examples::demo_flag(args, flag, 0.001, o.duration, o.capacity)) return true;
+          if (flag != "--node-binary") return false;
+          o.node_binary = args.value();
           return true;
         });
     if (!go) return 0;

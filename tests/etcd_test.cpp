@@ -383,6 +383,31 @@ doorman::client_options ha_client(std::vector<std::string> addresses) {
   return o;
 }
 
+// Below a root position: a client of the position and an intermediate (with a client of its
+// own), both knowing every task; the client wants 30 and the intermediate's 90 of 100.
+struct tree_below {
+  explicit tree_below(const position& root)
+      : mid("", mid_options(root)),
+        direct(ha_client(root.addresses)),
+        behind(ha_client({mid.address()})),
+        a(direct, "db", {.wants = 30, .mode = doorman::fallback::pessimistic}),
+        b(behind, "db", {.wants = 90, .mode = doorman::fallback::pessimistic}) {
+    REQUIRE(eventually([&] { return a.capacity() == 30 && mid_capacity() == 70; }, 20s));
+  }
+  static doorman::node_options mid_options(const position& root) {
+    doorman::node_options o;
+    o.parents = root.addresses;
+    return o;
+  }
+  json mid_capacity() { return status_of(mid.address(), "db")["resources"][0]["capacity"]; }
+
+  running_node<> mid;
+  doorman::client direct;
+  doorman::client behind;
+  doorman::rate_resource a;
+  doorman::rate_resource b;
+};
+
 }  // namespace
 
 TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting", "[net][etcd]") {
@@ -405,15 +430,9 @@ TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting"
   }
 
   // A client of the position and an intermediate (with a client of its own) know every task.
-  doorman::node_options mid_options;
-  mid_options.parents = root.addresses;
-  running_node<> mid("", mid_options);
-  doorman::client direct(ha_client(root.addresses));
-  doorman::client behind(ha_client({mid.address()}));
-  doorman::rate_resource a(direct, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
-  doorman::rate_resource b(behind, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
-  auto mid_capacity = [&] { return status_of(mid.address(), "db")["resources"][0]["capacity"]; };
-  REQUIRE(eventually([&] { return a.capacity() == 30 && mid_capacity() == 70; }));
+  tree_below tree(root);
+  auto& a = tree.a;
+  auto mid_capacity = [&] { return tree.mid_capacity(); };
 
   // SIGKILL the master; the client now wants more than its share, which learning mode must
   // not give it until every old lease has run out.
@@ -530,16 +549,9 @@ TEST_CASE(
   position root = root_position(etcd, ha_config(100), 2, ttl);
   const std::size_t first = root.elected();
   const std::size_t other = 1 - first;
-  doorman::node_options mid_options;
-  mid_options.parents = root.addresses;
-  mid_options.parent_timeout = doorman::seconds(1);
-  running_node<> mid("", mid_options);
-  doorman::client direct(ha_client(root.addresses));
-  doorman::client behind(ha_client({mid.address()}));
-  doorman::rate_resource a(direct, "db", {.wants = 30, .mode = doorman::fallback::pessimistic});
-  doorman::rate_resource b(behind, "db", {.wants = 90, .mode = doorman::fallback::pessimistic});
-  auto mid_capacity = [&] { return status_of(mid.address(), "db")["resources"][0]["capacity"]; };
-  REQUIRE(eventually([&] { return a.capacity() == 30 && mid_capacity() == 70; }, 20s));
+  tree_below tree(root);  // its intermediate's calls time out after 1 s (running_node)
+  auto& a = tree.a;
+  auto mid_capacity = [&] { return tree.mid_capacity(); };
 
   // A connection opened before the pause; its request waits in the paused process's socket.
   line_client queued(root.addresses[first]);
