@@ -246,9 +246,10 @@ int run(double duration, double capacity, const std::filesystem::path& bin) {
   fmt::print("\nmost leased at once (summed at every lease change): {:.2f} of {:.0f} ({})\n",
              peak.most, capacity,
              peak.over == 0 ? std::string("never over capacity")
-             : within       ? fmt::format("never over capacity but while answers were in flight: "
-                                                "{:.0f} ms in all, at most {:.0f} ms at once",
-                                          peak.over * 1e3, peak.longest * 1e3)
+             : within       ? fmt::format("never over capacity but while answers were in "
+                                                "flight: {:.2g} over for {:.0f} ms in all, {:.0f} ms "
+                                                "at most",
+                                          peak.most - capacity, peak.over * 1e3, peak.longest * 1e3)
                             : fmt::format("OVER CAPACITY for {:.3f} s in all, {:.3f} s at once",
                                           peak.over, peak.longest));
   fmt::print("every worker kept to its lease: {}\n", over_lease ? "no" : "yes");

@@ -41,6 +41,7 @@ enum class failure : std::uint8_t {
   lost,         ///< broke after answers had come
   hung,         ///< a call's deadline passed without an answer: the peer is hung or cut off
   refused,      ///< an explicit refusal (over the connection limit), maybe with a retry delay
+  no_master,    ///< a non-master that knows no master: an election is under way
 };
 
 /// Options of the failover machine, with their defaults.
@@ -88,11 +89,13 @@ class failover {
 
   /// The connection (or the attempt) failed at `now`: move to the next address, after a
   /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
-  /// floor for the next attempt at any address).
+  /// floor for the next attempt at any address). A non-master that knows no master
+  /// (`failure::no_master`) answered, so it is alive and may well be the next master: it is
+  /// kept (an address that hung is not tried again for it), with the same wait.
   void failed(time_point now, failure why, seconds retry_after = seconds(0)) {
     last_ = why;
     ++failures_;
-    current_ = (current_ + 1) % addresses_.size();
+    if (why != failure::no_master) current_ = (current_ + 1) % addresses_.size();
     const std::size_t n = addresses_.size();
     duration wait = duration::zero();
     if (failures_ % n == 0) {
@@ -116,8 +119,8 @@ class failover {
     connect_at_ = std::max(connect_at_, now);
   }
 
-  /// A non-master that knows no master: try the next address, with the backoff of a failure.
-  void no_master(time_point now) { failed(now, failure::refused); }
+  /// A non-master that knows no master: `failed(now, failure::no_master)`.
+  void no_master(time_point now) { failed(now, failure::no_master); }
 
   /// The kind of the last failure.
   [[nodiscard]] failure last_failure() const noexcept { return last_; }

@@ -900,7 +900,7 @@ class simulation {
       std::optional<std::size_t> holder;
       if (j.engine) holder = j.master_task;
       if (!j.engine && j.stopped && now() < j.key_expires) holder = j.stopped_task;
-      if (!holder) return fail_soon(side, failure::refused);  // "no master known"
+      if (!holder) return fail_soon(side, failure::no_master);
       x.route->redirected(std::to_string(*holder), now());
       task = *holder;
       extra = 2 * to_duration<duration>(options_.network.latency);
