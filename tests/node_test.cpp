@@ -234,3 +234,32 @@ TEST_CASE("a node that cannot bind says so, as an error_code or an exception", "
     CHECK_THAT(e.what(), Catch::Contains("listening on " + first.address()));
   }
 }
+
+namespace {
+
+// An election that keeps renewing: master, its term always a second ahead.
+struct renewing_election {
+  void start(std::string advertise, doorman::mastership_callback cb) { cb(true, advertise); }
+  void stop() {}
+  [[nodiscard]] std::chrono::steady_clock::time_point valid_until() const {
+    return std::chrono::steady_clock::now() + 1s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fencing: a master whose term keeps being renewed never steps down, idle or not",
+          "[node][election]") {
+  running_node<> root(fast_config(100));
+  doorman::node_options o;
+  o.parents = {root.address()};
+  o.admin = "127.0.0.1:0";
+  running_node<renewing_election> mid("", o);
+  line_client c(mid.address());
+  (void)c.call("get_capacity", capacity_params("a", "db", 10));
+  // No client asks for 2.5 s; the upstream loop goes on talking to the parent (it used to
+  // decide with the term the node had seen at its last client request, a second later over).
+  std::this_thread::sleep_for(2500ms);  // the idle stretch under test, not a synchronization
+  const auto metrics = http_get(mid.node().admin_address(), "/metrics").body;
+  CHECK_THAT(metrics, Catch::Contains("doorman_mastership_fenced_total 0"));
+}

@@ -249,7 +249,10 @@ class basic_node {
   /// Runs `f(engine)` on the node's strand (for embedding code that wants to look inside).
   template <class F>
   void post(F f) {
-    asio::post(strand_, [this, f = std::move(f)]() mutable { f(engine_); });
+    asio::post(strand_, [this, f = std::move(f)]() mutable {
+      apply_term(clock::now());
+      f(engine_);
+    });
   }
 
   [[nodiscard]] const node_options& options() const noexcept { return options_; }
@@ -444,8 +447,11 @@ class basic_node {
     fence(now);
   }
 
+  // Counts and logs every step-down at a term's end, the engine's own fences included.
   void fence(clock::time_point now) {
-    if (!engine_.fence(now)) return;
+    engine_.fence(now);
+    if (engine_.fenced() == fenced_seen_) return;
+    fenced_seen_ = engine_.fenced();
     ++metrics_.fenced;
     ++metrics_.master_changes;
     log("warning: the election term ended before a renewal was confirmed (was the process "
@@ -597,6 +603,7 @@ class basic_node {
   };
 
   asio::awaitable<void> on_parent_reply(net::call_reply reply, clock::time_point now) {
+    apply_term(clock::now());  // the engine decides with the term as it is now, not as it was
     server_capacity_response resp;
     net::decode_refresh(reply, resp);
     const refresh_event event =
@@ -719,7 +726,8 @@ class basic_node {
   std::optional<net::refresh_driver<upstream_requester>> driver_;
   std::size_t asked_ = 0;  // resources in the last request to the parent
   Election election_;
-  bool elected_ = false;  // what the election last reported
+  bool elected_ = false;           // what the election last reported
+  std::uint64_t fenced_seen_ = 0;  // engine_.fenced() already counted
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
   std::string local_;
