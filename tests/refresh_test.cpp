@@ -211,7 +211,7 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
     const std::string alive = f.current();
     f.no_master(t0 + 60s);
     CHECK(f.failures() == 2);
-    CHECK(f.current() == alive);  // it answered: it may be the next master
+    CHECK(f.current() == alive);                // it answered: it may be the next master
     CHECK(f.connect_at() >= t0 + 60s + 500ms);  // the round's backoff all the same
   }
 }
