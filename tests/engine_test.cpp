@@ -450,7 +450,7 @@ TEST_CASE("a non-master answers with its mastership only", "[core][engine]") {
   REQUIRE(r);
   CHECK(r.value().resources.empty());
   CHECK(r.value().mastership == doorman::mastership_info{false, "10.0.0.7:7700"});
-  CHECK(e.discovery().mastership.master == "10.0.0.7:7700");
+  CHECK(e.discovery(clock.now()).mastership.master == "10.0.0.7:7700");
   auto s = e.get_server_capacity({"leaf", {{"res", std::nullopt, 0, {{0, 2, 10}}}}}, clock.now());
   REQUIRE(s);
   CHECK(s.value().resources.empty());

@@ -168,7 +168,6 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
   CHECK(f.connect_at() <= t0 + 1s);
   // A connection that comes up is not yet a success: closing it is a failure of the next
   // round, which waits 1–2 s.
-  f.connected();
   f.failed(t0 + 1s, doorman::failure::closed);
   f.failed(t0 + 1s, doorman::failure::closed);
   CHECK(f.connect_at() >= t0 + 2s);
@@ -181,9 +180,7 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
   CHECK(f.connect_at() >= t0 + 4s);
 
   // An answer resets the rounds; the next failure moves on at once.
-  f.connected();
   f.answered();
-  CHECK(f.answered_on_connection());
   CHECK(f.failures() == 0);
   const std::string before = f.current();
   f.failed(t0 + 60s, doorman::failure::hung);  // a call's deadline passed: leave that peer

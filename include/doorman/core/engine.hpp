@@ -321,10 +321,7 @@ class basic_engine {
     return release_response{mastership_};
   }
 
-  /// `discovery`: who is master.
-  [[nodiscard]] discovery_response discovery() const { return {mastership_}; }
-
-  /// `discovery` at `now`, fenced first.
+  /// `discovery`: who is master at `now` (fenced first, as every call).
   [[nodiscard]] discovery_response discovery(time_point now) {
     fence(now);
     return {mastership_};
@@ -579,13 +576,11 @@ class basic_engine {
   std::pair<double, bool> share_of(const decision& d, const client_type& c, bool created) const {
     if (created && d.has && d.has->capacity > 0 && d.has->expires_in > 0 && options_.log) {
       // One line per 10 s at most: after a restart, every client reports one.
-      if (auto line = unknown_lease_log_.pass(
-              "resource " + d.r.id + ": client " + std::string(d.client_id) +
-                  " reports a lease of " + std::to_string(d.has->capacity) +
-                  " this engine does not know; treated as a newcomer",
-              d.now)) {
-        options_.log(*line);
-      }
+      unknown_lease_log_.log(options_.log,
+                             "resource " + d.r.id + ": client " + std::string(d.client_id) +
+                                 " reports a lease of " + std::to_string(d.has->capacity) +
+                                 " this engine does not know; treated as a newcomer",
+                             d.now);
     }
     const double others =
         options_.count_outstanding ? d.r.store.held_by_others(c) : d.r.store.leased_by_others(c);

@@ -8,8 +8,7 @@
 ///
 ///     doorman::failover<time_point> f({"10.0.0.7:7700", "10.0.0.8:7700"}, {});
 ///     if (now >= f.connect_at()) connect(f.current());   // else wait until then
-///     f.connected(now);                                  // the connection is up ...
-///     f.answered();                                      // ... and a real answer came on it
+///     f.answered();                                      // a real answer came
 ///     f.failed(now, failure::hung);                      // or: the call's deadline passed
 ///
 /// Every failure moves to the next address. Once every address has failed in a row (a round),
@@ -74,18 +73,10 @@ class failover {
   /// Failures in a row since the last answer.
   [[nodiscard]] std::uint32_t failures() const noexcept { return failures_; }
 
-  /// A connection to `current()` is up. Not yet a success: see `answered`.
-  void connected() noexcept { answered_on_connection_ = false; }
-
-  /// An answer came on the connection (a result or an error answer): the peer is alive, so
-  /// the rounds of failures start again from zero.
-  void answered() noexcept {
-    failures_ = 0;
-    answered_on_connection_ = true;
-  }
-
-  /// Whether an answer came since the last `connected`.
-  [[nodiscard]] bool answered_on_connection() const noexcept { return answered_on_connection_; }
+  /// An answer came (a result or an error answer): the peer is alive, so the rounds of
+  /// failures start again from zero. A connection that merely came up is not a success: one
+  /// closed before any answer is a failure.
+  void answered() noexcept { failures_ = 0; }
 
   /// The connection (or the attempt) failed at `now`: move to the next address, after a
   /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
@@ -129,7 +120,6 @@ class failover {
   std::vector<std::string> addresses_;
   std::size_t current_ = 0;
   std::uint32_t failures_ = 0;
-  bool answered_on_connection_ = false;
   failure last_ = failure::unreachable;
   time_point connect_at_{};
   jittered_backoff backoff_;

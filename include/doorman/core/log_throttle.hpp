@@ -39,6 +39,13 @@ class log_throttle {
     return line;
   }
 
+  /// Hands `line` to `sink` when `pass` lets it through; nothing with a null sink.
+  template <class Sink>
+  void log(const Sink& sink, std::string line, TimePoint now) {
+    if (!sink) return;
+    if (auto l = pass(std::move(line), now)) sink(*l);
+  }
+
   /// Lines held back since the last one passed.
   [[nodiscard]] std::uint64_t held() const noexcept { return held_; }
 

@@ -221,10 +221,6 @@ class channel {
     return r;
   }
 
-  void log(const std::string& s) const {
-    if (options_.log) options_.log(s);
-  }
-
   // The last connection problem, for a call's failure message ("" when none).
   std::string last_problem() const {
     return problem_.empty() ? std::string() : " (last problem: " + problem_ + ")";
@@ -243,10 +239,8 @@ class channel {
     policy_.redirected(master, clock::now());
     if (master != before || !state_->open) {
       // During a failover several calls may each be redirected: one line per 5 s at most.
-      if (auto line =
-              redirect_log_.pass(fmt::format("following the master to {}", master), clock::now())) {
-        log(*line);
-      }
+      redirect_log_.log(options_.log, fmt::format("following the master to {}", master),
+                        clock::now());
       drop();
     }
   }
@@ -254,7 +248,7 @@ class channel {
   // A connection problem, in words, for the calls' failures and (throttled) the log.
   void warn(std::string problem) {
     problem_ = std::move(problem);
-    if (auto line = problem_log_.pass("warning: " + problem_, clock::now())) log(*line);
+    problem_log_.log(options_.log, "warning: " + problem_, clock::now());
   }
 
   // The connection failed for `why`: the machine moves on (backing off once a round failed),
@@ -280,9 +274,7 @@ class channel {
       co_return out;
     }
     connect_problem_.clear();
-    if (co_await connect(deadline)) {
-      policy_.connected();
-    } else if (cancels_ == cancels) {
+    if (!co_await connect(deadline) && cancels_ == cancels) {
       policy_.failed(clock::now(), failure::unreachable);
       warn(std::move(connect_problem_));
     }

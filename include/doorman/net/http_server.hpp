@@ -226,10 +226,7 @@ class http_server {
   }
 
   void warn(std::string line) {
-    if (!log_) return;
-    if (auto l =
-            log_throttle_.pass("warning: " + std::move(line), std::chrono::steady_clock::now()))
-      log_(*l);
+    log_throttle_.log(log_, "warning: " + std::move(line), std::chrono::steady_clock::now());
   }
 
   asio::awaitable<void> accept_loop() {

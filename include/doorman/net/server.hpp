@@ -268,8 +268,7 @@ class server {
   // A line of a repetitive kind (a flood of them is an attack or a misconfigured fleet):
   // one per 10 s per kind, with the count of those held back.
   void warn(log_throttle<std::chrono::steady_clock::time_point>& kind, std::string line) {
-    if (!log_) return;
-    if (auto l = kind.pass(std::move(line), std::chrono::steady_clock::now())) log_(*l);
+    kind.log(log_, std::move(line), std::chrono::steady_clock::now());
   }
 
   void close_all();

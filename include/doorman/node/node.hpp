@@ -461,13 +461,12 @@ class basic_node {
   // Requests that were not valid JSON-RPC (a broken or hostile peer): one line per 10 s.
   void note_refused(rpc_code code, const net::peer_info& peer, clock::time_point now) {
     if (code != rpc_code::parse_error && code != rpc_code::invalid_request) return;
-    if (auto line = malformed_log_.pass(
-            fmt::format("warning: a malformed request from {} ({}, {})", peer.address,
-                        code == rpc_code::parse_error ? "not JSON" : "not a JSON-RPC request",
-                        static_cast<int>(code)),
-            now)) {
-      log(*line);
-    }
+    malformed_log_.log(
+        options_.log,
+        fmt::format("warning: a malformed request from {} ({}, {})", peer.address,
+                    code == rpc_code::parse_error ? "not JSON" : "not a JSON-RPC request",
+                    static_cast<int>(code)),
+        now);
   }
 
   // The lines of one read: answered together (`handle_lines_to`), each timed from when the one
