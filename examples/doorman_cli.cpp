@@ -37,11 +37,13 @@
 #include <vector>
 
 #include "arguments.hpp"
+#include "cli_answers.hpp"
 #include "yaml_config.hpp"
 
 namespace {
 
 using json = nlohmann::json;
+using namespace doorman_examples::cli;
 
 constexpr const char* usage =
     "usage: doorman COMMAND [ARGS] [--server ADDR[,ADDR...]] [--json] [--timeout SECONDS]\n"
@@ -134,10 +136,6 @@ options parse(int argc, char** argv, bool& help) {
   return o;
 }
 
-// A failure to report (exit 1).
-struct failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // One JSON-RPC call on the master of the position, redirects followed.
 class rpc {
@@ -184,65 +182,6 @@ class rpc {
   std::optional<doorman::net::channel> channel_;
 };
 
-std::string num(double v) {
-  return fmt::format("{:.6g}", v);
-}
-
-// Left-aligned columns, two spaces apart.
-std::string table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<std::size_t> width;
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], r[i].size());
-    }
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i)
-      line += i + 1 == r.size() ? r[i] : fmt::format("{:<{}}  ", r[i], width[i]);
-    out += line + "\n";
-  }
-  return out;
-}
-
-std::string node_line(const json& st) {
-  const auto& m = st.value("mastership", json::object());
-  const bool master = m.value("is_master", false);
-  const std::string who = m.contains("master") && m["master"].is_string()
-                              ? m["master"].get<std::string>()
-                              : std::string("(unknown)");
-  return fmt::format("node {}  role {}  level {}  master {}{}\n", st.value("id", "?"),
-                     st.value("role", "?"), st.value("level", 0), who,
-                     master ? " (this node)" : "");
-}
-
-std::string resources_table(const json& st) {
-  std::vector<std::vector<std::string>> rows = {
-      {"RESOURCE", "CAPACITY", "HAS", "WANTS", "CLIENTS", "LEARNING", "ALGORITHM"}};
-  for (const auto& r : st.value("resources", json::array())) {
-    rows.push_back({r.value("resource_id", ""), num(r.value("capacity", 0.0)),
-                    num(r.value("sum_has", 0.0)), num(r.value("sum_wants", 0.0)),
-                    std::to_string(r.value("clients", 0)),
-                    r.value("learning", false) ? "yes" : "no", r.value("algorithm", "")});
-  }
-  if (rows.size() == 1) return "no resource has state yet\n";
-  return table(rows);
-}
-
-std::string leases_table(const json& st) {
-  std::vector<std::vector<std::string>> rows = {
-      {"CLIENT", "KIND", "HAS", "WANTS", "EXPIRES IN", "REFRESH IN"}};
-  for (const auto& l : st.value("leases", json::array())) {
-    const auto& has = l.value("has", json::object());
-    rows.push_back({l.value("client_id", ""), l.value("is_server", false) ? "server" : "client",
-                    num(has.value("capacity", 0.0)), num(l.value("wants", 0.0)),
-                    num(has.value("expires_in", 0.0)) + " s",
-                    num(has.value("refresh_interval", 0.0)) + " s"});
-  }
-  return table(rows);
-}
-
 int status(const options& o) {
   rpc r(o);
   json params = json::object();
@@ -251,15 +190,16 @@ int status(const options& o) {
     params["offset"] = o.offset;
     params["limit"] = o.limit;
   }
-  const auto st = r.call("status", params);
+  const auto answer = r.call("status", params);
   if (o.json_output) {
-    fmt::print("{}\n", st.dump(2));
+    fmt::print("{}\n", answer.dump(2));
     return 0;
   }
+  const auto st = read_status(answer);
   fmt::print("{}{}", node_line(st), resources_table(st));
   if (o.words.size() > 1) {
-    const auto shown = st.value("leases", json::array()).size();
-    const auto all = st.value("lease_count", std::size_t{0});
+    const auto shown = st.status.leases.size();
+    const auto all = st.status.lease_count.value_or(0);
     fmt::print("\n{}", leases_table(st));
     if (shown < all) {
       fmt::print("({} of {} leases from {}; --offset and --limit for others)\n", shown, all,
@@ -280,13 +220,8 @@ int get(const options& o) {
     fmt::print("{}\n", answer.dump(2));
     return 0;
   }
-  for (const auto& g : answer.value("resources", json::array())) {
-    const auto& gets = g.value("gets", json::object());
-    fmt::print("{}: {} of {} wanted for {}; expires in {} s, refresh in {} s\n",
-               g.value("resource_id", ""), num(gets.value("capacity", 0.0)), num(o.wants),
-               o.client_id, num(gets.value("expires_in", 0.0)),
-               num(gets.value("refresh_interval", 0.0)));
-  }
+  fmt::print("{}", grant_lines(read_answer<doorman::capacity_response>("get_capacity", answer),
+                               o.wants, o.client_id));
   return 0;
 }
 
@@ -310,9 +245,9 @@ int discovery(const options& o) {
     fmt::print("{}\n", answer.dump(2));
     return 0;
   }
-  const auto& m = answer.value("mastership", json::object());
-  if (m.contains("master") && m["master"].is_string()) {
-    fmt::print("master: {}\n", m["master"].get<std::string>());
+  const auto m = read_answer<doorman::discovery_response>("discovery", answer).mastership;
+  if (m.master) {
+    fmt::print("master: {}\n", *m.master);
   } else {
     fmt::print("master: unknown (the position has no master right now)\n");
   }
@@ -367,10 +302,10 @@ int watch(const options& o) {
   for (std::uint64_t n = 1;; ++n) {
     std::string screen = fmt::format("doorman watch  {}  every {} s  (q quits)  #{}\n\n", o.server,
                                      num(o.interval), n);
-    try {
-      const auto st = r.call("status", json::object());
+    try {  // a failed call or a malformed answer is shown, and the next one is asked for
+      const auto st = read_status(r.call("status", json::object()));
       screen += node_line(st) + "\n" + resources_table(st);
-    } catch (const failure& e) {
+    } catch (const std::exception& e) {
       screen += fmt::format("cannot read status: {}\n", e.what());
     }
     fmt::print("\x1b[H\x1b[2J{}", screen);

@@ -1,7 +1,8 @@
 #pragma once
 
 // Doorman's YAML configurations, read as they are (docs/configuration.md): the binaries'
-// `config_options::parse`. The YAML becomes the JSON form the library validates, with
+// `config_options::parse`. The YAML becomes the JSON form the library validates (within
+// `yaml_limits`: aliases expanded, at most 250 000 values, 16 MiB, 64 levels), with
 // Doorman's forms that have no JSON twin converted: `parameters` as a list of {name, value},
 // a numeric algorithm `kind` (0 NO_ALGORITHM, 1 STATIC, 2 PROPORTIONAL_SHARE, 3 FAIR_SHARE).
 // Errors name the file, the line and the field. Needs yaml-cpp (DOORMAN_HAVE_YAML); without
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -38,44 +40,123 @@ inline bool is_yaml(std::string_view text, std::string_view name) {
 
 #ifdef DOORMAN_HAVE_YAML
 
+/// Bounds on what one YAML document may become (aliases expanded): YAML is read from files,
+/// etcd values and rule files, all input from outside. An alias is expanded where it is used,
+/// so a chain of aliases a few hundred bytes long could otherwise stand for billions of nodes.
+struct yaml_limits {
+  static constexpr std::size_t max_nodes = 250'000;         ///< values, aliases expanded
+  static constexpr std::size_t max_bytes = 16 * 1024 * 1024;  ///< of keys and scalars, expanded
+  static constexpr std::size_t max_depth = 64;              ///< nesting of maps and lists
+};
+
 namespace detail {
 
-// YAML -> JSON, remembering the line (from 1) of every field path.
+inline bool valid_utf8(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1Fu;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0Fu;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07u;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // the sequence is cut short
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3Fu);
+    }
+    constexpr std::uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// YAML -> JSON, remembering the line (from 1) of every field path, within `yaml_limits`.
+// Every problem is a `config_error` naming the field, its line and the file.
 class yaml_to_json {
  public:
   std::map<std::string, int> lines;
 
-  nlohmann::json convert(const YAML::Node& n, const std::string& path) {
-    lines.emplace(path, n.Mark().line + 1);
+  explicit yaml_to_json(std::string name) : name_(std::move(name)) {}
+
+  nlohmann::json convert(const YAML::Node& n, const std::string& path, std::size_t depth = 0) {
+    const int line = n.Mark().line + 1;
+    lines.emplace(path, line);
+    if (++nodes_ > yaml_limits::max_nodes) {
+      fail(path, line,
+           fmt::format("the document expands to more than {} values (aliases count each time "
+                       "they are used)",
+                       yaml_limits::max_nodes));
+    }
     switch (n.Type()) {
-      case YAML::NodeType::Sequence: {
-        nlohmann::json a = nlohmann::json::array();
-        for (std::size_t i = 0; i < n.size(); ++i)
-          a.push_back(convert(n[i], fmt::format("{}[{}]", path, i)));
-        return a;
-      }
-      case YAML::NodeType::Map: {
-        nlohmann::json o = nlohmann::json::object();
-        for (const auto& kv : n) {
-          const auto key = kv.first.as<std::string>();
-          const std::string child = path.empty() ? key : path + "." + key;
-          lines.emplace(child, kv.first.Mark().line + 1);
-          o[key] = convert(kv.second, child);
-        }
-        return o;
-      }
+      case YAML::NodeType::Sequence:
+      case YAML::NodeType::Map:
+        if (depth >= yaml_limits::max_depth)
+          fail(path, line, fmt::format("nests deeper than {} levels", yaml_limits::max_depth));
+        return n.IsMap() ? map(n, path, depth) : sequence(n, path, depth);
       case YAML::NodeType::Scalar:
-        return scalar(n);
+        return scalar(n, path, line);
       default:
         return nullptr;
     }
   }
 
  private:
+  [[noreturn]] void fail(const std::string& path, int line, const std::string& reason) const {
+    throw doorman::config_error(path, fmt::format("{} (line {} of {})", reason, line, name_));
+  }
+
+  void count_bytes(std::string_view s, const std::string& path, int line) {
+    bytes_ += s.size();
+    if (bytes_ > yaml_limits::max_bytes) {
+      fail(path, line,
+           fmt::format("the document expands to more than {} bytes of keys and scalars",
+                       yaml_limits::max_bytes));
+    }
+    if (!valid_utf8(s)) fail(path, line, "not valid UTF-8");
+  }
+
+  nlohmann::json sequence(const YAML::Node& n, const std::string& path, std::size_t depth) {
+    nlohmann::json a = nlohmann::json::array();
+    std::size_t i = 0;
+    for (const auto& e : n)
+      a.push_back(convert(e, fmt::format("{}[{}]", path, i++), depth + 1));
+    return a;
+  }
+
+  nlohmann::json map(const YAML::Node& n, const std::string& path, std::size_t depth) {
+    nlohmann::json o = nlohmann::json::object();
+    for (const auto& kv : n) {
+      const int line = kv.first.Mark().line + 1;
+      if (!kv.first.IsScalar()) fail(path, line, "a key must be a scalar (a string)");
+      const std::string& key = kv.first.Scalar();
+      const std::string child = path.empty() ? key : path + "." + key;
+      count_bytes(key, child, line);
+      lines.emplace(child, line);
+      o[key] = convert(kv.second, child, depth + 1);
+    }
+    return o;
+  }
+
   // A plain scalar is a number, a boolean or null when it reads as one; a quoted one is a
   // string.
-  static nlohmann::json scalar(const YAML::Node& n) {
+  nlohmann::json scalar(const YAML::Node& n, const std::string& path, int line) {
     const std::string& s = n.Scalar();
+    count_bytes(s, path, line);
     if (n.Tag() == "!") return s;
     if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
     if (s == "true" || s == "True" || s == "TRUE") return true;
@@ -84,6 +165,10 @@ class yaml_to_json {
     if (number.is_number()) return number;
     return s;
   }
+
+  std::string name_;
+  std::size_t nodes_ = 0;
+  std::size_t bytes_ = 0;
 };
 
 inline void doorman_forms(nlohmann::json& doc) {
@@ -130,8 +215,14 @@ inline nlohmann::json yaml_config_json(std::string_view text, const std::string&
     throw doorman::config_error(
         "", fmt::format("{}:{}: not valid YAML: {}", name, e.mark.line + 1, e.msg));
   }
-  detail::yaml_to_json conv;
-  auto doc = conv.convert(root, "");
+  detail::yaml_to_json conv(name);
+  nlohmann::json doc;
+  try {
+    doc = conv.convert(root, "");
+  } catch (const YAML::Exception& e) {  // yaml-cpp reads lazily: a problem may show here
+    throw doorman::config_error(
+        "", fmt::format("{}:{}: not valid YAML: {}", name, e.mark.line + 1, e.msg));
+  }
   detail::doorman_forms(doc);
   if (lines) *lines = std::move(conv.lines);
   return doc;

@@ -234,6 +234,10 @@ TEST_CASE("a keyed rate resource: one Doorman resource per key, bounded, idle ke
   CHECK(doorman::resource_id_for("t/*/x", "a/b*c%") == "t/a%2Fb%2Ac%25/x");
   CHECK(doorman::glob_match("api-key:*", doorman::resource_id_for("api-key:*", "?[/] \xff")));
   CHECK_THROWS_AS(doorman::resource_id_for("api-key", "abc"), std::invalid_argument);
+  // The empty key under "*" is a valid id, "%" (no key escapes to it).
+  CHECK(doorman::resource_id_for("*", "") == "%");
+  CHECK(doorman::resource_id_for("*", "%") == "%25");
+  CHECK(doorman::resource_id_for("k:*", "") == "k:");
   // A hostile key: the id stays within the protocol's 256 bytes and still matches.
   const auto long_id = doorman::resource_id_for("api-key:*:v1", std::string(5000, '/'));
   CHECK(long_id.size() <= 256);
@@ -266,6 +270,11 @@ TEST_CASE("a keyed rate resource: one Doorman resource per key, bounded, idle ke
   REQUIRE(eventually([&] { return held_at(root, "api-key:eve").second == 0; }));
   CHECK(dan.id() == "api-key:dan");  // a handle held outside keeps its resource
   CHECK(held_at(root, "api-key:dan").second == 1);
+
+  // Under "*", the empty key is a resource like any other (it used to throw).
+  doorman::keyed_rate_resource any(cl, "*", {.wants = 1});
+  CHECK_NOTHROW((void)any.try_acquire(""));
+  CHECK(any.resource("").id() == "%");
 }
 
 TEST_CASE("measured wants follow use", "[client][net]") {

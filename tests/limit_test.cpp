@@ -810,6 +810,44 @@ TEST_CASE("rules: descriptors match by key and value, else by key; each value it
   }
 }
 
+TEST_CASE("rules: distinct descriptors never share a count; each value is cut, not the key",
+          "[limit][rules]") {
+  manual_clock clock;
+  auto rules = test_rules::parse(nlohmann::json::parse(R"({"domain": "d", "descriptors": [
+      {"key": "a", "descriptors": [
+        {"key": "b", "rate_limit": {"unit": "minute", "requests_per_unit": 1}}]}]})"),
+                                 {}, clock_ref{&clock});
+  using doorman::rule_code;
+  const auto pair = [](std::string a, std::string b) {
+    return std::vector<doorman::descriptor>{{{"a", std::move(a)}, {"b", std::move(b)}}};
+  };
+  // Values that would join to the same text: two keys, two counts.
+  auto v = rules.check("d", pair("x/b=x", "x"));
+  CHECK(v.code == rule_code::ok);
+  CHECK(v.key == "d/a=x%2Fb%3Dx/b=x");
+  v = rules.check("d", pair("x", "x/b=x"));
+  CHECK(v.code == rule_code::ok);
+  CHECK(v.key == "d/a=x/b=x%2Fb%3Dx");
+  CHECK(rules.check("d", pair("x", "x/b=x")).code == rule_code::refused);
+  CHECK(rules.check("d", pair("%", "")).code == rule_code::ok);
+  CHECK(rules.check("d", pair("%25", "")).code == rule_code::ok);
+  // A long first value does not make the nested values share one count.
+  const std::string long_a(300, 'a');
+  CHECK(rules.check("d", pair(long_a, "1")).code == rule_code::ok);
+  CHECK(rules.check("d", pair(long_a, "2")).code == rule_code::ok);
+  CHECK(rules.check("d", pair(long_a, "2")).code == rule_code::refused);
+  // Each value counts by its first 256 bytes (documented): these two share their count.
+  const std::string cut(256, 'c');
+  CHECK(rules.check("d", pair(cut + "1", "z")).code == rule_code::ok);
+  CHECK(rules.check("d", pair(cut + "2", "z")).code == rule_code::refused);
+  CHECK(rules.check("d", pair(cut.substr(1) + "1", "z")).code == rule_code::ok);
+  // A short key is a resource id that the rule's template matches.
+  const auto t = rules.resource_templates();
+  REQUIRE(t.size() == 1);
+  CHECK(t[0].identifier_glob == "d/a=*/b=*");
+  CHECK(doorman::glob_match(t[0].identifier_glob, rules.check("d", pair("x/y", "?*")).key));
+}
+
 TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rules]") {
   const auto problem = [](const char* text) -> std::string {
     try {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_answers.hpp"
 #include "line_client.hpp"
 #include "support.hpp"
 
@@ -539,8 +540,10 @@ constexpr const char* doorman_example_yaml = R"(resources:
 std::string yaml_error(const std::string& text) {
   try {
     (void)doorman_examples::parse_yaml_config(text, "x.yml");
-  } catch (const std::exception& e) {
+  } catch (const doorman::config_error& e) {
     return e.what();
+  } catch (const std::exception& e) {  // anything else escaping is a defect
+    return std::string("not a config_error: ") + e.what();
   }
   return "no error";
 }
@@ -611,6 +614,55 @@ TEST_CASE("yaml: errors name the field and the line", "[yaml]") {
   capacity: "5"
   algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15})") ==
         "resources[0].capacity: must be a number (line 3 of x.yml)");
+}
+
+TEST_CASE("yaml: hostile files are refused within bounds, naming the field and the line",
+          "[yaml]") {
+  // An alias chain: ~300 bytes that would expand to 10^9 values. Refused at the bound, for
+  // every reader (configuration, access file, rules).
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {
+    bomb += fmt::format("a{}: &a{} [", i, i);
+    for (int k = 0; k < 10; ++k)
+      bomb += fmt::format("{}*a{}", k ? ", " : "", i - 1);
+    bomb += "]\n";
+  }
+  const std::string expands = "the document expands to more than 250000 values";
+  CHECK_THAT(yaml_error(bomb), Catch::Contains(expands));
+  CHECK_THROWS_WITH(doorman_examples::parse_yaml_access(bomb, "a.yml"), Catch::Contains(expands));
+  CHECK_THROWS_WITH(doorman_examples::parse_yaml_rules(bomb, "r.yml"), Catch::Contains(expands));
+  CHECK_THROWS_WITH(doorman_examples::parse_config_any(bomb, "etcd:/doorman/config"),
+                    Catch::Contains(expands));
+  // Wide values through aliases count by their bytes.
+  std::string wide = "s: &s " + std::string(100'000, 'w') + "\nl: &l [";
+  for (int k = 0; k < 200; ++k)
+    wide += fmt::format("{}*s", k ? ", " : "");
+  wide += "]\n";
+  CHECK_THAT(yaml_error(wide), Catch::Contains("more than 16777216 bytes of keys and scalars"));
+  // Nesting, aliases inside their own anchor, keys that are not scalars, bytes that are not
+  // UTF-8: each a config_error naming the field and the line.
+  std::string deep_path;
+  for (int i = 0; i < 64; ++i)
+    deep_path += "[0]";
+  CHECK(yaml_error(std::string(100, '[') + std::string(100, ']')) ==
+        deep_path + ": nests deeper than 64 levels (line 1 of x.yml)");
+  CHECK_THAT(yaml_error("r: &r [*r]\n"), Catch::Contains("of x.yml"));
+  CHECK(yaml_error("resources:\n  ? [a, b]\n  : 1\n") ==
+        "resources: a key must be a scalar (a string) (line 2 of x.yml)");
+  CHECK(yaml_error("resources:\n  - identifier_glob: \"\xff\xfe\"\n") ==
+        "resources[0].identifier_glob: not valid UTF-8 (line 2 of x.yml)");
+  CHECK(yaml_error("\xc3: 1\n") == "\xc3: not valid UTF-8 (line 1 of x.yml)");
+  // A configuration that uses aliases as Doorman's users do still loads.
+  const auto repo = doorman_examples::parse_yaml_config(R"(resources:
+- identifier_glob: "a*"
+  capacity: 10
+  algorithm: &fair {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 15}
+- identifier_glob: "*"
+  capacity: 20
+  algorithm: *fair
+)",
+                                                        "x.yml");
+  CHECK(repo.templates().at(1).algorithm.kind == "FAIR_SHARE");
 }
 
 TEST_CASE("yaml: files by extension, etcd values by their first character", "[yaml]") {
@@ -730,6 +782,48 @@ TEST_CASE("doorman CLI: get, status, release and discovery against a root", "[cl
   CHECK(status_of(root.address(), "db")["resources"][0]["clients"] == 1);
   std::tie(rc, out) = cli("discovery" + s);
   CHECK(out == "master: " + root.address() + "\n");
+}
+
+TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a crash",
+          "[cli]") {
+  using doorman_examples::cli::failure;
+  using doorman_examples::cli::read_status;
+  const json good = {{"mastership", {{"is_master", true}, {"master", "m:1"}}},
+                     {"id", "n"},
+                     {"role", "root"},
+                     {"level", 0},
+                     {"resources", json::array({{{"resource_id", "db"},
+                                                 {"capacity", 5},
+                                                 {"sum_has", 1},
+                                                 {"sum_wants", 2},
+                                                 {"clients", 1},
+                                                 {"learning", false},
+                                                 {"algorithm", "FAIR_SHARE"}}})}};
+  const auto st = read_status(good);
+  CHECK(doorman_examples::cli::node_line(st) == "node n  role root  level 0  master m:1 (this node)\n");
+  CHECK_THAT(doorman_examples::cli::resources_table(st), Catch::Contains("db        5"));
+  const auto refused = [&](const char* pointer, json value, const std::string& why) {
+    json bad = good;
+    bad[json::json_pointer(pointer)] = std::move(value);
+    INFO(bad.dump());
+    CHECK_THROWS_MATCHES(read_status(bad), failure,
+                         Catch::Matchers::Message("status: the node's answer is malformed: " + why));
+  };
+  refused("/level", 1e300, "result.level: must be an integer");
+  refused("/level", 1001, "result.level: must be between 0 and 1000");
+  refused("/role", 5, "result.role: must be a string");
+  refused("/resources/0", "db", "result.resources[0]: must be an object");
+  refused("/resources/0/clients", -1, "result.resources[0].clients: must be between 0 and 1e15");
+  refused("/resources/0/capacity", "5", "result.resources[0].capacity: must be a number");
+  refused("/mastership", json::array(), "result.mastership: must be an object");
+  refused("/resources", json::object(), "result.resources: must be an array");
+  CHECK_THROWS_AS(read_status(json::array()), failure);
+  CHECK_THROWS_AS(read_status(nullptr), failure);
+  // Control bytes a node sends are not written to the terminal.
+  json escape = good;
+  escape["resources"][0]["resource_id"] = "\x1b[2Jdb";
+  CHECK_THAT(doorman_examples::cli::resources_table(read_status(escape)),
+             Catch::StartsWith("RESOURCE") && Catch::Contains("?[2Jdb"));
 }
 
 TEST_CASE("doorman CLI: follows a redirect to the master", "[cli][net]") {

@@ -538,6 +538,32 @@ TEST_CASE("the hot path answers exactly as the DOM path, and changes the same st
   CHECK(answered - results > 300);
 }
 
+TEST_CASE("-0 is 0 on the hot path and the DOM path alike, in the answer and the state",
+          "[protocol][hot]") {
+  for (const std::string zero : {"-0", "-0.0", "-0e5", "-0.0E-3"}) {
+    INFO(zero);
+    node hot;
+    node reference;
+    const std::string line = R"({"jsonrpc":"2.0","id":1,"method":"get_capacity","params":)"
+                             R"({"client_id":"c","resources":[{"resource_id":"r","wants":)" +
+                             zero + "}]}}";
+    doorman::detail::hot_request read;
+    REQUIRE(doorman::detail::read_hot_request(line, read));  // the hot path takes it
+    std::string a;
+    std::string b;
+    doorman::handle_line_to(a, hot.engine, line, hot.clock.now(), hot.identity);
+    doorman::detail::dispatch(b, reference.engine, line, reference.clock.now(),
+                              reference.identity, nullptr, nullptr, false);
+    CHECK(a == b);
+    const std::string status =
+        R"({"jsonrpc":"2.0","id":2,"method":"status","params":{"resource_id":"r"}})";
+    const auto from_hot = *doorman::handle_line(hot.engine, status, hot.clock.now(), hot.identity);
+    CHECK(from_hot == *doorman::handle_line(reference.engine, status, reference.clock.now(),
+                                            reference.identity));
+    CHECK(from_hot.find("-0") == std::string::npos);
+  }
+}
+
 TEST_CASE("numbers are written as nlohmann/json writes them", "[protocol][hot]") {
   std::mt19937_64 rng(7);
   std::vector<double> values = {0.0,

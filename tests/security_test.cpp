@@ -67,12 +67,98 @@ TEST_CASE("an access file is validated field by field", "[access]") {
   }
   const auto p = doorman::access_policy::parse(access_doc);
   REQUIRE(p.rules().size() == 3);
-  CHECK(p.rules()[1].client_ids == std::vector<std::string>{"{identity}", "{identity}/*"});
+  CHECK(p.rules()[1].client_ids == std::vector<std::string>{"{identity}", "{identity}#*"});
   CHECK(p.rule_for(client_a) == &p.rules()[1]);
   CHECK(p.rule_for("") == nullptr);
   CHECK(p.rule_for("spiffe://doorman.test/client/a/b") == nullptr);  // '*' does not cross '/'
-  // An identity is taken literally where {identity} stands: its glob characters are escaped.
-  CHECK(doorman::access_policy::expand("{identity}/*", "a*b") == "a\\*b/*");
+  // An identity is taken literally where {identity} stands: each of its bytes is escaped.
+  CHECK(doorman::access_policy::expand("{identity}#*", "a*b") == "\\a\\*\\b#*");
+}
+
+TEST_CASE("an identity never uses another identity's client ids, nor shares its records",
+          "[access]") {
+  // Path-shaped identities: b is a path below a. a owns a and a#NAME, never b (b's own id).
+  const std::string a = "spiffe://doorman.test/client/a";
+  const std::string b = a + "/w1";
+  doorman::access_control ac(
+      doorman::access_policy::parse(R"({"rules": [{"identity": "spiffe://doorman.test/client/*",
+          "roles": ["client"]}, {"identity": "spiffe://doorman.test/client/*/*",
+          "roles": ["client"]}]})"),
+      0, nullptr);
+  CHECK(refusal(ac, {a, 1}, ask(a, "api", 1)).empty());
+  CHECK(refusal(ac, {a, 1}, ask(a + "#w1", "api", 1)).empty());
+  CHECK_THAT(refusal(ac, {a, 1}, ask(b, "api", 1)),
+             Catch::Contains("client_id \"" + b + "\" is not one that identity \"" + a + "\""));
+  CHECK_THAT(refusal(ac, {a, 1}, ask(b + "#x", "api", 1)), Catch::Contains("is not one that"));
+  CHECK_THAT(refusal(ac, {a, 1}, doorman::release_request{b, {"api"}}),
+             Catch::Contains("is not one that"));
+  CHECK(refusal(ac, {b, 2}, ask(b, "api", 1)).empty());
+  CHECK(refusal(ac, {b, 2}, ask(b + "#x", "api", 1)).empty());
+  CHECK_THAT(refusal(ac, {b, 2}, ask(a, "api", 1)), Catch::Contains("is not one that"));
+  // An identity holding '#' is no identity (a certificate naming one gets nothing).
+  CHECK_THAT(refusal(ac, {a + "#w1", 3}, ask(a + "#w1", "api", 1)),
+             Catch::Contains("matches no rule"));
+
+  // {identity} is literal inside a bracket class too: "a-z" is three bytes, not a range.
+  doorman::access_control classes(
+      doorman::access_policy::parse(
+          R"({"rules": [{"identity": "*", "roles": ["client"], "client_ids": ["x[{identity}]"]}]})"),
+      0, nullptr);
+  CHECK(refusal(classes, {"a-z", 1}, ask("x-", "r", 1)).empty());
+  CHECK(refusal(classes, {"a-z", 1}, ask("xz", "r", 1)).empty());
+  CHECK_THAT(refusal(classes, {"a-z", 1}, ask("xb", "r", 1)), Catch::Contains("is not one that"));
+  CHECK(refusal(classes, {"]", 1}, ask("x]", "r", 1)).empty());
+  CHECK(refusal(classes, {"!a", 1}, ask("xa", "r", 1)).empty());
+  CHECK_THAT(refusal(classes, {"!a", 1}, ask("xb", "r", 1)), Catch::Contains("is not one that"));
+
+  // Client ids held per identity and per connection never share a record, however an
+  // identity is spelled.
+  doorman::access_control bound(std::nullopt, 1, nullptr);
+  for (const std::string id : {"#3", "c3", "i", "3"}) {
+    INFO(id);
+    CHECK(refusal(bound, {id, 9}, ask("mine-" + id, "r", 1)).empty());
+  }
+  CHECK(refusal(bound, {"", 3}, ask("conn-3", "r", 1)).empty());
+  CHECK(refusal(bound, {"", 3}, ask("conn-3", "r", 1)).empty());
+  CHECK(bound.holders() == 5);
+  bound.disconnected(3);
+  CHECK(bound.holders() == 4);
+}
+
+TEST_CASE("client certificates without an access file: the default policy", "[access]") {
+  const std::string a = "spiffe://doorman.test/client/a";
+  const std::string b = a + "/w1";
+  doorman::access_control ac(doorman::access_policy::defaults(0), 0, nullptr);
+  CHECK(refusal(ac, {a, 1}, ask(a, "anything", 1)).empty());
+  CHECK(refusal(ac, {a, 1}, ask(a + "#w1", "anything", 1)).empty());
+  CHECK(refusal(ac, {b, 2}, ask(b, "anything", 1)).empty());
+  // No identity acts on another's client ids: neither refresh nor release.
+  CHECK_THAT(refusal(ac, {a, 1}, ask(b, "anything", 1)), Catch::Contains("is not one that"));
+  CHECK_THAT(refusal(ac, {a, 1}, doorman::release_request{b, {"anything"}}),
+             Catch::Contains("is not one that"));
+  CHECK_THAT(refusal(ac, {a, 1}, doorman::release_request{"client-7", {"anything"}}),
+             Catch::Contains("is not one that"));
+  // Every identity is a server (an intermediate's server id is its --id), none an admin.
+  doorman::server_capacity_request srv;
+  srv.server_id = "127.0.0.1:7701";
+  srv.resources.push_back({});
+  srv.resources.back().resource_id = "db";
+  CHECK(refusal(ac, {"leaf.doorman.test", 3}, srv).empty());
+  CHECK(refusal(ac, {"leaf.doorman.test", 3}, doorman::status_request{}).empty());
+  const auto leases = refusal(ac, {a, 1}, doorman::status_request{"anything"});
+  CHECK(leases ==
+        "status needs the admin role; with client certificates and no access file identity \"" +
+            a + "\" has client, server (give the node an access file to grant it)");
+  CHECK_THAT(ac.admin({a, 1}, "/metrics").value_or(""),
+             Catch::Contains("/metrics needs the admin role"));
+  // A caller without a certificate (client auth "request") may only call discovery.
+  CHECK_THAT(refusal(ac, {"", 4}, ask("x", "anything", 1)),
+             Catch::Contains("this connection (no client certificate) has no role"));
+  // The node's --max-client-ids applies per identity.
+  doorman::access_control bounded(doorman::access_policy::defaults(1), 1, nullptr);
+  CHECK(refusal(bounded, {a, 1}, ask(a, "r", 1)).empty());
+  CHECK_THAT(refusal(bounded, {a, 1}, ask(a + "#2", "r", 1)),
+             Catch::Contains("already holds 1 client ids"));
 }
 
 TEST_CASE("access control decides by role, client id, server id and resource", "[access]") {
@@ -83,7 +169,7 @@ TEST_CASE("access control decides by role, client id, server id and resource", "
   const doorman::access_caller nobody{"", 4};
 
   CHECK(refusal(ac, a, ask(client_a, "api", 1)).empty());
-  CHECK(refusal(ac, a, ask(client_a + "/worker-1", "api-2", 1)).empty());
+  CHECK(refusal(ac, a, ask(client_a + "#worker-1", "api-2", 1)).empty());
   CHECK_THAT(refusal(ac, a, ask(client_b, "api", 1)),
              Catch::Contains("client_id \"spiffe://doorman.test/client/b\" is not one that "
                              "identity \"spiffe://doorman.test/client/a\" may use"));
@@ -341,8 +427,8 @@ TEST_CASE("identities bound what a caller may do over mutual TLS", "[net][tls][a
       "get_server_capacity needs the server role");
   forbidden(a.call("status", json::object()), "status needs the admin role");
   // Many client ids from one identity: two at most on a resource.
-  REQUIRE(a.call("get_capacity", capacity_params(client_a + "/w1", "api", 1)));
-  forbidden(a.call("get_capacity", capacity_params(client_a + "/w2", "api", 1)),
+  REQUIRE(a.call("get_capacity", capacity_params(client_a + "#w1", "api", 1)));
+  forbidden(a.call("get_capacity", capacity_params(client_a + "#w2", "api", 1)),
             "identity \"spiffe://doorman.test/client/a\" already holds 2 client ids on resource "
             "\"api\"");
 
@@ -456,6 +542,19 @@ TEST_CASE("a root, an intermediate and clients converge over mutual TLS as in pl
   const auto calls = status_calls.get_future().get();
   CHECK(calls[0] >= 1);
   CHECK(calls[1] == 0);
+  if (!tls) return;
+  // The intermediate has client certificates and no access file: the default policy. Client a
+  // may not release b's lease, nor read the resource's leases; b's share stays.
+  tls_caller a(mid.address(), certs.side("client-a"));
+  const auto release = a.call("release_capacity", {{"client_id", client_b}, {"resources", {"api"}}});
+  CHECK(release.code == -32003);
+  CHECK_THAT(release.message, Catch::Contains("forbidden: client_id \"" + client_b +
+                                              "\" is not one that identity \"" + client_a +
+                                              "\" may use"));
+  const auto leases = a.call("status", {{"resource_id", "api"}});
+  CHECK(leases.code == -32003);
+  CHECK_THAT(leases.message, Catch::Contains("with client certificates and no access file"));
+  CHECK(near(h2.capacity()));
 }
 
 #ifdef DOORMAN_NODE_BINARY
@@ -487,7 +586,7 @@ TEST_CASE(
   REQUIRE(before.call("get_capacity", capacity_params(client_a, "api", 10)));
   CHECK(before.channel().server_identity() == "spiffe://doorman.test/node/root");
   auto client_options = fast_client(address);
-  client_options.client_id = client_a + "/worker";
+  client_options.client_id = client_a + "#worker";
   client_options.tls = certs.side("client-a");
   doorman::client client(client_options);
   doorman::rate_resource held(client, "api", {.wants = 20});
@@ -569,7 +668,7 @@ TEST_CASE("docs: security.md quotes what the code says", "[docs][access]") {
   const auto policy = doorman::access_policy::parse(doc.substr(start, end + 3 - start));
   doorman::access_control ac(policy, 0, nullptr);
   const doorman::access_caller a{client_a, 1};
-  const auto refused = ac.check(a, ask("spiffe://doorman.test/client/b/w1", "api", 1));
+  const auto refused = ac.check(a, ask("spiffe://doorman.test/client/b#w1", "api", 1));
   REQUIRE(refused);
   CHECK_THAT(doc, Catch::Contains("forbidden: " + *refused));
   CHECK_THAT(doc, Catch::Contains("forbidden: " + *ac.check(a, doorman::status_request{})));

@@ -35,15 +35,17 @@
 #include <utility>
 
 #include "doorman/client/resource.hpp"
+#include "doorman/core/glob.hpp"
 
 namespace doorman {
 
 /// The resource id of `key` under `pattern` (which holds one `*`): `api-key:*` and `abc` give
 /// `api-key:abc`. The bytes a glob treats specially (`* ? [ ] \ /`), `%`, and bytes outside
-/// printable ASCII are written `%XX`, so the id always matches the pattern and distinct keys
-/// give distinct ids, up to the protocol's 256 bytes: a longer id keeps the key's first bytes
-/// that fit (keys sharing them share the id). Throws `std::invalid_argument` when `pattern`
-/// holds no `*` or more than one, or leaves no room for a key.
+/// printable ASCII are written `%XX` (`append_escaped`), so the id always matches the pattern and
+/// distinct keys give distinct ids, up to the protocol's 256 bytes: a longer id keeps the key's
+/// first bytes that fit (keys sharing them share the id). An id is never empty: the empty key
+/// under `*` is `%`. Throws `std::invalid_argument` when `pattern` holds no `*` or more than
+/// one, or leaves no room for a key.
 inline std::string resource_id_for(std::string_view pattern, std::string_view key) {
   const auto star = pattern.find('*');
   if (star == std::string_view::npos || pattern.find('*', star + 1) != std::string_view::npos)
@@ -52,23 +54,10 @@ inline std::string resource_id_for(std::string_view pattern, std::string_view ke
   if (pattern.size() + 8 > request_limits::max_id_bytes)
     throw std::invalid_argument("resource id template leaves no room for a key: " +
                                 std::string(pattern));
-  const std::size_t room = request_limits::max_id_bytes - (pattern.size() - 1);
   std::string id(pattern.substr(0, star));
-  constexpr char hex[] = "0123456789ABCDEF";
-  for (const char ch : key) {
-    const auto c = static_cast<unsigned char>(ch);
-    const bool special = c == '*' || c == '?' || c == '[' || c == ']' || c == '\\' || c == '/' ||
-                         c == '%' || c <= 0x20 || c >= 0x7f;
-    if (id.size() - star + (special ? 3 : 1) > room) break;
-    if (special) {
-      id += '%';
-      id += hex[c >> 4];
-      id += hex[c & 15];
-    } else {
-      id += ch;
-    }
-  }
+  append_escaped(id, key, {}, request_limits::max_id_bytes - (pattern.size() - 1 - star));
   id += pattern.substr(star + 1);
+  if (id.empty()) id = "%";  // no key escapes to a lone '%'
   return id;
 }
 
@@ -91,7 +80,8 @@ class keyed_rate_resource {
         options_(options),
         keyed_(keyed),
         overflow_id_(resource_id_for(pattern_, "")) {
-    overflow_id_.insert(pattern_.find('*'), "%overflow");
+    overflow_id_ = pattern_;
+    overflow_id_.replace(pattern_.find('*'), 1, "%overflow");
   }
 
   keyed_rate_resource(const keyed_rate_resource&) = delete;

@@ -119,6 +119,29 @@ inline void glob_step(std::string_view p, const unsigned char* from, unsigned ch
 
 }  // namespace detail
 
+/// Appends `text` to `out` with the bytes a glob treats specially (`* ? [ ] \ /`), `%`, the
+/// bytes of `extra`, and bytes outside printable ASCII written `%XX` (so distinct texts stay
+/// distinct, and a `*` of a glob matches the result). Stops before the first byte whose form
+/// would take `out` past `max_size` bytes.
+inline void append_escaped(std::string& out, std::string_view text, std::string_view extra = {},
+                           std::size_t max_size = std::string::npos) {
+  constexpr char hex[] = "0123456789ABCDEF";
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    const bool special = c == '*' || c == '?' || c == '[' || c == ']' || c == '\\' || c == '/' ||
+                         c == '%' || c <= 0x20 || c >= 0x7f ||
+                         extra.find(ch) != std::string_view::npos;
+    if (out.size() + (special ? 3 : 1) > max_size) return;
+    if (special) {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+}
+
 /// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`), as Go's
 /// `filepath.Match` (Doorman's) does: `*` and `?` never match a `/`. Runs the pattern as a
 /// set of positions over the text: O(pattern x text) steps, so hostile ids cannot make it

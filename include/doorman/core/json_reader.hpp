@@ -73,6 +73,7 @@ class json_reader {
     if (!v->is_number()) return fail(key, "must be a number");
     out = v->get<double>();
     if (!std::isfinite(out)) return fail(key, "must be a finite number");
+    if (out == 0) out = 0;  // -0 (and -0.0) is 0: the hot path reads it so too
     return true;
   }
 

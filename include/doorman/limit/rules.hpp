@@ -24,9 +24,12 @@
 /// matched is limited by the last rule's `rate_limit` (a rule without one limits nothing).
 ///
 /// Each rule is a template (`resource_templates()`): its limit applies per distinct request
-/// key, `<domain>/<key>=<value>/...` with the values of the rule's path, held by a
-/// `keyed_limiter` (bounded memory). The same key is a Doorman resource id, so a rule can be
-/// made global across a fleet by giving each key a `rate_resource` (see `keyed_rate_resource`).
+/// key, `<domain>/<key>=<value>/...` with the entries of the rule's path, each key and value
+/// cut to its first 256 bytes and escaped (`append_escaped`: `/`, `=`, `%`, glob bytes and
+/// bytes outside printable ASCII as `%XX`), so distinct descriptors never share a count. The
+/// keys are held by a `keyed_limiter` (bounded memory). A key of at most 256 bytes is a Doorman
+/// resource id matching the rule's path, so a rule can be made global across a fleet by giving
+/// each key a `rate_resource` (see `keyed_rate_resource`).
 
 #include <algorithm>
 #include <array>
@@ -35,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -149,7 +153,7 @@ class basic_rule_set {
                                 [&](const auto& x) { return x.name == domain; });
     if (d == domains_.end()) return verdict;
     for (const auto& desc : descriptors) {
-      std::string key(domain);
+      std::string key = d->escaped;
       const rule* r = match(d->rules, desc, key);
       if (r && r->requests_per_unit >= 0) apply(*r, key, n, verdict);
     }
@@ -180,6 +184,7 @@ class basic_rule_set {
  private:
   struct domain_rules {
     std::string name;
+    std::string escaped;  // as a request key begins
     std::vector<rule> rules;
   };
 
@@ -194,7 +199,8 @@ class basic_rule_set {
     for (const auto& other : domains_) {
       if (!r.error() && other.name == d.name) r.fail("domain", "is already defined");
     }
-    read_rules(r, "descriptors", d.name, 1, d.rules, count);
+    append_escaped(d.escaped, d.name, "=");
+    read_rules(r, "descriptors", d.escaped, 1, d.rules, count);
     if (r.error()) throw config_error(*r.error());
     domains_.push_back(std::move(d));
   }
@@ -228,7 +234,9 @@ class basic_rule_set {
       r.fail("key", "must be a string of 1 to 256 bytes");
     if (!r.error() && x.value.size() > rule_limits::max_key_bytes)
       r.fail("value", "must be at most 256 bytes");
-    x.path = parent + "/" + x.key + "=" + (x.value.empty() ? "*" : x.value);
+    x.path = parent;
+    append_entry(x.path, x.key, x.value);
+    if (x.value.empty()) x.path += '*';
     read_limit(r, x);
     read_rules(r, "descriptors", x.path, depth + 1, x.children, count);
     if (!r.error() && x.requests_per_unit >= 0) {
@@ -283,10 +291,13 @@ class basic_rule_set {
     const double limit = x.mode == rule_mode::soft
                              ? std::floor(x.requests_per_unit * (1 + x.overage))
                              : x.requests_per_unit;
+    // A key is cut per value (append_entry), never as a whole.
+    keyed_limiter_options keys = options_.keys;
+    keys.max_key_bytes = std::numeric_limits<std::size_t>::max();
     return std::make_shared<keyed_limiter<Limiter>>(
         window_limiter_options{
             .limit = limit, .window = x.unit, .sub_windows = options_.sub_windows},
-        options_.keys, clock_);
+        keys, clock_);
   }
 
   // The rule `desc` matches, extending `key` with its path; null when an entry matched none.
@@ -305,15 +316,20 @@ class basic_rule_set {
       }
       found = exact ? exact : any;
       if (!found) return nullptr;
-      // A request's values come from outside: at most 256 bytes of each counts (longer values
-      // that share their first 256 bytes share a limit).
-      key += '/';
-      key += std::string_view(entry.key).substr(0, rule_limits::max_key_bytes);
-      key += '=';
-      key += std::string_view(entry.value).substr(0, rule_limits::max_key_bytes);
+      append_entry(key, entry.key, entry.value);
       level = found->children.empty() ? nullptr : &found->children;
     }
     return found;
+  }
+
+  // Extends a request key with `/<key>=<value>`, each escaped (`append_escaped`, `=` too), so
+  // distinct descriptor tuples give distinct keys. A request's values come from outside: the
+  // first 256 bytes of each count (values sharing them share a limit), whatever the others.
+  static void append_entry(std::string& key, std::string_view k, std::string_view value) {
+    key += '/';
+    append_escaped(key, k.substr(0, rule_limits::max_key_bytes), "=");
+    key += '=';
+    append_escaped(key, value.substr(0, rule_limits::max_key_bytes), "=");
   }
 
   void apply(const rule& r, const std::string& key, double n, rule_verdict& v) {

@@ -187,10 +187,12 @@ inline ssl_context_ptr make_ssl_context(tls_side side, const tls_options& o,
   return ctx;
 }
 
-// True for printable ASCII: identities go into log lines and error messages.
+// True for printable ASCII without '#': identities go into log lines and error messages, and
+// '#' separates an identity from the names of its client ids (docs/security.md).
 inline bool printable(std::string_view s) noexcept {
   for (const char c : s)
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) return false;
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e || c == '#')
+      return false;
   return !s.empty();
 }
 
@@ -200,8 +202,8 @@ inline std::string asn1_text(const ASN1_STRING* s) {
                      static_cast<std::size_t>(ASN1_STRING_length(s)));
 }
 
-// The first URI SAN, else the first DNS SAN, else the subject's CN; empty when none is
-// printable.
+// The first URI SAN, else the first DNS SAN, else the subject's CN; empty when that one is
+// not printable (or holds a '#').
 inline std::string identity_of(X509* cert) {
   std::string uri;
   std::string dns;

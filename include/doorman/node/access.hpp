@@ -12,17 +12,23 @@
 ///
 /// The first rule whose `identity` matches decides. `client` may call `get_capacity` and
 /// `release_capacity` with client ids matching `client_ids` (default: the identity itself, or
-/// the identity followed by `/` and a name) on resources matching `resources` (default: all);
+/// the identity followed by `#` and a name) on resources matching `resources` (default: all);
 /// `server` may call `get_server_capacity` with a server id matching `server_ids` (default: the
 /// identity) and `status` without a resource id (to learn its level); `admin` may call `status`
 /// and read the admin pages. `{identity}` in `client_ids`
-/// and `server_ids` stands for the caller's identity, taken literally. `discovery` is open to
-/// everyone. `max_client_ids` (default 100) bounds the distinct client ids one identity holds on
-/// one resource at once.
+/// and `server_ids` stands for the caller's identity, taken literally (in a bracket class too).
+/// `discovery` is open to everyone. `max_client_ids` (default 100) bounds the distinct client
+/// ids one identity holds on one resource at once.
 ///
-/// `access_control` also enforces that bound without an access file (`max_client_ids` of the
-/// node; per connection for callers without an identity). It is sans-I/O: the node asks it
-/// about each decoded request, on its strand.
+/// Why `#`: identities never contain one (a certificate naming one gives no identity), so the
+/// client ids an identity owns by default, `I` and `I#name`, are never another identity's:
+/// `spiffe://td/a` does not own `spiffe://td/a/w1`, the default id of another identity.
+///
+/// With client certificates and no access file, a node applies `access_policy::defaults()`:
+/// every identity is a `client` of its own client ids and a `server`, nobody is `admin`.
+/// `access_control` also enforces the bound on client ids without any policy (`max_client_ids`
+/// of the node; per connection for callers without an identity). It is sans-I/O: the node asks
+/// it about each decoded request, on its strand.
 
 #include <algorithm>
 #include <array>
@@ -66,6 +72,7 @@ inline constexpr std::array<std::pair<access_role, std::string_view>, 3> access_
 /// One rule of an access file.
 struct access_rule {
   std::string identity;                 ///< glob over identities
+  bool any_identity = false;            ///< matches every identity (the default policy)
   unsigned roles = 0;                   ///< `access_role` bits
   std::vector<std::string> resources;   ///< globs over resource ids
   std::vector<std::string> client_ids;  ///< globs; `{identity}` is the caller's identity
@@ -113,15 +120,42 @@ class access_policy {
     return p;
   }
 
+  /// The policy of a node that requires client certificates but was given no access file:
+  /// every identity is a `client` of its own client ids (`{identity}`, `{identity}#*`) on every
+  /// resource, at most `max_client_ids` per resource (0: no bound), and a `server` with any
+  /// server id; nobody is `admin`, so `status` with a resource id and the admin pages are
+  /// refused. Callers without an identity may only call `discovery`.
+  [[nodiscard]] static access_policy defaults(std::size_t max_client_ids) {
+    access_rule r;
+    r.identity = "(any identity)";
+    r.any_identity = true;
+    r.roles = static_cast<unsigned>(access_role::client) | static_cast<unsigned>(access_role::server);
+    r.resources = {"*"};
+    r.client_ids = default_client_ids();
+    r.max_client_ids = max_client_ids;
+    access_policy p;
+    p.rules_.push_back(std::move(r));
+    p.built_in_ = true;
+    return p;
+  }
+
+  /// The client ids an identity owns unless its rule says otherwise.
+  [[nodiscard]] static std::vector<std::string> default_client_ids() {
+    return {"{identity}", "{identity}#*"};
+  }
+
   /// The rule that decides for `identity` (the first that matches), or none.
   [[nodiscard]] const access_rule* rule_for(std::string_view identity) const {
-    if (identity.empty()) return nullptr;
+    if (identity.empty() || identity.find('#') != std::string_view::npos) return nullptr;
     for (const auto& r : rules_)
-      if (glob_match(r.identity, identity)) return &r;
+      if (r.any_identity || glob_match(r.identity, identity)) return &r;
     return nullptr;
   }
 
   [[nodiscard]] const std::vector<access_rule>& rules() const noexcept { return rules_; }
+
+  /// Whether this is `defaults()`, not an access file.
+  [[nodiscard]] bool built_in() const noexcept { return built_in_; }
 
  private:
   static std::vector<std::string> patterns(const nlohmann::json& rule, const char* key,
@@ -184,7 +218,7 @@ class access_policy {
     if (auto e = glob_error(r.identity)) throw config_error(at + ".identity", *e);
     r.roles = roles_from(rule, at);
     r.resources = patterns(rule, "resources", at, {"*"});
-    r.client_ids = patterns(rule, "client_ids", at, {"{identity}", "{identity}/*"});
+    r.client_ids = patterns(rule, "client_ids", at, default_client_ids());
     r.server_ids = patterns(rule, "server_ids", at, {"{identity}"});
     if (const auto m = rule.find("max_client_ids"); m != rule.end()) {
       if (!m->is_number_integer() || m->get<std::int64_t>() < 1 ||
@@ -198,18 +232,25 @@ class access_policy {
   }
 
  public:
-  /// `pattern` with `{identity}` replaced by `identity`, its glob characters escaped.
+  /// `pattern` with `{identity}` replaced by `identity`, every byte of it escaped, so that it
+  /// is taken literally everywhere, in a bracket class too (`]`, `-`, `!` included).
   [[nodiscard]] static std::string expand(std::string_view pattern, std::string_view identity) {
     std::string literal;
+    literal.reserve(2 * identity.size());
     for (const char c : identity) {
-      if (c == '*' || c == '?' || c == '[' || c == '\\') literal += '\\';
+      literal += '\\';
       literal += c;
     }
+    return shown(pattern, literal);
+  }
+
+  /// `pattern` with `{identity}` replaced by `text` as it is (for messages).
+  [[nodiscard]] static std::string shown(std::string_view pattern, std::string_view text) {
     std::string out;
     constexpr std::string_view token = "{identity}";
     for (std::size_t i = 0; i < pattern.size();) {
       if (pattern.substr(i, token.size()) == token) {
-        out += literal;
+        out += text;
         i += token.size();
       } else {
         out += pattern[i++];
@@ -220,6 +261,7 @@ class access_policy {
 
  private:
   std::vector<access_rule> rules_;
+  bool built_in_ = false;
 };
 
 /// The caller of one request, as the node's server saw it.
@@ -286,7 +328,9 @@ class access_control {
     if (!policy_) return std::nullopt;
     const access_rule* rule = nullptr;
     if (auto why = need(caller, access_role::server, "get_server_capacity", rule)) return why;
-    if (auto why = owns(caller, rule->server_ids, "server_id", r.server_id)) return why;
+    if (!rule->any_identity) {  // the default policy takes any server id
+      if (auto why = owns(caller, rule->server_ids, "server_id", r.server_id)) return why;
+    }
     for (std::size_t i = 0; i < r.resources.size(); ++i) {
       if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
     }
@@ -312,14 +356,19 @@ class access_control {
   }
 
   /// Forgets what a connection held (its client ids stay leased until they expire).
-  void disconnected(std::uint64_t connection) { held_.erase(fmt::format("#{}", connection)); }
+  void disconnected(std::uint64_t connection) { held_.erase(connection_holder(connection)); }
 
   /// Callers with client ids recorded (identities, and connections without one).
   [[nodiscard]] std::size_t holders() const noexcept { return held_.size(); }
 
  private:
+  // The record of a caller's client ids: "i" and its identity, or "c" and its connection
+  // (an identity spelled like a connection's record never shares it).
   static std::string holder(const access_caller& c) {
-    return c.identity.empty() ? fmt::format("#{}", c.connection) : std::string(c.identity);
+    return c.identity.empty() ? connection_holder(c.connection) : "i" + std::string(c.identity);
+  }
+  static std::string connection_holder(std::uint64_t connection) {
+    return fmt::format("c{}", connection);
   }
 
   static std::string who(const access_caller& c) {
@@ -341,6 +390,15 @@ class access_control {
                                   std::string_view what, const access_rule*& rule) const {
     rule = policy_->rule_for(caller.identity);
     const auto name = to_string(role);
+    if (policy_->built_in()) {
+      if (rule && rule->has(role)) return std::nullopt;
+      return fmt::format(
+          "{} needs the {} role; with client certificates and no access file {} (give the node "
+          "an access file to grant it)",
+          what, name,
+          rule ? fmt::format("{} has {}", who(caller), role_names(rule->roles))
+               : who(caller) + " has no role");
+    }
     if (rule == nullptr) {
       return fmt::format("{} needs the {} role; {} matches no rule of the access file", what, name,
                          who(caller));
@@ -357,9 +415,9 @@ class access_control {
                                          std::string_view field, std::string_view id) {
     for (const auto& g : globs)
       if (glob_match(access_policy::expand(g, caller.identity), id)) return std::nullopt;
-    std::string allowed;
+    std::string allowed;  // as written, the identity put in
     for (const auto& g : globs)
-      allowed += (allowed.empty() ? "" : ", ") + access_policy::expand(g, caller.identity);
+      allowed += (allowed.empty() ? "" : ", ") + access_policy::shown(g, caller.identity);
     return fmt::format("{} \"{}\" is not one that {} may use (allowed: {})", field, id, who(caller),
                        allowed);
   }

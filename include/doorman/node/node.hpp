@@ -81,8 +81,10 @@ struct node_options {
   net::tls_options tls{};
   /// TLS of the link to the parent (a certificate here identifies this node to its parent).
   net::tls_options parent_tls{};
-  /// The access file (docs/security.md); empty: every caller may make every call. Needs
-  /// client certificates (`tls.client_auth` request or require).
+  /// The access file (docs/security.md). Needs client certificates (`tls.client_auth` request
+  /// or require). Empty: with client certificates, `access_policy::defaults()` (each identity
+  /// a client of its own client ids and a server; no admin); without, every caller may make
+  /// every call.
   std::string access;
   /// Turns the access file's text into a policy; null: JSON (`access_policy::parse`).
   std::function<access_policy(std::string_view text, const std::string& name)> access_parse{};
@@ -145,6 +147,11 @@ class basic_node {
     }
     server_.start();
     log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
+    if (access_.policy() && access_.policy()->built_in()) {
+      log("access: client certificates and no access file: each identity may use only its own "
+          "client ids (IDENTITY and IDENTITY#NAME) and report as a server; admin calls are "
+          "refused until an access file grants them");
+    }
     if (admin_) {
       admin_->start();
       log(fmt::format("admin endpoint on {}://{}/status", tls_ ? "https" : "http", admin_local_));
@@ -332,7 +339,10 @@ class basic_node {
     server_.on_disconnect([this](const net::peer_info& p) { access_.disconnected(p.connection); });
   }
 
+  // The access file's policy; with client certificates and no file, the default policy.
   static std::optional<access_policy> read_access(const node_options& o) {
+    if (o.access.empty() && o.tls.active() && o.tls.client_auth != net::client_auth::none)
+      return access_policy::defaults(o.max_client_ids);
     if (o.access.empty()) return std::nullopt;
     if (o.tls.client_auth == net::client_auth::none) {
       throw std::invalid_argument(

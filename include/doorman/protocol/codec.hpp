@@ -342,6 +342,70 @@ std::optional<request_error> decode_grants(const json& j, Response& out, More&& 
   return r.error();
 }
 
+namespace detail {
+
+// A count on the wire (clients, lease_count): an integer from 0 to 1e15.
+inline void read_count(field_reader& r, const char* key, std::size_t& out) {
+  std::int64_t n = 0;
+  if (r.integer(key, n, false) && r.within(key, static_cast<double>(n), 0, 1e15))
+    out = static_cast<std::size_t>(n);
+}
+
+inline std::optional<request_error> decode_resource_status(const json& j, const std::string& path,
+                                                           resource_status& s) {
+  field_reader x(j, path);
+  x.string("resource_id", s.resource_id);
+  for (auto [key, out] : {std::pair{"capacity", &s.capacity}, std::pair{"sum_has", &s.sum_has},
+                          std::pair{"sum_wants", &s.sum_wants},
+                          std::pair{"subclients", &s.subclients}}) {
+    if (x.number(key, *out, false)) x.within(key, *out, -1, request_limits::max_quantity);
+  }
+  read_count(x, "clients", s.clients);
+  x.boolean("learning", s.learning, false);
+  x.string("algorithm", s.algorithm, false);
+  return x.error();
+}
+
+inline std::optional<request_error> decode_lease_status(const json& j, const std::string& path,
+                                                        lease_status& l) {
+  field_reader x(j, path);
+  x.string("client_id", l.client_id);
+  if (const auto* has = x.object("has", false)) x.absorb(decode_lease(*has, x.at("has"), l.has));
+  if (x.number("wants", l.wants, false))
+    x.within("wants", l.wants, 0, request_limits::max_quantity);
+  x.boolean("is_server", l.is_server, false);
+  return x.error();
+}
+
+}  // namespace detail
+
+/// Decodes a `status` result (from a node: untrusted too): mastership, the resources and, when
+/// present, the leases and their count. Numbers are bounded (quantities within ±1e15, counts
+/// integers from 0 to 1e15), lists by the protocol's limits; the node's own fields (`id`,
+/// `role`, `level`) are the caller's to read.
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         status_response& out) {
+  out = {};
+  detail::field_reader r(j, "result");
+  detail::decode_mastership_field(r, out.mastership);
+  r.array(
+      "resources",
+      [&](const nlohmann::json& e, const std::string& path) {
+        r.absorb(detail::decode_resource_status(e, path, out.resources.emplace_back()));
+      },
+      static_cast<std::size_t>(request_limits::max_status_limit), false);
+  r.array(
+      "leases",
+      [&](const nlohmann::json& e, const std::string& path) {
+        r.absorb(detail::decode_lease_status(e, path, out.leases.emplace_back()));
+      },
+      static_cast<std::size_t>(request_limits::max_status_limit), false);
+  std::size_t count = 0;
+  detail::read_count(r, "lease_count", count);
+  if (j.is_object() && j.contains("lease_count") && !r.error()) out.lease_count = count;
+  return r.error();
+}
+
 /// Throwing conversion for trusted input: `auto req = json.get<doorman::capacity_request>();`
 template <class Message>
 requires requires(const nlohmann::json& j, Message& m) {

@@ -113,6 +113,7 @@ class wire_reader {
     bool integral = false;
     if (!number_token(text, integral)) return false;
     const auto r = std::from_chars(text.data(), text.data() + text.size(), out);
+    if (out == 0) out = 0;  // -0 is read as 0, as the DOM path (json_reader::number) reads it
     return r.ec == std::errc{} && r.ptr == text.data() + text.size();
   }
 
