@@ -3,6 +3,11 @@
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
+# ccache (the presets' compiler launcher) shares its cache between clones of the repository:
+# paths below the clone are hashed relative to it, and the working directory is not hashed.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= true
+
 .PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean
 
 # Configure, build and run the tests of one CMake preset.

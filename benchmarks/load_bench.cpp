@@ -21,7 +21,8 @@
 // client count runs on the baseline and then on --node-binary, in the same run.
 // With --tls DIR (certificates made by examples/make_certs.sh DIR), every client count runs
 // twice, plaintext then mutual TLS (node.pem for the node, --tls-client-auth require,
-// client-a.pem for the generator), connections made once and reused.
+// client-a.pem for the generator, client ids spiffe://doorman.test/client/a#client-N as the
+// node's default policy requires), connections made once and reused.
 
 #include <doorman/net/address.hpp>
 
@@ -207,7 +208,10 @@ constexpr double refresh_interval = 16;
 // N clients as the node sees them: each wants 1-100, drifting, and holds the last lease it got.
 class population {
  public:
-  explicit population(long n) : clients_(static_cast<std::size_t>(n)) {
+  // `prefix`: what the client ids start with (over mutual TLS, the generator's identity and '#',
+  // so that the node's default policy lets it use them).
+  explicit population(long n, std::string prefix = "client-")
+      : clients_(static_cast<std::size_t>(n)), prefix_(std::move(prefix)) {
     std::uniform_real_distribution<double> initial(1, 100);
     for (auto& c : clients_)
       c.wants = initial(rng_);
@@ -237,9 +241,9 @@ class population {
     auto o = std::back_inserter(out);
     fmt::format_to(
         o,
-        R"({{"jsonrpc":"2.0","id":{},"method":"get_capacity","params":{{"client_id":"client-{}",)"
+        R"({{"jsonrpc":"2.0","id":{},"method":"get_capacity","params":{{"client_id":"{}{}",)"
         R"("resources":[{{"resource_id":"api","wants":{:.2f})",
-        id, i, c.wants);
+        id, prefix_, i, c.wants);
     if (c.holds) {
       const double age = std::chrono::duration<double>(now - c.got_at).count();
       fmt::format_to(o, R"(,"has":{{"capacity":{},"expires_in":{:.3f},"refresh_interval":{}}})",
@@ -275,6 +279,7 @@ class population {
     bool in_flight = false;
   };
   std::vector<client> clients_;
+  std::string prefix_;
   std::size_t in_flight_ = 0;
   std::mt19937_64 rng_{42};
 };
@@ -409,7 +414,9 @@ result run_one(const options& o, const std::string& build, long clients,
     if (secure) c.ssl = secure->wrap(c.fd);
 #endif
   }
-  population people(clients);
+  // Over mutual TLS the node has no access file: its default policy lets the generator (client-a)
+  // use the client ids it owns, spiffe://doorman.test/client/a#NAME.
+  population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
   fmt::print(stderr, "  {} {} clients{}: registering...", build, clients, tls ? " over TLS" : "");
   const auto reg = drive(conns, people, clients, o.window, {}, true, node.pid());
   fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);

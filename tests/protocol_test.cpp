@@ -538,7 +538,7 @@ TEST_CASE("the hot path answers exactly as the DOM path, and changes the same st
   CHECK(answered - results > 300);
 }
 
-TEST_CASE("-0 is 0 on the hot path and the DOM path alike, in the answer and the state",
+TEST_CASE("hot path: -0 is 0 on both paths, in the answer and the state",
           "[protocol][hot]") {
   for (const std::string zero : {"-0", "-0.0", "-0e5", "-0.0E-3"}) {
     INFO(zero);

@@ -335,6 +335,8 @@ TEST_CASE("TLS handshakes: the wrong CA, no certificate, expired, the wrong name
   const auto& certs = test_certificates::get();
   auto options = tls_node_options();
   options.admin = "127.0.0.1:0";
+  options.access = certs("handshake-access.json");  // the admin reads /metrics below
+  std::ofstream(options.access) << access_doc;
   running_node node(fast_config(100), options);
   const auto discovery = [&](const doorman::net::tls_options& tls) {
     tls_caller c(node.address(), tls, 1);

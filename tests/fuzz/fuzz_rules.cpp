@@ -3,7 +3,8 @@
 // compiles into rules; then requests whose descriptors come from the input's last bytes are
 // checked on a frozen clock, and every verdict keeps the documented bounds: a code among the
 // four, a limit of −1 (no rule) or within 0 to 10^9, remaining within 0 to the limit, and a
-// hard rule's key never admitted more than its limit in one window.
+// hard rule's key never admitted more than its limit in one window; and distinct descriptors
+// (once each value is cut to its documented 256 bytes) never share a key, so never a count.
 
 #include <doorman/core/time.hpp>
 #include <doorman/limit/rules.hpp>
@@ -40,6 +41,29 @@ std::vector<doorman::descriptor> descriptors_of(std::string_view s) {
   return out;
 }
 
+// Each descriptor alone: two descriptors get the same key (so share one count) exactly when
+// their entries are the same once each key and value is cut to 256 bytes.
+void distinct_counts(rules_type& rules, const std::vector<std::string>& domains,
+                     const std::vector<doorman::descriptor>& requests) {
+  for (const auto& domain : domains) {
+    std::map<std::string, std::vector<std::string>> tuple_of;  // key -> cut entries
+    std::map<std::vector<std::string>, std::string> key_of;
+    for (const auto& desc : requests) {
+      const auto v = rules.check(domain, {desc});
+      if (v.limit < 0) continue;
+      std::vector<std::string> tuple;
+      for (const auto& e : desc) {
+        tuple.push_back(e.key.substr(0, 256));
+        tuple.push_back(e.value.substr(0, 256));
+      }
+      const auto [t, new_key] = tuple_of.emplace(v.key, tuple);
+      DOORMAN_FUZZ_CHECK(t->second == tuple, "two descriptors share the key " + v.key);
+      const auto [k, new_tuple] = key_of.emplace(tuple, v.key);
+      DOORMAN_FUZZ_CHECK(k->second == v.key, "one descriptor, two keys: " + v.key);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -61,12 +85,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             v.code >= doorman::rule_code::ok && v.code <= doorman::rule_code::refused, domain);
         DOORMAN_FUZZ_CHECK(v.limit == -1 || (v.limit >= 0 && v.limit <= 1e9), domain);
         DOORMAN_FUZZ_CHECK(v.limit == -1 || (v.remaining >= 0 && v.remaining <= v.limit), v.key);
-        DOORMAN_FUZZ_CHECK(v.key.size() <= domain.size() + 9 * (2 * 256 + 2), v.key);
+        DOORMAN_FUZZ_CHECK(v.key.size() <= 3 * domain.size() + 9 * (2 * 3 * 256 + 2), v.key);
         if (v.limit >= 0 && v.code == doorman::rule_code::ok && requests.size() == 1) {
           DOORMAN_FUZZ_CHECK(++ok[v.key] <= static_cast<int>(v.limit), v.key);
         }
       }
     }
+    distinct_counts(rules, domains, requests);
     for (const auto& t : rules.resource_templates())
       DOORMAN_FUZZ_CHECK(t.capacity >= 0 && t.capacity <= 1e9, t.identifier_glob);
   } catch (const doorman::config_error& e) {

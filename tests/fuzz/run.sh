@@ -8,7 +8,7 @@
 set -eu
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-dispatch engine config answers http admin access rules}
+targets=${*:-dispatch engine config answers http admin access rules cli yaml}
 bin=${FUZZ_BIN:-build/fuzz/tests/fuzz}    # where the targets are
 work=${FUZZ_WORK:-build/fuzz/work}        # where each target's new inputs and log go
 for t in $targets; do
