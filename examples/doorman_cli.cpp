@@ -136,7 +136,6 @@ options parse(int argc, char** argv, bool& help) {
   return o;
 }
 
-
 // One JSON-RPC call on the master of the position, redirects followed.
 class rpc {
  public:

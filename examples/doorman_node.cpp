@@ -99,7 +99,8 @@ std::vector<flag> node_flags() {
       {"etcd-tls-ca", "FILE", "PEM CAs of https:// etcd endpoints (default: the system's)", ""},
       {"access", "FILE",
        "access file (JSON, or YAML for .yml/.yaml): identity patterns to roles and resources; "
-       "needs --tls-client-auth request or require",
+       "needs --tls-client-auth request or require (without it: each identity only its own "
+       "client ids, no admin)",
        ""},
       {"max-client-ids", "N",
        "distinct client ids one caller (identity, else connection) may hold per resource; 0: "

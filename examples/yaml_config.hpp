@@ -2,7 +2,7 @@
 
 // Doorman's YAML configurations, read as they are (docs/configuration.md): the binaries'
 // `config_options::parse`. The YAML becomes the JSON form the library validates (within
-// `yaml_limits`: aliases expanded, at most 250 000 values, 16 MiB, 64 levels), with
+// `yaml_limits`: aliases expanded, at most 100 000 values, 16 MiB, 64 levels), with
 // Doorman's forms that have no JSON twin converted: `parameters` as a list of {name, value},
 // a numeric algorithm `kind` (0 NO_ALGORITHM, 1 STATIC, 2 PROPORTIONAL_SHARE, 3 FAIR_SHARE).
 // Errors name the file, the line and the field. Needs yaml-cpp (DOORMAN_HAVE_YAML); without
@@ -18,10 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #ifdef DOORMAN_HAVE_YAML
 #include <yaml-cpp/yaml.h>
@@ -44,9 +44,9 @@ inline bool is_yaml(std::string_view text, std::string_view name) {
 /// etcd values and rule files, all input from outside. An alias is expanded where it is used,
 /// so a chain of aliases a few hundred bytes long could otherwise stand for billions of nodes.
 struct yaml_limits {
-  static constexpr std::size_t max_nodes = 250'000;         ///< values, aliases expanded
+  static constexpr std::size_t max_nodes = 100'000;           ///< values, aliases expanded
   static constexpr std::size_t max_bytes = 16 * 1024 * 1024;  ///< of keys and scalars, expanded
-  static constexpr std::size_t max_depth = 64;              ///< nesting of maps and lists
+  static constexpr std::size_t max_depth = 64;                ///< nesting of maps and lists
 };
 
 namespace detail {
@@ -89,7 +89,7 @@ inline bool valid_utf8(std::string_view s) noexcept {
 // Every problem is a `config_error` naming the field, its line and the file.
 class yaml_to_json {
  public:
-  std::map<std::string, int> lines;
+  std::unordered_map<std::string, int> lines;
 
   explicit yaml_to_json(std::string name) : name_(std::move(name)) {}
 
@@ -134,7 +134,7 @@ class yaml_to_json {
     nlohmann::json a = nlohmann::json::array();
     std::size_t i = 0;
     for (const auto& e : n)
-      a.push_back(convert(e, fmt::format("{}[{}]", path, i++), depth + 1));
+      a.push_back(convert(e, path + '[' + std::to_string(i++) + ']', depth + 1));
     return a;
   }
 
@@ -194,7 +194,7 @@ inline void doorman_forms(nlohmann::json& doc) {
 }
 
 // The line of `path` or of its nearest ancestor that has one.
-inline int line_of(const std::map<std::string, int>& lines, std::string path) {
+inline int line_of(const std::unordered_map<std::string, int>& lines, std::string path) {
   for (;;) {
     if (const auto it = lines.find(path); it != lines.end()) return it->second;
     const auto cut = path.find_last_of(".[");
@@ -207,7 +207,7 @@ inline int line_of(const std::map<std::string, int>& lines, std::string path) {
 
 // Doorman's YAML as the JSON form; throws doorman::config_error naming file, line and field.
 inline nlohmann::json yaml_config_json(std::string_view text, const std::string& name,
-                                       std::map<std::string, int>* lines = nullptr) {
+                                       std::unordered_map<std::string, int>* lines = nullptr) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -232,7 +232,7 @@ inline nlohmann::json yaml_config_json(std::string_view text, const std::string&
 // `parse(json)` of the YAML `text`, its errors made to read "field: reason (line N of FILE)".
 template <class Parse>
 auto parse_yaml_with(std::string_view text, const std::string& name, Parse parse) {
-  std::map<std::string, int> lines;
+  std::unordered_map<std::string, int> lines;
   const auto doc = yaml_config_json(text, name, &lines);
   try {
     return parse(doc);

@@ -538,8 +538,7 @@ TEST_CASE("the hot path answers exactly as the DOM path, and changes the same st
   CHECK(answered - results > 300);
 }
 
-TEST_CASE("hot path: -0 is 0 on both paths, in the answer and the state",
-          "[protocol][hot]") {
+TEST_CASE("hot path: -0 is 0 on both paths, in the answer and the state", "[protocol][hot]") {
   for (const std::string zero : {"-0", "-0.0", "-0e5", "-0.0E-3"}) {
     INFO(zero);
     node hot;
@@ -552,8 +551,8 @@ TEST_CASE("hot path: -0 is 0 on both paths, in the answer and the state",
     std::string a;
     std::string b;
     doorman::handle_line_to(a, hot.engine, line, hot.clock.now(), hot.identity);
-    doorman::detail::dispatch(b, reference.engine, line, reference.clock.now(),
-                              reference.identity, nullptr, nullptr, false);
+    doorman::detail::dispatch(b, reference.engine, line, reference.clock.now(), reference.identity,
+                              nullptr, nullptr, false);
     CHECK(a == b);
     const std::string status =
         R"({"jsonrpc":"2.0","id":2,"method":"status","params":{"resource_id":"r"}})";

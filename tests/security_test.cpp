@@ -147,8 +147,8 @@ TEST_CASE("client certificates without an access file: the default policy", "[ac
   CHECK(refusal(ac, {"leaf.doorman.test", 3}, doorman::status_request{}).empty());
   const auto leases = refusal(ac, {a, 1}, doorman::status_request{"anything"});
   CHECK(leases ==
-        "status needs the admin role; with client certificates and no access file identity \"" +
-            a + "\" has client, server (give the node an access file to grant it)");
+        "status needs the admin role; with client certificates and no access file identity \"" + a +
+            "\" has client, server (give the node an access file to grant it)");
   CHECK_THAT(ac.admin({a, 1}, "/metrics").value_or(""),
              Catch::Contains("/metrics needs the admin role"));
   // A caller without a certificate (client auth "request") may only call discovery.
@@ -548,11 +548,12 @@ TEST_CASE("a root, an intermediate and clients converge over mutual TLS as in pl
   // The intermediate has client certificates and no access file: the default policy. Client a
   // may not release b's lease, nor read the resource's leases; b's share stays.
   tls_caller a(mid.address(), certs.side("client-a"));
-  const auto release = a.call("release_capacity", {{"client_id", client_b}, {"resources", {"api"}}});
+  const auto release =
+      a.call("release_capacity", {{"client_id", client_b}, {"resources", {"api"}}});
   CHECK(release.code == -32003);
-  CHECK_THAT(release.message, Catch::Contains("forbidden: client_id \"" + client_b +
-                                              "\" is not one that identity \"" + client_a +
-                                              "\" may use"));
+  CHECK_THAT(release.message,
+             Catch::Contains("forbidden: client_id \"" + client_b +
+                             "\" is not one that identity \"" + client_a + "\" may use"));
   const auto leases = a.call("status", {{"resource_id", "api"}});
   CHECK(leases.code == -32003);
   CHECK_THAT(leases.message, Catch::Contains("with client certificates and no access file"));

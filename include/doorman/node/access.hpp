@@ -129,7 +129,8 @@ class access_policy {
     access_rule r;
     r.identity = "(any identity)";
     r.any_identity = true;
-    r.roles = static_cast<unsigned>(access_role::client) | static_cast<unsigned>(access_role::server);
+    r.roles =
+        static_cast<unsigned>(access_role::client) | static_cast<unsigned>(access_role::server);
     r.resources = {"*"};
     r.client_ids = default_client_ids();
     r.max_client_ids = max_client_ids;

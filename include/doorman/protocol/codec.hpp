@@ -355,9 +355,9 @@ inline std::optional<request_error> decode_resource_status(const json& j, const 
                                                            resource_status& s) {
   field_reader x(j, path);
   x.string("resource_id", s.resource_id);
-  for (auto [key, out] : {std::pair{"capacity", &s.capacity}, std::pair{"sum_has", &s.sum_has},
-                          std::pair{"sum_wants", &s.sum_wants},
-                          std::pair{"subclients", &s.subclients}}) {
+  for (auto [key, out] :
+       {std::pair{"capacity", &s.capacity}, std::pair{"sum_has", &s.sum_has},
+        std::pair{"sum_wants", &s.sum_wants}, std::pair{"subclients", &s.subclients}}) {
     if (x.number(key, *out, false)) x.within(key, *out, -1, request_limits::max_quantity);
   }
   read_count(x, "clients", s.clients);
