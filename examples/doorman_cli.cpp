@@ -362,13 +362,10 @@ int main(int argc, char** argv) {
     const auto o = parse(argc, argv, help);
     if (help) return 0;
     return run(o);
-  } catch (const failure& e) {
-    fmt::print(stderr, "doorman: {}\n", e.what());
-    return 1;
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::invalid_argument& e) {  // bad usage
     fmt::print(stderr, "doorman: {}\n", e.what());
     return 2;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // a `failure`, or anything else that went wrong
     fmt::print(stderr, "doorman: {}\n", e.what());
     return 1;
   }
