@@ -50,7 +50,7 @@ asan: deps
 tsan: deps
 	$(call preset_tests,tsan)
 
-## The libFuzzer targets (clang-16, ASan + UBSan), each for FUZZ_SECONDS (docs/fuzzing.md).
+## The libFuzzer targets (clang-16, ASan + UBSan), each for FUZZ_SECONDS, two at a time (docs/fuzzing.md).
 FUZZ_SECONDS ?= 60
 fuzz:
 	@sh cmake/install-deps.sh fuzz

@@ -195,6 +195,18 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
     f.failed(t0 + 60s, doorman::failure::refused, doorman::seconds(1e9));
     CHECK(f.connect_at() == t0 + 60s + 300s);
   }
+  SECTION("a refusal's delay stays a floor for every failure until an answer comes") {
+    // A call that connects just before its deadline times out before the next refusal
+    // arrives: that failure must not reconnect sooner than the refusal asked.
+    f.failed(t0 + 60s, doorman::failure::refused, doorman::seconds(3));
+    f.failed(t0 + 63s, doorman::failure::hung);
+    CHECK(f.connect_at() >= t0 + 66s);
+    f.failed(t0 + 66s, doorman::failure::unreachable);
+    CHECK(f.connect_at() >= t0 + 69s);
+    f.answered();
+    f.failed(t0 + 70s, doorman::failure::hung);
+    CHECK(f.connect_at() == t0 + 70s);
+  }
   SECTION("a redirect goes to the master at once, adding it when unknown") {
     f.redirected("c:1", t0 + 61s);
     CHECK(f.current() == "c:1");

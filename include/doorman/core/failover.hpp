@@ -74,13 +74,17 @@ class failover {
   [[nodiscard]] std::uint32_t failures() const noexcept { return failures_; }
 
   /// An answer came (a result or an error answer): the peer is alive, so the rounds of
-  /// failures start again from zero. A connection that merely came up is not a success: one
-  /// closed before any answer is a failure.
-  void answered() noexcept { failures_ = 0; }
+  /// failures start again from zero, and a refusal's retry delay is forgotten. A connection
+  /// that merely came up is not a success: one closed before any answer is a failure.
+  void answered() noexcept {
+    failures_ = 0;
+    retry_floor_ = duration::zero();
+  }
 
   /// The connection (or the attempt) failed at `now`: move to the next address, after a
   /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
-  /// floor for the next attempt at any address). A non-master that knows no master
+  /// floor for the next attempt at any address, and for every later failure's wait until an
+  /// answer comes: a call that times out just after connecting must not undo it). A non-master that knows no master
   /// (`failure::no_master`) answered, so it is alive and may well be the next master: it is
   /// kept (an address that hung is not tried again for it), with the same wait.
   void failed(time_point now, failure why, seconds retry_after = seconds(0)) {
@@ -93,8 +97,9 @@ class failover {
       const auto rounds = std::min<std::size_t>(failures_ / n, 31);
       wait = to_duration<duration>(backoff_.delay(static_cast<int>(rounds)).count());
     }
-    wait = std::max(wait, to_duration<duration>(std::clamp(retry_after.count(), 0.0, 300.0)));
-    connect_at_ = now + wait;
+    retry_floor_ =
+        std::max(retry_floor_, to_duration<duration>(std::clamp(retry_after.count(), 0.0, 300.0)));
+    connect_at_ = now + std::max(wait, retry_floor_);
   }
 
   /// A non-master named `master` as the master: go there next, at once (the rounds of
@@ -122,6 +127,7 @@ class failover {
   std::uint32_t failures_ = 0;
   failure last_ = failure::unreachable;
   time_point connect_at_{};
+  duration retry_floor_{};  // the longest retry delay asked for since the last answer
   jittered_backoff backoff_;
 };
 
