@@ -10,6 +10,7 @@
 #include "doorman/net/http.hpp"
 #include "doorman/net/http_request.hpp"
 #include "doorman/net/http_server.hpp"
+#include "doorman/net/listener.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/net/supervise.hpp"
 #include "doorman/net/tls.hpp"

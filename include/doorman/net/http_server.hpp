@@ -38,8 +38,8 @@
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/http_request.hpp"
+#include "doorman/net/listener.hpp"
 #include "doorman/net/server.hpp"
-#include "doorman/net/supervise.hpp"
 
 namespace doorman::net {
 
@@ -136,8 +136,7 @@ class http_server {
         options_(options),
         handler_(std::move(handler)),
         log_(std::move(log)),
-        acceptor_(executor_),
-        retry_(executor_) {}
+        listener_(executor_, "admin accept", log_) {}
 
   http_server(asio::any_io_executor executor, http_server_options options, request_handler handler,
               log_type log = {})
@@ -152,31 +151,22 @@ class http_server {
   ~http_server() { close_all(); }
 
   /// Binds and listens (port 0 picks a free port); `ec` says why not.
-  void listen(const address& where, std::error_code& ec) {
-    detail::listen_on(acceptor_, where, ec);
-  }
+  void listen(const address& where, std::error_code& ec) { listener_.listen(where, ec); }
 
   [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
-    return acceptor_.local_endpoint();
+    return listener_.local_endpoint();
   }
 
   /// Serves HTTPS with the context's current certificates (call before `start`).
-  void use_tls(std::shared_ptr<tls_context> tls) { tls_ = std::move(tls); }
+  void use_tls(std::shared_ptr<tls_context> tls) { listener_.use_tls(std::move(tls)); }
 
   void start() {
-    asio::co_spawn(executor_,
-                   supervised(
-                       "admin accept loop", [this] { return accept_loop(); },
-                       [this] { return stopping_; }, log_),
-                   asio::detached);
+    listener_.start([this](asio::ip::tcp::socket socket) { on_accept(std::move(socket)); });
   }
 
   /// Stops accepting and closes every connection. Call it on the executor.
   void stop() {
-    stopping_ = true;
-    std::error_code ec;
-    acceptor_.close(ec);
-    retry_.cancel();
+    listener_.stop();
     close_all();
   }
 
@@ -229,45 +219,28 @@ class http_server {
     log_throttle_.log(log_, "warning: " + std::move(line), std::chrono::steady_clock::now());
   }
 
-  asio::awaitable<void> accept_loop() {
-    while (!stopping_) {
-      std::error_code ec;
-      auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-      if (stopping_) co_return;
-      if (!ec) detail::close_on_exec(socket);
-      if (ec) {
-        if (ec == asio::error::operation_aborted) co_return;
-        if (log_)
-          log_(fmt::format("warning: admin accept failed: {}; retrying in 100 ms", ec.message()));
-        retry_.expires_after(std::chrono::milliseconds(100));
-        co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
-      std::error_code peer_ec;
-      const auto remote = socket.remote_endpoint(peer_ec);
-      const std::string ip = peer_ec ? std::string() : remote.address().to_string();
-      if (!make_room(ip)) {
-        ++refused_;
-        warn(
-            fmt::format("admin: refused a connection from {}: every connection is busy ({} "
-                        "refused so far)",
-                        ip, refused_));
-        if (!tls_) {
-          socket.non_blocking(true, ec);
-          const auto busy =
-              detail::http_serialize(detail::http_error(503, "too many admin connections"), false);
-          socket.write_some(asio::buffer(busy), ec);
-        }
-        socket.close(ec);
-        continue;
-      }
-      const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;  // named: see etcd.hpp
-      auto c = std::make_shared<connection>(
-          connection{std::make_shared<stream>(std::move(socket), tls), ip});
-      const std::uint64_t seq = next_seq_++;
-      open_.emplace(seq, c);
-      asio::co_spawn(executor_, exchange(c, seq), asio::detached);
+  void on_accept(asio::ip::tcp::socket socket) {
+    std::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    const std::string ip = ec ? std::string() : remote.address().to_string();
+    if (!make_room(ip)) {
+      ++refused_;
+      warn(
+          fmt::format("admin: refused a connection from {}: every connection is busy ({} "
+                      "refused so far)",
+                      ip, refused_));
+      // Over TLS the 503 would have to wait for a handshake: the connection is only closed.
+      refuse(socket, listener_.secure()
+                         ? std::string()
+                         : detail::http_serialize(
+                               detail::http_error(503, "too many admin connections"), false));
+      return;
     }
+    auto c = std::make_shared<connection>(
+        connection{std::make_shared<stream>(std::move(socket), listener_.tls()), ip});
+    const std::uint64_t seq = next_seq_++;
+    open_.emplace(seq, c);
+    asio::co_spawn(executor_, exchange(c, seq), asio::detached);
   }
 
   // Reads one request head (before the head deadline), answers it, closes; all before the
@@ -350,15 +323,12 @@ class http_server {
   http_server_options options_;
   handler_type handler_;
   log_type log_;
-  asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer retry_;
+  listener listener_;
   std::map<std::uint64_t, connection_ptr> open_;  // in the order they were accepted
   std::uint64_t next_seq_ = 0;
-  std::shared_ptr<tls_context> tls_;
   std::size_t refused_ = 0;
   std::size_t evicted_ = 0;
   log_throttle<std::chrono::steady_clock::time_point> log_throttle_{seconds(10)};
-  bool stopping_ = false;
 };
 
 }  // namespace doorman::net

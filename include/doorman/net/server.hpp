@@ -32,15 +32,11 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <fcntl.h>
-#endif
-
 #include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
-#include "doorman/net/supervise.hpp"
+#include "doorman/net/listener.hpp"
 #include "doorman/net/tls.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
@@ -85,50 +81,6 @@ struct peer_info {
 
 namespace detail {
 
-// Resolves `where`, then opens, binds and listens `acceptor` (port 0 picks a free port); on
-// failure `ec` says why and the acceptor is left closed.
-// Keeps a socket out of the processes an embedding program starts: a child that inherited the
-// listening socket would hold the port after the node stopped (and an accepted one, the peer's
-// connection).
-template <class Socket>
-void close_on_exec(Socket& socket) {
-#if defined(__unix__) || defined(__APPLE__)
-  const int fd = socket.native_handle();
-  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
-#else
-  (void)socket;
-#endif
-}
-
-inline void listen_on(asio::ip::tcp::acceptor& acceptor, const address& where,
-                      std::error_code& ec) {
-  asio::ip::tcp::resolver resolver(acceptor.get_executor());
-  const auto results = resolver.resolve(where.host, where.port, ec);
-  if (ec) return;
-  if (results.empty()) {
-    ec = asio::error::host_not_found;
-    return;
-  }
-  const auto endpoint = results.begin()->endpoint();
-  acceptor.open(endpoint.protocol(), ec);
-  if (!ec) close_on_exec(acceptor);
-  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor.bind(endpoint, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    std::error_code ignored;
-    acceptor.close(ignored);
-  }
-}
-
-// The peer's "host:port" (or "an unknown peer"), for log lines.
-inline std::string peer_of(const asio::ip::tcp::socket& socket) {
-  std::error_code ec;
-  const auto ep = socket.remote_endpoint(ec);
-  if (ec) return "an unknown peer";
-  return address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
-}
-
 inline std::string error_line(rpc_code code, std::string message) {
   return to_line(make_error(nullptr, code, std::move(message))) + "\n";
 }
@@ -161,8 +113,7 @@ class server {
         options_(options),
         handler_(std::move(handler)),
         log_(std::move(log)),
-        acceptor_(executor_),
-        retry_(executor_),
+        listener_(executor_, "accept", log_),
         stop_timer_(executor_) {}
 
   server(asio::any_io_executor executor, server_options options, output_handler handler,
@@ -205,36 +156,26 @@ class server {
 
   /// Binds and listens (port 0 picks a free port); `ec` says why not (e.g.
   /// `address_in_use`).
-  void listen(const address& where, std::error_code& ec) {
-    detail::listen_on(acceptor_, where, ec);
-  }
+  void listen(const address& where, std::error_code& ec) { listener_.listen(where, ec); }
 
   /// As above; throws `std::system_error` naming the address.
-  void listen(const address& where) {
-    std::error_code ec;
-    listen(where, ec);
-    if (ec) throw std::system_error(ec, "listening on " + where.to_string());
-  }
+  void listen(const address& where) { listener_.listen(where); }
 
   /// Where it listens.
   [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
-    return acceptor_.local_endpoint();
+    return listener_.local_endpoint();
   }
 
   /// Serves TLS with the context's current certificates (call before `start`; a null pointer
   /// goes back to plaintext). `tls->reload()` changes what later connections get.
-  void use_tls(std::shared_ptr<tls_context> tls) { tls_ = std::move(tls); }
+  void use_tls(std::shared_ptr<tls_context> tls) { listener_.use_tls(std::move(tls)); }
 
   /// Called on the executor when a connection ends, with its peer.
   void on_disconnect(std::function<void(const peer_info&)> f) { on_disconnect_ = std::move(f); }
 
   /// Starts accepting.
   void start() {
-    asio::co_spawn(
-        executor_,
-        supervised(
-            "accept loop", [this] { return accept_loop(); }, [this] { return stopping_; }, log_),
-        asio::detached);
+    listener_.start([this](asio::ip::tcp::socket socket) { on_accept(std::move(socket)); });
   }
 
   /// Graceful stop: stops accepting, stops reading, writes the answers already computed, then
@@ -273,17 +214,15 @@ class server {
 
   void close_all();
 
-  asio::awaitable<void> accept_loop();
+  void on_accept(asio::ip::tcp::socket socket);
 
   asio::any_io_executor executor_;
   server_options options_;
   batch_handler handler_;
   log_type log_;
-  asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer retry_;
+  listener listener_;
   asio::steady_timer stop_timer_;
   std::unordered_set<std::shared_ptr<session>> sessions_;
-  std::shared_ptr<tls_context> tls_;
   std::function<void(const peer_info&)> on_disconnect_;
   log_throttle<std::chrono::steady_clock::time_point> handshake_log_{seconds(10)};
   log_throttle<std::chrono::steady_clock::time_point> idle_log_{seconds(10)};
@@ -518,9 +457,7 @@ inline server::~server() {
 inline void server::stop() {
   if (stopping_) return;
   stopping_ = true;
-  std::error_code ec;
-  acceptor_.close(ec);
-  retry_.cancel();
+  listener_.stop();
   const auto sessions = sessions_;  // stop() may remove sessions from the set
   for (const auto& s : sessions)
     s->stop();
@@ -541,44 +478,27 @@ inline void server::close_all() {
   stop_timer_.cancel();
 }
 
-inline asio::awaitable<void> server::accept_loop() {
-  while (!stopping_) {
-    std::error_code ec;
-    auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-    if (stopping_) co_return;
-    if (!ec) detail::close_on_exec(socket);
-    if (ec) {
-      if (ec == asio::error::operation_aborted) co_return;
-      // Out of descriptors or a transient failure: pause instead of spinning.
-      log(fmt::format("warning: accept failed: {}; retrying in 100 ms", ec.message()));
-      retry_.expires_after(std::chrono::milliseconds(100));
-      co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      continue;
-    }
-    if (sessions_.size() >= options_.max_connections) {
-      ++refused_;
-      warn(refused_log_,
-           fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
-                       "({} refused so far)",
-                       options_.max_connections, detail::peer_of(socket), refused_));
-      // The send buffer of a fresh socket takes this short line without blocking.
-      socket.non_blocking(true, ec);
-      // The hint tells clients of this library when to come back (their backoff's floor).
-      auto refusal =
-          make_error(nullptr, rpc_code::server_error, "too many connections; try again later");
-      refusal["error"]["data"] = {{"retry_after", options_.refused_retry_after.count()}};
-      const std::string line = to_line(refusal) + "\n";
-      socket.write_some(asio::buffer(line), ec);
-      socket.close(ec);
-      continue;
-    }
-    socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;  // named: see etcd.hpp
-    auto s = std::make_shared<session>(*this, std::move(socket), tls);
-    ++accepted_;
-    sessions_.insert(s);
-    s->start();
+inline void server::on_accept(asio::ip::tcp::socket socket) {
+  if (sessions_.size() >= options_.max_connections) {
+    ++refused_;
+    warn(refused_log_,
+         fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
+                     "({} refused so far)",
+                     options_.max_connections, detail::peer_of(socket), refused_));
+    // The hint tells clients of this library when to come back (their backoff's floor).
+    auto refusal =
+        make_error(nullptr, rpc_code::server_error, "too many connections; try again later");
+    refusal["error"]["data"] = {{"retry_after", options_.refused_retry_after.count()}};
+    refuse(socket, to_line(refusal) + "\n");
+    return;
   }
+  std::error_code ec;
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  const ssl_context_ptr tls = listener_.tls();  // named: see etcd.hpp
+  auto s = std::make_shared<session>(*this, std::move(socket), tls);
+  ++accepted_;
+  sessions_.insert(s);
+  s->start();
 }
 
 }  // namespace doorman::net
