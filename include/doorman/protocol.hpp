@@ -7,3 +7,4 @@
 #include "doorman/protocol/dispatch.hpp"
 #include "doorman/protocol/hot_path.hpp"
 #include "doorman/protocol/json_rpc.hpp"
+#include "doorman/protocol/service.hpp"

@@ -122,21 +122,22 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   if (r.resource_id) j["resource_id"] = *r.resource_id;
 }
 
-/// Decodes `get_capacity` params; the error names the field (`params.resources[0].wants: ...`).
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         capacity_request& out) {
-  out = {};
-  detail::field_reader r(j, "params");
-  r.string("client_id", out.client_id);
+namespace detail {
+
+// A capacity request: the requester's id under `id_key` and its resources, each one's
+// `resource_id` read here and its other fields by `more(reader, resource)`.
+template <class Request, class More>
+std::optional<request_error> decode_resources(const json& j, const char* id_key, std::string& id,
+                                              Request& out, More&& more) {
+  field_reader r(j, "params");
+  r.string(id_key, id);
   r.array(
       "resources",
-      [&](const nlohmann::json& e, const std::string& path) {
-        detail::field_reader x(e, path);
-        resource_request res;
+      [&](const json& e, const std::string& path) {
+        field_reader x(e, path);
+        typename decltype(out.resources)::value_type res;
         x.string("resource_id", res.resource_id);
-        x.integer("priority", res.priority, false);
-        x.number("wants", res.wants);
-        read_lease(x, "has", res.has);
+        more(x, res);
         r.absorb(x.error());
         out.resources.push_back(std::move(res));
       },
@@ -144,37 +145,41 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   return r.error();
 }
 
+}  // namespace detail
+
+/// Decodes `get_capacity` params; the error names the field (`params.resources[0].wants: ...`).
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         capacity_request& out) {
+  out = {};
+  return detail::decode_resources(j, "client_id", out.client_id, out,
+                                  [](detail::field_reader& x, resource_request& res) {
+                                    x.integer("priority", res.priority, false);
+                                    x.number("wants", res.wants);
+                                    detail::read_lease(x, "has", res.has);
+                                  });
+}
+
 /// Decodes `get_server_capacity` params.
 [[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
                                                          server_capacity_request& out) {
   out = {};
-  detail::field_reader r(j, "params");
-  r.string("server_id", out.server_id);
-  r.array(
-      "resources",
-      [&](const nlohmann::json& e, const std::string& path) {
-        detail::field_reader x(e, path);
-        server_resource_request res;
-        x.string("resource_id", res.resource_id);
-        x.number("outstanding", res.outstanding, false);
-        read_lease(x, "has", res.has);
-        x.array(
-            "wants",
-            [&](const nlohmann::json& b, const std::string& bpath) {
-              detail::field_reader y(b, bpath);
-              priority_band band;
-              y.integer("priority", band.priority, false);
-              y.integer("num_clients", band.num_clients);
-              y.number("wants", band.wants);
-              x.absorb(y.error());
-              res.wants.push_back(band);
-            },
-            request_limits::max_resources);
-        r.absorb(x.error());
-        out.resources.push_back(std::move(res));
-      },
-      request_limits::max_resources);
-  return r.error();
+  return detail::decode_resources(j, "server_id", out.server_id, out,
+                                  [](detail::field_reader& x, server_resource_request& res) {
+                                    x.number("outstanding", res.outstanding, false);
+                                    detail::read_lease(x, "has", res.has);
+                                    x.array(
+                                        "wants",
+                                        [&](const nlohmann::json& b, const std::string& bpath) {
+                                          detail::field_reader y(b, bpath);
+                                          priority_band band;
+                                          y.integer("priority", band.priority, false);
+                                          y.integer("num_clients", band.num_clients);
+                                          y.number("wants", band.wants);
+                                          x.absorb(y.error());
+                                          res.wants.push_back(band);
+                                        },
+                                        request_limits::max_resources);
+                                  });
 }
 
 /// Decodes `release_capacity` params.

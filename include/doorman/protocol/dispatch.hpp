@@ -22,30 +22,9 @@
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/hot_path.hpp"
 #include "doorman/protocol/json_rpc.hpp"
+#include "doorman/protocol/service.hpp"
 
 namespace doorman {
-
-/// What a node says about itself in `status`.
-struct node_identity {
-  std::string id;             ///< e.g. the listening address
-  std::string role = "root";  ///< "root" or "intermediate"
-  int level = 0;              ///< 0 at the root, parent's level + 1 below it
-  std::optional<std::string> parent;
-};
-
-/// The methods a node serves, for counting requests (`other`: an unknown method, or a line that
-/// is not a request).
-enum class rpc_method : std::uint8_t {
-  get_capacity,
-  get_server_capacity,
-  release_capacity,
-  discovery,
-  status,
-  other
-};
-
-inline constexpr std::array<const char*, 6> rpc_method_names = {
-    "get_capacity", "get_server_capacity", "release_capacity", "discovery", "status", "other"};
 
 /// What `handle_line` did with a line: the method, and the error code it answered with (none:
 /// a result, or a notification).
@@ -54,37 +33,7 @@ struct dispatch_record {
   std::optional<rpc_code> error;
 };
 
-/// Authorization for `handle_line`: each `allow` returns why the caller may not make the
-/// call (it is then answered `rpc_code::forbidden` and reaches no engine), or nothing.
-class call_guard {
- public:
-  virtual ~call_guard() = default;
-  virtual std::optional<std::string> allow(const capacity_request&) = 0;
-  virtual std::optional<std::string> allow(const server_capacity_request&) = 0;
-  virtual std::optional<std::string> allow(const release_request&) = 0;
-  virtual std::optional<std::string> allow(const status_request&) = 0;
-
- protected:
-  call_guard() = default;
-  call_guard(const call_guard&) = default;
-  call_guard& operator=(const call_guard&) = default;
-};
-
 namespace detail {
-
-inline std::optional<std::string> guard_says(call_guard* guard, const status_params& p) {
-  return guard->allow(p.request);
-}
-template <class Request>
-std::optional<std::string> guard_says(call_guard* guard, const Request& r) {
-  return guard->allow(r);
-}
-
-inline rpc_method method_of(std::string_view name) noexcept {
-  for (std::size_t i = 0; i + 1 < rpc_method_names.size(); ++i)
-    if (name == rpc_method_names[i]) return static_cast<rpc_method>(i);
-  return rpc_method::other;
-}
 
 inline std::optional<rpc_code> error_of(const nlohmann::json& response) {
   const auto e = response.find("error");
@@ -92,22 +41,17 @@ inline std::optional<rpc_code> error_of(const nlohmann::json& response) {
   return static_cast<rpc_code>(e->value("code", static_cast<int>(rpc_code::server_error)));
 }
 
-template <class Request, class Call>
-nlohmann::json call_engine(const rpc_request& req, call_guard* guard, Call&& call) {
-  Request decoded;
+// One method's DOM answer: decode, the service's call path, encode.
+template <class M, class Engine>
+nlohmann::json dom_call(Engine& eng, const rpc_request& req, typename Engine::time_point now,
+                        const call_context& ctx) {
+  typename M::request decoded;
   if (auto err = decode(req.params, decoded)) {
     return make_error(req.id, rpc_code::invalid_params, err->message);
   }
-  if (guard) {
-    if (auto why = guard_says(guard, decoded)) {
-      return make_error(req.id, rpc_code::forbidden, "forbidden: " + *why);
-    }
-  }
-  auto result = call(decoded);
-  if (!result) {  // the engine names fields within the params
-    return make_error(req.id, rpc_code::invalid_params, "params." + result.error().message);
-  }
-  return make_result(req.id, nlohmann::json(result.value()));
+  auto r = call_method<M>(eng, decoded, now, ctx);
+  if (!r) return make_error(req.id, r.code(), r.message());
+  return make_result(req.id, nlohmann::json(r.value()));
 }
 
 // The id of a plain envelope as a JSON value (for an error answer).
@@ -115,29 +59,21 @@ inline nlohmann::json id_value(std::string_view written) {
   return written.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(written);
 }
 
-// Guard, engine, answer: the hot path once its request is read. False for a notification.
-template <class Request, class Call>
-bool hot_call(std::string& out, const plain_envelope& env, const Request& request,
-              dispatch_record& rec, call_guard* guard, Call&& call) {
-  std::optional<nlohmann::json> failure;
-  if (guard) {
-    if (auto why = guard->allow(request)) {
-      failure = make_error(id_value(env.id), rpc_code::forbidden, "forbidden: " + *why);
-    }
+// The service's call path, then the answer: the hot path once its request is read. False for
+// a notification.
+template <class M, class Engine>
+bool hot_call(std::string& out, Engine& eng, const plain_envelope& env,
+              const typename M::request& request, typename Engine::time_point now,
+              dispatch_record& rec, call_guard* guard) {
+  auto r = call_method<M>(eng, request, now, {nullptr, guard});
+  if (r) {
+    if (env.id.empty()) return false;
+    write_capacity_answer(out, env.id, r.value());
+    return true;
   }
-  if (!failure) {
-    auto result = call(request);
-    if (result) {
-      if (env.id.empty()) return false;
-      write_capacity_answer(out, env.id, result.value());
-      return true;
-    }
-    failure =
-        make_error(id_value(env.id), rpc_code::invalid_params, "params." + result.error().message);
-  }
-  rec.error = error_of(*failure);
+  rec.error = r.code();
   if (env.id.empty()) return false;
-  out += to_line(*failure);
+  out += to_line(make_error(id_value(env.id), r.code(), r.message()));
   return true;
 }
 
@@ -154,11 +90,11 @@ struct hot_request {
 inline bool read_hot_request(std::string_view line, hot_request& out) {
   wire_reader in(line);
   return read_envelope(in, out.envelope, [&](std::string_view name) {
-    if (name == "get_capacity") {
+    if (name == methods::get_capacity::name) {
       out.method = rpc_method::get_capacity;
       return read_params(in, out.client);
     }
-    if (name == "get_server_capacity") {
+    if (name == methods::get_server_capacity::name) {
       out.method = rpc_method::get_server_capacity;
       return read_params(in, out.server);
     }
@@ -172,12 +108,10 @@ bool run_hot(std::string& out, Engine& eng, const hot_request& req, typename Eng
              dispatch_record& rec, call_guard* guard) {
   rec.method = req.method;
   if (req.method == rpc_method::get_capacity) {
-    return hot_call(out, req.envelope, req.client, rec, guard,
-                    [&](const capacity_request& r) { return eng.get_capacity(r, now); });
+    return hot_call<methods::get_capacity>(out, eng, req.envelope, req.client, now, rec, guard);
   }
-  return hot_call(out, req.envelope, req.server, rec, guard, [&](const server_capacity_request& r) {
-    return eng.get_server_capacity(r, now);
-  });
+  return hot_call<methods::get_server_capacity>(out, eng, req.envelope, req.server, now, rec,
+                                                guard);
 }
 
 // Prefetches the engine's lookups for a hot request (`Engine::prefetch`, stage 0 or 1).
@@ -203,31 +137,16 @@ std::optional<nlohmann::json> dom_path(Engine& eng, std::string_view line,
     return std::move(failure->response);
   }
   const rpc_request& req = std::get<rpc_request>(parsed);
-  rec.method = method_of(req.method);
   nlohmann::json response;
-  if (req.method == "get_capacity") {
-    response = call_engine<capacity_request>(
-        req, guard, [&](const capacity_request& r) { return eng.get_capacity(r, now); });
-  } else if (req.method == "get_server_capacity") {
-    response = call_engine<server_capacity_request>(
-        req, guard,
-        [&](const server_capacity_request& r) { return eng.get_server_capacity(r, now); });
-  } else if (req.method == "release_capacity") {
-    response = call_engine<release_request>(
-        req, guard, [&](const release_request& r) { return eng.release_capacity(r, now); });
-  } else if (req.method == "discovery") {
-    response = make_result(req.id, nlohmann::json(eng.discovery(now)));
-  } else if (req.method == "status") {
-    response = call_engine<status_params>(
-        req, guard, [&](const status_params& r) { return eng.status(r.request, now, r.page); });
-    if (auto result = response.find("result"); result != response.end()) {
-      (*result)["id"] = identity.id;
-      (*result)["role"] = identity.role;
-      (*result)["level"] = identity.level;
-      (*result)["parent"] = identity.parent ? nlohmann::json(*identity.parent) : nullptr;
-      (*result)["master"] = (*result)["mastership"]["master"];
-    }
-  } else {
+  const call_context ctx{&identity, guard};
+  const bool found = for_some_method([&]<class M>() {
+    if (req.method != M::name) return false;
+    rec.method = M::id;
+    response = dom_call<M>(eng, req, now, ctx);
+    return true;
+  });
+  if (!found) {
+    rec.method = rpc_method::other;
     response = make_error(req.id, rpc_code::method_not_found, "method not found: " + req.method);
   }
   rec.error = error_of(response);
