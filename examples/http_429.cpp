@@ -16,16 +16,17 @@
 //
 // With --rules and no --server, no Doorman client is made. SIGHUP reads the rule file again
 // (a file that does not parse keeps the previous rules). One request per connection
-// (Connection: close); requests are read up to 8 KiB of headers.
+// (Connection: close); request heads are read up to 8 KiB and parsed as the admin endpoint
+// parses them (targets up to 2 KiB: 414 beyond; 64 header lines: 431 beyond).
 
 #include <doorman/client.hpp>
 #include <doorman/limit/rules.hpp>
+#include <doorman/net/http_request.hpp>
 
 #include <fmt/format.h>
 #include <asio.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -37,6 +38,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "arguments.hpp"
@@ -54,85 +56,36 @@ struct service {
   int queued = 0;  // requests held by an elastic rule (on the io thread)
 };
 
-struct request_head {
-  std::string method;
-  std::string path;
-  std::string api_key;
-};
-
-request_head read_head(const std::string& text) {
-  request_head h;
-  std::istringstream in(text);
-  std::string version;
-  in >> h.method >> h.path >> version;
-  std::string line;
-  std::getline(in, line);
-  while (std::getline(in, line) && line != "\r") {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string name = line.substr(0, colon);
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (name != "x-api-key") continue;
-    auto value = line.substr(colon + 1);
-    const auto first = value.find_first_not_of(" \t");
-    const auto last = value.find_last_not_of(" \t\r");
-    h.api_key = first == std::string::npos ? "" : value.substr(first, last - first + 1);
-  }
-  return h;
-}
-
-long whole_seconds(std::chrono::nanoseconds d) {
-  if (d == std::chrono::nanoseconds::max()) return 1;
-  return static_cast<long>(std::ceil(std::chrono::duration<double>(d).count()));
-}
-
 // The verdict for one request: the rules', then the Doorman resource's.
-doorman::rule_verdict decide(service& s, const request_head& h, const std::string& peer) {
+doorman::rule_verdict decide(service& s, const doorman::net::http_request& h,
+                             const std::string& peer) {
   doorman::rule_verdict v;
   if (s.rules) {
     std::vector<doorman::descriptor> d{{{"remote_address", peer}}, {{"path", h.path}}};
-    if (!h.api_key.empty()) d.push_back({{"api_key", h.api_key}});
+    if (auto key = h.header("x-api-key"); key && !key->empty()) d.push_back({{"api_key", *key}});
     v = s.rules->check(s.domain, d);
   }
   if (s.api && v.code != doorman::rule_code::refused && v.code != doorman::rule_code::delay) {
     const auto r = s.api->try_acquire();
-    const auto st = s.api->limiter().status();
-    if (!r) {
-      // While the capacity is 0 the client's next refresh is the earliest a permit can
-      // appear: say 1 s.
-      v.code = doorman::rule_code::refused;
-      v.retry_after = r.retry_after == doorman::any_rate_limiter::duration::max()
-                          ? std::chrono::nanoseconds(1s)
-                          : std::chrono::duration_cast<std::chrono::nanoseconds>(r.retry_after);
-    }
-    if (v.limit < 0 || st.remaining < v.remaining) {
-      v.limit = st.limit;
-      v.remaining = st.remaining;
-      v.reset = st.reset;
-    }
+    doorman::combine(v, r, s.api->limiter().status());
   }
   return v;
 }
 
 std::string answer(const doorman::rule_verdict& v) {
-  std::string headers;
-  if (v.limit >= 0) {
-    headers =
-        fmt::format("RateLimit-Limit: {}\r\nRateLimit-Remaining: {}\r\nRateLimit-Reset: {}\r\n",
-                    static_cast<long long>(v.limit),
-                    static_cast<long long>(std::floor(v.remaining)), whole_seconds(v.reset));
-  }
-  if (v.code == doorman::rule_code::refused || v.code == doorman::rule_code::delay) {
-    return fmt::format(
-        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: {}\r\n{}Content-Type: text/plain\r\n"
-        "Content-Length: 18\r\nConnection: close\r\n\r\ntoo many requests\n",
-        std::max(1L, whole_seconds(v.retry_after)), headers);
-  }
+  const bool refused = v.code == doorman::rule_code::refused || v.code == doorman::rule_code::delay;
+  std::string head = refused ? "HTTP/1.1 429 Too Many Requests\r\n" : "HTTP/1.1 200 OK\r\n";
+  for (const auto& h : doorman::rate_limit_headers(v))
+    head += h + "\r\n";
+  const std::string_view body = refused ? "too many requests\n" : "ok\n";
   return fmt::format(
-      "HTTP/1.1 200 OK\r\n{}Content-Type: text/plain\r\nContent-Length: 3\r\n"
-      "Connection: close\r\n\r\nok\n",
-      headers);
+      "{}Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", head,
+      body.size(), body);
+}
+
+std::string refusal(int status, std::string_view reason) {
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", status,
+                     reason);
 }
 
 asio::awaitable<void> serve(asio::ip::tcp::socket socket, service& s) {
@@ -147,12 +100,14 @@ asio::awaitable<void> serve(asio::ip::tcp::socket socket, service& s) {
                                   asio::redirect_error(asio::use_awaitable, ec));
   deadline.cancel();
   if (ec) co_return;
-  const auto head = read_head(request);
+  const auto head = doorman::net::parse_http_request(request);
   const auto peer = socket.remote_endpoint(ec);
   const std::string ip = ec ? "" : peer.address().to_string();
   std::string response;
-  if (head.method != "GET" && head.method != "POST") {
-    response = "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  if (head.status != 0) {
+    response = refusal(head.status, head.reason);
+  } else if (head.method != "GET" && head.method != "POST") {
+    response = refusal(405, "Method Not Allowed");
   } else {
     auto v = decide(s, head, ip);
     // An elastic rule: hold the request until it fits (each wait within the rule's max_delay),

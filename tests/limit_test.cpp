@@ -848,6 +848,41 @@ TEST_CASE("rules: distinct descriptors never share a count; each value is cut, n
   CHECK(doorman::glob_match(t[0].identifier_glob, rules.check("d", pair("x/y", "?*")).key));
 }
 
+TEST_CASE("rules: a limiter's decision folds into a verdict, and the verdict into headers",
+          "[limit][rules]") {
+  using doorman::rule_code;
+  using ns = std::chrono::nanoseconds;
+  doorman::rule_verdict v;
+  CHECK(doorman::rate_limit_headers(v).empty());  // no limit decided, nothing refused
+  // An admitted request: the limiter's status fills the headers.
+  doorman::combine(v, doorman::basic_acquire_result<ns>{true, {}}, {10, 4.5, 1500ms});
+  CHECK(v.code == rule_code::ok);
+  CHECK(doorman::rate_limit_headers(v) == std::vector<std::string>{"RateLimit-Limit: 10",
+                                                                   "RateLimit-Remaining: 4",
+                                                                   "RateLimit-Reset: 2"});
+  // A limiter with more left does not replace the one with fewer.
+  doorman::combine(v, doorman::basic_acquire_result<ns>{true, {}}, {100, 50, 1s});
+  CHECK(v.limit == 10);
+  // A refusal refuses, with its retry delay rounded up to whole seconds.
+  doorman::combine(v, doorman::basic_acquire_result<ns>{false, 2100ms}, {10, 0, 3s});
+  CHECK(v.code == rule_code::refused);
+  CHECK(v.remaining == 0);
+  CHECK(doorman::rate_limit_headers(v) ==
+        std::vector<std::string>{"RateLimit-Limit: 10", "RateLimit-Remaining: 0",
+                                 "RateLimit-Reset: 3", "Retry-After: 3"});
+  // A limiter blocked at rate 0 ("never"): come back in 1 s, when a refresh may have come.
+  doorman::rule_verdict blocked;
+  doorman::combine(blocked, doorman::basic_acquire_result<ns>{false, ns::max()}, {0, 0, ns::max()});
+  CHECK(blocked.retry_after == 1s);
+  CHECK(doorman::rate_limit_headers(blocked).back() == "Retry-After: 1");
+  CHECK(doorman::rate_limit_headers(blocked)[2] == "RateLimit-Reset: 1");
+  // A delay asks to come back too, never sooner than 1 s.
+  doorman::rule_verdict delayed;
+  delayed.code = rule_code::delay;
+  delayed.retry_after = 10ms;
+  CHECK(doorman::rate_limit_headers(delayed) == std::vector<std::string>{"Retry-After: 1"});
+}
+
 TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rules]") {
   const auto problem = [](const char* text) -> std::string {
     try {

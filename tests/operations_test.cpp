@@ -83,6 +83,14 @@ TEST_CASE("http request parser: a well-formed GET, decoded", "[admin]") {
   CHECK(r.query("page") == "2");
   CHECK(r.query("x") == "A b");
   CHECK(!r.query("y"));
+  // Header names in lower case, values without the blanks around them.
+  CHECK(r.header("host") == "h");
+  CHECK(r.header("accept") == "*/*");
+  CHECK(!r.header("Host"));
+  const auto k = doorman::net::parse_http_request(
+      "GET / HTTP/1.1\r\nX-Api-Key: \t key 1 \r\nX-Empty:\r\n\r\n");
+  CHECK(k.header("x-api-key") == "key 1");
+  CHECK(k.header("x-empty") == "");
   // A bare LF ends lines too.
   CHECK(doorman::net::parse_http_request("HEAD / HTTP/1.0\n\n").status == 0);
 }

@@ -84,9 +84,10 @@ class failover {
   /// The connection (or the attempt) failed at `now`: move to the next address, after a
   /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
   /// floor for the next attempt at any address, and for every later failure's wait until an
-  /// answer comes: a call that times out just after connecting must not undo it). A non-master that knows no master
-  /// (`failure::no_master`) answered, so it is alive and may well be the next master: it is
-  /// kept (an address that hung is not tried again for it), with the same wait.
+  /// answer comes: a call that times out just after connecting must not undo it). A
+  /// non-master that knows no master (`failure::no_master`) answered, so it is alive and may
+  /// well be the next master: it is kept (an address that hung is not tried again for it),
+  /// with the same wait.
   void failed(time_point now, failure why, seconds retry_after = seconds(0)) {
     last_ = why;
     ++failures_;

@@ -50,6 +50,7 @@
 #include "doorman/core/config.hpp"
 #include "doorman/core/json_reader.hpp"
 #include "doorman/limit/keyed_limiter.hpp"
+#include "doorman/limit/limiter_base.hpp"
 #include "doorman/limit/window_limiter.hpp"
 
 namespace doorman {
@@ -88,6 +89,53 @@ struct rule_verdict {
   std::string key;               ///< the deciding request key (a resource id), e.g. "api/user=ann"
   bool shadow_exceeded = false;  ///< a shadow rule was over its limit (nothing refused)
 };
+
+/// Folds one more limiter's decision into `v` (a resource's limiter checked after the rules,
+/// say): a refusal refuses, with its `retry_after` (a limiter blocked at rate 0 says 1 s: the
+/// next refresh of its lease is the earliest a permit can appear); the headers report whichever
+/// of the two has fewer permits left. Call it only when `v` did not already refuse or delay.
+///
+///     auto v = rules.check("api", descriptors);
+///     if (v.code == doorman::rule_code::ok) doorman::combine(v, api.try_acquire(),
+///     api.limiter().status());
+template <class Duration>
+void combine(rule_verdict& v, const basic_acquire_result<Duration>& r, const limit_status& st) {
+  if (!r) {
+    v.code = rule_code::refused;
+    v.retry_after = r.retry_after == Duration::max()
+                        ? std::chrono::nanoseconds(std::chrono::seconds(1))
+                        : std::chrono::duration_cast<std::chrono::nanoseconds>(r.retry_after);
+  }
+  if (v.limit < 0 || st.remaining < v.remaining) {
+    v.limit = st.limit;
+    v.remaining = st.remaining;
+    v.reset = st.reset;
+  }
+}
+
+/// Whole seconds for a header, rounded up ("never" is 1 s: come back and ask again).
+[[nodiscard]] inline long long header_seconds(std::chrono::nanoseconds d) {
+  if (d == std::chrono::nanoseconds::max()) return 1;
+  return static_cast<long long>(std::ceil(std::chrono::duration<double>(d).count()));
+}
+
+/// The headers an HTTP answer carries for `v` ("Name: value", no CRLF): `RateLimit-Limit`,
+/// `RateLimit-Remaining` (whole permits) and `RateLimit-Reset` (seconds, rounded up) when a
+/// limit decided; `Retry-After` (at least 1 s) when the request is refused or delayed, whose
+/// status is then 429.
+[[nodiscard]] inline std::vector<std::string> rate_limit_headers(const rule_verdict& v) {
+  std::vector<std::string> h;
+  if (v.limit >= 0) {
+    h.push_back("RateLimit-Limit: " + std::to_string(static_cast<long long>(v.limit)));
+    h.push_back("RateLimit-Remaining: " +
+                std::to_string(static_cast<long long>(std::floor(v.remaining))));
+    h.push_back("RateLimit-Reset: " + std::to_string(header_seconds(v.reset)));
+  }
+  if (v.code == rule_code::refused || v.code == rule_code::delay) {
+    h.push_back("Retry-After: " + std::to_string(std::max(1LL, header_seconds(v.retry_after))));
+  }
+  return h;
+}
 
 /// Limits on what a rule file may hold (a file is input from outside).
 struct rule_limits {

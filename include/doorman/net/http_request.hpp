@@ -27,10 +27,19 @@ struct http_request {
   std::string method;  ///< e.g. "GET"
   std::string path;    ///< percent-decoded, e.g. "/status/resources/a b"
   std::vector<std::pair<std::string, std::string>> parameters;  ///< the query, decoded
+  /// Header lines: names in lower case, values without the blanks around them.
+  std::vector<std::pair<std::string, std::string>> headers;
 
   /// The first query parameter named `name`.
   [[nodiscard]] std::optional<std::string> query(std::string_view name) const {
     for (const auto& [k, v] : parameters)
+      if (k == name) return v;
+    return std::nullopt;
+  }
+
+  /// The first header named `name` (in lower case, e.g. "x-api-key").
+  [[nodiscard]] std::optional<std::string> header(std::string_view name) const {
+    for (const auto& [k, v] : headers)
       if (k == name) return v;
     return std::nullopt;
   }
@@ -100,11 +109,29 @@ inline bool parse_query(std::string_view q, http_request& r) {
   return true;
 }
 
+// One header line into `r.headers` (its name a token, kept in lower case; its value without
+// the blanks around it); what is wrong with it, or nothing.
+inline std::optional<std::string_view> read_header(std::string_view line, http_request& r) {
+  const auto colon = line.find(':');
+  if (colon == 0 || colon == std::string_view::npos) return "malformed header line";
+  std::string name(line.substr(0, colon));
+  for (char& c : name) {
+    if (!is_token_char(c)) return "malformed header name";
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  std::string_view value = line.substr(colon + 1);
+  const auto first = value.find_first_not_of(" \t");
+  value = first == std::string_view::npos ? std::string_view() : value.substr(first);
+  value = value.substr(0, value.find_last_not_of(" \t") + 1);
+  r.headers.emplace_back(std::move(name), std::string(value));
+  return std::nullopt;
+}
+
 }  // namespace detail
 
 /// Parses a request head: the request line, then header lines, each ending in CRLF (a bare LF
-/// is accepted), up to and including the empty line. Header values are not interpreted; their
-/// names must be tokens. Only origin-form targets (`/path?query`) are accepted.
+/// is accepted), up to and including the empty line. Header names must be tokens (kept in lower
+/// case); values are kept, not interpreted. Only origin-form targets (`/path?query`) are accepted.
 [[nodiscard]] inline http_request parse_http_request(std::string_view head,
                                                      const http_request_limits& limits = {}) {
   using detail::http_refusal;
@@ -151,12 +178,7 @@ inline bool parse_query(std::string_view q, http_request& r) {
     if (!h) return http_refusal(400, "request head not terminated by an empty line");
     if (h->empty()) break;
     if (headers >= limits.max_headers) return http_refusal(431, "too many header lines");
-    const auto colon = h->find(':');
-    if (colon == 0 || colon == std::string_view::npos) {
-      return http_refusal(400, "malformed header line");
-    }
-    for (const char c : h->substr(0, colon))
-      if (!detail::is_token_char(c)) return http_refusal(400, "malformed header name");
+    if (const auto bad = detail::read_header(*h, r)) return http_refusal(400, std::string(*bad));
   }
   return r;
 }
