@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
 #include <doorman/core.hpp>
 #include <doorman/protocol.hpp>
 
@@ -169,6 +170,70 @@ TEST_CASE("a get_capacity exchange over the line dispatcher", "[protocol]") {
     CHECK(st["result"]["leases"][0]["client_id"] == "c1");
     CHECK(st["result"]["resources"][0]["sum_has"] == 30);
   }
+}
+
+namespace {
+
+// A guard that refuses every call and counts what it was asked.
+struct refusing_guard final : doorman::call_guard {
+  int asked = 0;
+  std::optional<std::string> no() {
+    ++asked;
+    return "not today";
+  }
+  std::optional<std::string> allow(const doorman::capacity_request&) override { return no(); }
+  std::optional<std::string> allow(const doorman::server_capacity_request&) override {
+    return no();
+  }
+  std::optional<std::string> allow(const doorman::release_request&) override { return no(); }
+  std::optional<std::string> allow(const doorman::status_request&) override { return no(); }
+};
+
+// Valid params for each method of the table.
+std::string params_for(std::string_view method) {
+  if (method == "get_capacity") {
+    return R"({"client_id": "c1", "resources": [{"resource_id": "db", "wants": 30}]})";
+  }
+  if (method == "get_server_capacity") {
+    return R"({"server_id": "s1", "resources": [{"resource_id": "db",
+               "wants": [{"priority": 0, "num_clients": 1, "wants": 5}]}]})";
+  }
+  if (method == "release_capacity") return R"({"client_id": "c1", "resources": ["db"]})";
+  return "{}";
+}
+
+}  // namespace
+
+TEST_CASE("every method of the table counts under its own name and asks the guard as it says",
+          "[protocol]") {
+  std::size_t rows = 0;
+  doorman::for_some_method([&]<class M>() {
+    ++rows;
+    INFO(M::name);
+    CHECK(doorman::rpc_method_names[static_cast<std::size_t>(M::id)] == M::name);
+    const std::string line = fmt::format(R"({{"jsonrpc":"2.0","id":1,"method":"{}","params":{}}})",
+                                         M::name, params_for(M::name));
+    for (const bool refuse : {false, true}) {
+      node n;
+      refusing_guard guard;
+      doorman::dispatch_record rec;
+      auto reply = doorman::handle_line(n.engine, line, n.clock.now(), n.identity, &rec,
+                                        refuse ? &guard : nullptr);
+      REQUIRE(reply);
+      const auto j = json::parse(*reply);
+      CHECK(rec.method == M::id);
+      const bool refused = refuse && M::guarded;
+      CHECK(guard.asked == (refused ? 1 : 0));
+      CHECK(j.contains("error") == refused);
+      CHECK(rec.error == (refused ? std::optional(doorman::rpc_code::forbidden) : std::nullopt));
+      if (refused) {
+        CHECK(j["error"]["message"] == "forbidden: not today");
+        CHECK(n.engine.status({}, n.clock.now()).value().resources.empty());  // no state
+      }
+    }
+    return false;
+  });
+  CHECK(rows + 1 == doorman::rpc_method_names.size());
 }
 
 TEST_CASE("notifications get no answer", "[protocol]") {
