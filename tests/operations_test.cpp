@@ -200,6 +200,66 @@ TEST_CASE("status pages escape what clients and the configuration wrote", "[admi
 
 // ---- a node serving them ------------------------------------------------------------------
 
+namespace {
+
+// A node as the admin routes see it: a snapshot of one resource with 3 leases.
+struct fake_admin_node {
+  bool started = true;
+  int snapshots = 0;
+  doorman::node_metrics counters;
+  doorman::admin_snapshot snapshot(std::optional<std::string> id, std::size_t) {
+    ++snapshots;
+    doorman::admin_snapshot s;
+    s.started = started;
+    if (id && *id != "api") return s;
+    s.resources.push_back({});
+    s.resources.back().status.resource_id = "api";
+    s.lease_count = 3;
+    return s;
+  }
+  doorman::admin_snapshot readiness_snapshot() const {
+    doorman::admin_snapshot s;
+    s.started = started;
+    s.mastership.is_master = true;
+    return s;
+  }
+  const doorman::node_metrics& metrics() const { return counters; }
+};
+
+}  // namespace
+
+TEST_CASE("admin routes: health and readiness to anyone, the rest as access allows", "[admin]") {
+  fake_admin_node node;
+  std::vector<std::string> asked;
+  const auto get = [&](const std::string& target, bool allowed = true) {
+    const auto r = doorman::net::parse_http_request("GET " + target + " HTTP/1.1\r\n\r\n");
+    REQUIRE(r.status == 0);
+    return doorman::route_admin(r, node, [&](const std::string& path) {
+      asked.push_back(path);
+      return allowed ? std::nullopt : std::optional<std::string>("not an admin");
+    });
+  };
+  CHECK(get("/healthz", false).status == 200);
+  CHECK(get("/readyz", false).body == "ready: master\n");
+  CHECK(asked.empty());        // neither asks access control
+  CHECK(node.snapshots == 0);  // nor reads the node's whole state
+  node.started = false;
+  CHECK(get("/readyz").status == 503);
+  const auto refused = get("/metrics", false);
+  CHECK(refused.status == 403);
+  CHECK_THAT(refused.body, Catch::Contains("forbidden: not an admin"));
+  CHECK(node.snapshots == 0);                // refused before any work
+  CHECK(get("/nope", false).status == 403);  // what exists is not told to a stranger
+  CHECK(get("/nope").status == 404);
+  CHECK_THAT(get("/metrics").body, Catch::Contains("doorman_requests_total"));
+  CHECK(get("/").status == 200);
+  CHECK(get("/status/resources/api").status == 200);
+  CHECK(get("/status/resources/api?page=2").status == 404);  // 3 leases: one page
+  CHECK(get("/status/resources/api?page=x").status == 400);
+  CHECK(get("/status/resources/other").status == 400);
+  CHECK(asked.back() == "/status/resources/other");
+}
+
 TEST_CASE("admin endpoint: health, readiness, metrics and status of a live root", "[admin][net]") {
   running_node<> root(fast_config(100), with_admin());
   const std::string admin = root.node().admin_address();

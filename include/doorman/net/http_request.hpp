@@ -1,10 +1,11 @@
 #pragma once
 
 /// \file
-/// The request side of the admin endpoint's HTTP/1.1, sans-I/O: the head of a request (request
-/// line and headers, up to the blank line) parsed into a method, a decoded path and query
-/// parameters, or the status to refuse it with. Nothing else of HTTP is needed: the admin
-/// endpoint serves `GET` and `HEAD` only, reads no body, and closes after each answer.
+/// The admin endpoint's HTTP/1.1 messages, sans-I/O: the head of a request (request line and
+/// headers, up to the blank line) parsed into a method, a decoded path, query parameters and
+/// headers, or the status to refuse it with; and an answer (`http_answer`) with its bytes.
+/// Nothing else of HTTP is needed: the admin endpoint serves `GET` and `HEAD` only, reads no
+/// body, and closes after each answer.
 ///
 ///     const auto r = doorman::net::parse_http_request(head);  // head ends with "\r\n\r\n"
 ///     if (r.status != 0) refuse(r.status, r.reason);
@@ -16,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace doorman::net {
 
@@ -182,5 +185,65 @@ inline std::optional<std::string_view> read_header(std::string_view line, http_r
   }
   return r;
 }
+
+/// An answer: status, content type and body. `Content-Length` and `Connection: close` are
+/// added; `headers` are extra lines ("Name: value", no CRLF).
+struct http_answer {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::string> headers{};
+};
+
+namespace detail {
+
+inline std::string_view http_reason(int status) noexcept {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 414:
+      return "URI Too Long";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Unknown";
+  }
+}
+
+// The bytes of an answer; `head_only` for HEAD (the length of the body it would have had).
+inline std::string http_serialize(const http_answer& a, bool head_only) {
+  std::string out = fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n"
+      "Cache-Control: no-store\r\n",
+      a.status, http_reason(a.status), a.content_type, a.body.size());
+  for (const auto& h : a.headers)
+    out += h + "\r\n";
+  out += "\r\n";
+  if (!head_only) out += a.body;
+  return out;
+}
+
+inline http_answer http_error(int status, std::string_view why) {
+  return {status, "text/plain; charset=utf-8",
+          fmt::format("{} {}: {}\n", status, http_reason(status), why)};
+}
+
+}  // namespace detail
 
 }  // namespace doorman::net

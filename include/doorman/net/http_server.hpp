@@ -61,66 +61,6 @@ struct http_server_options {
   seconds timeout{10};
 };
 
-/// An answer: status, content type and body. `Content-Length` and `Connection: close` are
-/// added; `headers` are extra lines ("Name: value", no CRLF).
-struct http_answer {
-  int status = 200;
-  std::string content_type = "text/plain; charset=utf-8";
-  std::string body;
-  std::vector<std::string> headers{};
-};
-
-namespace detail {
-
-inline std::string_view http_reason(int status) noexcept {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 414:
-      return "URI Too Long";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 500:
-      return "Internal Server Error";
-    case 503:
-      return "Service Unavailable";
-    case 505:
-      return "HTTP Version Not Supported";
-    default:
-      return "Unknown";
-  }
-}
-
-// The bytes of an answer; `head_only` for HEAD (the length of the body it would have had).
-inline std::string http_serialize(const http_answer& a, bool head_only) {
-  std::string out = fmt::format(
-      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n"
-      "Cache-Control: no-store\r\n",
-      a.status, http_reason(a.status), a.content_type, a.body.size());
-  for (const auto& h : a.headers)
-    out += h + "\r\n";
-  out += "\r\n";
-  if (!head_only) out += a.body;
-  return out;
-}
-
-inline http_answer http_error(int status, std::string_view why) {
-  return {status, "text/plain; charset=utf-8",
-          fmt::format("{} {}: {}\n", status, http_reason(status), why)};
-}
-
-}  // namespace detail
-
 /// The server: an accept loop and one short-lived coroutine per connection.
 class http_server {
  public:

@@ -289,6 +289,15 @@ class basic_node {
     return s;
   }
 
+  /// The node's state as `/readyz` needs it: whether it started, and its mastership (on the
+  /// strand; a full `snapshot` would copy the configuration).
+  [[nodiscard]] admin_snapshot readiness_snapshot() const {
+    admin_snapshot s;
+    s.started = started_at_ != clock::time_point{};
+    s.mastership = engine_.mastership();
+    return s;
+  }
+
   /// The node's counters (on the strand).
   [[nodiscard]] const node_metrics& metrics() const noexcept { return metrics_; }
 
@@ -543,53 +552,9 @@ class basic_node {
 
   net::http_answer on_admin(const net::http_request& r, const net::peer_info& peer) {
     apply_term(clock::now());
-    if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
-    if (r.path != "/readyz") {
-      if (auto why = access_.admin({peer.identity, peer.connection}, r.path)) {
-        return net::detail::http_error(403, "forbidden: " + *why);
-      }
-    }
-    if (r.path == "/readyz") {
-      // Readiness needs only these two; a full snapshot would copy the configuration.
-      admin_snapshot state;
-      state.started = started_at_ != clock::time_point{};
-      state.mastership = engine_.mastership();
-      const auto [ready, why] = readiness(state);
-      return {ready ? 200 : 503, "text/plain; charset=utf-8",
-              fmt::format("{}: {}\n", ready ? "ready" : "not ready", why)};
-    }
-    if (r.path == "/metrics") {
-      return {200, "text/plain; version=0.0.4; charset=utf-8",
-              render_metrics(snapshot(), metrics_)};
-    }
-    if (r.path == "/" || r.path == "/status") {
-      return {200, "text/html; charset=utf-8", render_status(snapshot())};
-    }
-    constexpr std::string_view prefix = "/status/resources/";
-    if (r.path.starts_with(prefix) && r.path.size() > prefix.size()) {
-      return resource_page(r.path.substr(prefix.size()), r.query("page"));
-    }
-    return net::detail::http_error(404, "no such page (try /status, /metrics, /healthz, /readyz)");
-  }
-
-  net::http_answer resource_page(std::string id, const std::optional<std::string>& page_text) {
-    std::size_t page = 1;
-    if (page_text) {
-      const auto v = as_int64(nlohmann::json::parse(*page_text, nullptr, false));
-      if (!v || *v < 1 || *v > 1'000'000) {
-        return net::detail::http_error(400, "page: expected a whole number from 1");
-      }
-      page = static_cast<std::size_t>(*v);
-    }
-    if (auto e = validate(status_request{id})) {
-      return net::detail::http_error(400, e->message);
-    }
-    const auto s = snapshot(std::move(id), page);
-    if (s.resources.empty()) return net::detail::http_error(400, "invalid resource id");
-    if (page > 1 && (page - 1) * leases_per_page >= s.lease_count) {
-      return net::detail::http_error(404, "no such page of leases");
-    }
-    return {200, "text/html; charset=utf-8", render_resource(s, page)};
+    return route_admin(r, *this, [&](const std::string& path) {
+      return access_.admin({peer.identity, peer.connection}, path);
+    });
   }
 
   // The node's side of its refresh driver: the upstream machine over the engine.

@@ -1,19 +1,25 @@
 #pragma once
 
 /// \file
-/// The admin endpoint's HTML pages, sans-I/O: `/status` (the node, its master and parent, a
-/// row per resource with state, the configuration's templates) and `/status/resources/<id>`
-/// (one resource and a page of its leases). Plain HTML and a little CSS, no script: they read
-/// the same in a browser, `curl` and a test.
+/// The admin endpoint's pages and routes, sans-I/O: `/status` (the node, its master and parent,
+/// a row per resource with state, the configuration's templates) and `/status/resources/<id>`
+/// (one resource and a page of its leases), in plain HTML and a little CSS, no script: they
+/// read the same in a browser, `curl` and a test; and `route_admin`, which answers every path
+/// of the endpoint from a node's state.
 
+#include <concepts>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "doorman/core/markup.hpp"
+#include "doorman/net/http_request.hpp"
 #include "doorman/node/admin.hpp"
+#include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman {
 
@@ -170,6 +176,68 @@ inline std::string template_table(const admin_snapshot& s) {
   if (page > 1) out += fmt::format("<a href=\"{}?page={}\">previous</a> ", base, page - 1);
   if (page < pages) out += fmt::format("<a href=\"{}?page={}\">next</a>", base, page + 1);
   return out + "</p>\n</body></html>\n";
+}
+
+/// What the admin routes read from a node (on its strand): a snapshot of its state, optionally
+/// of one resource and a page of its leases; the little `/readyz` needs (whether it started,
+/// its mastership); its counters.
+template <class Node>
+concept admin_source = requires(Node& n, std::optional<std::string> id, std::size_t page) {
+  { n.snapshot(std::move(id), page) } -> std::same_as<admin_snapshot>;
+  { n.readiness_snapshot() } -> std::same_as<admin_snapshot>;
+  { n.metrics() } -> std::convertible_to<const node_metrics&>;
+};
+
+namespace detail {
+
+template <admin_source Node>
+net::http_answer resource_page(Node& node, std::string id,
+                               const std::optional<std::string>& page_text) {
+  std::size_t page = 1;
+  if (page_text) {
+    const auto v = as_int64(nlohmann::json::parse(*page_text, nullptr, false));
+    if (!v || *v < 1 || *v > 1'000'000) {
+      return net::detail::http_error(400, "page: expected a whole number from 1");
+    }
+    page = static_cast<std::size_t>(*v);
+  }
+  if (auto e = validate(status_request{id})) return net::detail::http_error(400, e->message);
+  const auto s = node.snapshot(std::move(id), page);
+  if (s.resources.empty()) return net::detail::http_error(400, "invalid resource id");
+  if (page > 1 && (page - 1) * leases_per_page >= s.lease_count) {
+    return net::detail::http_error(404, "no such page of leases");
+  }
+  return {200, "text/html; charset=utf-8", render_resource(s, page)};
+}
+
+}  // namespace detail
+
+/// Answers a request to the admin endpoint: `/healthz` and `/readyz` to anyone; `/metrics`,
+/// `/status` (and `/`) and `/status/resources/<id>?page=N` unless `forbid(path)` names why not
+/// (403, "forbidden: <why>"); 404 for anything else.
+template <admin_source Node, class Forbid>
+net::http_answer route_admin(const net::http_request& r, Node& node, Forbid&& forbid) {
+  if (r.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+  if (r.path == "/readyz") {
+    const auto [ready, why] = readiness(node.readiness_snapshot());
+    return {ready ? 200 : 503, "text/plain; charset=utf-8",
+            fmt::format("{}: {}\n", ready ? "ready" : "not ready", why)};
+  }
+  if (std::optional<std::string> why = forbid(r.path)) {
+    return net::detail::http_error(403, "forbidden: " + *why);
+  }
+  if (r.path == "/metrics") {
+    return {200, "text/plain; version=0.0.4; charset=utf-8",
+            render_metrics(node.snapshot(std::nullopt, 1), node.metrics())};
+  }
+  if (r.path == "/" || r.path == "/status") {
+    return {200, "text/html; charset=utf-8", render_status(node.snapshot(std::nullopt, 1))};
+  }
+  constexpr std::string_view prefix = "/status/resources/";
+  if (r.path.starts_with(prefix) && r.path.size() > prefix.size()) {
+    return detail::resource_page(node, r.path.substr(prefix.size()), r.query("page"));
+  }
+  return net::detail::http_error(404, "no such page (try /status, /metrics, /healthz, /readyz)");
 }
 
 }  // namespace doorman
