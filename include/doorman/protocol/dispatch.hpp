@@ -26,13 +26,6 @@
 
 namespace doorman {
 
-/// What `handle_line` did with a line: the method, and the error code it answered with (none:
-/// a result, or a notification).
-struct dispatch_record {
-  rpc_method method = rpc_method::other;
-  std::optional<rpc_code> error;
-};
-
 namespace detail {
 
 inline std::optional<rpc_code> error_of(const nlohmann::json& response) {

@@ -14,11 +14,13 @@
 ///     if (r) send(r.value()); else fail(r.code(), r.message());
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -46,6 +48,13 @@ enum class rpc_method : std::uint8_t {
   discovery,
   status,
   other
+};
+
+/// What a door did with a call, for the node's metrics and logs: the method, and the error code
+/// it answered with (none: a result, or a notification). Every door fills one per call.
+struct dispatch_record {
+  rpc_method method = rpc_method::other;
+  std::optional<rpc_code> error;
 };
 
 /// Authorization for the service: each `allow` returns why the caller may not make the call
