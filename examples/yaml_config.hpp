@@ -237,11 +237,8 @@ auto parse_yaml_with(std::string_view text, const std::string& name, Parse parse
   try {
     return parse(doc);
   } catch (const doorman::config_error& e) {
-    throw doorman::config_error(
-        e.path(),
-        fmt::format("{} (line {} of {})",
-                    std::string_view(e.what()).substr(e.path().empty() ? 0 : e.path().size() + 2),
-                    detail::line_of(lines, e.path()), name));
+    throw doorman::config_error(e.path(), fmt::format("{} (line {} of {})", e.reason(),
+                                                      detail::line_of(lines, e.path()), name));
   }
 }
 

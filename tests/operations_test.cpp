@@ -676,6 +676,23 @@ TEST_CASE("yaml: errors name the field and the line", "[yaml]") {
 )") == "resources[0].algorithm.kind: must be a string (line 5 of x.yml)");
   CHECK(yaml_error("resources:\n  - identifier_glob: \"*\"\n    capacity: [1\n") ==
         "x.yml:4: not valid YAML: end of sequence flow not found");
+  // Found by the yaml fuzz target: a key holding NUL bytes is written escaped in the message
+  // and raw in the path, so the reason could not be cut out of the message by the path's
+  // length (std::out_of_range escaped).
+  const std::string nul_key = "res  capacity: 10\n' !algorithm" + std::string(28, '\0') +
+                              ": &fair {kind: F@IR_SHARE0\n/ algorithm: *fair\n";
+  CHECK_THAT(yaml_error(nul_key), !Catch::StartsWith("not a config_error"));
+  // The key (a quoted scalar over two lines) is written with its NUL bytes as \x00.
+  std::string key = " !algorithm";
+  for (int i = 0; i < 28; ++i)
+    key += "\\x00";
+  key += ": &fair {kind: F@IR_SHARE0 / algorithm: *fair ";
+  CHECK(yaml_error(nul_key) == key + ": unknown field (line 2 of x.yml)");
+  // The same for a value quoted in a message (found by the same target next): "\0" in a double
+  // quoted YAML scalar is a NUL byte.
+  const auto glob = yaml_error("resources:\n- identifier_glob: \"[\\0\"\n  capacity: 1\n");
+  CHECK_THAT(glob, Catch::Contains("\\x00"));
+  CHECK_THAT(glob, Catch::EndsWith("(line 2 of x.yml)"));
   // Quoted numbers stay strings, and are refused where a number is needed.
   CHECK(yaml_error(R"(resources:
 - identifier_glob: "*"

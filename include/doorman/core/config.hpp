@@ -73,14 +73,23 @@ struct resource_template {
 /// `resources[1].algorithm.lease_length: must be >= refresh_interval (16)`.
 class config_error : public std::runtime_error {
  public:
-  config_error(std::string path, const std::string& reason)
-      : std::runtime_error(path.empty() ? reason : path + ": " + reason), path_(std::move(path)) {}
+  config_error(std::string path, std::string reason)
+      : std::runtime_error(detail::printable_text(path.empty() ? reason : path + ": " + reason)),
+        path_(std::move(path)),
+        reason_(detail::printable_text(reason)) {}
 
   /// The problem a `detail::json_reader` found.
-  explicit config_error(const request_error& e) : std::runtime_error(e.message), path_(e.path) {}
+  explicit config_error(const request_error& e)
+      : std::runtime_error(detail::printable_text(e.message)),
+        path_(e.path),
+        reason_(detail::printable_text(reason_of(e))) {}
 
   /// The field path, e.g. `resources[1].algorithm.lease_length` (empty for the whole document).
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+  /// What is wrong, without the path (e.g. "must be between 0 and 1e15"). It and `what()` write
+  /// control bytes as `\xNN` (`path()` keeps them).
+  [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
 
   /// `errc::invalid_config`, for code that reports errors as `std::error_code`.
   [[nodiscard]] std::error_code code() const noexcept {
@@ -88,7 +97,15 @@ class config_error : public std::runtime_error {
   }
 
  private:
+  // The message without its "path: " (written as `detail::printable_text` writes it).
+  static std::string reason_of(const request_error& e) {
+    const std::string prefix = detail::printable_text(e.path) + ": ";
+    if (!e.path.empty() && e.message.starts_with(prefix)) return e.message.substr(prefix.size());
+    return e.message;
+  }
+
   std::string path_;
+  std::string reason_;
 };
 
 /// The JSON form of an algorithm's settings, as the configuration and a server's grant write

@@ -7,6 +7,7 @@
 /// for the startup edges (a configuration or option that cannot be used).
 
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
@@ -67,12 +68,35 @@ class error_category_impl final : public std::error_category {
   return {static_cast<int>(e), error_category()};
 }
 
+namespace detail {
+
+/// A text as an error message writes it: control bytes (a key or a value from a file may hold
+/// any) as `\xNN`, so that a message is one printable line and its C string is all of it.
+[[nodiscard]] inline std::string printable_text(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else {
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// An error with a message that names what was wrong, e.g.
 /// `resources[0].wants: must be a finite number between 0 and 1e15`. Paths are relative to the
 /// message checked (the JSON-RPC layer puts `params.` in front).
 struct request_error {
   errc code = errc::invalid_params;
-  std::string message;  ///< `path: reason`
+  std::string message;  ///< `path: reason` (the path as `detail::printable_text` writes it)
   std::string path{};   ///< the field's path alone (may be empty)
 };
 

@@ -158,7 +158,7 @@ class json_reader {
     if (!error_) {
       std::string where = key.empty() ? path_ : at(key);
       std::string message =
-          where.empty() ? std::string(reason) : where + ": " + std::string(reason);
+          where.empty() ? std::string(reason) : printable_text(where) + ": " + std::string(reason);
       error_ = request_error{errc::invalid_params, std::move(message), std::move(where)};
     }
     return false;
