@@ -71,12 +71,12 @@ bench: deps
 
 ## Format every C++ file with clang-format.
 format:
-	@clang-format -i $$(git ls-files '*.hpp' '*.cpp')
+	@clang-format -i $$(git ls-files '*.hpp' '*.ipp' '*.cpp')
 
 ## Style checks: clang-format clean, and no function in include/ longer than 60 lines.
 lint:
 	@sh cmake/install-deps.sh lint
-	@git ls-files '*.hpp' '*.cpp' | xargs clang-format --dry-run --Werror
+	@git ls-files '*.hpp' '*.ipp' '*.cpp' | xargs clang-format --dry-run --Werror
 	@echo "clang-format: clean"
 	@sh .ci/function-lengths 60
 

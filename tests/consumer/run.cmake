@@ -17,6 +17,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+run(${WORK_DIR}/build/consumer_compiled)
 
 # The installed tools (TOOLS, when the examples were built) run: their usage, exit 0.
 foreach(tool IN LISTS TOOLS)

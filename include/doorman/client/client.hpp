@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/client_state.hpp"
+#include "doorman/core/linkage.hpp"
 #include "doorman/limit/any_limiter.hpp"
 #include "doorman/limit/demand_estimator.hpp"
 #include "doorman/limit/gauge_limiter.hpp"
@@ -380,11 +381,7 @@ class client {
     if (options_.log) options_.log(s);
   }
 
-  void start() {
-    next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
-    last_sample_ = clock::now();
-    asio::co_spawn(strand_, run(), asio::detached);
-  }
+  DOORMAN_DECL void start();
 
   static void apply(detail::resource_entry& e, double capacity) {
     if (e.kind == detail::resource_kind::rate) {
@@ -453,29 +450,7 @@ class client {
   }
 
   // Refreshes until stopped (the driver), then gives everything back and closes.
-  asio::awaitable<void> run() {
-    std::error_code ec;
-    co_await driver_.async_run(asio::redirect_error(asio::use_awaitable, ec));
-    std::vector<std::string> all;
-    for (const auto& [id, e] : active_)
-      all.push_back(id);
-    for (auto& id : state_.take_releases())
-      all.push_back(std::move(id));
-    for (auto& id : std::exchange(releases_, {}))
-      all.push_back(std::move(id));
-    // A release cut short by the stop (its answer was not waited for) goes out again.
-    for (auto& id : std::exchange(releasing_, {}))
-      all.push_back(std::move(id));
-    if (!all.empty()) {
-      const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
-                                                true, options_.release_timeout);
-      if (!reply) log_release_failure(reply);
-    }
-    channel_.shutdown();
-    finished_ = true;
-    for (auto& f : std::exchange(when_finished_, {}))
-      f();
-  }
+  DOORMAN_DECL asio::awaitable<void> run();
 
   // The client's side of its refresh driver: measures demand, pushes capacities into the
   // limiters, and sends releases first, then the state's refreshes.
@@ -483,10 +458,7 @@ class client {
     client& c;
     refresh_step<clock::time_point> next(clock::time_point now) const { return c.next_step(now); }
     net::outgoing_call request(clock::time_point now) const { return c.next_call(now); }
-    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
-      c.on_reply(std::move(reply), now);
-      co_return;
-    }
+    DOORMAN_DECL asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const;
   };
 
   refresh_step<clock::time_point> next_step(clock::time_point now) {
@@ -564,3 +536,7 @@ class client {
 };
 
 }  // namespace doorman
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/client/impl/client.ipp"
+#endif

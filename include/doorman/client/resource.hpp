@@ -27,6 +27,7 @@
 #include <asio.hpp>
 
 #include "doorman/client/client.hpp"
+#include "doorman/core/linkage.hpp"
 
 namespace doorman {
 
@@ -85,13 +86,7 @@ class listed_wait {
   ~listed_wait() { e_.waits.erase(&w_); }
 
   // Sleeps until the resource wakes its blocked waits (or the wait is cancelled).
-  asio::awaitable<void> until_woken() {
-    w_.blocked = true;
-    w_.timer.expires_at(asio::steady_timer::time_point::max());
-    std::error_code ec;
-    co_await w_.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    w_.blocked = false;
-  }
+  DOORMAN_DECL asio::awaitable<void> until_woken();
 
  private:
   resource_entry& e_;
@@ -210,52 +205,13 @@ class rate_resource : public detail::resource_handle {
   [[nodiscard]] any_rate_limiter& limiter() noexcept { return entry_->rate; }
 
  private:
-  static asio::awaitable<std::error_code> wait_op(std::shared_ptr<detail::resource_entry> e,
-                                                  double n,
-                                                  std::shared_ptr<detail::pending_wait> w) {
-    detail::listed_wait listed(*e, *w);
-    if (!e->rate.reserves()) co_return co_await retry_op(*e, n, *w, listed);
-    for (;;) {
-      if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
-      const auto at = e->rate.reserve(n);
-      if (at == coarse_clock::time_point::max()) {
-        if (e->rate.rate() != 0) co_return asio::error::no_buffer_space;  // a full queue
-        e->held_back();  // blocked (capacity 0): until it changes
-        co_await listed.until_woken();
-        continue;
-      }
-      // coarse_clock and steady_clock count from the same epoch (CLOCK_MONOTONIC*).
-      w->timer.expires_at(std::chrono::steady_clock::time_point(
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(at.time_since_epoch())));
-      std::error_code ec;
-      co_await w->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      // Cancelled before its time: the permits go back (after it, they count as used).
-      if (w->cancelled && e->rate.cancel_reservation(n, at)) {
-        co_return asio::error::operation_aborted;
-      }
-      co_return std::error_code();
-    }
-  }
+  static DOORMAN_DECL asio::awaitable<std::error_code> wait_op(
+      std::shared_ptr<detail::resource_entry> e, double n, std::shared_ptr<detail::pending_wait> w);
 
   // The window algorithms' wait: tried again when the refusal says the permits fit.
-  static asio::awaitable<std::error_code> retry_op(detail::resource_entry& e, double n,
-                                                   detail::pending_wait& w,
-                                                   detail::listed_wait& listed) {
-    for (bool first = true;; first = false) {
-      if (w.cancelled || e.stopped()) co_return asio::error::operation_aborted;
-      const auto r = first ? e.rate.try_acquire(n) : e.rate.try_again(n);
-      if (r) co_return std::error_code();
-      if (r.retry_after == any_rate_limiter::duration::max()) {
-        if (e.rate.rate() != 0) co_return asio::error::no_buffer_space;  // never fits
-        e.held_back();  // blocked (capacity 0): until it changes
-        co_await listed.until_woken();
-        continue;
-      }
-      w.timer.expires_after(r.retry_after);
-      std::error_code ec;
-      co_await w.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-  }
+  static DOORMAN_DECL asio::awaitable<std::error_code> retry_op(detail::resource_entry& e, double n,
+                                                                detail::pending_wait& w,
+                                                                detail::listed_wait& listed);
 };
 
 /// A gauge resource: at most `capacity()` operations in flight, following the lease.
@@ -356,25 +312,14 @@ class gauge_resource : public detail::resource_handle {
   // A waiter counts itself in `gauge_waiters` before it looks at the gauge, and a release
   // frees its slot before it reads `gauge_waiters` (both sequentially consistent): either the
   // waiter sees the free slot or the release sees the waiter and wakes it. No wake-up is lost.
-  static asio::awaitable<std::error_code> acquire_op(std::shared_ptr<detail::resource_entry> e,
-                                                     std::shared_ptr<detail::pending_wait> w) {
-    detail::listed_wait listed(*e, *w);
-    ++e->gauge_waiters;
-    std::error_code result;
-    for (;;) {
-      if (w->cancelled || e->stopped()) {
-        result = asio::error::operation_aborted;
-        break;
-      }
-      if (e->gauge.try_acquire()) break;
-      e->held_back();  // (when the capacity is 0)
-      co_await listed.until_woken();
-    }
-    --e->gauge_waiters;
-    co_return result;
-  }
+  static DOORMAN_DECL asio::awaitable<std::error_code> acquire_op(
+      std::shared_ptr<detail::resource_entry> e, std::shared_ptr<detail::pending_wait> w);
 };
 
 inline gauge_resource::slot::slot(gauge_resource* g) noexcept : entry_(g->entry_) {}
 
 }  // namespace doorman
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/client/impl/resource.ipp"
+#endif

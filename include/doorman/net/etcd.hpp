@@ -27,6 +27,7 @@
 #include <asio.hpp>
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/linkage.hpp"
 #include "doorman/net/http.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
@@ -357,117 +358,36 @@ class etcd_client {
 
   /// POSTs `body` to `/v3/<method>` on the endpoints in turn (starting with the last one that
   /// answered) until one answers 200 or the deadline passes. The answer's JSON, or why not.
-  asio::awaitable<etcd_result<nlohmann::json>> call(std::string method, nlohmann::json body,
-                                                    clock::time_point deadline) {
-    etcd_result<nlohmann::json> r;
-    const std::string text = body.dump();
-    std::string errors;
-    for (std::size_t tried = 0; tried < endpoints_.size() && clock::now() < deadline; ++tried) {
-      const std::string endpoint = endpoints_[current_];
-      // Leave the other endpoints a share of the time when this one hangs.
-      const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
-      // A named copy: GCC 12 destroys a temporary passed by value into a coroutine twice when
-      // it comes from a conditional expression.
-      const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;
-      auto answer = co_await http_post(executor_, endpoint, "/v3/" + method, text,
-                                       clock::now() + share, std::size_t{1} << 20, tls);
-      std::string why = std::move(answer.message);
-      if (!answer.error) {
-        auto a = etcd_decode::read(answer);
-        if (a.value) {
-          r.value = std::move(*a.value);
-          co_return r;
-        }
-        why = std::move(a.why);
-        if (a.final) {
-          r.grpc_code = a.code;
-          r.error = a.code == grpc_not_found ? etcd_errc::not_found : etcd_errc::refused;
-          r.message = fmt::format("{} at {}: {}", method, endpoint, why);
-          co_return r;
-        }
-      }
-      errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", endpoint, why);
-      current_ = (current_ + 1) % endpoints_.size();
-    }
-    if (errors.empty()) {
-      r.error = errc::timed_out;
-      r.message = method + ": deadline passed";
-    } else {
-      r.error = errc::unreachable;
-      r.message = fmt::format("{}: {}", method, errors);
-    }
-    co_return r;
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<nlohmann::json>> call(std::string method,
+                                                                 nlohmann::json body,
+                                                                 clock::time_point deadline);
 
   /// A lease of `ttl` seconds (etcd may grant a longer one: its minimum is about 2 s).
-  asio::awaitable<etcd_result<etcd_lease>> grant(std::int64_t ttl, clock::time_point deadline) {
-    nlohmann::json body = {{"TTL", ttl}};
-    auto a = co_await call("lease/grant", std::move(body), deadline);
-    if (!a) co_return a.template failure<etcd_lease>();
-    co_return etcd_decode::grant(a.value, ttl);
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<etcd_lease>> grant(std::int64_t ttl,
+                                                              clock::time_point deadline);
 
   /// Renews lease `id`: its remaining TTL in seconds, 0 when it has expired.
-  asio::awaitable<etcd_result<std::int64_t>> keep_alive(std::int64_t id,
-                                                        clock::time_point deadline) {
-    // A stream method: the gateway wraps each answer in "result".
-    nlohmann::json body = {{"ID", std::to_string(id)}};
-    auto a = co_await call("lease/keepalive", std::move(body), deadline);
-    if (!a) co_return a.template failure<std::int64_t>();
-    co_return etcd_decode::keep_alive(a.value);
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<std::int64_t>> keep_alive(std::int64_t id,
+                                                                     clock::time_point deadline);
 
   /// Revokes lease `id` (and so deletes its keys).
-  asio::awaitable<etcd_result<bool>> revoke(std::int64_t id, clock::time_point deadline) {
-    etcd_result<bool> r;
-    nlohmann::json body = {{"ID", std::to_string(id)}};
-    auto a = co_await call("lease/revoke", std::move(body), deadline);
-    if (!a) co_return a.template failure<bool>();
-    r.value = true;
-    co_return r;
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<bool>> revoke(std::int64_t id,
+                                                         clock::time_point deadline);
 
   /// Creates `key` = `value` attached to `lease` unless the key exists (one transaction on
   /// `create_revision == 0`); either way, the key as it is afterwards.
-  asio::awaitable<etcd_result<etcd_claim>> put_if_absent(std::string key, std::string value,
-                                                         std::int64_t lease,
-                                                         clock::time_point deadline) {
-    const auto k = base64_encode(key);
-    nlohmann::json body = {
-        {"compare",
-         nlohmann::json::array(
-             {{{"key", k}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
-        {"success", nlohmann::json::array({{{"request_put",
-                                             {{"key", k},
-                                              {"value", base64_encode(value)},
-                                              {"lease", std::to_string(lease)}}}}})},
-        {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
-    auto a = co_await call("kv/txn", std::move(body), deadline);
-    if (!a) co_return a.template failure<etcd_claim>();
-    co_return etcd_decode::claim(a.value, std::move(value), lease);
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> put_if_absent(std::string key,
+                                                                      std::string value,
+                                                                      std::int64_t lease,
+                                                                      clock::time_point deadline);
 
   /// The key's value, or nothing when it does not exist.
-  asio::awaitable<etcd_result<std::optional<etcd_kv>>> get(std::string key,
-                                                           clock::time_point deadline) {
-    etcd_result<std::optional<etcd_kv>> r;
-    nlohmann::json body = {{"key", base64_encode(key)}};
-    auto a = co_await call("kv/range", std::move(body), deadline);
-    if (!a) co_return a.template failure<std::optional<etcd_kv>>();
-    r.value = etcd_decode::first_kv(a.value);
-    co_return r;
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<std::optional<etcd_kv>>> get(std::string key,
+                                                                        clock::time_point deadline);
 
   /// Sets `key` = `value` (no lease).
-  asio::awaitable<etcd_result<bool>> put(std::string key, std::string value,
-                                         clock::time_point deadline) {
-    etcd_result<bool> r;
-    nlohmann::json body = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
-    auto a = co_await call("kv/put", std::move(body), deadline);
-    if (!a) co_return a.template failure<bool>();
-    r.value = true;
-    co_return r;
-  }
+  DOORMAN_DECL asio::awaitable<etcd_result<bool>> put(std::string key, std::string value,
+                                                      clock::time_point deadline);
 
  private:
   asio::any_io_executor executor_;
@@ -477,3 +397,7 @@ class etcd_client {
 };
 
 }  // namespace doorman::net
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/net/impl/etcd.ipp"
+#endif

@@ -23,6 +23,7 @@
 #include <asio.hpp>
 
 #include "doorman/core/error.hpp"
+#include "doorman/core/linkage.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/tls.hpp"
@@ -110,59 +111,13 @@ inline http_response parse_http_response(std::string_view raw) {
 /// POSTs `body` (JSON) to `http://address/path` (`https://` with `tls`, checking that the
 /// server's certificate names the address's host); the answer, or an error at `deadline`, when
 /// the peer is unreachable, or when the answer exceeds `max_bytes`.
-inline asio::awaitable<http_response> http_post(asio::any_io_executor executor, std::string address,
-                                                std::string path, std::string body,
-                                                std::chrono::steady_clock::time_point deadline,
-                                                std::size_t max_bytes = std::size_t{1} << 20,
-                                                ssl_context_ptr tls = {}) {
-  http_response r;
-  const auto a = parse_address(address);
-  if (!a) {
-    co_return detail::http_failure(std::make_error_code(std::errc::invalid_argument),
-                                   fmt::format("expected host:port, got \"{}\"", address));
-  }
-  auto socket = std::make_shared<stream>(executor, tls);
-  const socket_deadline guard(executor, deadline, [socket] { socket->close(); });
-  std::error_code ec;
-  asio::ip::tcp::resolver resolver(executor);
-  const auto endpoints = co_await resolver.async_resolve(
-      a->host, a->port, asio::redirect_error(asio::use_awaitable, ec));
-  if (!ec && !guard.expired()) {
-    co_await asio::async_connect(socket->socket(), endpoints,
-                                 asio::redirect_error(asio::use_awaitable, ec));
-  }
-  if (!ec && !guard.expired()) co_await socket->handshake(tls_side::client, a->host, ec);
-  std::string raw;
-  if (!ec && !guard.expired()) {
-    const std::string request = fmt::format(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n"
-        "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-        path, address, body.size(), body);
-    co_await asio::async_write(*socket, asio::buffer(request),
-                               asio::redirect_error(asio::use_awaitable, ec));
-  }
-  while (!ec && !guard.expired()) {
-    char chunk[8192];
-    const std::size_t n = co_await socket->async_read_some(
-        asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
-    raw.append(chunk, n);
-    if (raw.size() > max_bytes) {
-      co_return detail::http_failure(errc::bad_answer,
-                                     fmt::format("answer longer than {} bytes", max_bytes));
-    }
-  }
-  socket->close();
-#ifdef DOORMAN_TLS
-  if (ec == asio::ssl::error::stream_truncated) ec = asio::error::eof;  // no close_notify
-#endif
-  if (guard.expired()) {
-    r = detail::http_failure(errc::timed_out, "no answer before the deadline");
-  } else if (ec && ec != asio::error::eof) {
-    r = detail::http_failure(ec, ec.message());
-  } else {
-    r = detail::parse_http_response(raw);
-  }
-  co_return r;
-}
+DOORMAN_DECL asio::awaitable<http_response> http_post(
+    asio::any_io_executor executor, std::string address, std::string path, std::string body,
+    std::chrono::steady_clock::time_point deadline, std::size_t max_bytes = std::size_t{1} << 20,
+    ssl_context_ptr tls = {});
 
 }  // namespace doorman::net
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/net/impl/http.ipp"
+#endif

@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #endif
 
+#include "doorman/core/linkage.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/supervise.hpp"
 #include "doorman/net/tls.hpp"
@@ -141,14 +142,7 @@ class listener {
   [[nodiscard]] ssl_context_ptr tls() const { return tls_ ? tls_->current() : nullptr; }
 
   /// Starts accepting: `on_accept` gets every connection until `stop`.
-  void start(accept_handler on_accept) {
-    on_accept_ = std::move(on_accept);
-    asio::co_spawn(
-        executor_,
-        supervised(
-            what_ + " loop", [this] { return accept_loop(); }, [this] { return stopping_; }, log_),
-        asio::detached);
-  }
+  DOORMAN_DECL void start(accept_handler on_accept);
 
   /// Stops accepting and closes the port. Call it on the executor.
   void stop() {
@@ -162,25 +156,7 @@ class listener {
   [[nodiscard]] bool stopping() const noexcept { return stopping_; }
 
  private:
-  asio::awaitable<void> accept_loop() {
-    while (!stopping_) {
-      std::error_code ec;
-      auto socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-      if (stopping_) co_return;
-      if (ec) {
-        if (ec == asio::error::operation_aborted) co_return;
-        // Out of descriptors or a transient failure: pause instead of spinning.
-        if (log_) {
-          log_(fmt::format("warning: {} failed: {}; retrying in 100 ms", what_, ec.message()));
-        }
-        retry_.expires_after(std::chrono::milliseconds(100));
-        co_await retry_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
-      detail::close_on_exec(socket);
-      on_accept_(std::move(socket));
-    }
-  }
+  DOORMAN_DECL asio::awaitable<void> accept_loop();
 
   asio::any_io_executor executor_;
   std::string what_;
@@ -193,3 +169,7 @@ class listener {
 };
 
 }  // namespace doorman::net
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/net/impl/listener.ipp"
+#endif

@@ -133,8 +133,7 @@ class refresh_driver {
         continue;
       }
       timer_.expires_at(step.at);
-      std::error_code ec;
-      co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await wait_on(timer_);
     }
   }
 

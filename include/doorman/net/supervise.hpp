@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/linkage.hpp"
+
 namespace doorman::net {
 
 /// How long `supervised` waits before starting a failed loop again, so that a failure that
@@ -37,6 +39,16 @@ inline constexpr std::chrono::milliseconds restart_delay{500};
   }
 }
 
+/// Waits for `timer` to expire: its error code (`asio::error::operation_aborted` when
+/// cancelled), never thrown. Compiled once (a coroutine template instantiated here would be
+/// compiled again in every unit that includes this header).
+DOORMAN_DECL asio::awaitable<std::error_code> wait_on(asio::steady_timer& timer);
+
+namespace detail {
+/// Sleeps `restart_delay` on the calling coroutine's executor.
+DOORMAN_DECL asio::awaitable<void> restart_pause();
+}  // namespace detail
+
 /// Runs `make()` (returning `asio::awaitable<void>`) to its end. If it throws, logs
 /// `"<name> failed (<what>); restarting"` and, unless `stopping()` is true by then, runs a new
 /// `make()` after `restart_delay`. A normal return ends it. `log` may be null.
@@ -53,12 +65,13 @@ asio::awaitable<void> supervised(std::string name, Make make, Stopping stopping,
     }
     if (log) log(fmt::format("error: {} failed ({}); restarting", name, describe(failure)));
     if (stopping()) co_return;
-    asio::steady_timer pause(co_await asio::this_coro::executor);
-    pause.expires_after(restart_delay);
-    std::error_code ec;
-    co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await detail::restart_pause();
     if (stopping()) co_return;
   }
 }
 
 }  // namespace doorman::net
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/net/impl/supervise.ipp"
+#endif

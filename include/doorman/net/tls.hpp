@@ -41,6 +41,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <asio/ssl.hpp>
+
+#include "doorman/core/linkage.hpp"
 #endif
 
 namespace doorman::net {
@@ -352,30 +354,8 @@ class stream {
 
   /// The TLS handshake (nothing for plaintext). A client checks that the server's certificate
   /// names `server_name` (also sent as SNI). On success `identity()` names the peer.
-  asio::awaitable<void> handshake(tls_side side, const std::string& server_name,
-                                  std::error_code& ec) {
-    ec = {};
-#ifdef DOORMAN_TLS
-    if (!tls_) co_return;
-    if (side == tls_side::client && !server_name.empty()) {
-      SSL_set_tlsext_host_name(tls_->native_handle(), server_name.c_str());
-      tls_->set_verify_callback(asio::ssl::host_name_verification(server_name));
-    }
-    co_await tls_->async_handshake(
-        side == tls_side::server ? asio::ssl::stream_base::server : asio::ssl::stream_base::client,
-        asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;
-    if (X509* cert = SSL_get1_peer_certificate(tls_->native_handle())) {
-      if (SSL_get_verify_result(tls_->native_handle()) == X509_V_OK)
-        identity_ = detail::identity_of(cert);
-      X509_free(cert);
-    }
-#else
-    (void)side;
-    (void)server_name;
-    co_return;
-#endif
-  }
+  DOORMAN_DECL asio::awaitable<void> handshake(tls_side side, const std::string& server_name,
+                                               std::error_code& ec);
 
   /// `ec` in words, with the certificate check's reason when that is what failed (e.g.
   /// "certificate verify failed: certificate has expired").
@@ -417,3 +397,7 @@ class stream {
 };
 
 }  // namespace doorman::net
+
+#if defined(DOORMAN_HEADER_ONLY)
+#include "doorman/net/impl/tls.ipp"
+#endif

@@ -645,8 +645,7 @@ class basic_node {
     while (!stopping_) {
       config_wake_.expires_after(
           to_duration<clock::duration>(options_.config.poll_interval.count()));
-      std::error_code ec;
-      co_await config_wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await net::wait_on(config_wake_);
       if (stopping_) break;
       const auto got = co_await config_etcd_->get(
           location_.where,

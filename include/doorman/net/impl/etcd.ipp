@@ -1,0 +1,119 @@
+#pragma once
+
+/// \file
+/// The coroutines of net::etcd client, and what spawns them (declared in <doorman/net/etcd.hpp>):
+/// included by that header when header-only, compiled once by <doorman/src.hpp> under
+/// DOORMAN_SEPARATE_COMPILATION
+/// (<doorman/core/linkage.hpp>).
+
+#include "doorman/net/etcd.hpp"
+
+namespace doorman::net {
+
+DOORMAN_DECL asio::awaitable<etcd_result<nlohmann::json>> etcd_client::call(
+    std::string method, nlohmann::json body, clock::time_point deadline) {
+  etcd_result<nlohmann::json> r;
+  const std::string text = body.dump();
+  std::string errors;
+  for (std::size_t tried = 0; tried < endpoints_.size() && clock::now() < deadline; ++tried) {
+    const std::string endpoint = endpoints_[current_];
+    // Leave the other endpoints a share of the time when this one hangs.
+    const auto share = (deadline - clock::now()) / static_cast<int>(endpoints_.size() - tried);
+    // A named copy: GCC 12 destroys a temporary passed by value into a coroutine twice when
+    // it comes from a conditional expression.
+    const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;
+    auto answer = co_await http_post(executor_, endpoint, "/v3/" + method, text,
+                                     clock::now() + share, std::size_t{1} << 20, tls);
+    std::string why = std::move(answer.message);
+    if (!answer.error) {
+      auto a = etcd_decode::read(answer);
+      if (a.value) {
+        r.value = std::move(*a.value);
+        co_return r;
+      }
+      why = std::move(a.why);
+      if (a.final) {
+        r.grpc_code = a.code;
+        r.error = a.code == grpc_not_found ? etcd_errc::not_found : etcd_errc::refused;
+        r.message = fmt::format("{} at {}: {}", method, endpoint, why);
+        co_return r;
+      }
+    }
+    errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", endpoint, why);
+    current_ = (current_ + 1) % endpoints_.size();
+  }
+  if (errors.empty()) {
+    r.error = errc::timed_out;
+    r.message = method + ": deadline passed";
+  } else {
+    r.error = errc::unreachable;
+    r.message = fmt::format("{}: {}", method, errors);
+  }
+  co_return r;
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<etcd_lease>> etcd_client::grant(
+    std::int64_t ttl, clock::time_point deadline) {
+  nlohmann::json body = {{"TTL", ttl}};
+  auto a = co_await call("lease/grant", std::move(body), deadline);
+  if (!a) co_return a.template failure<etcd_lease>();
+  co_return etcd_decode::grant(a.value, ttl);
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<std::int64_t>> etcd_client::keep_alive(
+    std::int64_t id, clock::time_point deadline) {
+  // A stream method: the gateway wraps each answer in "result".
+  nlohmann::json body = {{"ID", std::to_string(id)}};
+  auto a = co_await call("lease/keepalive", std::move(body), deadline);
+  if (!a) co_return a.template failure<std::int64_t>();
+  co_return etcd_decode::keep_alive(a.value);
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<bool>> etcd_client::revoke(std::int64_t id,
+                                                                    clock::time_point deadline) {
+  etcd_result<bool> r;
+  nlohmann::json body = {{"ID", std::to_string(id)}};
+  auto a = co_await call("lease/revoke", std::move(body), deadline);
+  if (!a) co_return a.template failure<bool>();
+  r.value = true;
+  co_return r;
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_absent(
+    std::string key, std::string value, std::int64_t lease, clock::time_point deadline) {
+  const auto k = base64_encode(key);
+  nlohmann::json body = {
+      {"compare",
+       nlohmann::json::array(
+           {{{"key", k}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
+      {"success",
+       nlohmann::json::array(
+           {{{"request_put",
+              {{"key", k}, {"value", base64_encode(value)}, {"lease", std::to_string(lease)}}}}})},
+      {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
+  auto a = co_await call("kv/txn", std::move(body), deadline);
+  if (!a) co_return a.template failure<etcd_claim>();
+  co_return etcd_decode::claim(a.value, std::move(value), lease);
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<std::optional<etcd_kv>>> etcd_client::get(
+    std::string key, clock::time_point deadline) {
+  etcd_result<std::optional<etcd_kv>> r;
+  nlohmann::json body = {{"key", base64_encode(key)}};
+  auto a = co_await call("kv/range", std::move(body), deadline);
+  if (!a) co_return a.template failure<std::optional<etcd_kv>>();
+  r.value = etcd_decode::first_kv(a.value);
+  co_return r;
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<bool>> etcd_client::put(std::string key, std::string value,
+                                                                 clock::time_point deadline) {
+  etcd_result<bool> r;
+  nlohmann::json body = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  auto a = co_await call("kv/put", std::move(body), deadline);
+  if (!a) co_return a.template failure<bool>();
+  r.value = true;
+  co_return r;
+}
+
+}  // namespace doorman::net
