@@ -716,7 +716,8 @@ TEST_CASE("keyed limiter: a limiter per key, idle keys evicted, a flood of keys 
 
 namespace {
 
-using test_rules = doorman::basic_rule_set<fixed_window>;
+using test_rules = doorman::basic_rule_set<
+    doorman::local_algorithm_list<doorman::fixed_window_algorithm<clock_ref>>>;
 
 const char* const rules_text = R"({
   "domain": "api",
@@ -916,6 +917,90 @@ TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rul
   CHECK(problem((R"({"domain": "a", "descriptors": [)" + deep + "]}").c_str())
             .ends_with("nests too deep (at most 8 levels)"));
   CHECK(problem(R"({"domain": "a", "descriptors": []})") == "accepted");
+  CHECK(problem(R"({"domain": "a", "algorithm": "gcra", "descriptors": []})") ==
+        "algorithm: must be one of sliding_window, fixed_window, sliding_log");
+  CHECK(problem(R"({"domain": "a", "algorithm": 7, "descriptors": []})") ==
+        "algorithm: must be a string");
+}
+
+namespace {
+
+// A user's own local algorithm, added without editing the library: a fixed window that
+// admits nothing above half its limit (the name's storage must outlive the program's use).
+inline constexpr doorman::rate_algorithm half_name{"half_window"};
+template <class Clock>
+class half_window_limiter : public doorman::basic_fixed_window_limiter<Clock, 1> {
+ public:
+  using base = doorman::basic_fixed_window_limiter<Clock, 1>;
+  explicit half_window_limiter(doorman::window_limiter_options o, Clock clock = Clock{})
+      : base(halved(o), clock) {}
+
+ private:
+  static doorman::window_limiter_options halved(doorman::window_limiter_options o) {
+    if (o.limit > 0) o.limit = std::floor(o.limit / 2);
+    return o;
+  }
+};
+template <class Clock>
+using half_window = doorman::window_algorithm<half_name, half_window_limiter<Clock>>;
+
+}  // namespace
+
+TEST_CASE("local algorithms are an open list: a user's joins by name, in a limiter and in rules",
+          "[limit][algorithms][rules]") {
+  static_assert(doorman::local_algorithm<doorman::gcra_algorithm>);
+  static_assert(doorman::local_algorithm<doorman::leaky_bucket_algorithm>);
+  static_assert(doorman::local_algorithm<half_window<doorman::coarse_clock>>);
+  static_assert(!doorman::local_rate_limiter<int>);
+
+  SECTION("the built-in names, and a run-time choice among them") {
+    CHECK(doorman::default_local_algorithms::names.size() == 5);
+    CHECK(doorman::rate_algorithm_from("sliding_log") == doorman::rate_algorithm::sliding_log);
+    CHECK_FALSE(doorman::rate_algorithm_from("half_window"));
+    doorman::any_rate_limiter gcra({}, 10);
+    CHECK(gcra.algorithm() == doorman::rate_algorithm::gcra);
+    CHECK(gcra.reserves());
+    doorman::any_rate_limiter log({.algorithm = doorman::rate_algorithm::sliding_log}, 10);
+    CHECK(log.algorithm() == doorman::rate_algorithm::sliding_log);
+    CHECK_FALSE(log.reserves());
+    CHECK_THROWS_AS(doorman::any_rate_limiter({.algorithm = half_name}, 10), std::invalid_argument);
+  }
+  SECTION("a user's algorithm in a run-time limiter") {
+    using mine = doorman::default_local_algorithms::with<half_window<doorman::coarse_clock>>;
+    CHECK(mine::find("half_window") == half_name);
+    doorman::basic_any_rate_limiter<mine> lim(
+        {.algorithm = half_name, .window = std::chrono::seconds(3600)}, 10.0 / 3600);
+    CHECK(lim.algorithm() == half_name);
+    CHECK_FALSE(lim.reserves());
+    int admitted = 0;
+    while (lim.try_acquire(1) && admitted < 100)
+      ++admitted;
+    CHECK(admitted == 5);  // half of 10 per hour
+  }
+  SECTION("a rules domain chooses its algorithm, a user's included") {
+    using list = doorman::rule_algorithms<clock_ref>::with<half_window<clock_ref>>;
+    manual_clock clock;
+    clock.advance(59s);  // one second before a minute's edge
+    auto rules = doorman::basic_rule_set<list>::parse(nlohmann::json::parse(R"([
+      {"domain": "sliding", "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 10}}]},
+      {"domain": "fixed", "algorithm": "fixed_window", "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 10}}]},
+      {"domain": "half", "algorithm": "half_window", "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 10}}]}])"),
+                                                      {}, clock_ref{&clock});
+    const std::vector<doorman::descriptor> k{{{"k", "v"}}};
+    const auto admitted = [&](const char* domain) {
+      int n = 0;
+      while (rules.check(domain, k).code == doorman::rule_code::ok && n < 100)
+        ++n;
+      return n;
+    };
+    CHECK(admitted("sliding") == 10);
+    CHECK(admitted("fixed") == 10);
+    CHECK(admitted("half") == 5);
+    clock.advance(2s);  // past the edge: a fixed window starts again, a sliding one remembers
+    CHECK(admitted("fixed") == 10);
+    CHECK(admitted("sliding") < 3);
+    CHECK(admitted("half") == 5);
+  }
 }
 
 TEST_CASE("rate limiter status: the burst, what is left of it, and when it is whole again",

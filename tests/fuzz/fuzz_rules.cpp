@@ -23,7 +23,8 @@ namespace {
 
 using clock_ref = doorman::manual_clock_ref;
 
-using rules_type = doorman::basic_rule_set<doorman::basic_fixed_window_limiter<clock_ref, 1>>;
+using rules_type = doorman::basic_rule_set<
+    doorman::local_algorithm_list<doorman::fixed_window_algorithm<clock_ref, 1>>>;
 
 // Descriptors from the input's tail: entries "key=value" separated by ';', descriptors by '|'.
 std::vector<doorman::descriptor> descriptors_of(std::string_view s) {

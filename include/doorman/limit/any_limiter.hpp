@@ -15,11 +15,18 @@
 /// - `sliding_window`: counts per sub-window; within one sub-window's count of exact.
 /// - `leaky_bucket`: a shaper; no burst, callers queue (bounded) and leave at the rate.
 
+#include <array>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <stop_token>
+#include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -31,34 +38,31 @@
 
 namespace doorman {
 
-/// The local rate algorithms.
-enum class rate_algorithm { gcra, fixed_window, sliding_log, sliding_window, leaky_bucket };
+/// A local rate algorithm's name, as configurations spell it. The set is open: the built-in
+/// ones are named below, and a user's own algorithm (`local_algorithm`) has its own name.
+struct rate_algorithm {
+  std::string_view name = "gcra";
 
-/// The algorithm's name as configurations spell it: "gcra", "fixed_window", "sliding_log",
-/// "sliding_window", "leaky_bucket".
+  static const rate_algorithm gcra;            ///< a token bucket (the default)
+  static const rate_algorithm fixed_window;    ///< a counter per aligned window
+  static const rate_algorithm sliding_log;     ///< exact over any window
+  static const rate_algorithm sliding_window;  ///< counts per sub-window
+  static const rate_algorithm leaky_bucket;    ///< a shaper with a bounded queue
+
+  friend constexpr bool operator==(rate_algorithm a, rate_algorithm b) noexcept {
+    return a.name == b.name;
+  }
+};
+
+inline constexpr rate_algorithm rate_algorithm::gcra{"gcra"};
+inline constexpr rate_algorithm rate_algorithm::fixed_window{"fixed_window"};
+inline constexpr rate_algorithm rate_algorithm::sliding_log{"sliding_log"};
+inline constexpr rate_algorithm rate_algorithm::sliding_window{"sliding_window"};
+inline constexpr rate_algorithm rate_algorithm::leaky_bucket{"leaky_bucket"};
+
+/// The algorithm's name.
 constexpr std::string_view to_string(rate_algorithm a) noexcept {
-  switch (a) {
-    case rate_algorithm::gcra:
-      return "gcra";
-    case rate_algorithm::fixed_window:
-      return "fixed_window";
-    case rate_algorithm::sliding_log:
-      return "sliding_log";
-    case rate_algorithm::sliding_window:
-      return "sliding_window";
-    case rate_algorithm::leaky_bucket:
-      return "leaky_bucket";
-  }
-  return "gcra";
-}
-
-/// The algorithm named `name`, if any.
-constexpr std::optional<rate_algorithm> rate_algorithm_from(std::string_view name) noexcept {
-  for (auto a : {rate_algorithm::gcra, rate_algorithm::fixed_window, rate_algorithm::sliding_log,
-                 rate_algorithm::sliding_window, rate_algorithm::leaky_bucket}) {
-    if (to_string(a) == name) return a;
-  }
-  return std::nullopt;
+  return a.name;
 }
 
 /// The algorithm and its parameters (each applies to the algorithms it names).
@@ -71,8 +75,139 @@ struct rate_algorithm_options {
   double queue = 10;  ///< leaky_bucket: permits that may wait
 };
 
-class any_rate_limiter {
+/// What a limiter must offer to run behind `basic_any_rate_limiter`: the surface of
+/// `rate_limiter` (`reserve` and `cancel_reservation`, when it serves waits first come, first
+/// served, and `try_again` are optional).
+template <class L>
+concept local_rate_limiter = requires(L& l, const L& cl, double n, std::stop_token stop) {
+  typename L::options_type;
+  requires std::same_as<typename L::acquire_result, basic_acquire_result<coarse_clock::duration>>;
+  { l.try_acquire(n) } -> std::same_as<typename L::acquire_result>;
+  { l.wait(n, stop) } -> std::same_as<bool>;
+  l.set_rate(n);
+  l.set_burst(n);
+  { cl.rate() } -> std::convertible_to<double>;
+  { l.status() } -> std::same_as<limit_status>;
+  { cl.attempted() } -> std::convertible_to<double>;
+  { cl.refused() } -> std::convertible_to<std::uint64_t>;
+  { cl.delayed() } -> std::convertible_to<std::uint64_t>;
+};
+
+/// A local rate algorithm: its `name`, its `limiter`, and the limiter's options for a rate
+/// (permits per second; < 0 unlimited, 0 blocked) and the user's options.
+///
+///     struct my_algorithm {
+///       static constexpr std::string_view name = "my_algorithm";
+///       using limiter = my_limiter;  // a local_rate_limiter
+///       static my_limiter::options_type options(const doorman::rate_algorithm_options&, double);
+///     };
+template <class A>
+concept local_algorithm = local_rate_limiter<typename A::limiter> &&
+    requires(const rate_algorithm_options& o, double rate) {
+  { A::name } -> std::convertible_to<std::string_view>;
+  { A::options(o, rate) } -> std::convertible_to<typename A::limiter::options_type>;
+};
+
+/// The window algorithms' options: the window's limit follows the rate (rate × window).
+[[nodiscard]] inline window_limiter_options window_options(const rate_algorithm_options& o,
+                                                           double rate) noexcept {
+  return {.limit = rate > 0 ? rate * std::chrono::duration<double>(o.window).count() : rate,
+          .window = o.window,
+          .sub_windows = o.sub_windows,
+          .max_log_entries = o.max_log_entries};
+}
+
+/// `gcra`: `rate_limiter`.
+struct gcra_algorithm {
+  static constexpr std::string_view name = rate_algorithm::gcra.name;
+  using limiter = rate_limiter;
+  static rate_limiter_options options(const rate_algorithm_options& o, double rate) noexcept {
+    return {.rate = rate, .burst = o.burst};
+  }
+};
+
+/// A window algorithm (`fixed_window`, `sliding_log`, `sliding_window`) on `Limiter`.
+template <const rate_algorithm& Name, class Limiter>
+struct window_algorithm {
+  static constexpr std::string_view name = Name.name;
+  using limiter = Limiter;
+  static window_limiter_options options(const rate_algorithm_options& o, double rate) noexcept {
+    return window_options(o, rate);
+  }
+};
+
+/// `leaky_bucket`: `leaky_bucket_limiter`.
+struct leaky_bucket_algorithm {
+  static constexpr std::string_view name = rate_algorithm::leaky_bucket.name;
+  using limiter = leaky_bucket_limiter;
+  static leaky_bucket_options options(const rate_algorithm_options& o, double rate) noexcept {
+    return {.rate = rate, .queue = o.queue};
+  }
+};
+
+template <class Clock = coarse_clock, std::size_t Stripes = 16>
+using fixed_window_algorithm =
+    window_algorithm<rate_algorithm::fixed_window, basic_fixed_window_limiter<Clock, Stripes>>;
+template <class Clock = coarse_clock, std::size_t Stripes = 16>
+using sliding_log_algorithm =
+    window_algorithm<rate_algorithm::sliding_log, basic_sliding_log_limiter<Clock, Stripes>>;
+template <class Clock = coarse_clock, std::size_t Stripes = 16>
+using sliding_window_algorithm =
+    window_algorithm<rate_algorithm::sliding_window, basic_sliding_window_limiter<Clock, Stripes>>;
+
+/// A list of local algorithms, chosen at run time by name, like `algorithm_list` for the
+/// server's: `default_local_algorithms::with<my_algorithm>` adds one without editing doorman.
+template <class... Algorithms>
+struct local_algorithm_list {
+  using variant = std::variant<typename Algorithms::limiter...>;
+
+  /// Every name, in order.
+  static constexpr std::array<std::string_view, sizeof...(Algorithms)> names = {
+      Algorithms::name...};
+
+  /// This list with more algorithms appended.
+  template <class... More>
+  using with = local_algorithm_list<Algorithms..., More...>;
+
+  /// The algorithm named `name` (with the name's storage, which lives as long as the program).
+  [[nodiscard]] static constexpr std::optional<rate_algorithm> find(
+      std::string_view name) noexcept {
+    for (const auto n : names) {
+      if (n == name) return rate_algorithm{n};
+    }
+    return std::nullopt;
+  }
+
+  /// The position of `name` in the list, if it is there.
+  [[nodiscard]] static constexpr std::optional<std::size_t> index_of(
+      std::string_view name) noexcept {
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == name) return i;
+    }
+    return std::nullopt;
+  }
+};
+
+/// The five built-in algorithms.
+using default_local_algorithms =
+    local_algorithm_list<gcra_algorithm, fixed_window_algorithm<>, sliding_log_algorithm<>,
+                         sliding_window_algorithm<>, leaky_bucket_algorithm>;
+
+/// The built-in algorithm named `name`, if any.
+constexpr std::optional<rate_algorithm> rate_algorithm_from(std::string_view name) noexcept {
+  return default_local_algorithms::find(name);
+}
+
+/// A rate limiter whose algorithm, one of `List`'s, is chosen at run time by name: what a
+/// `rate_resource` holds (`any_rate_limiter`, the built-in list), so that any local algorithm
+/// can enforce a lease. Throws `std::invalid_argument` for a name not in the list.
+template <class List>
+class basic_any_rate_limiter;
+
+template <local_algorithm... Algorithms>
+class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
  public:
+  using list = local_algorithm_list<Algorithms...>;
   using clock_type = coarse_clock;
   using duration = coarse_clock::duration;
   using time_point = coarse_clock::time_point;
@@ -80,13 +215,15 @@ class any_rate_limiter {
 
   /// A limiter running `options.algorithm` at `rate` permits per second (< 0 unlimited, 0
   /// blocked).
-  explicit any_rate_limiter(const rate_algorithm_options& options = {}, double rate = -1)
-      : algorithm_(options.algorithm), impl_(make(options, rate)) {}
+  explicit basic_any_rate_limiter(const rate_algorithm_options& options = {}, double rate = -1)
+      : impl_(make<0>(checked(options.algorithm), options, rate)) {}
 
-  any_rate_limiter(const any_rate_limiter&) = delete;
-  any_rate_limiter& operator=(const any_rate_limiter&) = delete;
+  basic_any_rate_limiter(const basic_any_rate_limiter&) = delete;
+  basic_any_rate_limiter& operator=(const basic_any_rate_limiter&) = delete;
 
-  [[nodiscard]] rate_algorithm algorithm() const noexcept { return algorithm_; }
+  [[nodiscard]] rate_algorithm algorithm() const noexcept {
+    return rate_algorithm{list::names[impl_.index()]};
+  }
 
   acquire_result try_acquire(double n = 1) noexcept {
     return std::visit([n](auto& l) { return l.try_acquire(n); }, impl_);
@@ -134,7 +271,13 @@ class any_rate_limiter {
   /// Whether waits are served first come, first served through reservations (`gcra` and
   /// `leaky_bucket`); the others are retried when their refusal says.
   [[nodiscard]] bool reserves() const noexcept {
-    return algorithm_ == rate_algorithm::gcra || algorithm_ == rate_algorithm::leaky_bucket;
+    return std::visit(
+        [](const auto& l) {
+          return requires(std::remove_cvref_t<decltype(l)> & m, double n) {
+            m.reserve(n);
+          };
+        },
+        impl_);
   }
   /// With `reserves()`: see `rate_limiter::reserve` and `leaky_bucket_limiter::reserve`. Otherwise
   /// `time_point::max()`.
@@ -168,33 +311,28 @@ class any_rate_limiter {
   }
 
  private:
-  using variant = std::variant<rate_limiter, fixed_window_limiter, sliding_log_limiter,
-                               sliding_window_limiter, leaky_bucket_limiter>;
+  using variant = typename list::variant;
 
-  static variant make(const rate_algorithm_options& o, double rate) {
-    const window_limiter_options w{
-        .limit = rate > 0 ? rate * std::chrono::duration<double>(o.window).count() : rate,
-        .window = o.window,
-        .sub_windows = o.sub_windows,
-        .max_log_entries = o.max_log_entries};
-    switch (o.algorithm) {
-      case rate_algorithm::fixed_window:
-        return variant(std::in_place_index<1>, w);
-      case rate_algorithm::sliding_log:
-        return variant(std::in_place_index<2>, w);
-      case rate_algorithm::sliding_window:
-        return variant(std::in_place_index<3>, w);
-      case rate_algorithm::leaky_bucket:
-        return variant(std::in_place_index<4>,
-                       leaky_bucket_options{.rate = rate, .queue = o.queue});
-      case rate_algorithm::gcra:
-        break;
-    }
-    return variant(std::in_place_index<0>, rate_limiter_options{.rate = rate, .burst = o.burst});
+  static std::size_t checked(rate_algorithm a) {
+    const auto i = list::index_of(a.name);
+    if (!i) throw std::invalid_argument("unknown local rate algorithm: " + std::string(a.name));
+    return *i;
   }
 
-  const rate_algorithm algorithm_;
+  // The limiter at `index`, built in place (limiters neither copy nor move).
+  template <std::size_t I>
+  static variant make(std::size_t index, const rate_algorithm_options& o, double rate) {
+    using A = std::tuple_element_t<I, std::tuple<Algorithms...>>;
+    if constexpr (I + 1 < sizeof...(Algorithms)) {
+      if (index != I) return make<I + 1>(index, o, rate);
+    }
+    return variant(std::in_place_index<I>, A::options(o, rate));
+  }
+
   variant impl_;
 };
+
+/// The built-in algorithms' run-time choice.
+using any_rate_limiter = basic_any_rate_limiter<default_local_algorithms>;
 
 }  // namespace doorman

@@ -27,7 +27,10 @@
 /// key, `<domain>/<key>=<value>/...` with the entries of the rule's path, each key and value
 /// cut to its first 256 bytes and escaped (`append_escaped`: `/`, `=`, `%`, glob bytes and
 /// bytes outside printable ASCII as `%XX`), so distinct descriptors never share a count. The
-/// keys are held by a `keyed_limiter` (bounded memory). A key of at most 256 bytes is a Doorman
+/// keys are held by a `keyed_limiter` (bounded memory) of the domain's `algorithm`: one of the
+/// window algorithms of the set's list, `sliding_window` (6 sub-windows) by default, or
+/// `fixed_window` or `sliding_log`; a user's own window algorithm joins the list with
+/// `rule_algorithms<>::with<mine>`. A key of at most 256 bytes is a Doorman
 /// resource id matching the rule's path, so a rule can be made global across a fleet by giving
 /// each key a `rate_resource` (see `keyed_rate_resource`).
 
@@ -42,13 +45,16 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/config.hpp"
 #include "doorman/core/json_reader.hpp"
+#include "doorman/limit/any_limiter.hpp"
 #include "doorman/limit/keyed_limiter.hpp"
 #include "doorman/limit/limiter_base.hpp"
 #include "doorman/limit/window_limiter.hpp"
@@ -147,11 +153,34 @@ struct rule_limits {
   static constexpr std::size_t max_key_bytes = 256;
 };
 
-/// Compiled rules, counting with `Limiter` (a window limiter) per request key.
-template <class Limiter = compact_sliding_window_limiter>
-class basic_rule_set {
+/// The window algorithms a rules domain may choose by name (`"algorithm"`), the first one the
+/// default: the compact limiters (one demand counter: a key costs 88–240 bytes).
+template <class Clock = coarse_clock>
+using rule_algorithms =
+    local_algorithm_list<sliding_window_algorithm<Clock, 1>, fixed_window_algorithm<Clock, 1>,
+                         sliding_log_algorithm<Clock, 1>>;
+
+/// Compiled rules, counting per request key with the domain's algorithm, one of `List`'s
+/// (window limiters on one clock, built from `window_limiter_options`).
+template <class List = rule_algorithms<>>
+class basic_rule_set;
+
+template <local_algorithm... Algorithms>
+class basic_rule_set<local_algorithm_list<Algorithms...>> {
+  using first = std::tuple_element_t<0, std::tuple<Algorithms...>>;
+  static_assert((std::same_as<typename Algorithms::limiter::options_type, window_limiter_options> &&
+                 ...),
+                "a rules algorithm is a window limiter, built from window_limiter_options");
+  static_assert((std::same_as<typename Algorithms::limiter::clock_type,
+                              typename first::limiter::clock_type> &&
+                 ...),
+                "a rules algorithm list runs on one clock");
+
  public:
-  using clock_type = typename Limiter::clock_type;
+  using list = local_algorithm_list<Algorithms...>;
+  using clock_type = typename first::limiter::clock_type;
+  /// One rule's counts, a limiter per request key, of its domain's algorithm.
+  using counters = std::variant<std::shared_ptr<keyed_limiter<typename Algorithms::limiter>>...>;
 
   /// One rule (a node of the descriptor tree).
   struct rule {
@@ -165,7 +194,7 @@ class basic_rule_set {
     std::chrono::nanoseconds max_delay{std::chrono::seconds(1)};  // elastic
     std::string path;  // "<domain>/<key>=<value or *>/..."
     std::vector<rule> children;
-    std::shared_ptr<keyed_limiter<Limiter>> limiters;
+    counters limiters;
     std::shared_ptr<std::atomic<std::uint64_t>> shadow_count;
   };
 
@@ -234,16 +263,24 @@ class basic_rule_set {
     std::string name;
     std::string escaped;  // as a request key begins
     std::vector<rule> rules;
+    std::size_t algorithm = 0;  // in `list`
   };
 
   basic_rule_set(options o, clock_type clock) : options_(o), clock_(clock) {}
 
   void read_domain(const nlohmann::json& j, const std::string& path, std::size_t& count) {
     detail::json_reader r(j, path);
-    r.only({"domain", "descriptors"});
+    r.only({"domain", "algorithm", "descriptors"});
     domain_rules d;
     if (r.string("domain", d.name) && (d.name.empty() || d.name.size() > 256))
       r.fail("domain", "must be a string of 1 to 256 bytes");
+    std::string algorithm(first::name);
+    if (r.string("algorithm", algorithm, false)) {
+      const auto i = list::index_of(algorithm);
+      if (!i) r.fail("algorithm", "must be one of " + algorithm_names());
+      d.algorithm = i.value_or(0);
+    }
+    algorithm_ = d.algorithm;
     for (const auto& other : domains_) {
       if (!r.error() && other.name == d.name) r.fail("domain", "is already defined");
     }
@@ -334,7 +371,14 @@ class basic_rule_set {
     r.absorb(lr.error());
   }
 
-  std::shared_ptr<keyed_limiter<Limiter>> make_limiters(const rule& x) const {
+  static std::string algorithm_names() {
+    std::string out;
+    for (const auto n : list::names)
+      out += (out.empty() ? "" : ", ") + std::string(n);
+    return out;
+  }
+
+  counters make_limiters(const rule& x) const {
     // A soft rule counts up to its overage; the verdict reports what is over the limit.
     const double limit = x.mode == rule_mode::soft
                              ? std::floor(x.requests_per_unit * (1 + x.overage))
@@ -342,10 +386,19 @@ class basic_rule_set {
     // A key is cut per value (append_entry), never as a whole.
     keyed_limiter_options keys = options_.keys;
     keys.max_key_bytes = std::numeric_limits<std::size_t>::max();
-    return std::make_shared<keyed_limiter<Limiter>>(
+    return make_counters<0>(
         window_limiter_options{
             .limit = limit, .window = x.unit, .sub_windows = options_.sub_windows},
-        keys, clock_);
+        keys);
+  }
+
+  template <std::size_t I>
+  counters make_counters(const window_limiter_options& w, const keyed_limiter_options& keys) const {
+    if constexpr (I + 1 < sizeof...(Algorithms)) {
+      if (algorithm_ != I) return make_counters<I + 1>(w, keys);
+    }
+    using L = typename std::tuple_element_t<I, std::tuple<Algorithms...>>::limiter;
+    return counters(std::in_place_index<I>, std::make_shared<keyed_limiter<L>>(w, keys, clock_));
   }
 
   // The rule `desc` matches, extending `key` with its path; null when an entry matched none.
@@ -381,9 +434,13 @@ class basic_rule_set {
   }
 
   void apply(const rule& r, const std::string& key, double n, rule_verdict& v) {
-    const auto limiter = r.limiters->get(key);
-    const auto result = limiter->try_acquire(n);
-    const limit_status s = limiter->status();
+    const auto [result, s] = std::visit(
+        [&](const auto& counts) {
+          const auto limiter = counts->get(key);
+          const auto admitted = limiter->try_acquire(n);
+          return std::pair(admitted, limiter->status());
+        },
+        r.limiters);
     const double over = r.mode == rule_mode::soft ? s.limit - r.requests_per_unit : 0;
     rule_code code = rule_code::ok;
     if (!result) {
@@ -429,6 +486,7 @@ class basic_rule_set {
 
   options options_;
   [[no_unique_address]] clock_type clock_;
+  std::size_t algorithm_ = 0;  // of the domain being read
   std::vector<domain_rules> domains_;
   std::shared_ptr<std::atomic<std::uint64_t>> shadow_total_ =
       std::make_shared<std::atomic<std::uint64_t>>(0);
