@@ -209,3 +209,59 @@ TEST_CASE("each invalid configuration gives an error naming the field", "[core][
       "resources[0].identifier_glob: the last template must have identifier_glob \"*\" so "
       "that every resource id resolves");
 }
+
+TEST_CASE(
+    "config follower: reads on time, applies each new version once, keeps the old on "
+    "failure, rejection or deletion",
+    "[config][follower]") {
+  using namespace std::chrono_literals;
+  manual_clock clock;
+  doorman::config_follower<manual_clock::time_point> f("etcd:/c", doorman::seconds(1), 7,
+                                                       clock.now());
+  CHECK(f.next_read() == clock.now() + 1s);
+
+  // The version in use: nothing to do, nothing said.
+  clock.advance(1s);
+  CHECK_FALSE(f.read(clock.now(), 7).apply);
+  CHECK(f.take_log().empty());
+  CHECK(f.next_read() == clock.now() + 1s);
+
+  // A new version: applied once, accepted.
+  clock.advance(1s);
+  REQUIRE(f.read(clock.now(), 9).apply);
+  CHECK(f.applied(std::nullopt));
+  CHECK(f.take_log() == std::vector<std::string>{"configuration etcd:/c revision 9 accepted"});
+  CHECK_FALSE(f.read(clock.now(), 9).apply);
+
+  // A bad version: rejected once, never retried, the old one kept.
+  REQUIRE(f.read(clock.now(), 10).apply);
+  CHECK_FALSE(f.applied("resources[0].capacity: must be a number"));
+  CHECK(f.take_log() == std::vector<std::string>{
+                            "warning: configuration etcd:/c revision 10 rejected, keeping the old "
+                            "one: resources[0].capacity: must be a number"});
+  CHECK_FALSE(f.read(clock.now(), 10).apply);
+  CHECK(f.take_log().empty());
+
+  // Failures: the first is said, the next are not; the recovery is said.
+  f.failed(clock.now(), "no etcd member answered");
+  f.failed(clock.now(), "no etcd member answered");
+  CHECK(f.failing());
+  CHECK(f.next_read() == clock.now() + 1s);
+  CHECK(f.take_log() == std::vector<std::string>{"warning: configuration etcd:/c: cannot read "
+                                                 "(no etcd member answered); keeping the "
+                                                 "current one"});
+  CHECK_FALSE(f.read(clock.now(), 10).apply);
+  CHECK(f.take_log() == std::vector<std::string>{"configuration etcd:/c: readable again"});
+
+  // Deleted: said once, the configuration kept; the key back, even at a version seen, applies.
+  CHECK_FALSE(f.read(clock.now(), std::nullopt).apply);
+  CHECK_FALSE(f.read(clock.now(), std::nullopt).apply);
+  CHECK(f.take_log() == std::vector<std::string>{
+                            "warning: configuration etcd:/c deleted; keeping the current one"});
+  CHECK(f.read(clock.now(), 10).apply);
+
+  // A reload wakes it at once.
+  clock.advance(300ms);
+  f.wake(clock.now());
+  CHECK(f.next_read() == clock.now());
+}

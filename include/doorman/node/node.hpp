@@ -30,6 +30,7 @@
 #include <asio.hpp>
 #include <nlohmann/json.hpp>
 
+#include "doorman/core/config_follower.hpp"
 #include "doorman/core/engine.hpp"
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
@@ -190,6 +191,7 @@ class basic_node {
           log("warning: no configuration source to reload");
           return;
         case config_location::kind::etcd:
+          if (config_follower_) config_follower_->wake(clock::now());
           config_wake_.cancel();
           return;
         case config_location::kind::file:
@@ -630,6 +632,8 @@ class basic_node {
 
   void start_config_poll() {
     config_etcd_.emplace(strand_, options_.config.etcd_endpoints, options_.config.etcd_tls);
+    config_follower_.emplace(location_.name(), options_.config.poll_interval, config_revision_,
+                             clock::now());
     asio::co_spawn(strand_,
                    net::supervised(
                        "etcd configuration poll", [this] { return follow_etcd_config(); },
@@ -637,52 +641,32 @@ class basic_node {
                    asio::detached);
   }
 
-  // Polls the etcd key and applies each new valid revision; an invalid one is logged and the
-  // old configuration kept. `reload_config()` cuts a wait short.
+  // Drives the follower (core/config_follower.hpp) over the etcd key: reads when it says,
+  // applies what it says to. `reload_config()` wakes it.
   asio::awaitable<void> follow_etcd_config() {
-    const std::string name = location_.name();
-    bool failing = false;
+    auto& f = *config_follower_;
     while (!stopping_) {
-      config_wake_.expires_after(
-          to_duration<clock::duration>(options_.config.poll_interval.count()));
+      config_wake_.expires_at(f.next_read());
       co_await net::wait_on(config_wake_);
       if (stopping_) break;
+      if (clock::now() < f.next_read()) continue;
       const auto got = co_await config_etcd_->get(
           location_.where,
           clock::now() + to_duration<clock::duration>(options_.config.etcd_timeout.count()));
       if (!got) {
-        if (!failing) {
-          log(fmt::format("warning: configuration {}: cannot read ({}); keeping the current one",
-                          name, got.message));
+        f.failed(clock::now(), got.message);
+      } else if (const auto& kv = got.value;
+                 f.read(clock::now(), kv ? std::optional(kv->mod_revision) : std::nullopt).apply) {
+        std::optional<std::string> rejected;
+        try {
+          engine_.set_config(parse_config_text(options_.config, kv->value, location_.name()));
+        } catch (const std::exception& e) {
+          rejected = e.what();
         }
-        failing = true;
-        continue;
+        count_reload(f.applied(rejected));
       }
-      if (failing) log(fmt::format("configuration {}: readable again", name));
-      failing = false;
-      apply_etcd_config(got.value);
-    }
-  }
-
-  void apply_etcd_config(const std::optional<net::etcd_kv>& kv) {
-    const std::string name = location_.name();
-    if (!kv) {
-      if (config_revision_ != -1) {
-        log(fmt::format("warning: configuration {} deleted; keeping the current one", name));
-      }
-      config_revision_ = -1;
-      return;
-    }
-    if (kv->mod_revision == config_revision_) return;
-    config_revision_ = kv->mod_revision;
-    try {
-      engine_.set_config(parse_config_text(options_.config, kv->value, name));
-      count_reload(true);
-      log(fmt::format("configuration {} revision {} accepted", name, config_revision_));
-    } catch (const std::exception& e) {
-      count_reload(false);
-      log(fmt::format("warning: configuration {} revision {} rejected, keeping the old one: {}",
-                      name, config_revision_, e.what()));
+      for (const auto& line : f.take_log())
+        log(line);
     }
   }
 
@@ -712,7 +696,8 @@ class basic_node {
   std::optional<clock::time_point> parent_success_;
   asio::steady_timer config_wake_;
   std::optional<net::etcd_client> config_etcd_;
-  std::int64_t config_revision_ = 0;
+  std::int64_t config_revision_ = 0;  // of the configuration read at the start
+  std::optional<config_follower<clock::time_point>> config_follower_;
   bool stopping_ = false;
 };
 
