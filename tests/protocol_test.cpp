@@ -94,6 +94,49 @@ TEST_CASE("messages round-trip through JSON", "[protocol]") {
                   doorman::protocol_error);
 }
 
+namespace {
+
+// What the hot path writes for `v` against what the DOM writes, and what decode reads back.
+template <class Message>
+void check_one_description(const Message& v) {
+  std::string hot;
+  doorman::detail::write_fields(hot, v);
+  CHECK(hot == doorman::to_line(json(v)));
+  if constexpr (requires(Message & m) { doorman::decode(json(v), m); }) {
+    Message back;
+    REQUIRE_FALSE(doorman::decode(json(v), back));
+    CHECK(json(back) == json(v));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "each described message: the hot writer writes what to_json writes, decode reads it "
+    "back",
+    "[protocol][hot]") {
+  const doorman::algorithm_config alg{"FAIR_SHARE", doorman::seconds(60), doorman::seconds(16),
+                                      doorman::seconds(30), json{{"x", 1}}};
+  check_one_description(doorman::lease_info{1.5, -0.25, 16});
+  check_one_description(doorman::mastership_info{false, std::nullopt});  // "master": null
+  check_one_description(doorman::mastership_info{true, "10.0.0.7:7700"});
+  check_one_description(doorman::capacity_request{
+      "c\"1", {{"db", 2, 12.5, doorman::lease_info{10, 30.5, 16}}, {"x", 0, 3, std::nullopt}}});
+  check_one_description(doorman::server_capacity_request{
+      "leaf", {{"db", std::nullopt, 7, {{0, 3, 40}, {1, 1, 1e-7}}}, {"e", {}, 0, {}}}});
+  check_one_description(doorman::capacity_response{{{"db", {12.5, 59.98, 16}, -1}}, {}});
+  check_one_description(doorman::capacity_response{{}, {true, "m:1"}});
+  check_one_description(
+      doorman::server_capacity_response{{{"db", {40, 59, 8}, 10, alg}}, {true, "root:7700"}});
+  check_one_description(doorman::discovery_response{{true, "m:1"}});
+  check_one_description(doorman::release_response{{false, "m:1"}});
+  // The required fields, as a mask of their positions in the description.
+  STATIC_REQUIRE(doorman::detail::required_fields<doorman::resource_request>() == 0b0101);
+  STATIC_REQUIRE(doorman::detail::required_fields<doorman::priority_band>() == 0b110);
+  STATIC_REQUIRE(doorman::detail::fields_by_name<doorman::server_resource_grant>() ==
+                 std::array<std::size_t, 4>{3, 1, 0, 2});
+}
+
 TEST_CASE("a server grant carries its algorithm, which is checked when decoded", "[protocol]") {
   doorman::algorithm_config alg{"FAIR_SHARE", doorman::seconds(60), doorman::seconds(16),
                                 doorman::seconds(30), json{{"x", 1}}};

@@ -6,6 +6,7 @@
 /// the engine validates again, so that an embedding that calls it directly is as safe.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -180,6 +182,175 @@ struct status_response {
   std::vector<lease_status> leases;        ///< only when a resource_id was asked for
   std::optional<std::size_t> lease_count;  ///< all the resource's leases (with a resource_id)
 };
+
+// ---- the wire description ------------------------------------------------------------------
+
+/// Whether a field of a wire message must be present. An optional field may also be `null`,
+/// which reads as absent; an absent `std::optional` member is left out when written, unless the
+/// field says `null_when_absent`.
+enum class presence { required, optional, null_when_absent };
+
+/// One field of a wire message: its name on the wire, the member it is, whether it must be
+/// present and, for an array, how many elements it may hold.
+template <class T, class M>
+struct wire_field {
+  using message_type = T;
+  using member_type = M;
+  const char* name;
+  M T::*member;
+  presence when = presence::required;
+  std::size_t max_elements = request_limits::max_resources;
+};
+
+template <class T, class M>
+constexpr wire_field<T, M> field(const char* name, M T::*member,
+                                 presence when = presence::required) noexcept {
+  return {name, member, when, request_limits::max_resources};
+}
+
+/// The fields of a wire message, specialised once per message (below): its JSON decoding (with
+/// errors naming the field), `to_json`, and the hot path's streaming reader and writer all
+/// follow this one list, so a field is added in one place (plus its tests). Fields are listed in
+/// the order they are checked (the first problem is the one a request is told about); writers
+/// sort them by name, as nlohmann/json does.
+template <class T>
+struct wire_message;
+
+/// A message with a wire description.
+template <class T>
+concept described_message = requires {
+  wire_message<T>::fields;
+};
+
+template <>
+struct wire_message<lease_info> {
+  static constexpr auto fields = std::tuple{
+      field("capacity", &lease_info::capacity), field("expires_in", &lease_info::expires_in),
+      field("refresh_interval", &lease_info::refresh_interval)};
+};
+
+template <>
+struct wire_message<mastership_info> {
+  static constexpr auto fields =
+      std::tuple{field("is_master", &mastership_info::is_master),
+                 field("master", &mastership_info::master, presence::null_when_absent)};
+};
+
+template <>
+struct wire_message<resource_request> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &resource_request::resource_id),
+                 field("priority", &resource_request::priority, presence::optional),
+                 field("wants", &resource_request::wants),
+                 field("has", &resource_request::has, presence::optional)};
+};
+
+template <>
+struct wire_message<capacity_request> {
+  static constexpr auto fields = std::tuple{field("client_id", &capacity_request::client_id),
+                                            field("resources", &capacity_request::resources)};
+};
+
+template <>
+struct wire_message<priority_band> {
+  static constexpr auto fields = std::tuple{
+      field("priority", &priority_band::priority, presence::optional),
+      field("num_clients", &priority_band::num_clients), field("wants", &priority_band::wants)};
+};
+
+template <>
+struct wire_message<server_resource_request> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &server_resource_request::resource_id),
+                 field("outstanding", &server_resource_request::outstanding, presence::optional),
+                 field("has", &server_resource_request::has, presence::optional),
+                 field("wants", &server_resource_request::wants)};
+};
+
+template <>
+struct wire_message<server_capacity_request> {
+  static constexpr auto fields =
+      std::tuple{field("server_id", &server_capacity_request::server_id),
+                 field("resources", &server_capacity_request::resources)};
+};
+
+template <>
+struct wire_message<resource_grant> {
+  static constexpr auto fields = std::tuple{
+      field("resource_id", &resource_grant::resource_id), field("gets", &resource_grant::gets),
+      field("safe_capacity", &resource_grant::safe_capacity, presence::optional)};
+};
+
+template <>
+struct wire_message<capacity_response> {
+  static constexpr auto fields = std::tuple{field("mastership", &capacity_response::mastership),
+                                            field("resources", &capacity_response::resources)};
+};
+
+template <>
+struct wire_message<server_resource_grant> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &server_resource_grant::resource_id),
+                 field("gets", &server_resource_grant::gets),
+                 field("safe_capacity", &server_resource_grant::safe_capacity, presence::optional),
+                 field("algorithm", &server_resource_grant::algorithm)};
+};
+
+template <>
+struct wire_message<server_capacity_response> {
+  static constexpr auto fields =
+      std::tuple{field("mastership", &server_capacity_response::mastership),
+                 field("resources", &server_capacity_response::resources)};
+};
+
+template <>
+struct wire_message<release_response> {
+  static constexpr auto fields = std::tuple{field("mastership", &release_response::mastership)};
+};
+
+template <>
+struct wire_message<discovery_response> {
+  static constexpr auto fields = std::tuple{field("mastership", &discovery_response::mastership)};
+};
+
+namespace detail {
+
+/// Calls `f(std::integral_constant<std::size_t, I>{}, field_I)` for each field of `T`, in order.
+template <described_message T, class F>
+constexpr void for_each_field(F&& f) {
+  constexpr auto& fields = wire_message<T>::fields;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (f(std::integral_constant<std::size_t, I>{}, std::get<I>(fields)), ...);
+  }
+  (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(fields)>>>{});
+}
+
+/// The fields of `T` that must be present, as a mask of their positions.
+template <described_message T>
+constexpr unsigned required_fields() {
+  unsigned mask = 0;
+  for_each_field<T>([&](auto i, const auto& f) {
+    if (f.when == presence::required) mask |= 1u << i();
+  });
+  return mask;
+}
+
+/// The positions of `T`'s fields sorted by name (the order nlohmann/json writes an object in).
+template <described_message T>
+constexpr auto fields_by_name() {
+  constexpr auto& fields = wire_message<T>::fields;
+  constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<decltype(fields)>>;
+  std::array<std::string_view, n> names{};
+  for_each_field<T>([&](auto i, const auto& f) { names[i()] = f.name; });
+  std::array<std::size_t, n> order{};
+  for (std::size_t i = 0; i < n; ++i)
+    order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return names[a] < names[b]; });
+  return order;
+}
+
+}  // namespace detail
 
 namespace detail {
 

@@ -14,11 +14,13 @@
 /// that decodes requests without handing them to an engine calls `validate` itself.
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,75 +45,108 @@ using json = nlohmann::json;
 // The one JSON reader (doorman/core/json_reader.hpp); requests and answers are read with it.
 using field_reader = json_reader;
 
-inline std::optional<request_error> decode_lease(const json& j, const std::string& path,
-                                                 lease_info& out) {
-  field_reader r(j, path);
-  r.number("capacity", out.capacity);
-  r.number("expires_in", out.expires_in);
-  r.number("refresh_interval", out.refresh_interval);
-  return r.error();
-}
+template <class M>
+inline constexpr bool is_optional_v = false;
+template <class M>
+inline constexpr bool is_optional_v<std::optional<M>> = true;
+template <class M>
+inline constexpr bool is_vector_v = false;
+template <class M>
+inline constexpr bool is_vector_v<std::vector<M>> = true;
 
-// An optional lease object (`has`).
-inline void read_lease(field_reader& r, const char* key, std::optional<lease_info>& out) {
-  if (const json* v = r.object(key, false)) {
-    lease_info l;
-    r.absorb(decode_lease(*v, r.at(key), l));
-    out = l;
+template <described_message T>
+std::optional<request_error> decode_fields(const json& j, const std::string& path, T& out);
+
+// Reads field `f` into `out` (its member), as the field's type and presence say.
+template <class F, class M>
+void decode_field(field_reader& r, const F& f, M& out) {
+  const bool required = f.when == presence::required;
+  if constexpr (std::is_same_v<M, std::string>) {
+    r.string(f.name, out, required);
+  } else if constexpr (std::is_same_v<M, double>) {
+    r.number(f.name, out, required);
+  } else if constexpr (std::is_same_v<M, std::int64_t>) {
+    r.integer(f.name, out, required);
+  } else if constexpr (std::is_same_v<M, bool>) {
+    r.boolean(f.name, out, required);
+  } else if constexpr (std::is_same_v<M, std::optional<std::string>>) {
+    std::string v;
+    if (r.string(f.name, v, required)) out = std::move(v);
+  } else if constexpr (std::is_same_v<M, algorithm_config>) {
+    // As the configuration reads it, except that the kind is only checked to be a non-empty
+    // string: the engine that adopts it checks it knows the kind.
+    read_algorithm(r, f.name, out, {}, false);
+  } else if constexpr (is_vector_v<M>) {
+    r.array(
+        f.name,
+        [&](const json& e, const std::string& path) {
+          typename M::value_type x;
+          r.absorb(decode_fields(e, path, x));
+          out.push_back(std::move(x));
+        },
+        f.max_elements, required);
+  } else if constexpr (is_optional_v<M>) {
+    if (const json* v = r.object(f.name, required)) {
+      typename M::value_type x;
+      r.absorb(decode_fields(*v, r.at(f.name), x));
+      out = std::move(x);
+    }
+  } else {
+    if (const json* v = r.object(f.name, required)) r.absorb(decode_fields(*v, r.at(f.name), out));
   }
 }
 
-inline std::optional<request_error> decode_mastership(const json& j, const std::string& path,
-                                                      mastership_info& out) {
+/// Reads a described message (core/messages.hpp's `wire_message`) at `path`, field by field in
+/// the description's order; the first problem, naming its field.
+template <described_message T>
+std::optional<request_error> decode_fields(const json& j, const std::string& path, T& out) {
   field_reader r(j, path);
-  r.boolean("is_master", out.is_master);
-  std::string master;
-  if (r.string("master", master, false)) out.master = std::move(master);
+  for_each_field<T>([&](auto, const auto& f) { decode_field(r, f, out.*(f.member)); });
   return r.error();
 }
 
 }  // namespace detail
 
-// ---- lease and mastership ----------------------------------------------------------------
+// ---- every described message ---------------------------------------------------------------
 
-inline void to_json(nlohmann::json& j, const lease_info& l) {
-  j = {{"capacity", l.capacity},
-       {"expires_in", l.expires_in},
-       {"refresh_interval", l.refresh_interval}};
+/// The JSON form of a described message: its fields by name; an absent optional left out, or
+/// `null` when the field says `null_when_absent`.
+template <described_message T>
+void to_json(nlohmann::json& j, const T& v) {
+  j = nlohmann::json::object();
+  detail::for_each_field<T>([&](auto, const auto& f) {
+    const auto& m = v.*(f.member);
+    if constexpr (detail::is_optional_v<std::remove_cvref_t<decltype(m)>>) {
+      if (m) {
+        j[f.name] = *m;
+      } else if (f.when == presence::null_when_absent) {
+        j[f.name] = nullptr;
+      }
+    } else {
+      j[f.name] = m;
+    }
+  });
 }
 
-inline void to_json(nlohmann::json& j, const mastership_info& m) {
-  j = {{"is_master", m.is_master}, {"master", nullptr}};
-  if (m.master) j["master"] = *m.master;
+/// Decodes the params of `get_capacity` or `get_server_capacity`, or the result of a capacity
+/// call, `discovery` or `release_capacity`; the error names the field
+/// (`params.resources[0].wants: ...`).
+template <described_message T>
+requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_request>)
+    [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
+  out = {};
+  return detail::decode_fields(j, "params", out);
+}
+
+template <described_message T>
+requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_response> ||
+         std::same_as<T, discovery_response>)
+    [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
+  out = {};
+  return detail::decode_fields(j, "result", out);
 }
 
 // ---- requests ------------------------------------------------------------------------------
-
-inline void to_json(nlohmann::json& j, const capacity_request& r) {
-  j = {{"client_id", r.client_id}, {"resources", nlohmann::json::array()}};
-  for (const auto& x : r.resources) {
-    nlohmann::json e = {
-        {"resource_id", x.resource_id}, {"priority", x.priority}, {"wants", x.wants}};
-    if (x.has) e["has"] = *x.has;
-    j["resources"].push_back(std::move(e));
-  }
-}
-
-inline void to_json(nlohmann::json& j, const server_capacity_request& r) {
-  j = {{"server_id", r.server_id}, {"resources", nlohmann::json::array()}};
-  for (const auto& x : r.resources) {
-    nlohmann::json bands = nlohmann::json::array();
-    for (const auto& b : x.wants) {
-      bands.push_back(
-          {{"priority", b.priority}, {"num_clients", b.num_clients}, {"wants", b.wants}});
-    }
-    nlohmann::json e = {{"resource_id", x.resource_id},
-                        {"outstanding", x.outstanding},
-                        {"wants", std::move(bands)}};
-    if (x.has) e["has"] = *x.has;
-    j["resources"].push_back(std::move(e));
-  }
-}
 
 inline void to_json(nlohmann::json& j, const release_request& r) {
   j = {{"client_id", r.client_id}, {"resources", r.resources}};
@@ -120,66 +155,6 @@ inline void to_json(nlohmann::json& j, const release_request& r) {
 inline void to_json(nlohmann::json& j, const status_request& r) {
   j = nlohmann::json::object();
   if (r.resource_id) j["resource_id"] = *r.resource_id;
-}
-
-namespace detail {
-
-// A capacity request: the requester's id under `id_key` and its resources, each one's
-// `resource_id` read here and its other fields by `more(reader, resource)`.
-template <class Request, class More>
-std::optional<request_error> decode_resources(const json& j, const char* id_key, std::string& id,
-                                              Request& out, More&& more) {
-  field_reader r(j, "params");
-  r.string(id_key, id);
-  r.array(
-      "resources",
-      [&](const json& e, const std::string& path) {
-        field_reader x(e, path);
-        typename decltype(out.resources)::value_type res;
-        x.string("resource_id", res.resource_id);
-        more(x, res);
-        r.absorb(x.error());
-        out.resources.push_back(std::move(res));
-      },
-      request_limits::max_resources);
-  return r.error();
-}
-
-}  // namespace detail
-
-/// Decodes `get_capacity` params; the error names the field (`params.resources[0].wants: ...`).
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         capacity_request& out) {
-  out = {};
-  return detail::decode_resources(j, "client_id", out.client_id, out,
-                                  [](detail::field_reader& x, resource_request& res) {
-                                    x.integer("priority", res.priority, false);
-                                    x.number("wants", res.wants);
-                                    detail::read_lease(x, "has", res.has);
-                                  });
-}
-
-/// Decodes `get_server_capacity` params.
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         server_capacity_request& out) {
-  out = {};
-  return detail::decode_resources(j, "server_id", out.server_id, out,
-                                  [](detail::field_reader& x, server_resource_request& res) {
-                                    x.number("outstanding", res.outstanding, false);
-                                    detail::read_lease(x, "has", res.has);
-                                    x.array(
-                                        "wants",
-                                        [&](const nlohmann::json& b, const std::string& bpath) {
-                                          detail::field_reader y(b, bpath);
-                                          priority_band band;
-                                          y.integer("priority", band.priority, false);
-                                          y.integer("num_clients", band.num_clients);
-                                          y.number("wants", band.wants);
-                                          x.absorb(y.error());
-                                          res.wants.push_back(band);
-                                        },
-                                        request_limits::max_resources);
-                                  });
 }
 
 /// Decodes `release_capacity` params.
@@ -227,32 +202,6 @@ std::optional<request_error> decode_resources(const json& j, const char* id_key,
 
 // ---- responses -----------------------------------------------------------------------------
 
-inline void to_json(nlohmann::json& j, const capacity_response& r) {
-  j = {{"resources", nlohmann::json::array()}, {"mastership", r.mastership}};
-  for (const auto& x : r.resources) {
-    j["resources"].push_back(
-        {{"resource_id", x.resource_id}, {"gets", x.gets}, {"safe_capacity", x.safe_capacity}});
-  }
-}
-
-inline void to_json(nlohmann::json& j, const server_capacity_response& r) {
-  j = {{"resources", nlohmann::json::array()}, {"mastership", r.mastership}};
-  for (const auto& x : r.resources) {
-    j["resources"].push_back({{"resource_id", x.resource_id},
-                              {"gets", x.gets},
-                              {"safe_capacity", x.safe_capacity},
-                              {"algorithm", x.algorithm}});
-  }
-}
-
-inline void to_json(nlohmann::json& j, const release_response& r) {
-  j = {{"mastership", r.mastership}};
-}
-
-inline void to_json(nlohmann::json& j, const discovery_response& r) {
-  j = {{"mastership", r.mastership}};
-}
-
 inline void to_json(nlohmann::json& j, const status_response& r) {
   j = {{"mastership", r.mastership}, {"resources", nlohmann::json::array()}};
   for (const auto& s : r.resources) {
@@ -288,67 +237,6 @@ inline void to_json(nlohmann::json& j, const status_response& r) {
 
 namespace detail {
 
-// The `mastership` object of a result, when present.
-inline void decode_mastership_field(field_reader& r, mastership_info& out) {
-  if (const auto* m = r.object("mastership")) {
-    r.absorb(decode_mastership(*m, "result.mastership", out));
-  }
-}
-
-// A capacity result: mastership and grants, each grant's common fields read here and any others
-// by `more(reader, grant)`.
-template <class Response, class More>
-std::optional<request_error> decode_grants(const json& j, Response& out, More&& more) {
-  out = {};
-  field_reader r(j, "result");
-  decode_mastership_field(r, out.mastership);
-  r.array(
-      "resources",
-      [&](const json& e, const std::string& path) {
-        field_reader x(e, path);
-        typename decltype(out.resources)::value_type g;
-        x.string("resource_id", g.resource_id);
-        if (const auto* gets = x.object("gets")) {
-          x.absorb(decode_lease(*gets, x.at("gets"), g.gets));
-        }
-        x.number("safe_capacity", g.safe_capacity, false);
-        more(x, g);
-        r.absorb(x.error());
-        out.resources.push_back(std::move(g));
-      },
-      request_limits::max_resources);
-  return r.error();
-}
-
-}  // namespace detail
-
-/// Decodes a `get_capacity` result (from a server: untrusted too).
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         capacity_response& out) {
-  return detail::decode_grants(j, out, [](detail::field_reader&, resource_grant&) {});
-}
-
-/// Decodes a `get_server_capacity` result. The algorithm is read as the configuration reads it
-/// (`detail::read_algorithm`), except that its kind is only checked to be a non-empty string:
-/// the engine that adopts it checks it knows the kind.
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         server_capacity_response& out) {
-  return detail::decode_grants(j, out, [](detail::field_reader& x, server_resource_grant& g) {
-    detail::read_algorithm(x, "algorithm", g.algorithm, {}, false);
-  });
-}
-
-/// Decodes a `discovery` (or `release_capacity`) result.
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         discovery_response& out) {
-  out = {};
-  detail::field_reader r(j, "result");
-  detail::decode_mastership_field(r, out.mastership);
-  return r.error();
-}
-
-namespace detail {
-
 // A count on the wire (clients, lease_count): an integer from 0 to 1e15.
 inline void read_count(field_reader& r, const char* key, std::size_t& out) {
   std::int64_t n = 0;
@@ -375,7 +263,7 @@ inline std::optional<request_error> decode_lease_status(const json& j, const std
                                                         lease_status& l) {
   field_reader x(j, path);
   x.string("client_id", l.client_id);
-  if (const auto* has = x.object("has", false)) x.absorb(decode_lease(*has, x.at("has"), l.has));
+  decode_field(x, field("has", &lease_status::has, presence::optional), l.has);
   if (x.number("wants", l.wants, false))
     x.within("wants", l.wants, 0, request_limits::max_quantity);
   x.boolean("is_server", l.is_server, false);
@@ -392,7 +280,7 @@ inline std::optional<request_error> decode_lease_status(const json& j, const std
                                                          status_response& out) {
   out = {};
   detail::field_reader r(j, "result");
-  detail::decode_mastership_field(r, out.mastership);
+  detail::decode_field(r, field("mastership", &status_response::mastership), out.mastership);
   r.array(
       "resources",
       [&](const nlohmann::json& e, const std::string& path) {

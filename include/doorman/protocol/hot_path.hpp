@@ -21,10 +21,15 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/messages.hpp"
+#include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/json_rpc.hpp"
 
 namespace doorman::detail {
@@ -178,86 +183,63 @@ inline bool first_time(unsigned& seen, unsigned bit) noexcept {
   return true;
 }
 
-inline bool read_lease_member(wire_reader& in, std::optional<lease_info>& out) {
-  if (in.null()) return true;  // as absent
-  lease_info l;
-  unsigned seen = 0;
-  const bool ok = in.object([&](std::string_view key) {
-    if (key == "capacity") return first_time(seen, 1) && in.number(l.capacity);
-    if (key == "expires_in") return first_time(seen, 2) && in.number(l.expires_in);
-    if (key == "refresh_interval") return first_time(seen, 4) && in.number(l.refresh_interval);
+template <described_message T>
+bool read_fields(wire_reader& in, T& out);
+
+// Reads one field's value into `out` (its member). An optional field may be null (absent). A
+// type the streaming reader does not take gives up (the DOM path reads it).
+template <class F, class M>
+bool read_value(wire_reader& in, const F& f, M& out) {
+  if (f.when != presence::required && in.null()) return true;
+  if constexpr (std::is_same_v<M, std::string>) {
+    return in.string(out);
+  } else if constexpr (std::is_same_v<M, double>) {
+    return in.number(out);
+  } else if constexpr (std::is_same_v<M, std::int64_t>) {
+    return in.integer(out);
+  } else if constexpr (described_message<M>) {
+    return read_fields(in, out);
+  } else if constexpr (is_optional_v<M>) {
+    if constexpr (described_message<typename M::value_type>) {
+      typename M::value_type x;
+      if (!read_fields(in, x)) return false;
+      out = std::move(x);
+      return true;
+    } else {
+      return false;
+    }
+  } else if constexpr (is_vector_v<M> && described_message<typename M::value_type>) {
+    return in.array(f.max_elements, [&] { return read_fields(in, out.emplace_back()); });
+  } else {
     return false;
-  });
-  if (!ok || seen != 7) return false;
-  out = l;
-  return true;
+  }
 }
 
-// An optional integer member (null: absent).
-inline bool read_optional_integer(wire_reader& in, std::int64_t& out) {
-  return in.null() || in.integer(out);
-}
-
-// Params of both capacity calls: `{"<id_key>": "...", "resources": [...]}`, each resource read
-// by `member(resource, key, seen)` (which marks what it read in `seen`) and complete when
-// `seen & required == required`.
-template <class Request, class Member>
-bool read_capacity_params(wire_reader& in, std::string_view id_key, std::string& id, Request& out,
-                          unsigned required, Member&& member) {
+/// Reads a described message (core/messages.hpp's `wire_message`) in the plain form: each
+/// member one of its fields, at most once, every required one present. False to give up.
+template <described_message T>
+bool read_fields(wire_reader& in, T& out) {
+  constexpr auto& fields = wire_message<T>::fields;
   unsigned seen = 0;
   const bool ok = in.object([&](std::string_view key) {
-    if (key == id_key) return first_time(seen, 1) && in.string(id);
-    if (key != "resources" || !first_time(seen, 2)) return false;
-    return in.array(request_limits::max_resources, [&] {
-      auto& r = out.resources.emplace_back();
-      unsigned got = 0;
-      return in.object([&](std::string_view k) { return member(r, k, got); }) &&
-             (got & required) == required;
+    bool known = false;
+    bool good = false;
+    for_each_field<T>([&](auto i, const auto& f) {
+      constexpr std::string_view name = std::get<decltype(i)::value>(fields).name;
+      if (known || key != name) return;
+      known = true;
+      good = first_time(seen, 1u << i()) && read_value(in, f, out.*(f.member));
     });
+    return known && good;
   });
-  return ok && seen == 3;
+  constexpr unsigned required = required_fields<T>();
+  return ok && (seen & required) == required;
 }
 
-/// `get_capacity` params in the plain form.
-inline bool read_params(wire_reader& in, capacity_request& out) {
-  return read_capacity_params(in, "client_id", out.client_id, out, 3,
-                              [&](resource_request& r, std::string_view k, unsigned& got) {
-                                if (k == "resource_id")
-                                  return first_time(got, 1) && in.string(r.resource_id);
-                                if (k == "wants") return first_time(got, 2) && in.number(r.wants);
-                                if (k == "priority")
-                                  return first_time(got, 4) &&
-                                         read_optional_integer(in, r.priority);
-                                if (k == "has")
-                                  return first_time(got, 8) && read_lease_member(in, r.has);
-                                return false;
-                              });
-}
-
-inline bool read_band(wire_reader& in, priority_band& b) {
-  unsigned got = 0;
-  return in.object([&](std::string_view k) {
-    if (k == "priority") return first_time(got, 1) && read_optional_integer(in, b.priority);
-    if (k == "num_clients") return first_time(got, 2) && in.integer(b.num_clients);
-    if (k == "wants") return first_time(got, 4) && in.number(b.wants);
-    return false;
-  }) && (got & 6) == 6;
-}
-
-/// `get_server_capacity` params in the plain form.
-inline bool read_params(wire_reader& in, server_capacity_request& out) {
-  return read_capacity_params(
-      in, "server_id", out.server_id, out, 9,
-      [&](server_resource_request& r, std::string_view k, unsigned& got) {
-        if (k == "resource_id") return first_time(got, 1) && in.string(r.resource_id);
-        if (k == "outstanding") {
-          return first_time(got, 2) && (in.null() || in.number(r.outstanding));
-        }
-        if (k == "has") return first_time(got, 4) && read_lease_member(in, r.has);
-        if (k != "wants" || !first_time(got, 8)) return false;
-        return in.array(request_limits::max_resources,
-                        [&] { return read_band(in, r.wants.emplace_back()); });
-      });
+/// `get_capacity` or `get_server_capacity` params in the plain form.
+template <described_message Request>
+bool read_params(wire_reader& in, Request& out) {
+  return read_fields(in, out);
 }
 
 // ---- writing ---------------------------------------------------------------------------------
@@ -291,42 +273,88 @@ inline void write_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-inline void write_mastership(std::string& out, const mastership_info& m) {
-  out += m.is_master ? R"({"is_master":true,"master":)" : R"({"is_master":false,"master":)";
-  if (m.master) {
-    write_string(out, *m.master);
-  } else {
-    out += "null";
+// `"<name>":` for field `I` of `T`, made at compile time.
+template <described_message T, std::size_t I>
+inline constexpr auto quoted_key = [] {
+  constexpr std::string_view name = std::get<I>(wire_message<T>::fields).name;
+  std::array<char, name.size() + 3> out{};
+  out[0] = '"';
+  for (std::size_t i = 0; i < name.size(); ++i)
+    out[i + 1] = name[i];
+  out[name.size() + 1] = '"';
+  out[name.size() + 2] = ':';
+  return out;
+}();
+
+template <described_message T>
+void write_fields(std::string& out, const T& v);
+
+inline void write_value(std::string& out, const std::string& v) {
+  write_string(out, v);
+}
+inline void write_value(std::string& out, double v) {
+  write_number(out, v);
+}
+inline void write_value(std::string& out, bool v) {
+  out += v ? "true" : "false";
+}
+inline void write_value(std::string& out, std::int64_t v) {
+  std::array<char, 24> buffer;
+  const auto r = std::to_chars(buffer.data(), buffer.data() + buffer.size(), v);
+  out.append(buffer.data(), static_cast<std::size_t>(r.ptr - buffer.data()));
+}
+inline void write_value(std::string& out, const algorithm_config& v) {
+  out += to_line(nlohmann::json(v));
+}
+template <described_message T>
+void write_value(std::string& out, const T& v) {
+  write_fields(out, v);
+}
+template <class T>
+void write_value(std::string& out, const std::vector<T>& v) {
+  out += '[';
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ',';
+    write_value(out, v[i]);
   }
-  out += '}';
+  out += ']';
 }
 
-// The members every grant has, in the DOM's (sorted) order after `algorithm`.
-template <class Grant>
-void write_grant_tail(std::string& out, const Grant& g) {
-  out += R"("gets":{"capacity":)";
-  write_number(out, g.gets.capacity);
-  out += R"(,"expires_in":)";
-  write_number(out, g.gets.expires_in);
-  out += R"(,"refresh_interval":)";
-  write_number(out, g.gets.refresh_interval);
-  out += R"(},"resource_id":)";
-  write_string(out, g.resource_id);
-  out += R"(,"safe_capacity":)";
-  write_number(out, g.safe_capacity);
-  out += '}';
+// Field `I` of `v`, with the comma before it unless it is the first written.
+template <described_message T, std::size_t I>
+void write_member(std::string& out, const T& v, bool& first) {
+  constexpr auto f = std::get<I>(wire_message<T>::fields);
+  const auto& m = v.*(f.member);
+  constexpr bool optional = is_optional_v<std::remove_cvref_t<decltype(m)>>;
+  if constexpr (optional) {
+    if (!m && f.when != presence::null_when_absent) return;
+  }
+  if (!first) out += ',';
+  first = false;
+  out.append(quoted_key<T, I>.data(), quoted_key<T, I>.size());
+  if constexpr (optional) {
+    if (m) {
+      write_value(out, *m);
+    } else {
+      out += "null";
+    }
+  } else {
+    write_value(out, m);
+  }
 }
 
-inline void write_grant(std::string& out, const resource_grant& g) {
+/// Appends a described message as nlohmann/json writes it (`to_line(json(v))`): its fields
+/// sorted by name, numbers and strings as it writes them.
+template <described_message T>
+void write_fields(std::string& out, const T& v) {
+  constexpr auto order = fields_by_name<T>();
   out += '{';
-  write_grant_tail(out, g);
-}
-
-inline void write_grant(std::string& out, const server_resource_grant& g) {
-  out += R"({"algorithm":)";
-  out += to_line(nlohmann::json(g.algorithm));
-  out += ',';
-  write_grant_tail(out, g);
+  bool first = true;
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (write_member<T, order[K]>(out, v, first), ...);
+  }
+  (std::make_index_sequence<order.size()>{});
+  out += '}';
 }
 
 /// Appends the answer line (without the newline) to a capacity call: `id` is the request's id
@@ -335,14 +363,9 @@ template <class Response>
 void write_capacity_answer(std::string& out, std::string_view id, const Response& r) {
   out += R"({"id":)";
   out += id;
-  out += R"(,"jsonrpc":"2.0","result":{"mastership":)";
-  write_mastership(out, r.mastership);
-  out += R"(,"resources":[)";
-  for (std::size_t i = 0; i < r.resources.size(); ++i) {
-    if (i) out += ',';
-    write_grant(out, r.resources[i]);
-  }
-  out += "]}}";
+  out += R"(,"jsonrpc":"2.0","result":)";
+  write_fields(out, r);
+  out += '}';
 }
 
 /// A request envelope in the plain form: `id` as written (empty for a notification).
