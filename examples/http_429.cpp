@@ -17,11 +17,13 @@
 // With --rules and no --server, no Doorman client is made. SIGHUP reads the rule file again
 // (a file that does not parse keeps the previous rules). One request per connection
 // (Connection: close); request heads are read up to 8 KiB and parsed as the admin endpoint
-// parses them (targets up to 2 KiB: 414 beyond; 64 header lines: 431 beyond).
+// parses them (targets up to 2 KiB: 414 beyond; 64 header lines: 431 beyond). It listens
+// through the library's net::listener, as the node's ports do.
 
 #include <doorman/client.hpp>
 #include <doorman/limit/rules.hpp>
 #include <doorman/net/http_request.hpp>
+#include <doorman/net/listener.hpp>
 
 #include <fmt/format.h>
 #include <asio.hpp>
@@ -127,16 +129,6 @@ asio::awaitable<void> serve(asio::ip::tcp::socket socket, service& s) {
   socket.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
 }
 
-asio::awaitable<void> accept(asio::ip::tcp::acceptor& acceptor, service& s) {
-  for (;;) {
-    std::error_code ec;
-    auto socket = co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-    if (ec == asio::error::operation_aborted) co_return;
-    if (ec) continue;
-    asio::co_spawn(acceptor.get_executor(), serve(std::move(socket), s), asio::detached);
-  }
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("--rules: cannot read " + path);
@@ -206,18 +198,17 @@ int main(int argc, char** argv) {
     }
 
     asio::io_context io;
-    asio::ip::tcp::acceptor acceptor(io);
-    const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(at->host),
-                                           static_cast<unsigned short>(std::stoi(at->port)));
-    acceptor.open(endpoint.protocol());
-    acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true));
-    acceptor.bind(endpoint);
-    acceptor.listen();
+    // The library's listener: close-on-exec sockets, and an accept loop that pauses instead
+    // of spinning when accept fails (out of file descriptors, say).
+    doorman::net::listener listener(io.get_executor(), "accept", [](std::string_view line) {
+      fmt::print(stderr, "doorman-http-429: {}\n", line);
+    });
+    listener.listen(*at);
     fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
-               acceptor.local_endpoint().address().to_string(), acceptor.local_endpoint().port());
+               listener.local_endpoint().address().to_string(), listener.local_endpoint().port());
     asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](std::error_code, int) {
-      acceptor.close();
+      listener.stop();
       io.stop();
     });
     // SIGHUP reads the rule file again: the new rules apply from the next request (their
@@ -243,7 +234,9 @@ int main(int argc, char** argv) {
       hup.add(SIGHUP);
       await_hup();
     }
-    asio::co_spawn(io, accept(acceptor, s), asio::detached);
+    listener.start([&](asio::ip::tcp::socket socket) {
+      asio::co_spawn(io, serve(std::move(socket), s), asio::detached);
+    });
     io.run();
     return 0;
   } catch (const std::exception& e) {
