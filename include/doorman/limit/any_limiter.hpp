@@ -14,6 +14,11 @@
 /// - `sliding_log`: exact over any window; memory grows with the limit (bounded).
 /// - `sliding_window`: counts per sub-window; within one sub-window's count of exact.
 /// - `leaky_bucket`: a shaper; no burst, callers queue (bounded) and leave at the rate.
+///
+/// The set is open, as the server's algorithms are (`algorithm_list`): a `local_algorithm`
+/// names a limiter, and `default_local_algorithms::with<mine>` with `basic_any_rate_limiter`
+/// chooses among the built-in ones and yours by name (docs/algorithms.md, "Adding an
+/// algorithm").
 
 #include <array>
 #include <chrono>
