@@ -57,9 +57,6 @@ class config_follower {
   /// When the driver should read the source next.
   [[nodiscard]] time_point next_read() const noexcept { return next_read_; }
 
-  /// The version of the configuration in use, or last rejected; -1 while the source is gone.
-  [[nodiscard]] std::int64_t version() const noexcept { return version_; }
-
   /// Whether the last read failed.
   [[nodiscard]] bool failing() const noexcept { return failing_; }
 

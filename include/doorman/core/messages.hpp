@@ -190,22 +190,20 @@ struct status_response {
 /// field says `null_when_absent`.
 enum class presence { required, optional, null_when_absent };
 
-/// One field of a wire message: its name on the wire, the member it is, whether it must be
-/// present and, for an array, how many elements it may hold.
+/// One field of a wire message: its name on the wire, the member it is, and whether it must be
+/// present. (An array holds at most `request_limits::max_resources` elements; `validate` applies
+/// the tighter bounds.)
 template <class T, class M>
 struct wire_field {
-  using message_type = T;
-  using member_type = M;
   const char* name;
   M T::*member;
   presence when = presence::required;
-  std::size_t max_elements = request_limits::max_resources;
 };
 
 template <class T, class M>
 constexpr wire_field<T, M> field(const char* name, M T::*member,
                                  presence when = presence::required) noexcept {
-  return {name, member, when, request_limits::max_resources};
+  return {name, member, when};
 }
 
 /// The fields of a wire message, specialised once per message (below): its JSON decoding (with
@@ -274,43 +272,52 @@ struct wire_message<server_capacity_request> {
                  field("resources", &server_capacity_request::resources)};
 };
 
-template <>
-struct wire_message<resource_grant> {
-  static constexpr auto fields = std::tuple{
-      field("resource_id", &resource_grant::resource_id), field("gets", &resource_grant::gets),
-      field("safe_capacity", &resource_grant::safe_capacity, presence::optional)};
-};
+// What the two grants and the two capacity answers share: they differ only in their types.
+template <class Grant>
+constexpr auto grant_fields() noexcept {
+  return std::tuple{field("resource_id", &Grant::resource_id), field("gets", &Grant::gets),
+                    field("safe_capacity", &Grant::safe_capacity, presence::optional)};
+}
+template <class Answer>
+constexpr auto mastership_field() noexcept {
+  return std::tuple{field("mastership", &Answer::mastership)};
+}
+template <class Answer>
+constexpr auto capacity_answer_fields() noexcept {
+  return std::tuple_cat(mastership_field<Answer>(),
+                        std::tuple{field("resources", &Answer::resources)});
+}
 
 template <>
-struct wire_message<capacity_response> {
-  static constexpr auto fields = std::tuple{field("mastership", &capacity_response::mastership),
-                                            field("resources", &capacity_response::resources)};
+struct wire_message<resource_grant> {
+  static constexpr auto fields = grant_fields<resource_grant>();
 };
 
 template <>
 struct wire_message<server_resource_grant> {
   static constexpr auto fields =
-      std::tuple{field("resource_id", &server_resource_grant::resource_id),
-                 field("gets", &server_resource_grant::gets),
-                 field("safe_capacity", &server_resource_grant::safe_capacity, presence::optional),
-                 field("algorithm", &server_resource_grant::algorithm)};
+      std::tuple_cat(grant_fields<server_resource_grant>(),
+                     std::tuple{field("algorithm", &server_resource_grant::algorithm)});
+};
+
+template <>
+struct wire_message<capacity_response> {
+  static constexpr auto fields = capacity_answer_fields<capacity_response>();
 };
 
 template <>
 struct wire_message<server_capacity_response> {
-  static constexpr auto fields =
-      std::tuple{field("mastership", &server_capacity_response::mastership),
-                 field("resources", &server_capacity_response::resources)};
+  static constexpr auto fields = capacity_answer_fields<server_capacity_response>();
 };
 
 template <>
 struct wire_message<release_response> {
-  static constexpr auto fields = std::tuple{field("mastership", &release_response::mastership)};
+  static constexpr auto fields = mastership_field<release_response>();
 };
 
 template <>
 struct wire_message<discovery_response> {
-  static constexpr auto fields = std::tuple{field("mastership", &discovery_response::mastership)};
+  static constexpr auto fields = mastership_field<discovery_response>();
 };
 
 namespace detail {
@@ -349,10 +356,6 @@ constexpr auto fields_by_name() {
             [&](std::size_t a, std::size_t b) { return names[a] < names[b]; });
   return order;
 }
-
-}  // namespace detail
-
-namespace detail {
 
 inline request_error invalid(std::string path, std::string_view reason) {
   std::string message = path + ": " + std::string(reason);

@@ -43,6 +43,20 @@
 
 namespace doorman {
 
+namespace detail {
+
+/// Alternative `index` of `Variant`, built in place from `make(integral_constant<I>)` (limiters
+/// neither copy nor move).
+template <class Variant, std::size_t I = 0, class Make>
+Variant variant_at(std::size_t index, Make&& make) {
+  if constexpr (I + 1 < std::variant_size_v<Variant>) {
+    if (index != I) return variant_at<Variant, I + 1>(index, make);
+  }
+  return Variant(std::in_place_index<I>, make(std::integral_constant<std::size_t, I>{}));
+}
+
+}  // namespace detail
+
 /// A local rate algorithm's name, as configurations spell it. The set is open: the built-in
 /// ones are named below, and a user's own algorithm (`local_algorithm`) has its own name.
 struct rate_algorithm {
@@ -177,9 +191,7 @@ struct local_algorithm_list {
   /// The algorithm named `name` (with the name's storage, which lives as long as the program).
   [[nodiscard]] static constexpr std::optional<rate_algorithm> find(
       std::string_view name) noexcept {
-    for (const auto n : names) {
-      if (n == name) return rate_algorithm{n};
-    }
+    if (const auto i = index_of(name)) return rate_algorithm{names[*i]};
     return std::nullopt;
   }
 
@@ -221,7 +233,10 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   /// A limiter running `options.algorithm` at `rate` permits per second (< 0 unlimited, 0
   /// blocked).
   explicit basic_any_rate_limiter(const rate_algorithm_options& options = {}, double rate = -1)
-      : impl_(make<0>(checked(options.algorithm), options, rate)) {}
+      : impl_(detail::variant_at<variant>(checked(options.algorithm), [&](auto i) {
+          using A = std::tuple_element_t<decltype(i)::value, std::tuple<Algorithms...>>;
+          return A::options(options, rate);
+        })) {}
 
   basic_any_rate_limiter(const basic_any_rate_limiter&) = delete;
   basic_any_rate_limiter& operator=(const basic_any_rate_limiter&) = delete;
@@ -322,16 +337,6 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
     const auto i = list::index_of(a.name);
     if (!i) throw std::invalid_argument("unknown local rate algorithm: " + std::string(a.name));
     return *i;
-  }
-
-  // The limiter at `index`, built in place (limiters neither copy nor move).
-  template <std::size_t I>
-  static variant make(std::size_t index, const rate_algorithm_options& o, double rate) {
-    using A = std::tuple_element_t<I, std::tuple<Algorithms...>>;
-    if constexpr (I + 1 < sizeof...(Algorithms)) {
-      if (index != I) return make<I + 1>(index, o, rate);
-    }
-    return variant(std::in_place_index<I>, A::options(o, rate));
   }
 
   variant impl_;

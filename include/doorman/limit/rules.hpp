@@ -210,14 +210,14 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   static basic_rule_set parse(const nlohmann::json& j, options o = {},
                               clock_type clock = clock_type{}) {
     basic_rule_set set(o, clock);
-    std::size_t count = 0;
+    read_state state;
     if (j.is_array()) {
       if (j.size() > rule_limits::max_descriptors)
         throw config_error("", "must hold at most 1000 domains");
       for (std::size_t i = 0; i < j.size(); ++i)
-        set.read_domain(j[i], "[" + std::to_string(i) + "]", count);
+        set.read_domain(j[i], "[" + std::to_string(i) + "]", state);
     } else {
-      set.read_domain(j, "", count);
+      set.read_domain(j, "", state);
     }
     return set;
   }
@@ -259,6 +259,12 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   }
 
  private:
+  // What reading a file carries from rule to rule: the rules so far, the domain's algorithm.
+  struct read_state {
+    std::size_t rules = 0;
+    std::size_t algorithm = 0;  // in `list`
+  };
+
   struct domain_rules {
     std::string name;
     std::string escaped;  // as a request key begins
@@ -268,7 +274,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
 
   basic_rule_set(options o, clock_type clock) : options_(o), clock_(clock) {}
 
-  void read_domain(const nlohmann::json& j, const std::string& path, std::size_t& count) {
+  void read_domain(const nlohmann::json& j, const std::string& path, read_state& state) {
     detail::json_reader r(j, path);
     r.only({"domain", "algorithm", "descriptors"});
     domain_rules d;
@@ -280,23 +286,23 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       if (!i) r.fail("algorithm", "must be one of " + algorithm_names());
       d.algorithm = i.value_or(0);
     }
-    algorithm_ = d.algorithm;
+    state.algorithm = d.algorithm;
     for (const auto& other : domains_) {
       if (!r.error() && other.name == d.name) r.fail("domain", "is already defined");
     }
     append_escaped(d.escaped, d.name, "=");
-    read_rules(r, "descriptors", d.escaped, 1, d.rules, count);
+    read_rules(r, "descriptors", d.escaped, 1, d.rules, state);
     if (r.error()) throw config_error(*r.error());
     domains_.push_back(std::move(d));
   }
 
   void read_rules(detail::json_reader& r, const char* field, const std::string& parent,
-                  std::size_t depth, std::vector<rule>& out, std::size_t& count) {
+                  std::size_t depth, std::vector<rule>& out, read_state& state) {
     r.array(
         field,
         [&](const nlohmann::json& e, const std::string& path) {
           detail::json_reader er(e, path);
-          rule x = read_rule(er, parent, depth, count);
+          rule x = read_rule(er, parent, depth, state);
           for (const auto& sibling : out) {
             if (!er.error() && sibling.key == x.key && sibling.value == x.value)
               er.fail("", "repeats the key and value of an earlier descriptor");
@@ -308,10 +314,10 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   }
 
   rule read_rule(detail::json_reader& r, const std::string& parent, std::size_t depth,
-                 std::size_t& count) {
+                 read_state& state) {
     r.only({"key", "value", "rate_limit", "mode", "shadow", "overage", "max_delay", "descriptors"});
     rule x;
-    if (++count > rule_limits::max_rules) r.fail("", "one rule too many (at most 10000)");
+    if (++state.rules > rule_limits::max_rules) r.fail("", "one rule too many (at most 10000)");
     if (depth > rule_limits::max_depth) r.fail("", "nests too deep (at most 8 levels)");
     r.string("key", x.key);
     r.string("value", x.value, false);
@@ -323,9 +329,9 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     append_entry(x.path, x.key, x.value);
     if (x.value.empty()) x.path += '*';
     read_limit(r, x);
-    read_rules(r, "descriptors", x.path, depth + 1, x.children, count);
+    read_rules(r, "descriptors", x.path, depth + 1, x.children, state);
     if (!r.error() && x.requests_per_unit >= 0) {
-      x.limiters = make_limiters(x);
+      x.limiters = make_limiters(x, state.algorithm);
       x.shadow_count = std::make_shared<std::atomic<std::uint64_t>>(0);
     }
     return x;
@@ -378,7 +384,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     return out;
   }
 
-  counters make_limiters(const rule& x) const {
+  counters make_limiters(const rule& x, std::size_t algorithm) const {
     // A soft rule counts up to its overage; the verdict reports what is over the limit.
     const double limit = x.mode == rule_mode::soft
                              ? std::floor(x.requests_per_unit * (1 + x.overage))
@@ -386,19 +392,13 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     // A key is cut per value (append_entry), never as a whole.
     keyed_limiter_options keys = options_.keys;
     keys.max_key_bytes = std::numeric_limits<std::size_t>::max();
-    return make_counters<0>(
-        window_limiter_options{
-            .limit = limit, .window = x.unit, .sub_windows = options_.sub_windows},
-        keys);
-  }
-
-  template <std::size_t I>
-  counters make_counters(const window_limiter_options& w, const keyed_limiter_options& keys) const {
-    if constexpr (I + 1 < sizeof...(Algorithms)) {
-      if (algorithm_ != I) return make_counters<I + 1>(w, keys);
-    }
-    using L = typename std::tuple_element_t<I, std::tuple<Algorithms...>>::limiter;
-    return counters(std::in_place_index<I>, std::make_shared<keyed_limiter<L>>(w, keys, clock_));
+    const window_limiter_options w{
+        .limit = limit, .window = x.unit, .sub_windows = options_.sub_windows};
+    return detail::variant_at<counters>(algorithm, [&](auto i) {
+      using L =
+          typename std::tuple_element_t<decltype(i)::value, std::tuple<Algorithms...>>::limiter;
+      return std::make_shared<keyed_limiter<L>>(w, keys, clock_);
+    });
   }
 
   // The rule `desc` matches, extending `key` with its path; null when an entry matched none.
@@ -486,7 +486,6 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
 
   options options_;
   [[no_unique_address]] clock_type clock_;
-  std::size_t algorithm_ = 0;  // of the domain being read
   std::vector<domain_rules> domains_;
   std::shared_ptr<std::atomic<std::uint64_t>> shadow_total_ =
       std::make_shared<std::atomic<std::uint64_t>>(0);

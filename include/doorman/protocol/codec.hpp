@@ -84,7 +84,7 @@ void decode_field(field_reader& r, const F& f, M& out) {
           r.absorb(decode_fields(e, path, x));
           out.push_back(std::move(x));
         },
-        f.max_elements, required);
+        request_limits::max_resources, required);
   } else if constexpr (is_optional_v<M>) {
     if (const json* v = r.object(f.name, required)) {
       typename M::value_type x;

@@ -85,11 +85,11 @@ inline bool read_hot_request(std::string_view line, hot_request& out) {
   return read_envelope(in, out.envelope, [&](std::string_view name) {
     if (name == methods::get_capacity::name) {
       out.method = rpc_method::get_capacity;
-      return read_params(in, out.client);
+      return read_fields(in, out.client);
     }
     if (name == methods::get_server_capacity::name) {
       out.method = rpc_method::get_server_capacity;
-      return read_params(in, out.server);
+      return read_fields(in, out.server);
     }
     return false;
   });

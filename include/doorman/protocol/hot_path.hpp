@@ -209,7 +209,8 @@ bool read_value(wire_reader& in, const F& f, M& out) {
       return false;
     }
   } else if constexpr (is_vector_v<M> && described_message<typename M::value_type>) {
-    return in.array(f.max_elements, [&] { return read_fields(in, out.emplace_back()); });
+    return in.array(request_limits::max_resources,
+                    [&] { return read_fields(in, out.emplace_back()); });
   } else {
     return false;
   }
@@ -234,12 +235,6 @@ bool read_fields(wire_reader& in, T& out) {
   });
   constexpr unsigned required = required_fields<T>();
   return ok && (seen & required) == required;
-}
-
-/// `get_capacity` or `get_server_capacity` params in the plain form.
-template <described_message Request>
-bool read_params(wire_reader& in, Request& out) {
-  return read_fields(in, out);
 }
 
 // ---- writing ---------------------------------------------------------------------------------
