@@ -59,6 +59,7 @@
 #include <openssl/ssl.h>
 #endif
 
+#include "arguments.hpp"
 #include "process.hpp"
 
 namespace {
@@ -477,54 +478,55 @@ void report(const options& o, const std::vector<result>& results) {
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
 }
 
+// Takes `flag` (the current argument) into `o`; false if unknown.
+bool parse_flag(const std::string& flag, doorman_examples::arguments& args, options& o) {
+  if (flag == "--node-binary") {
+    o.node_binary = args.value();
+  } else if (flag == "--baseline-binary") {
+    o.baseline_binary = args.value();
+  } else if (flag == "--seconds") {
+    o.seconds = args.number(0.001, 86400);
+  } else if (flag == "--connections") {
+    o.connections = static_cast<int>(args.number(1, 20000));
+  } else if (flag == "--window") {
+    o.window = static_cast<int>(args.number(1, 1e6));
+  } else if (flag == "--clients") {
+    o.clients.clear();
+    for (const auto& s : doorman::net::split_list(args.value()))
+      o.clients.push_back(
+          static_cast<long>(doorman_examples::parse_number("--clients", s, 1, 1e8)));
+  } else if (flag == "--algorithm") {
+    o.algorithm = args.value();
+    if (o.algorithm != "FAIR_SHARE" && o.algorithm != "PROPORTIONAL_SHARE") {
+      throw std::invalid_argument("--algorithm: must be FAIR_SHARE or PROPORTIONAL_SHARE");
+    }
+  } else if (flag == "--tls") {
+    o.tls_dir = args.value();
+#ifndef DOORMAN_TLS
+    throw std::invalid_argument("--tls: this build has no TLS (OpenSSL not found)");
+#endif
+  } else if (flag == "--json") {
+    o.json_file = args.value();
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
   o.node_binary = DOORMAN_NODE_BINARY;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        return argv[++i];
-      };
-      if (arg == "--node-binary") {
-        o.node_binary = value();
-      } else if (arg == "--baseline-binary") {
-        o.baseline_binary = value();
-      } else if (arg == "--seconds") {
-        o.seconds = std::stod(value());
-      } else if (arg == "--connections") {
-        o.connections = std::stoi(value());
-      } else if (arg == "--window") {
-        o.window = std::stoi(value());
-      } else if (arg == "--clients") {
-        o.clients.clear();
-        for (const auto& s : doorman::net::split_list(value()))
-          o.clients.push_back(std::stol(s));
-      } else if (arg == "--algorithm") {
-        o.algorithm = value();
-        if (o.algorithm != "FAIR_SHARE" && o.algorithm != "PROPORTIONAL_SHARE") {
-          throw std::invalid_argument("--algorithm: must be FAIR_SHARE or PROPORTIONAL_SHARE");
-        }
-      } else if (arg == "--tls") {
-        o.tls_dir = value();
-#ifndef DOORMAN_TLS
-        throw std::invalid_argument("--tls: this build has no TLS (OpenSSL not found)");
-#endif
-      } else if (arg == "--json") {
-        o.json_file = value();
-      } else {
-        fmt::print(
-            "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds "
-            "S]\n"
-            "                          [--connections N] [--window N] [--clients N,N,...]\n"
-            "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
-            "                          [--json FILE]\n");
-        return arg == "--help" ? 0 : 2;
-      }
-    }
+    doorman_examples::arguments args(argc, argv);
+    const bool go = args.parse(
+        "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"
+        "                          [--connections N] [--window N] [--clients N,N,...]\n"
+        "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
+        "                          [--json FILE]\n",
+        [&](const std::string& flag) { return parse_flag(flag, args, o); });
+    if (!go) return 0;
     if (o.connections < 1 || o.window < 1 || !(o.seconds > 0) || o.clients.empty()) {
       throw std::invalid_argument("connections, window, seconds and clients must be positive");
     }

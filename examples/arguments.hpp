@@ -2,18 +2,19 @@
 
 // Command-line walking shared by the examples: `--flag value` pairs, --help, clear errors.
 //
-//   doorman_examples::arguments args(argc, argv);
-//   const bool go = args.parse("usage: ...\n", [&](const std::string& flag) {
-//     if (flag == "--server") server = args.value();
-//     else if (flag == "--seconds") seconds = args.number(0.001, 86400);
-//     else return false;  // unknown: parse throws, naming it
-//     return true;
-//   });
-//   if (!go) return 0;  // --help was printed
+//   int main(int argc, char** argv) {
+//     double seconds = 10;
+//     return doorman_examples::run_program(
+//         argc, argv, "doorman-x", "usage: doorman-x [--seconds S]\n",
+//         {{"--seconds", [&](auto& args) { seconds = args.number(0.001, 86400); }}},
+//         [&] { return run(seconds); });  // unknown flags and errors: "doorman-x: ...", exit 2
+//   }
 
 #include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace doorman_examples {
 
@@ -94,21 +95,50 @@ inline double arguments::number(double lo, double hi) {
   return parse_number(flag, value(), lo, hi);
 }
 
+// One flag a program takes: its name, and what reads its value from the arguments.
+struct flag_action {
+  std::string name;
+  std::function<void(arguments&)> read;
+};
+
+// The frame of an example's `main`: walks the arguments as `arguments::parse` does (--help
+// prints `usage` and exits 0; each of `flags` reads its value; any other flag is refused), then
+// returns `body()` as the exit status. Whatever throws, a flag or the body, is printed as
+// "PROGRAM: what" and exits 2.
+template <class Body>
+int run_program(int argc, char** argv, const char* program, const char* usage,
+                const std::vector<flag_action>& flags, Body body) {
+  try {
+    arguments args(argc, argv);
+    const bool go = args.parse(usage, [&](const std::string& name) {
+      for (const flag_action& f : flags) {
+        if (f.name != name) continue;
+        f.read(args);
+        return true;
+      }
+      return false;
+    });
+    return go ? body() : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 2;
+  }
+}
+
 // The flags every client example takes.
 struct client_flags {
   std::string server = "127.0.0.1:7700";  // --server HOST:PORT[,HOST:PORT...]
   std::string resource;                   // --resource ID
+  bool server_given = false;              // --server was passed
 
-  // Takes `flag` (the current argument) if it is one of these flags.
-  bool parse(const std::string& flag, arguments& args) {
-    if (flag == "--server") {
-      server = args.value();
-    } else if (flag == "--resource") {
-      resource = args.value();
-    } else {
-      return false;
-    }
-    return true;
+  // These flags, then `more`.
+  std::vector<flag_action> with(std::vector<flag_action> more) {
+    more.push_back({"--server", [this](arguments& a) {
+                      server = a.value();
+                      server_given = true;
+                    }});
+    more.push_back({"--resource", [this](arguments& a) { resource = a.value(); }});
+    return more;
   }
 };
 

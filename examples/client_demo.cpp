@@ -272,29 +272,21 @@ int main(int argc, char** argv) {
   double duration = 24;
   double capacity = 200;
   std::filesystem::path bin = std::filesystem::path(argv[0]).parent_path();
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
-        "  --duration SECONDS  how long the workers run (default 24)\n"
-        "  --capacity N        capacity of the resource \"api\" (default 200)\n"
-        "  --bin-dir DIR       where doorman-node and doorman-worker are (default: here)\n",
-        [&](const std::string& flag) {
-          if (doorman_examples::demo_flag(args, flag, 1, duration, capacity)) return true;
-          if (flag != "--bin-dir") return false;
-          bin = args.value();
-          return true;
-        });
-    if (!go) return 0;
-    for (const char* b : {"doorman-node", "doorman-worker"}) {
-      if (!std::filesystem::exists(bin / b)) {
-        throw std::invalid_argument(
-            fmt::format("no {} in {} (build it, or pass --bin-dir)", b, bin.string()));
-      }
-    }
-    return run(duration, capacity, bin);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-client-demo: {}\n", e.what());
-    return 2;
-  }
+  return doorman_examples::run_program(
+      argc, argv, "doorman-client-demo",
+      "usage: doorman-client-demo [--duration SECONDS] [--capacity N] [--bin-dir DIR]\n"
+      "  --duration SECONDS  how long the workers run (default 24)\n"
+      "  --capacity N        capacity of the resource \"api\" (default 200)\n"
+      "  --bin-dir DIR       where doorman-node and doorman-worker are (default: here)\n",
+      doorman_examples::demo_flags(1, duration, capacity,
+                                   {{"--bin-dir", [&](auto& args) { bin = args.value(); }}}),
+      [&] {
+        for (const char* b : {"doorman-node", "doorman-worker"}) {
+          if (!std::filesystem::exists(bin / b)) {
+            throw std::invalid_argument(
+                fmt::format("no {} in {} (build it, or pass --bin-dir)", b, bin.string()));
+          }
+        }
+        return run(duration, capacity, bin);
+      });
 }

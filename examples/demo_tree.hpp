@@ -17,19 +17,13 @@
 
 namespace doorman_examples {
 
-// The flags both demos take: --duration SECONDS (from `shortest`) and --capacity N. Whether
-// `flag` was one of them (its value then read from `args`).
-template <class Arguments>
-bool demo_flag(Arguments& args, const std::string& flag, double shortest, double& duration,
-               double& capacity) {
-  if (flag == "--duration") {
-    duration = args.number(shortest, 3600);
-  } else if (flag == "--capacity") {
-    capacity = args.number(0, 1e15);
-  } else {
-    return false;
-  }
-  return true;
+// The flags both demos take: --duration SECONDS (from `shortest`) and --capacity N, then `more`.
+inline std::vector<flag_action> demo_flags(double shortest, double& duration, double& capacity,
+                                           std::vector<flag_action> more) {
+  more.push_back(
+      {"--duration", [&, shortest](arguments& a) { duration = a.number(shortest, 3600); }});
+  more.push_back({"--capacity", [&](arguments& a) { capacity = a.number(0, 1e15); }});
+  return more;
 }
 
 struct local_tree {

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "arguments.hpp"
+
 namespace {
 
 struct options {
@@ -28,36 +30,28 @@ struct options {
   int steps = 30;
 };
 
-void usage() {
-  fmt::print(
-      "usage: doorman-engine-demo [--algorithm KIND] [--capacity N] [--steps N]\n"
-      "  --algorithm KIND  FAIR_SHARE (default), PROPORTIONAL_SHARE, STATIC or NO_ALGORITHM\n"
-      "  --capacity N      capacity of the shared resource (default 100)\n"
-      "  --steps N         number of 10-second steps to simulate (default 30)\n");
-}
+constexpr const char* usage =
+    "usage: doorman-engine-demo [--algorithm KIND] [--capacity N] [--steps N]\n"
+    "  --algorithm KIND  FAIR_SHARE (default), PROPORTIONAL_SHARE, STATIC or NO_ALGORITHM\n"
+    "  --capacity N      capacity of the shared resource (default 100)\n"
+    "  --steps N         number of 10-second steps to simulate (default 30)\n";
 
 std::optional<options> parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(std::string(arg) + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      usage();
-      return std::nullopt;
-    } else if (arg == "--algorithm") {
-      o.algorithm = value();
-    } else if (arg == "--capacity") {
-      o.capacity = std::stod(value());
-    } else if (arg == "--steps") {
-      o.steps = std::stoi(value());
-      if (o.steps < 1) throw std::invalid_argument("--steps must be at least 1");
+  doorman_examples::arguments args(argc, argv);
+  const bool go = args.parse(usage, [&](const std::string& flag) {
+    if (flag == "--algorithm") {
+      o.algorithm = args.value();
+    } else if (flag == "--capacity") {
+      o.capacity = args.number(0, 1e15);
+    } else if (flag == "--steps") {
+      o.steps = static_cast<int>(args.number(1, 1e6));
     } else {
-      throw std::invalid_argument("unknown option " + std::string(arg));
+      return false;
     }
-  }
+    return true;
+  });
+  if (!go) return std::nullopt;
   return o;
 }
 
@@ -79,8 +73,7 @@ int main(int argc, char** argv) {
     if (!parsed) return 0;
     opt = *parsed;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-engine-demo: {}\n", e.what());
-    usage();
+    fmt::print(stderr, "doorman-engine-demo: {}\n{}", e.what(), usage);
     return 2;
   }
 

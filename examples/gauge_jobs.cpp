@@ -26,62 +26,50 @@ int main(int argc, char** argv) {
   doorman_examples::client_flags flags{.resource = "db"};
   int threads = 16;
   double seconds = 10;
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman-gauge-jobs [--server HOST:PORT[,...]] [--resource ID]"
-        " [--threads N] [--seconds S]\n",
-        [&](const std::string& flag) {
-          if (flag == "--threads") {
-            threads = static_cast<int>(args.number(1, 1024));
-          } else if (flag == "--seconds") {
-            seconds = args.number(0.001, 86400);
-          } else {
-            return flags.parse(flag, args);
-          }
-          return true;
-        });
-    if (!go) return 0;
-    doorman::client_options options;
-    options.addresses = doorman::net::split_list(flags.server);
-    options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-    doorman::client client(options);
-    doorman::gauge_resource db(client, flags.resource);
+  return doorman_examples::run_program(
+      argc, argv, "doorman-gauge-jobs",
+      "usage: doorman-gauge-jobs [--server HOST:PORT[,...]] [--resource ID]"
+      " [--threads N] [--seconds S]\n",
+      flags.with({{"--threads", [&](auto& a) { threads = static_cast<int>(a.number(1, 1024)); }},
+                  {"--seconds", [&](auto& a) { seconds = a.number(0.001, 86400); }}}),
+      [&] {
+        doorman::client_options options;
+        options.addresses = doorman::net::split_list(flags.server);
+        options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
+        doorman::client client(options);
+        doorman::gauge_resource db(client, flags.resource);
 
-    std::atomic<bool> stop{false};
-    std::atomic<int> running{0};
-    std::atomic<int> most{0};
-    std::atomic<long> done{0};
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::mt19937 random(static_cast<unsigned>(t));
-        while (!stop) {
-          auto slot = db.acquire();  // blocks until running < the lease's capacity
-          if (stop) break;
-          const int now = ++running;
-          for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(20 + random() % 100));
-          --running;
-          ++done;
+        std::atomic<bool> stop{false};
+        std::atomic<int> running{0};
+        std::atomic<int> most{0};
+        std::atomic<long> done{0};
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            std::mt19937 random(static_cast<unsigned>(t));
+            while (!stop) {
+              auto slot = db.acquire();  // blocks until running < the lease's capacity
+              if (stop) break;
+              const int now = ++running;
+              for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(20 + random() % 100));
+              --running;
+              ++done;
+            }
+          });
         }
+        const auto start = std::chrono::steady_clock::now();
+        for (int s = 1; s <= static_cast<int>(std::ceil(seconds)); ++s) {
+          std::this_thread::sleep_until(start + std::chrono::seconds(s));
+          fmt::print("{:>3}s capacity {:>4.0f}  wants {:>4.0f}  most running {:>3}  jobs done {}\n",
+                     s, db.capacity(), db.wants(), most.exchange(running.load()), done.exchange(0));
+          std::fflush(stdout);
+        }
+        stop = true;
+        db.limiter().set_limit(-1);  // let every waiting thread through, to see `stop`
+        for (auto& t : pool)
+          t.join();
+        return 0;
       });
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (int s = 1; s <= static_cast<int>(std::ceil(seconds)); ++s) {
-      std::this_thread::sleep_until(start + std::chrono::seconds(s));
-      fmt::print("{:>3}s capacity {:>4.0f}  wants {:>4.0f}  most running {:>3}  jobs done {}\n", s,
-                 db.capacity(), db.wants(), most.exchange(running.load()), done.exchange(0));
-      std::fflush(stdout);
-    }
-    stop = true;
-    db.limiter().set_limit(-1);  // let every waiting thread through, to see `stop`
-    for (auto& t : pool)
-      t.join();
-    return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-gauge-jobs: {}\n", e.what());
-    return 2;
-  }
 }

@@ -143,104 +143,89 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:8080";
   std::string rules_path;
   std::string algorithm = "gcra";
-  bool server_given = false;
   service s;
   doorman_examples::client_flags flags{.resource = "api"};
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
-        " [--resource ID] [--algorithm NAME] [--rules FILE] [--domain NAME] [--max-queued N]\n",
-        [&](const std::string& flag) {
-          if (flag == "--listen") {
-            listen = args.value();
-          } else if (flag == "--rules") {
-            rules_path = args.value();
-          } else if (flag == "--domain") {
-            s.domain = args.value();
-          } else if (flag == "--algorithm") {
-            algorithm = args.value();
-          } else if (flag == "--max-queued") {
-            s.max_queued = static_cast<int>(args.number(0, 1e6));
-          } else {
-            server_given = server_given || flag == "--server";
-            return flags.parse(flag, args);
-          }
-          return true;
-        });
-    if (!go) return 0;
-    const auto at = doorman::net::parse_address(listen);
-    if (!at) throw std::invalid_argument("--listen: expected host:port, got " + listen);
-    const auto kind = doorman::rate_algorithm_from(algorithm);
-    if (!kind) {
-      throw std::invalid_argument(
-          "--algorithm: expected gcra, fixed_window, sliding_log, sliding_window or "
-          "leaky_bucket, got " +
-          algorithm);
-    }
-    if (!rules_path.empty()) {
-      s.rules.emplace(doorman_examples::parse_rules_any(read_file(rules_path), rules_path));
-      const auto domains = s.rules->domains();
-      if (s.domain.empty() && !domains.empty()) s.domain = domains.front();
-      if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
-        throw std::invalid_argument("--domain: " + rules_path + " has no domain " + s.domain);
-    }
-
-    std::optional<doorman::client> client;
-    std::optional<doorman::rate_resource> api;
-    if (rules_path.empty() || server_given) {
-      doorman::client_options options;
-      options.addresses = doorman::net::split_list(flags.server);
-      options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-      client.emplace(options);
-      api.emplace(*client, flags.resource, doorman::resource_options{.algorithm = *kind});
-      s.api = &*api;
-    }
-
-    asio::io_context io;
-    // The library's listener: close-on-exec sockets, and an accept loop that pauses instead
-    // of spinning when accept fails (out of file descriptors, say).
-    doorman::net::listener listener(io.get_executor(), "accept", [](std::string_view line) {
-      fmt::print(stderr, "doorman-http-429: {}\n", line);
-    });
-    listener.listen(*at);
-    fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
-               listener.local_endpoint().address().to_string(), listener.local_endpoint().port());
-    asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&](std::error_code, int) {
-      listener.stop();
-      io.stop();
-    });
-    // SIGHUP reads the rule file again: the new rules apply from the next request (their
-    // counts start afresh); a file that does not parse keeps the previous rules.
-    asio::signal_set hup(io);
-    std::function<void()> await_hup = [&] {
-      hup.async_wait([&](std::error_code e, int) {
-        if (e) return;
-        try {
-          auto fresh = doorman_examples::parse_rules_any(read_file(rules_path), rules_path);
-          const auto domains = fresh.domains();
-          if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
-            throw std::invalid_argument(rules_path + " has no domain " + s.domain);
-          s.rules.emplace(std::move(fresh));
-          fmt::print(stderr, "doorman-http-429: reloaded {}\n", rules_path);
-        } catch (const std::exception& ex) {
-          fmt::print(stderr, "doorman-http-429: kept the previous rules: {}\n", ex.what());
+  return doorman_examples::run_program(
+      argc, argv, "doorman-http-429",
+      "usage: doorman-http-429 [--server HOST:PORT[,...]] [--listen HOST:PORT]"
+      " [--resource ID] [--algorithm NAME] [--rules FILE] [--domain NAME] [--max-queued N]\n",
+      flags.with(
+          {{"--listen", [&](auto& a) { listen = a.value(); }},
+           {"--rules", [&](auto& a) { rules_path = a.value(); }},
+           {"--domain", [&](auto& a) { s.domain = a.value(); }},
+           {"--algorithm", [&](auto& a) { algorithm = a.value(); }},
+           {"--max-queued", [&](auto& a) { s.max_queued = static_cast<int>(a.number(0, 1e6)); }}}),
+      [&] {
+        const auto at = doorman::net::parse_address(listen);
+        if (!at) throw std::invalid_argument("--listen: expected host:port, got " + listen);
+        const auto kind = doorman::rate_algorithm_from(algorithm);
+        if (!kind) {
+          throw std::invalid_argument(
+              "--algorithm: expected gcra, fixed_window, sliding_log, sliding_window or "
+              "leaky_bucket, got " +
+              algorithm);
         }
-        await_hup();
+        if (!rules_path.empty()) {
+          s.rules.emplace(doorman_examples::parse_rules_any(read_file(rules_path), rules_path));
+          const auto domains = s.rules->domains();
+          if (s.domain.empty() && !domains.empty()) s.domain = domains.front();
+          if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
+            throw std::invalid_argument("--domain: " + rules_path + " has no domain " + s.domain);
+        }
+
+        std::optional<doorman::client> client;
+        std::optional<doorman::rate_resource> api;
+        if (rules_path.empty() || flags.server_given) {
+          doorman::client_options options;
+          options.addresses = doorman::net::split_list(flags.server);
+          options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
+          client.emplace(options);
+          api.emplace(*client, flags.resource, doorman::resource_options{.algorithm = *kind});
+          s.api = &*api;
+        }
+
+        asio::io_context io;
+        // The library's listener: close-on-exec sockets, and an accept loop that pauses instead
+        // of spinning when accept fails (out of file descriptors, say).
+        doorman::net::listener listener(io.get_executor(), "accept", [](std::string_view line) {
+          fmt::print(stderr, "doorman-http-429: {}\n", line);
+        });
+        listener.listen(*at);
+        fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
+                   listener.local_endpoint().address().to_string(),
+                   listener.local_endpoint().port());
+        asio::signal_set signals(io, SIGINT, SIGTERM);
+        signals.async_wait([&](std::error_code, int) {
+          listener.stop();
+          io.stop();
+        });
+        // SIGHUP reads the rule file again: the new rules apply from the next request (their
+        // counts start afresh); a file that does not parse keeps the previous rules.
+        asio::signal_set hup(io);
+        std::function<void()> await_hup = [&] {
+          hup.async_wait([&](std::error_code e, int) {
+            if (e) return;
+            try {
+              auto fresh = doorman_examples::parse_rules_any(read_file(rules_path), rules_path);
+              const auto domains = fresh.domains();
+              if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
+                throw std::invalid_argument(rules_path + " has no domain " + s.domain);
+              s.rules.emplace(std::move(fresh));
+              fmt::print(stderr, "doorman-http-429: reloaded {}\n", rules_path);
+            } catch (const std::exception& ex) {
+              fmt::print(stderr, "doorman-http-429: kept the previous rules: {}\n", ex.what());
+            }
+            await_hup();
+          });
+        };
+        if (!rules_path.empty()) {
+          hup.add(SIGHUP);
+          await_hup();
+        }
+        listener.start([&](asio::ip::tcp::socket socket) {
+          asio::co_spawn(io, serve(std::move(socket), s), asio::detached);
+        });
+        io.run();
+        return 0;
       });
-    };
-    if (!rules_path.empty()) {
-      hup.add(SIGHUP);
-      await_hup();
-    }
-    listener.start([&](asio::ip::tcp::socket socket) {
-      asio::co_spawn(io, serve(std::move(socket), s), asio::detached);
-    });
-    io.run();
-    return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-http-429: {}\n", e.what());
-    return 2;
-  }
 }

@@ -98,60 +98,49 @@ int main(int argc, char** argv) {
   doorman_examples::client_flags flags{.resource = "api"};
   std::string name = "worker";
   double demand = 10;
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman-worker [--server HOST:PORT[,HOST:PORT...]] [--resource ID]\n"
-        "                      [--demand OPS_PER_SECOND] [--name NAME]\n",
-        [&](const std::string& flag) {
-          if (flag == "--name") {
-            name = args.value();
-          } else if (flag == "--demand") {
-            demand = args.number(0.001, 1e7);
-          } else {
-            return flags.parse(flag, args);
+  return doorman_examples::run_program(
+      argc, argv, "doorman-worker",
+      "usage: doorman-worker [--server HOST:PORT[,HOST:PORT...]] [--resource ID]\n"
+      "                      [--demand OPS_PER_SECOND] [--name NAME]\n",
+      flags.with({{"--name", [&](auto& a) { name = a.value(); }},
+                  {"--demand", [&](auto& a) { demand = a.number(0.001, 1e7); }}}),
+      [&] {
+        std::signal(SIGTERM, on_signal);
+        std::signal(SIGINT, on_signal);
+
+        doorman::client_options options;
+        options.addresses = doorman::net::split_list(flags.server);
+        options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
+        ledger admitted(name, 0);  // before the client: its thread calls it until it is gone
+        doorman::client client(options);
+        doorman::rate_resource api(client, flags.resource, {.initial_wants = demand});
+        admitted.changed(api.capacity(), api.leased());
+        api.on_capacity([&](double c) { admitted.changed(c, api.leased()); });
+
+        const auto tick = std::chrono::milliseconds(10);
+        const double per_tick = demand * 0.01;
+        double owed = 0;
+        long done = 0;
+        auto next = steady::now();
+        auto report = next + std::chrono::seconds(1);
+        while (!stopping) {
+          owed += per_tick;
+          for (; owed >= 1; owed -= 1)
+            done += api.try_acquire() ? 1 : 0;
+          next += tick;
+          std::this_thread::sleep_until(next);
+          if (steady::now() >= report) {
+            fmt::print(stderr,
+                       "status name={} wants={:.1f} capacity={:.1f} ops={} allowed={:.1f} "
+                       "leased={}\n",
+                       name, api.wants(), api.capacity(), done, admitted.take(),
+                       api.leased() ? 1 : 0);
+            std::fflush(stderr);
+            done = 0;
+            report += std::chrono::seconds(1);
           }
-          return true;
-        });
-    if (!go) return 0;
-    std::signal(SIGTERM, on_signal);
-    std::signal(SIGINT, on_signal);
-
-    doorman::client_options options;
-    options.addresses = doorman::net::split_list(flags.server);
-    options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-    ledger admitted(name, 0);  // before the client: its thread calls it until it is gone
-    doorman::client client(options);
-    doorman::rate_resource api(client, flags.resource, {.initial_wants = demand});
-    admitted.changed(api.capacity(), api.leased());
-    api.on_capacity([&](double c) { admitted.changed(c, api.leased()); });
-
-    const auto tick = std::chrono::milliseconds(10);
-    const double per_tick = demand * 0.01;
-    double owed = 0;
-    long done = 0;
-    auto next = steady::now();
-    auto report = next + std::chrono::seconds(1);
-    while (!stopping) {
-      owed += per_tick;
-      for (; owed >= 1; owed -= 1)
-        done += api.try_acquire() ? 1 : 0;
-      next += tick;
-      std::this_thread::sleep_until(next);
-      if (steady::now() >= report) {
-        fmt::print(stderr,
-                   "status name={} wants={:.1f} capacity={:.1f} ops={} allowed={:.1f} "
-                   "leased={}\n",
-                   name, api.wants(), api.capacity(), done, admitted.take(), api.leased() ? 1 : 0);
-        std::fflush(stderr);
-        done = 0;
-        report += std::chrono::seconds(1);
-      }
-    }
-    admitted.finish();  // admits nothing more; the client releases the lease as it goes
-    return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-worker: {}\n", e.what());
-    return 2;
-  }
+        }
+        admitted.finish();  // admits nothing more; the client releases the lease as it goes
+        return 0;
+      });
 }

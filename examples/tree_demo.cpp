@@ -200,27 +200,20 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   options o;
   o.node_binary = (std::filesystem::path(argv[0]).parent_path() / "doorman-node").string();
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman-tree-demo [--duration SECONDS] [--capacity N] [--node-binary PATH]\n"
-        "  --duration SECONDS  how long the scripted load runs (default 24)\n"
-        "  --capacity N        capacity of the resource \"api\" (default 100)\n"
-        "  --node-binary PATH  the doorman-node to start (default: next to this program)\n",
-        [&](const std::string& flag) {
-          if (doorman_examples::demo_flag(args, flag, 0.001, o.duration, o.capacity)) return true;
-          if (flag != "--node-binary") return false;
-          o.node_binary = args.value();
-          return true;
-        });
-    if (!go) return 0;
-    if (!std::filesystem::exists(o.node_binary)) {
-      throw std::invalid_argument("no doorman-node at " + o.node_binary +
-                                  " (build it, or pass --node-binary)");
-    }
-    return run(o);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-tree-demo: {}\n", e.what());
-    return 2;
-  }
+  return doorman_examples::run_program(
+      argc, argv, "doorman-tree-demo",
+      "usage: doorman-tree-demo [--duration SECONDS] [--capacity N] [--node-binary PATH]\n"
+      "  --duration SECONDS  how long the scripted load runs (default 24)\n"
+      "  --capacity N        capacity of the resource \"api\" (default 100)\n"
+      "  --node-binary PATH  the doorman-node to start (default: next to this program)\n",
+      doorman_examples::demo_flags(
+          0.001, o.duration, o.capacity,
+          {{"--node-binary", [&](auto& args) { o.node_binary = args.value(); }}}),
+      [&] {
+        if (!std::filesystem::exists(o.node_binary)) {
+          throw std::invalid_argument("no doorman-node at " + o.node_binary +
+                                      " (build it, or pass --node-binary)");
+        }
+        return run(o);
+      });
 }

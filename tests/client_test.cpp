@@ -366,18 +366,29 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   CHECK(node.wait_exit() == 0);
   std::filesystem::remove_all(dir);
 }
+namespace {
+
+// Writes `rules` to DIR/NAME.json and starts doorman-http-429 on them (log DIR/NAME.log).
+doorman_examples::process http_429_with_rules(const std::filesystem::path& dir,
+                                              const std::string& name, const std::string& rules) {
+  const auto file = dir / (name + ".json");
+  std::ofstream(file) << rules;
+  return doorman_examples::process(
+      {DOORMAN_HTTP_BINARY, "--rules", file.string(), "--listen", "127.0.0.1:0"},
+      (dir / (name + ".log")).string());
+}
+
+}  // namespace
+
 TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After, elastic waits",
           "[client][process][rules]") {
   const auto dir =
       std::filesystem::temp_directory_path() / ("doorman-rules-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [
+  auto http = http_429_with_rules(dir, "rules", R"({"domain": "web", "descriptors": [
     {"key": "remote_address", "rate_limit": {"unit": "hour", "requests_per_unit": 3}},
     {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
-     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})";
-  doorman_examples::process http(
-      {DOORMAN_HTTP_BINARY, "--rules", (dir / "rules.json").string(), "--listen", "127.0.0.1:0"},
-      (dir / "http.log").string());
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})");
   const auto address = http.listening_address();
   REQUIRE(address);
   for (int i = 0; i < 3; ++i) {
@@ -402,7 +413,7 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
   std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [{"key": 1}]})";
   http.signal(SIGHUP);
   REQUIRE(eventually([&] {
-    std::ifstream in(dir / "http.log");
+    std::ifstream in(dir / "rules.log");
     const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     return log.find("kept the previous rules: descriptors[0].key: must be a string") !=
            std::string::npos;
@@ -412,25 +423,18 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
   // A bad rule file: refused at start, naming the field.
   std::ofstream(dir / "bad.json") << R"({"domain": "web", "descriptors": [
     {"key": "path", "rate_limit": {"unit": "fortnight", "requests_per_unit": 3}}]})";
-  doorman_examples::process bad(
+  check_refused_start(
       {DOORMAN_HTTP_BINARY, "--rules", (dir / "bad.json").string(), "--listen", "127.0.0.1:0"},
-      (dir / "bad.log").string());
-  CHECK(bad.wait_exit() == 2);
-  std::ifstream log(dir / "bad.log");
-  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  CHECK_THAT(text, Catch::Contains(
-                       "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day"));
+      (dir / "bad.log").string(),
+      "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day");
   http.signal(SIGTERM);
   CHECK(http.wait_exit() == 0);
 
   // Elastic: requests over the limit wait for room instead of a 429 (a fresh service, so
   // that the per-address limit above does not apply).
-  std::ofstream(dir / "elastic.json") << R"({"domain": "web", "descriptors": [
+  auto elastic = http_429_with_rules(dir, "elastic", R"({"domain": "web", "descriptors": [
     {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
-     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})";
-  doorman_examples::process elastic(
-      {DOORMAN_HTTP_BINARY, "--rules", (dir / "elastic.json").string(), "--listen", "127.0.0.1:0"},
-      (dir / "elastic.log").string());
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})");
   const auto at = elastic.listening_address();
   REQUIRE(at);
   const auto start = steady::now();

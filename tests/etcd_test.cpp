@@ -642,13 +642,9 @@ TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missin
           "[net][etcd]") {
   etcd_server etcd;
   const std::string log = etcd.dir() + "/node.log";
-  {
-    process p({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
-               "--etcd-endpoints", etcd.endpoint()},
-              log);
-    CHECK(p.wait_exit() == 2);
-    CHECK_THAT(p.log(), Catch::Contains("configuration etcd:/doorman/cfg: no such key"));
-  }
+  check_refused_start({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
+                       "etcd:/doorman/cfg", "--etcd-endpoints", etcd.endpoint()},
+                      log, "configuration etcd:/doorman/cfg: no such key");
   etcd.put("/doorman/cfg", fast_config(100));
   process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", "etcd:/doorman/cfg",
                 "--etcd-endpoints", "http://" + etcd.endpoint()},

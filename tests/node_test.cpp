@@ -156,35 +156,23 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
 }
 
 TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
-  const auto log = std::filesystem::temp_directory_path() / "doorman-test-flags.log";
-  std::filesystem::remove(log);
-  process p({DOORMAN_NODE_BINARY, "--listen", "nowhere", "--parent", "127.0.0.1:1"}, log.string());
-  CHECK(p.wait_exit() == 2);
-  CHECK_THAT(p.log(), Catch::Contains("--listen: expected host:port, got \"nowhere\""));
-  std::filesystem::remove(log);
-  process r({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--parent", "a:1,b"}, log.string());
-  CHECK(r.wait_exit() == 2);
-  CHECK_THAT(r.log(), Catch::Contains("--parent: expected host:port, got \"b\""));
-  std::filesystem::remove(log);
-  process q({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0"}, log.string());
-  CHECK(q.wait_exit() == 2);
-  CHECK_THAT(q.log(), Catch::Contains("--config is required"));
-  std::filesystem::remove(log);
-  process e({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints",
-             "http://127.0.0.1:2379,bad"},
-            log.string());
-  CHECK(e.wait_exit() == 2);
-  CHECK_THAT(e.log(), Catch::Contains("--etcd-endpoints: expected host:port, got \"bad\""));
-  std::filesystem::remove(log);
-  process t({DOORMAN_NODE_BINARY, "--parent", "127.0.0.1:1", "--etcd-endpoints", "127.0.0.1:2379",
-             "--election-ttl", "2.5"},
-            log.string());
-  CHECK(t.wait_exit() == 2);
-  CHECK_THAT(t.log(), Catch::Contains("--election-ttl: expected whole seconds"));
-  std::filesystem::remove(log);
-  process c({DOORMAN_NODE_BINARY, "--config", "etcd:/doorman/config"}, log.string());
-  CHECK(c.wait_exit() == 2);
-  CHECK_THAT(c.log(), Catch::Contains("--config etcd:KEY needs --etcd-endpoints"));
+  const auto log = (std::filesystem::temp_directory_path() / "doorman-test-flags.log").string();
+  const std::string node = DOORMAN_NODE_BINARY;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--listen", "nowhere", "--parent", "127.0.0.1:1"},
+       "--listen: expected host:port, got \"nowhere\""},
+      {{"--listen", "127.0.0.1:0", "--parent", "a:1,b"}, "--parent: expected host:port, got \"b\""},
+      {{"--listen", "127.0.0.1:0"}, "--config is required"},
+      {{"--parent", "127.0.0.1:1", "--etcd-endpoints", "http://127.0.0.1:2379,bad"},
+       "--etcd-endpoints: expected host:port, got \"bad\""},
+      {{"--parent", "127.0.0.1:1", "--etcd-endpoints", "127.0.0.1:2379", "--election-ttl", "2.5"},
+       "--election-ttl: expected whole seconds"},
+      {{"--config", "etcd:/doorman/config"}, "--config etcd:KEY needs --etcd-endpoints"},
+  };
+  for (auto [flags, message] : cases) {
+    flags.insert(flags.begin(), node);
+    check_refused_start(flags, log, message);
+  }
   std::filesystem::remove(log);
 }
 
@@ -203,11 +191,8 @@ TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][p
     CHECK(p.wait_exit() == 0);
   }
   ::setenv("DOORMAN_DECAY_FACTOR", "7", 1);
-  {
-    process p({DOORMAN_NODE_BINARY}, (dir / "bad.log").string());
-    CHECK(p.wait_exit() == 2);
-    CHECK_THAT(p.log(), Catch::Contains("--decay-factor: expected a number in [0.001, 1]"));
-  }
+  check_refused_start({DOORMAN_NODE_BINARY}, (dir / "bad.log").string(),
+                      "--decay-factor: expected a number in [0.001, 1]");
   ::unsetenv("DOORMAN_DECAY_FACTOR");
   ::unsetenv("DOORMAN_CONFIG");
   ::unsetenv("DOORMAN_LISTEN");

@@ -650,11 +650,7 @@ TEST_CASE("doorman-node refuses bad TLS and access flags with a message", "[net]
     std::vector<std::string> args = {DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
                                      certs("flags-config.json")};
     args.insert(args.end(), flags.begin(), flags.end());
-    std::filesystem::remove(log);
-    process p(args, log);
-    INFO(message);
-    CHECK(p.wait_exit() == 2);
-    CHECK_THAT(p.log(), Catch::Contains(message));
+    check_refused_start(args, log, message);
   }
 }
 #endif

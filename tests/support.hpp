@@ -191,6 +191,17 @@ namespace doorman_test {
 
 using doorman_examples::process;
 
+// Starts `args` (a program and its flags), logging to `log`: it must refuse to start, exiting 2
+// with `message` in its log.
+inline void check_refused_start(const std::vector<std::string>& args, const std::string& log,
+                                const std::string& message) {
+  std::filesystem::remove(log);
+  process p(args, log);
+  INFO(message);
+  CHECK(p.wait_exit() == 2);
+  CHECK_THAT(p.log(), Catch::Contains(message));
+}
+
 // The address a doorman-node child process says it listens on.
 inline std::string listening_address(process& p) {
   const auto a = p.listening_address();

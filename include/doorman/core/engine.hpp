@@ -266,43 +266,28 @@ class basic_engine {
   /// `get_capacity`: decides every listed resource for one client.
   [[nodiscard]] result<capacity_response> get_capacity(const capacity_request& req,
                                                        time_point now) {
-    if (auto e = validate(req)) return *e;
-    capacity_response out;
-    fence(now);
-    out.mastership = mastership_;
-    if (!mastership_.is_master) return out;
-    out.resources.reserve(req.resources.size());
-    for (const auto& x : req.resources) {
+    return decide_each<capacity_response>(req, now, [&](const resource_request& x, resource& r) {
       const band_demand band{x.priority, x.wants, 1};
-      resource& r = resource_for(x.resource_id, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
-      out.resources.push_back({x.resource_id, to_lease_info(l, now), safe_capacity(r, now)});
-    }
-    return out;
+      return resource_grant{x.resource_id, to_lease_info(l, now), safe_capacity(r, now)};
+    });
   }
 
   /// `get_server_capacity`: decides every listed resource for a server child, which counts as
   /// as many subclients as it reports clients, per priority band.
   [[nodiscard]] result<server_capacity_response> get_server_capacity(
       const server_capacity_request& req, time_point now) {
-    if (auto e = validate(req)) return *e;
-    server_capacity_response out;
-    fence(now);
-    out.mastership = mastership_;
-    if (!mastership_.is_master) return out;
-    out.resources.reserve(req.resources.size());
     std::vector<band_demand> bands;
-    for (const auto& x : req.resources) {
-      bands.clear();
-      for (const auto& b : x.wants) {
-        bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
-      }
-      resource& r = resource_for(x.resource_id, now);
-      const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
-      out.resources.push_back(
-          {x.resource_id, to_lease_info(l, now), safe_capacity(r, now), r.tmpl.algorithm});
-    }
-    return out;
+    return decide_each<server_capacity_response>(
+        req, now, [&](const server_resource_request& x, resource& r) {
+          bands.clear();
+          for (const auto& b : x.wants) {
+            bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
+          }
+          const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
+          return server_resource_grant{x.resource_id, to_lease_info(l, now), safe_capacity(r, now),
+                                       r.tmpl.algorithm};
+        });
   }
 
   /// `release_capacity`: forgets the client's leases (and demand) on the listed resources.
@@ -367,6 +352,22 @@ class basic_engine {
   }
 
  private:
+  /// What both decisions share: the request validated, the term fenced; a non-master answers
+  /// with its mastership alone, a master with `decide_one(item, resource)` for each item.
+  template <class Response, class Request, class DecideOne>
+  [[nodiscard]] result<Response> decide_each(const Request& req, time_point now,
+                                             DecideOne decide_one) {
+    if (auto e = validate(req)) return *e;
+    Response out;
+    fence(now);
+    out.mastership = mastership_;
+    if (!mastership_.is_master) return out;
+    out.resources.reserve(req.resources.size());
+    for (const auto& x : req.resources)
+      out.resources.push_back(decide_one(x, resource_for(x.resource_id, now)));
+    return out;
+  }
+
   struct resource {
     std::string id;
     resource_template tmpl;

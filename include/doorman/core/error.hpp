@@ -6,6 +6,8 @@
 /// the offending field of a request (`request_error`, in a `result<T>`). Exceptions are kept
 /// for the startup edges (a configuration or option that cannot be used).
 
+#include <cstddef>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -28,40 +30,43 @@ enum class errc {
 
 namespace detail {
 
-class error_category_impl final : public std::error_category {
+/// An error category named `Name` whose messages come from a table: `messages[v - 1]` for
+/// value `v` (values start at 1), else `unknown`. Every enum of error values in the library
+/// is one of these; its table sits next to the enum.
+template <const char* Name, const char* const* Messages, std::size_t Count>
+class table_category final : public std::error_category {
  public:
-  [[nodiscard]] const char* name() const noexcept override { return "doorman"; }
+  [[nodiscard]] const char* name() const noexcept override { return Name; }
   [[nodiscard]] std::string message(int ev) const override {
-    switch (static_cast<errc>(ev)) {
-      case errc::invalid_config:
-        return "invalid configuration";
-      case errc::invalid_params:
-        return "invalid params";
-      case errc::no_master:
-        return "no master found";
-      case errc::too_many_redirects:
-        return "too many mastership redirects";
-      case errc::timed_out:
-        return "no answer before the deadline";
-      case errc::unreachable:
-        return "server unreachable";
-      case errc::error_answer:
-        return "error answer";
-      case errc::bad_answer:
-        return "bad answer";
-      case errc::shut_down:
-        return "shut down";
-    }
-    return "unknown doorman error";
+    if (ev >= 1 && static_cast<std::size_t>(ev) <= Count) return Messages[ev - 1];
+    return std::string("unknown ") + Name + " error";
+  }
+
+  /// The one instance.
+  [[nodiscard]] static const std::error_category& get() noexcept {
+    static const table_category category;
+    return category;
   }
 };
+
+inline constexpr char errc_name[] = "doorman";
+inline constexpr const char* errc_messages[] = {"invalid configuration",
+                                                "invalid params",
+                                                "no master found",
+                                                "too many mastership redirects",
+                                                "no answer before the deadline",
+                                                "server unreachable",
+                                                "error answer",
+                                                "bad answer",
+                                                "shut down"};
+static_assert(std::size(errc_messages) == static_cast<std::size_t>(errc::shut_down));
 
 }  // namespace detail
 
 /// The category of `doorman::errc`.
 [[nodiscard]] inline const std::error_category& error_category() noexcept {
-  static const detail::error_category_impl category;
-  return category;
+  return detail::table_category<detail::errc_name, detail::errc_messages,
+                                std::size(detail::errc_messages)>::get();
 }
 
 [[nodiscard]] inline std::error_code make_error_code(errc e) noexcept {

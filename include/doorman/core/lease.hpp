@@ -4,6 +4,7 @@
 /// A lease on capacity, in absolute time (inside a process) and in relative seconds (on the wire).
 
 #include <algorithm>
+#include <functional>
 
 #include "doorman/core/time.hpp"
 
@@ -48,6 +49,15 @@ template <class TimePoint>
   using duration = typename TimePoint::duration;
   return {l.capacity, now + to_duration<duration>(l.expires_in),
           to_duration<duration>(l.refresh_interval)};
+}
+
+/// The sum of `projection(x)` over `range`, in its order (a sum of capacities or demands).
+template <class Range, class Projection>
+[[nodiscard]] double sum_over(const Range& range, Projection projection) {
+  double sum = 0;
+  for (const auto& x : range)
+    sum += std::invoke(projection, x);
+  return sum;
 }
 
 }  // namespace doorman

@@ -138,18 +138,10 @@ class basic_lease_store {
     }
 
     /// Sum of wants over the bands.
-    [[nodiscard]] double wants() const noexcept {
-      double w = 0;
-      for (const auto& b : bands)
-        w += b.wants;
-      return w;
-    }
+    [[nodiscard]] double wants() const noexcept { return sum_over(bands, &band_demand::wants); }
     /// Sum of subclients over the bands.
     [[nodiscard]] double subclients() const noexcept {
-      double s = 0;
-      for (const auto& b : bands)
-        s += b.subclients;
-      return s;
+      return sum_over(bands, &band_demand::subclients);
     }
 
    private:

@@ -103,25 +103,15 @@ namespace doorman::net {
 
 namespace detail {
 
-class etcd_category_impl final : public std::error_category {
- public:
-  [[nodiscard]] const char* name() const noexcept override { return "etcd"; }
-  [[nodiscard]] std::string message(int ev) const override {
-    switch (static_cast<etcd_errc>(ev)) {
-      case etcd_errc::not_found:
-        return "not found";
-      case etcd_errc::refused:
-        return "refused by etcd";
-    }
-    return "unknown etcd error";
-  }
-};
+inline constexpr char etcd_name[] = "etcd";
+inline constexpr const char* etcd_messages[] = {"not found", "refused by etcd"};
+static_assert(std::size(etcd_messages) == static_cast<std::size_t>(etcd_errc::refused));
 
 }  // namespace detail
 
 [[nodiscard]] inline const std::error_category& etcd_category() noexcept {
-  static const detail::etcd_category_impl category;
-  return category;
+  return doorman::detail::table_category<detail::etcd_name, detail::etcd_messages,
+                                         std::size(detail::etcd_messages)>::get();
 }
 
 [[nodiscard]] inline std::error_code make_error_code(etcd_errc e) noexcept {

@@ -338,18 +338,14 @@ class stream {
 
   template <class Buffers, class Token>
   auto async_read_some(const Buffers& buffers, Token&& token) {
-#ifdef DOORMAN_TLS
-    if (tls_) return tls_->async_read_some(buffers, std::forward<Token>(token));
-#endif
-    return socket_.async_read_some(buffers, std::forward<Token>(token));
+    return on_layer(
+        [&](auto& layer) { return layer.async_read_some(buffers, std::forward<Token>(token)); });
   }
 
   template <class Buffers, class Token>
   auto async_write_some(const Buffers& buffers, Token&& token) {
-#ifdef DOORMAN_TLS
-    if (tls_) return tls_->async_write_some(buffers, std::forward<Token>(token));
-#endif
-    return socket_.async_write_some(buffers, std::forward<Token>(token));
+    return on_layer(
+        [&](auto& layer) { return layer.async_write_some(buffers, std::forward<Token>(token)); });
   }
 
   /// The TLS handshake (nothing for plaintext). A client checks that the server's certificate
@@ -378,6 +374,15 @@ class stream {
   }
 
  private:
+  // `f(layer)` on the layer that reads and writes: the TLS stream, or the plain socket.
+  template <class F>
+  decltype(auto) on_layer(F&& f) {
+#ifdef DOORMAN_TLS
+    if (tls_) return f(*tls_);
+#endif
+    return f(socket_);
+  }
+
   void wrap(const ssl_context_ptr& tls) {
 #ifdef DOORMAN_TLS
     if (!tls) return;

@@ -49,28 +49,20 @@ struct latency_histogram {
   }
 };
 
-/// The outcomes a request is counted under: `ok`, or the JSON-RPC error it got.
+/// The outcomes a request is counted under: `ok`, or the JSON-RPC error it got (the codes
+/// in the order of their names after `ok`).
 inline constexpr std::array<const char*, 7> rpc_outcome_names = {
     "ok",           "parse_error", "invalid_request", "method_not_found", "invalid_params",
     "server_error", "forbidden"};
+inline constexpr std::array<rpc_code, 6> rpc_outcome_codes = {
+    rpc_code::parse_error,    rpc_code::invalid_request, rpc_code::method_not_found,
+    rpc_code::invalid_params, rpc_code::server_error,    rpc_code::forbidden};
 
 [[nodiscard]] inline std::size_t outcome_index(const std::optional<rpc_code>& e) noexcept {
   if (!e) return 0;
-  switch (*e) {
-    case rpc_code::parse_error:
-      return 1;
-    case rpc_code::invalid_request:
-      return 2;
-    case rpc_code::method_not_found:
-      return 3;
-    case rpc_code::invalid_params:
-      return 4;
-    case rpc_code::server_error:
-      return 5;
-    case rpc_code::forbidden:
-      return 6;
-  }
-  return 5;
+  const auto it = std::find(rpc_outcome_codes.begin(), rpc_outcome_codes.end(), *e);
+  const auto at = it != rpc_outcome_codes.end() ? it : rpc_outcome_codes.begin() + 4;
+  return 1 + static_cast<std::size_t>(at - rpc_outcome_codes.begin());  // unknown: server_error
 }
 
 /// The counters a node keeps, touched on its strand only.

@@ -9,6 +9,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,6 +46,36 @@ inline std::string url_segment(std::string_view s) {
 
 inline std::string num(double v) {
   return fmt::format("{:.6g}", v);
+}
+
+// One cell of a table row: HTML already escaped, and the cell's attributes.
+struct cell {
+  std::string html;
+  std::string_view attributes{};
+};
+inline cell text(std::string_view s) {
+  return {xml_escape(s)};
+}
+inline cell number(double v) {
+  return {num(v), " class=\"n\""};
+}
+inline cell count(std::size_t v) {
+  return {std::to_string(v), " class=\"n\""};
+}
+
+inline std::string table_row(std::initializer_list<cell> cells) {
+  std::string out = "<tr>";
+  for (const cell& c : cells)
+    out += fmt::format("<td{}>{}</td>", c.attributes, c.html);
+  return out + "</tr>\n";
+}
+
+// The opening of table `id` and its row of column names.
+inline std::string table_start(std::string_view id, std::initializer_list<std::string_view> names) {
+  std::string out = fmt::format("<table id=\"{}\">\n<tr>", id);
+  for (const std::string_view n : names)
+    out += fmt::format("<th>{}</th>", n);
+  return out + "</tr>\n";
 }
 
 inline std::string page_head(std::string_view title) {
@@ -88,38 +119,38 @@ inline std::string identity_table(const admin_snapshot& s) {
 
 inline std::string resource_row(const admin_resource& r, bool with_link) {
   const auto& st = r.status;
-  const std::string id = with_link
-                             ? fmt::format("<a href=\"/status/resources/{}\">{}</a>",
-                                           url_segment(st.resource_id), xml_escape(st.resource_id))
-                             : xml_escape(st.resource_id);
-  return fmt::format(
-      "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
-      "<td class=\"n\">{}</td><td class=\"n\">{}</td><td{}>{}</td><td>{}</td><td>{}</td>"
-      "<td class=\"n\">{}</td><td>{}</td></tr>\n",
-      id, num(st.capacity), num(st.sum_has), num(st.sum_wants), st.clients, num(st.subclients),
-      st.learning ? " class=\"learning\"" : "", st.learning ? "yes" : "no",
-      xml_escape(st.algorithm), xml_escape(r.glob),
-      r.parent_lease ? num(*r.parent_lease) : std::string("-"), xml_escape(r.description));
+  cell id = text(st.resource_id);
+  if (with_link)
+    id.html = fmt::format("<a href=\"/status/resources/{}\">{}</a>", url_segment(st.resource_id),
+                          id.html);
+  return table_row({id,
+                    number(st.capacity),
+                    number(st.sum_has),
+                    number(st.sum_wants),
+                    count(st.clients),
+                    number(st.subclients),
+                    {st.learning ? "yes" : "no", st.learning ? " class=\"learning\"" : ""},
+                    text(st.algorithm),
+                    text(r.glob),
+                    r.parent_lease ? number(*r.parent_lease) : cell{"-"},
+                    text(r.description)});
 }
 
-inline constexpr std::string_view resource_header =
-    "<tr><th>resource</th><th>capacity</th><th>has</th><th>wants</th><th>clients</th>"
-    "<th>subclients</th><th>learning</th><th>algorithm</th><th>template</th>"
-    "<th>parent lease</th><th>description</th></tr>\n";
+// The opening of a table of resources, `id` its id.
+inline std::string resource_table(std::string_view id) {
+  return table_start(id, {"resource", "capacity", "has", "wants", "clients", "subclients",
+                          "learning", "algorithm", "template", "parent lease", "description"});
+}
 
 inline std::string template_table(const admin_snapshot& s) {
   std::string out =
-      "<table id=\"templates\">\n<tr><th>identifier_glob</th><th>capacity</th>"
-      "<th>safe_capacity</th><th>algorithm</th><th>lease_length</th><th>refresh_interval</th>"
-      "<th>description</th></tr>\n";
+      table_start("templates", {"identifier_glob", "capacity", "safe_capacity", "algorithm",
+                                "lease_length", "refresh_interval", "description"});
   for (const auto& t : s.templates) {
-    out += fmt::format(
-        "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>"
-        "<td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>\n",
-        xml_escape(t.identifier_glob), num(t.capacity),
-        t.safe_capacity ? num(*t.safe_capacity) : std::string("dynamic"),
-        xml_escape(t.algorithm.kind), num(t.algorithm.lease_length.count()),
-        num(t.algorithm.refresh_interval.count()), xml_escape(t.description));
+    out += table_row({text(t.identifier_glob), number(t.capacity),
+                      t.safe_capacity ? number(*t.safe_capacity) : cell{"dynamic", " class=\"n\""},
+                      text(t.algorithm.kind), number(t.algorithm.lease_length.count()),
+                      number(t.algorithm.refresh_interval.count()), text(t.description)});
   }
   return out + "</table>\n";
 }
@@ -134,8 +165,7 @@ inline std::string template_table(const admin_snapshot& s) {
   if (s.resources.empty()) {
     out += "<p id=\"no-resources\">No resource has state yet: no client has asked.</p>\n";
   } else {
-    out += "<table id=\"resources\">\n";
-    out += detail::resource_header;
+    out += detail::resource_table("resources");
     for (const auto& r : s.resources)
       out += detail::resource_row(r, true);
     out += "</table>\n";
@@ -153,23 +183,23 @@ inline std::string template_table(const admin_snapshot& s) {
 [[nodiscard]] inline std::string render_resource(const admin_snapshot& s, std::size_t page) {
   const auto& r = s.resources.at(0);
   std::string out = detail::page_head("resource " + r.status.resource_id);
-  out += "<p><a href=\"/status\">back to the node</a></p>\n<table id=\"resource\">\n";
-  out += detail::resource_header;
+  out += "<p><a href=\"/status\">back to the node</a></p>\n";
+  out += detail::resource_table("resource");
   out += detail::resource_row(r, false);
   out += "</table>\n";
   const std::size_t pages =
       std::max<std::size_t>(1, (s.lease_count + leases_per_page - 1) / leases_per_page);
   out += fmt::format("<h2>Leases ({}; page {} of {})</h2>\n", s.lease_count, page, pages);
-  out +=
-      "<table id=\"leases\">\n<tr><th>client</th><th>kind</th><th>has</th><th>wants</th>"
-      "<th>subclients</th><th>expires in (s)</th><th>refresh in (s)</th></tr>\n";
+  out += detail::table_start("leases", {"client", "kind", "has", "wants", "subclients",
+                                        "expires in (s)", "refresh in (s)"});
   for (const auto& l : s.leases) {
-    out += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
-        "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
-        detail::xml_escape(l.client_id), l.is_server ? "server" : "client",
-        detail::num(l.has.capacity), detail::num(l.wants), detail::num(l.subclients),
-        detail::num(l.has.expires_in), detail::num(l.has.refresh_interval));
+    out += detail::table_row({detail::text(l.client_id),
+                              {l.is_server ? "server" : "client"},
+                              detail::number(l.has.capacity),
+                              detail::number(l.wants),
+                              detail::number(l.subclients),
+                              detail::number(l.has.expires_in),
+                              detail::number(l.has.refresh_interval)});
   }
   out += "</table>\n<p id=\"pages\">";
   const std::string base = "/status/resources/" + detail::url_segment(r.status.resource_id);

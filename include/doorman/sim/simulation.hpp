@@ -348,18 +348,12 @@ class simulation {
 
   /// The sum of `effective_capacity` over all clients, in index order.
   [[nodiscard]] double total_granted() const noexcept {
-    double sum = 0;
-    for (const standing& s : standing_)
-      sum += s.at(now());
-    return sum;
+    return sum_over(standing_, [t = now()](const standing& s) { return s.at(t); });
   }
 
   /// The sum of what the clients present want, in index order.
   [[nodiscard]] double total_wants() const noexcept {
-    double sum = 0;
-    for (const standing& s : standing_)
-      sum += s.wants;
-    return sum;
+    return sum_over(standing_, &standing::wants);
   }
 
   /// The capacity of the tree: the root's configured capacity for the resource.
