@@ -369,12 +369,7 @@ class client {
   }
 
   static net::channel_options channel_options_of(const client_options& o) {
-    net::channel_options c;
-    c.addresses = o.addresses;
-    c.call_timeout = o.call_timeout;
-    c.log = o.log;
-    c.tls = o.tls;
-    return c;
+    return {.addresses = o.addresses, .call_timeout = o.call_timeout, .log = o.log, .tls = o.tls};
   }
 
   void log(const std::string& s) const {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +85,17 @@ struct node_metrics {
     const auto m = static_cast<std::size_t>(r.method);
     ++requests[m][outcome_index(r.error)];
     latency[m].observe(taken);
+  }
+
+  /// A configuration loaded (`ok`), or rejected.
+  void count_reload(bool ok) {
+    if (!ok) {
+      ++reloads_failed;
+      return;
+    }
+    ++reloads_ok;
+    last_reload_unix =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 };
 

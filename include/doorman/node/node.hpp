@@ -30,19 +30,17 @@
 #include <asio.hpp>
 #include <nlohmann/json.hpp>
 
-#include "doorman/core/config_follower.hpp"
 #include "doorman/core/engine.hpp"
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
-#include "doorman/net/channel.hpp"
 #include "doorman/net/http_server.hpp"
-#include "doorman/net/refresh_driver.hpp"
 #include "doorman/net/server.hpp"
-#include "doorman/net/supervise.hpp"
 #include "doorman/node/access.hpp"
 #include "doorman/node/admin.hpp"
+#include "doorman/node/config_driver.hpp"
 #include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
+#include "doorman/node/parent_link.hpp"
 #include "doorman/node/status_page.hpp"
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/dispatch.hpp"
@@ -142,10 +140,7 @@ class basic_node {
     identity_.role = options_.parents.empty() ? "root" : "intermediate";
     identity_.level = options_.parents.empty() ? 0 : 1;
     if (!options_.parents.empty()) identity_.parent = options_.parents[0];
-    if (options_.upstream.server_id.empty()) {
-      options_.upstream.server_id = identity_.id;
-      upstream_ = basic_upstream<engine_type>(options_.upstream);
-    }
+    if (options_.upstream.server_id.empty()) options_.upstream.server_id = identity_.id;
     server_.start();
     log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
     if (access_.policy() && access_.policy()->built_in()) {
@@ -162,8 +157,8 @@ class basic_node {
         on_mastership(is_master, std::move(m));
       });
     });
-    if (driver_) driver_->async_run(asio::detached);
-    if (location_.type == config_location::kind::etcd) start_config_poll();
+    if (!options_.parents.empty()) start_parent_link();
+    config_.start();
   }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
@@ -176,7 +171,7 @@ class basic_node {
   void reload(resource_repository config) {
     asio::post(strand_, [this, c = std::move(config)]() mutable {
       engine_.set_config(std::move(c));
-      count_reload(true);
+      metrics_.count_reload(true);
       log(fmt::format("configuration reloaded: {} templates", engine_.config().templates().size()));
     });
   }
@@ -185,28 +180,7 @@ class basic_node {
   /// (else the old configuration is kept and the error logged); an etcd key is read at once.
   void reload_config() {
     asio::post(strand_, [this] {
-      if (stopping_) return;
-      switch (location_.type) {
-        case config_location::kind::none:
-          log("warning: no configuration source to reload");
-          return;
-        case config_location::kind::etcd:
-          if (config_follower_) config_follower_->wake(clock::now());
-          config_wake_.cancel();
-          return;
-        case config_location::kind::file:
-          break;
-      }
-      try {
-        engine_.set_config(read_config_file(options_.config, location_.where));
-        count_reload(true);
-        log(fmt::format("configuration reloaded from {}: {} templates", location_.where,
-                        engine_.config().templates().size()));
-      } catch (const std::exception& e) {
-        count_reload(false);
-        log(fmt::format("warning: configuration {} rejected, keeping the old one: {}",
-                        location_.where, e.what()));
-      }
+      if (!stopping_) config_.reload();
     });
   }
 
@@ -222,13 +196,12 @@ class basic_node {
         return tls_ || options_.parent_tls.active();
       });
       reload_part("etcd TLS certificates", [this] {
-        bool any = false;
-        if (config_etcd_) config_etcd_->reload_tls();
+        bool election = false;
         if constexpr (requires { election_.reload_tls(); }) {
           election_.reload_tls();
-          any = true;
+          election = options_.config.etcd_tls.active();
         }
-        return (any || config_etcd_) && options_.config.etcd_tls.active();
+        return config_.reload_tls() || election;
       });
       reload_part("access file " + options_.access, [this] {
         if (options_.access.empty()) return false;
@@ -249,9 +222,8 @@ class basic_node {
       election_.stop();
       server_.stop();
       if (admin_) admin_->stop();
-      config_wake_.cancel();
-      if (driver_) driver_->stop();
-      if (parent_) parent_->shutdown();
+      config_.stop();
+      if (parent_) parent_->stop();
     });
   }
 
@@ -312,7 +284,6 @@ class basic_node {
              Election election)
       : strand_(asio::make_strand(executor)),
         options_(prepare(std::move(options))),
-        location_(config_location::parse(options_.config.source)),
         engine_(std::move(config.config), options_.engine),
         access_(read_access(options_), options_.max_client_ids,
                 [this](std::string_view resource, std::string_view client) {
@@ -327,20 +298,9 @@ class basic_node {
         tls_(options_.tls.active()
                  ? std::make_shared<net::tls_context>(net::tls_side::server, options_.tls)
                  : nullptr),
-        upstream_(options_.upstream),
         election_(std::move(election)),
-        config_wake_(strand_),
-        config_revision_(config.revision) {
-    count_reload(true);
-    if (!options_.parents.empty()) {
-      net::channel_options ch;
-      ch.addresses = options_.parents;
-      ch.call_timeout = options_.parent_timeout;
-      ch.log = options_.log;
-      ch.tls = options_.parent_tls;
-      parent_.emplace(strand_, std::move(ch));
-      driver_.emplace(strand_, upstream_side_, *parent_, "upstream loop", options_.log);
-    }
+        config_(strand_, engine_, options_.config, config.revision, metrics_, options_.log) {
+    metrics_.count_reload(true);
     if (!options_.admin.empty()) {
       admin_.emplace(
           strand_, options_.admin_server,
@@ -425,14 +385,13 @@ class basic_node {
     if (options_.log) options_.log(s);
   }
 
-  void count_reload(bool ok) {
-    if (!ok) {
-      ++metrics_.reloads_failed;
-      return;
-    }
-    ++metrics_.reloads_ok;
-    metrics_.last_reload_unix =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // An intermediate's link to its parent, once its id is known.
+  void start_parent_link() {
+    parent_.emplace(strand_, engine_,
+                    parent_link_options{options_.parents, options_.parent_timeout,
+                                        options_.parent_tls, options_.upstream, options_.log},
+                    metrics_, identity_, [this] { apply_term(clock::now()); });
+    parent_->start();
   }
 
   void on_mastership(bool is_master, std::optional<std::string> m) {
@@ -517,7 +476,7 @@ class basic_node {
     }
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
-    if (driver_ && upstream_.next_request(engine_) < driver_->wakes_at()) driver_->reschedule();
+    if (parent_) parent_->after_calls();
     return answers;
   }
 
@@ -525,7 +484,7 @@ class basic_node {
     admin_snapshot s;
     s.identity = identity_;
     s.listen = local_;
-    s.config_source = location_.name();
+    s.config_source = config_.source_name();
     s.mastership = engine_.mastership();
     s.started = started_at_ != clock::time_point{};
     s.uptime = s.started ? std::chrono::duration<double>(now - started_at_).count() : 0;
@@ -534,10 +493,10 @@ class basic_node {
     s.connections_refused = server_.refused();
     s.connections_closed_idle = server_.closed_idle();
     s.tls_handshakes_failed = server_.failed_handshakes();
-    s.has_parent = parent_.has_value();
-    s.parent_failures = upstream_.failures();
-    if (parent_success_) {
-      s.since_parent_success = std::chrono::duration<double>(now - *parent_success_).count();
+    s.has_parent = !options_.parents.empty();
+    if (parent_) {
+      s.parent_failures = parent_->failures();
+      s.since_parent_success = parent_->since_success(now);
     }
     s.templates = engine_.config().templates();
     return s;
@@ -563,145 +522,25 @@ class basic_node {
     });
   }
 
-  // The node's side of its refresh driver: the upstream machine over the engine.
-  struct upstream_requester {
-    basic_node& node;
-
-    refresh_step<clock::time_point> next(clock::time_point now) const {
-      return node.upstream_.next(node.engine_, now);
-    }
-
-    net::outgoing_call request(clock::time_point now) const {
-      auto r = node.upstream_.make_request(node.engine_, now);
-      node.asked_ = r.resources.size();
-      return {"get_server_capacity", nlohmann::json(r)};
-    }
-
-    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
-      co_await node.on_parent_reply(std::move(reply), now);
-    }
-  };
-
-  asio::awaitable<void> on_parent_reply(net::call_reply reply, clock::time_point now) {
-    apply_term(clock::now());  // the engine decides with the term as it is now, not as it was
-    server_capacity_response resp;
-    net::decode_refresh(reply, resp);
-    const refresh_event event =
-        reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
-    if (reply) {
-      ++metrics_.parent_requests_ok;
-      parent_success_ = now;
-    } else {
-      ++metrics_.parent_requests_failed;
-    }
-    switch (event) {
-      case refresh_event::reached:
-        log(fmt::format("parent {} reached: {} resources leased", parent_->current(), asked_));
-        co_await learn_level();
-        break;
-      case refresh_event::lost:
-        log(fmt::format(
-            "warning: parent lost ({}); leases run out as they expire, retrying with backoff",
-            reply.message));
-        break;
-      case refresh_event::regained:
-        log(fmt::format("parent {} regained", parent_->current()));
-        break;
-      case refresh_event::none:
-        if (reply.error && upstream_.failures() == 1) {
-          log(fmt::format("warning: parent unreachable: {}", reply.message));  // never reached yet
-        }
-        break;
-    }
-  }
-
-  // The deepest tree `status` reports a level for (a parent's level is checked against it).
-  static constexpr int max_level = 1000;
-
-  // The parent's level, for `status`.
-  asio::awaitable<void> learn_level() {
-    const auto reply = co_await parent_->call("status", nlohmann::json::object(), false);
-    // A failed call leaves `result` null, where `find` finds nothing.
-    if (const auto level = reply.result.find("level"); level != reply.result.end()) {
-      // An integer below max_level; anything else is the parent's mistake, not a level.
-      if (const auto v = as_int64(*level); v && *v >= 0 && *v < max_level) {
-        identity_.level = static_cast<int>(*v) + 1;
-      } else {
-        log(fmt::format("warning: parent {} reports level {}, not an integer from 0 to {}; ignored",
-                        parent_->current(), to_line(*level), max_level - 1));
-      }
-    }
-    identity_.parent = parent_->current();
-  }
-
-  void start_config_poll() {
-    config_etcd_.emplace(strand_, options_.config.etcd_endpoints, options_.config.etcd_tls);
-    config_follower_.emplace(location_.name(), options_.config.poll_interval, config_revision_,
-                             clock::now());
-    asio::co_spawn(strand_,
-                   net::supervised(
-                       "etcd configuration poll", [this] { return follow_etcd_config(); },
-                       [this] { return stopping_; }, options_.log),
-                   asio::detached);
-  }
-
-  // Drives the follower (core/config_follower.hpp) over the etcd key: reads when it says,
-  // applies what it says to. `reload_config()` wakes it.
-  asio::awaitable<void> follow_etcd_config() {
-    auto& f = *config_follower_;
-    while (!stopping_) {
-      config_wake_.expires_at(f.next_read());
-      co_await net::wait_on(config_wake_);
-      if (stopping_) break;
-      if (clock::now() < f.next_read()) continue;
-      const auto got = co_await config_etcd_->get(
-          location_.where,
-          clock::now() + to_duration<clock::duration>(options_.config.etcd_timeout.count()));
-      if (!got) {
-        f.failed(clock::now(), got.message);
-      } else if (const auto& kv = got.value;
-                 f.read(clock::now(), kv ? std::optional(kv->mod_revision) : std::nullopt).apply) {
-        std::optional<std::string> rejected;
-        try {
-          engine_.set_config(parse_config_text(options_.config, kv->value, location_.name()));
-        } catch (const std::exception& e) {
-          rejected = e.what();
-        }
-        count_reload(f.applied(rejected));
-      }
-      for (const auto& line : f.take_log())
-        log(line);
-    }
-  }
-
   asio::strand<asio::any_io_executor> strand_;
   node_options options_;
-  config_location location_;
   engine_type engine_;
   access_control access_;  // before server_: a closing connection tells it
   net::server server_;
   std::shared_ptr<net::tls_context> tls_;
-  basic_upstream<engine_type> upstream_;
-  std::optional<net::channel> parent_;
-  upstream_requester upstream_side_{*this};
-  std::optional<net::refresh_driver<upstream_requester>> driver_;
-  std::size_t asked_ = 0;  // resources in the last request to the parent
   Election election_;
   bool elected_ = false;           // what the election last reported
   std::uint64_t fenced_seen_ = 0;  // engine_.fenced() already counted
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
+  node_metrics metrics_;
+  basic_config_driver<engine_type> config_;
+  std::optional<basic_parent_link<engine_type>> parent_;  // an intermediate's, once started
   std::string local_;
   std::string admin_local_;
   std::string failed_bind_;
   std::optional<net::http_server> admin_;
-  node_metrics metrics_;
   clock::time_point started_at_{};
-  std::optional<clock::time_point> parent_success_;
-  asio::steady_timer config_wake_;
-  std::optional<net::etcd_client> config_etcd_;
-  std::int64_t config_revision_ = 0;  // of the configuration read at the start
-  std::optional<config_follower<clock::time_point>> config_follower_;
   bool stopping_ = false;
 };
 

@@ -1,0 +1,187 @@
+#pragma once
+
+/// \file
+/// An intermediate node's link to its parent position: the upstream machine
+/// (core/upstream.hpp) over the node's engine, sent through a channel by the refresh driver
+/// (net/refresh_driver.hpp). The parent's leases become the engine's capacity; the link counts
+/// its calls in the node's metrics, learns its level in the tree and logs what changes. It runs
+/// on the node's strand.
+///
+///     basic_parent_link<engine_type> link(strand, engine, options, metrics, identity, on_answer);
+///     link.start();         // refreshes until stopped
+///     link.after_calls();   // client calls may have made the next request due sooner
+///     link.stop();
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/core/upstream.hpp"
+#include "doorman/net/channel.hpp"
+#include "doorman/net/refresh_driver.hpp"
+#include "doorman/node/admin.hpp"
+#include "doorman/protocol/codec.hpp"
+
+namespace doorman {
+
+/// Options of a parent link, with their defaults.
+struct parent_link_options {
+  std::vector<std::string> parents;  ///< the parent position's addresses
+  seconds timeout{5};                ///< deadline of one request to the parent
+  net::tls_options tls{};            ///< TLS of the link (a certificate identifies this node)
+  upstream_options upstream{};       ///< `server_id` is this node's id at the parent
+  std::function<void(std::string_view)> log{};
+};
+
+template <class Engine>
+class basic_parent_link {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// A link on `strand` (the node's) feeding `target` (the node's engine). It counts its calls in
+  /// `metrics` and sets `identity`'s level and parent; `on_answer()` runs before each answer from
+  /// the parent reaches the engine (the node applies its election term there).
+  basic_parent_link(const asio::any_io_executor& strand, Engine& target,
+                    parent_link_options options, node_metrics& metrics, node_identity& identity,
+                    std::function<void()> on_answer)
+      : engine_(target),
+        options_(std::move(options)),
+        metrics_(metrics),
+        identity_(identity),
+        on_answer_(std::move(on_answer)),
+        upstream_(options_.upstream),
+        channel_(strand, channel_options_of(options_)),
+        driver_(strand, requester_, channel_, "upstream loop", options_.log) {}
+
+  basic_parent_link(const basic_parent_link&) = delete;
+  basic_parent_link& operator=(const basic_parent_link&) = delete;
+
+  /// Refreshes until `stop()`.
+  void start() { driver_.async_run(asio::detached); }
+
+  /// Stops refreshing and fails the call in flight.
+  void stop() {
+    driver_.stop();
+    channel_.shutdown();
+  }
+
+  /// Re-reads the link's certificates (new connections use them).
+  void reload_tls() { channel_.reload_tls(); }
+
+  /// Client calls were answered: a resource the node had no state for, or capacity given back
+  /// that the parent waits for, may make the next request due sooner.
+  void after_calls() {
+    if (upstream_.next_request(engine_) < driver_.wakes_at()) driver_.reschedule();
+  }
+
+  /// Failed requests in a row.
+  [[nodiscard]] int failures() const noexcept { return upstream_.failures(); }
+
+  /// Seconds since the parent last answered; none if it never did.
+  [[nodiscard]] std::optional<double> since_success(clock::time_point now) const {
+    if (!success_) return std::nullopt;
+    return std::chrono::duration<double>(now - *success_).count();
+  }
+
+ private:
+  // The deepest tree `status` reports a level for (a parent's level is checked against it).
+  static constexpr int max_level = 1000;
+
+  static net::channel_options channel_options_of(const parent_link_options& o) {
+    return {.addresses = o.parents, .call_timeout = o.timeout, .log = o.log, .tls = o.tls};
+  }
+
+  void log(const std::string& s) const {
+    if (options_.log) options_.log(s);
+  }
+
+  // The link's side of its refresh driver: the upstream machine over the engine.
+  struct requester {
+    basic_parent_link& link;
+
+    refresh_step<clock::time_point> next(clock::time_point now) const {
+      return link.upstream_.next(link.engine_, now);
+    }
+
+    net::outgoing_call request(clock::time_point now) const {
+      auto r = link.upstream_.make_request(link.engine_, now);
+      link.asked_ = r.resources.size();
+      return {"get_server_capacity", nlohmann::json(r)};
+    }
+
+    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+      co_await link.on_reply(std::move(reply), now);
+    }
+  };
+
+  asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) {
+    if (on_answer_) on_answer_();  // the engine decides with the term as it is now
+    server_capacity_response resp;
+    net::decode_refresh(reply, resp);
+    const refresh_event event =
+        reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
+    if (reply) {
+      ++metrics_.parent_requests_ok;
+      success_ = now;
+    } else {
+      ++metrics_.parent_requests_failed;
+    }
+    if (event == refresh_event::reached) {
+      log(fmt::format("parent {} reached: {} resources leased", channel_.current(), asked_));
+      co_await learn_level();
+    } else {
+      log_event(event, reply);
+    }
+  }
+
+  void log_event(refresh_event event, const net::call_reply& reply) const {
+    if (event == refresh_event::lost) {
+      log(fmt::format(
+          "warning: parent lost ({}); leases run out as they expire, retrying with backoff",
+          reply.message));
+    } else if (event == refresh_event::regained) {
+      log(fmt::format("parent {} regained", channel_.current()));
+    } else if (reply.error && upstream_.failures() == 1) {
+      log(fmt::format("warning: parent unreachable: {}", reply.message));  // never reached yet
+    }
+  }
+
+  // The parent's level, for `status`.
+  asio::awaitable<void> learn_level() {
+    const auto reply = co_await channel_.call("status", nlohmann::json::object(), false);
+    // A failed call leaves `result` null, where `find` finds nothing.
+    if (const auto level = reply.result.find("level"); level != reply.result.end()) {
+      // An integer below max_level; anything else is the parent's mistake, not a level.
+      if (const auto v = as_int64(*level); v && *v >= 0 && *v < max_level) {
+        identity_.level = static_cast<int>(*v) + 1;
+      } else {
+        log(fmt::format("warning: parent {} reports level {}, not an integer from 0 to {}; ignored",
+                        channel_.current(), to_line(*level), max_level - 1));
+      }
+    }
+    identity_.parent = channel_.current();
+  }
+
+  Engine& engine_;
+  parent_link_options options_;
+  node_metrics& metrics_;
+  node_identity& identity_;
+  std::function<void()> on_answer_;
+  basic_upstream<Engine> upstream_;
+  net::channel channel_;
+  requester requester_{*this};
+  net::refresh_driver<requester> driver_;
+  std::size_t asked_ = 0;  // resources in the last request to the parent
+  std::optional<clock::time_point> success_;
+};
+
+}  // namespace doorman
