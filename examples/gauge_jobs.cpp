@@ -7,6 +7,7 @@
 //   doorman-gauge-jobs --server 127.0.0.1:7700 --resource db --threads 16 [--seconds 10]
 
 #include <doorman/client.hpp>
+#include <doorman/net/address.hpp>
 
 #include <fmt/format.h>
 

@@ -14,6 +14,7 @@
 // last one, as the worker stops admitting, has capacity 0.
 
 #include <doorman/client.hpp>
+#include <doorman/net/address.hpp>
 
 #include <fmt/format.h>
 

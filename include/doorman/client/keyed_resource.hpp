@@ -36,6 +36,7 @@
 
 #include "doorman/client/resource.hpp"
 #include "doorman/core/glob.hpp"
+#include "doorman/core/limits.hpp"
 
 namespace doorman {
 

@@ -24,7 +24,9 @@
 #include <system_error>
 #include <utility>
 
-#include <asio.hpp>
+#include <asio/async_result.hpp>
+#include <asio/error.hpp>
+#include <asio/post.hpp>
 
 #include "doorman/client/client.hpp"
 #include "doorman/core/linkage.hpp"
@@ -53,45 +55,26 @@ struct resource_options {
 
 namespace detail {
 
-/// Starts `body(wait)` (an `asio::awaitable<std::error_code>`) on the client's strand as an
-/// asynchronous operation completing `void(std::error_code)` through `token`:
-/// - the handler's cancellation slot cancels the wait (`pending_wait::cancel`, on the strand);
-/// - the handler runs on its associated executor, which is kept busy meanwhile (work).
-template <class Token, class Body>
-auto async_pending(const asio::any_io_executor& strand, Body body, Token&& token) {
+/// Starts an asynchronous wait on `e` for `n` permits (a rate) or a slot (a gauge), on the
+/// client's strand: `done(ec)` is called once, when it ends. The function returned cancels it
+/// (from any thread; nothing once it ended).
+DOORMAN_DECL std::function<void()> start_wait(std::shared_ptr<resource_entry> e, double n,
+                                              std::function<void(std::error_code)> done);
+
+/// `start_wait` as an asynchronous operation completing `void(std::error_code)` through
+/// `token`: the handler's cancellation slot cancels the wait; the handler runs on its
+/// associated executor, which is kept busy meanwhile (work).
+template <class Token>
+auto async_pending(std::shared_ptr<resource_entry> e, double n, Token&& token) {
   return asio::async_initiate<Token, void(std::error_code)>(
-      [strand](auto handler, Body b) {
-        auto w = std::make_shared<pending_wait>(strand);
-        auto done = net::detail::make_completion(std::move(handler), strand);
-        done->on_cancel([weak = std::weak_ptr(w), strand] {
-          asio::post(strand, [weak] {
-            if (auto pending = weak.lock()) pending->cancel();
-          });
-        });
-        asio::co_spawn(strand, b(std::move(w)),
-                       [done](const std::exception_ptr& e, std::error_code ec) {
-                         done->complete(e ? asio::error::no_memory : ec);  // nothing else throws
-                       });
+      [](auto handler, std::shared_ptr<resource_entry> entry, double permits) {
+        auto done = net::detail::make_completion(std::move(handler), entry->strand);
+        auto cancel = start_wait(std::move(entry), permits,
+                                 [done](std::error_code ec) { done->complete(ec); });
+        done->on_cancel(std::move(cancel));
       },
-      token, std::move(body));
+      token, std::move(e), n);
 }
-
-/// Lists an asynchronous wait in its resource for its lifetime (so that a capacity change
-/// wakes it and a stop cancels it). On the strand.
-class listed_wait {
- public:
-  listed_wait(resource_entry& e, pending_wait& w) : e_(e), w_(w) { e_.waits.insert(&w_); }
-  listed_wait(const listed_wait&) = delete;
-  listed_wait& operator=(const listed_wait&) = delete;
-  ~listed_wait() { e_.waits.erase(&w_); }
-
-  // Sleeps until the resource wakes its blocked waits (or the wait is cancelled).
-  DOORMAN_DECL asio::awaitable<void> until_woken();
-
- private:
-  resource_entry& e_;
-  pending_wait& w_;
-};
 
 inline std::system_error stopped_error() {
   return {asio::error::operation_aborted, "the client stopped or the resource was released"};
@@ -196,22 +179,11 @@ class rate_resource : public detail::resource_handle {
   /// The handler runs on its associated executor.
   template <class CompletionToken>
   auto async_wait(double n, CompletionToken&& token) {
-    return detail::async_pending(
-        entry_->strand, [e = entry_, n](auto w) { return wait_op(e, n, std::move(w)); },
-        std::forward<CompletionToken>(token));
+    return detail::async_pending(entry_, n, std::forward<CompletionToken>(token));
   }
 
   /// The local limiter (e.g. to change its burst), running `resource_options::algorithm`.
   [[nodiscard]] any_rate_limiter& limiter() noexcept { return entry_->rate; }
-
- private:
-  static DOORMAN_DECL asio::awaitable<std::error_code> wait_op(
-      std::shared_ptr<detail::resource_entry> e, double n, std::shared_ptr<detail::pending_wait> w);
-
-  // The window algorithms' wait: tried again when the refusal says the permits fit.
-  static DOORMAN_DECL asio::awaitable<std::error_code> retry_op(detail::resource_entry& e, double n,
-                                                                detail::pending_wait& w,
-                                                                detail::listed_wait& listed);
 };
 
 /// A gauge resource: at most `capacity()` operations in flight, following the lease.
@@ -294,9 +266,7 @@ class gauge_resource : public detail::resource_handle {
   /// cancellation slot) or when the client stops, having taken nothing.
   template <class CompletionToken>
   auto async_acquire(CompletionToken&& token) {
-    return detail::async_pending(
-        entry_->strand, [e = entry_](auto w) { return acquire_op(e, std::move(w)); },
-        std::forward<CompletionToken>(token));
+    return detail::async_pending(entry_, 1, std::forward<CompletionToken>(token));
   }
 
   [[nodiscard]] std::int64_t in_flight() const noexcept { return entry_->gauge.in_flight(); }
@@ -308,12 +278,6 @@ class gauge_resource : public detail::resource_handle {
     e->gauge.release();
     if (e->gauge_waiters.load() > 0) asio::post(e->strand, [e] { e->wake(); });
   }
-
-  // A waiter counts itself in `gauge_waiters` before it looks at the gauge, and a release
-  // frees its slot before it reads `gauge_waiters` (both sequentially consistent): either the
-  // waiter sees the free slot or the release sees the waiter and wakes it. No wake-up is lost.
-  static DOORMAN_DECL asio::awaitable<std::error_code> acquire_op(
-      std::shared_ptr<detail::resource_entry> e, std::shared_ptr<detail::pending_wait> w);
 };
 
 inline gauge_resource::slot::slot(gauge_resource* g) noexcept : entry_(g->entry_) {}

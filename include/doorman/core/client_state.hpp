@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "doorman/core/client_resource.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/messages.hpp"
@@ -42,22 +43,6 @@
 #include "doorman/core/time.hpp"
 
 namespace doorman {
-
-/// What a client may use once its lease has expired and it could not refresh (docs/client.md).
-enum class fallback {
-  pessimistic,  ///< nothing (0)
-  optimistic,   ///< its wants
-  safe,         ///< the safe capacity: the configured one, or else the server's last dynamic one
-};
-
-/// A resource's settings in the client.
-struct client_resource_options {
-  std::int64_t priority = 0;
-  double wants = 0;
-  fallback mode = fallback::safe;
-  /// Overrides the safe capacity the server returns (−1: unlimited).
-  std::optional<double> safe_capacity{};
-};
 
 /// Options of the client state, with their defaults.
 struct client_state_options {

@@ -27,21 +27,10 @@
 #include "doorman/core/error.hpp"
 #include "doorman/core/glob.hpp"
 #include "doorman/core/json_reader.hpp"
+#include "doorman/core/limits.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman {
-
-/// Limits that configuration values must respect. Durations are in seconds.
-struct config_limits {
-  static constexpr double min_duration = 0.1;  ///< lease_length, refresh_interval
-  /// For every duration: about 11.6 days, the most a lease may say on the wire
-  /// (`request_limits::max_seconds`), so any configured lease can be granted.
-  static constexpr double max_duration = 1e6;
-  static constexpr std::size_t max_glob_bytes = 256;  ///< as resource ids on the wire
-  /// capacity and safe_capacity (and, on the wire, every wants, capacity and outstanding:
-  /// `request_limits::max_quantity`).
-  static constexpr double max_capacity = 1e15;
-};
 
 /// The algorithm kinds every engine knows, in Doorman's spelling: those of
 /// `default_algorithms`. Each is also accepted in lower case (`fair_share`).

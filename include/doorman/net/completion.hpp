@@ -18,7 +18,16 @@
 #include <system_error>
 #include <utility>
 
-#include <asio.hpp>
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/error.hpp>
+#include <asio/execution/executor.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/prefer.hpp>
 
 namespace doorman::net::detail {
 

@@ -1,48 +1,72 @@
 #pragma once
 
 /// \file
-/// The coroutines of client::client, and what spawns them (declared in
-/// <doorman/client/client.hpp>): included by that header when header-only, compiled once by
-/// <doorman/src.hpp> under DOORMAN_SEPARATE_COMPILATION
-/// (<doorman/core/linkage.hpp>).
+/// The definitions of doorman::client (declared in <doorman/client/client.hpp>), over its
+/// core (client/impl/client_core.hpp): included by that header when header-only, compiled
+/// once by <doorman/src.hpp> under DOORMAN_SEPARATE_COMPILATION (<doorman/core/linkage.hpp>).
 
 #include "doorman/client/client.hpp"
+#include "doorman/client/impl/client_core.hpp"
 
 namespace doorman {
 
-DOORMAN_DECL asio::awaitable<void> client::run() {
-  std::error_code ec;
-  co_await driver_.async_run(asio::redirect_error(asio::use_awaitable, ec));
-  std::vector<std::string> all;
-  for (const auto& [id, e] : active_)
-    all.push_back(id);
-  for (auto& id : state_.take_releases())
-    all.push_back(std::move(id));
-  for (auto& id : std::exchange(releases_, {}))
-    all.push_back(std::move(id));
-  // A release cut short by the stop (its answer was not waited for) goes out again.
-  for (auto& id : std::exchange(releasing_, {}))
-    all.push_back(std::move(id));
-  if (!all.empty()) {
-    const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
-                                              true, options_.release_timeout);
-    if (!reply) log_release_failure(reply);
-  }
-  channel_.shutdown();
-  finished_ = true;
-  for (auto& f : std::exchange(when_finished_, {}))
-    f();
+DOORMAN_DECL void detail::resource_entry::wake() {
+  for (auto* w : waits)
+    if (w->blocked) w->timer.cancel();
 }
 
-DOORMAN_DECL asio::awaitable<void> client::requester::on_reply(net::call_reply reply,
-                                                               clock::time_point now) const {
-  c.on_reply(std::move(reply), now);
-  co_return;
+DOORMAN_DECL void detail::resource_entry::stop() {
+  stop_source.request_stop();
+  for (auto* w : waits)
+    w->cancel();
 }
-DOORMAN_DECL void client::start() {
-  next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
-  last_sample_ = clock::now();
-  asio::co_spawn(strand_, run(), asio::detached);
+
+DOORMAN_DECL client::client(client_options options)
+    : core_(std::make_unique<detail::client_core>(std::move(options))) {}
+
+DOORMAN_DECL client::client(asio::any_io_executor executor, client_options options)
+    : core_(std::make_unique<detail::client_core>(std::move(executor), std::move(options))) {}
+
+DOORMAN_DECL client::~client() = default;
+
+DOORMAN_DECL const client_options& client::options() const noexcept {
+  return core_->options();
+}
+
+DOORMAN_DECL void client::stop() {
+  core_->stop();
+}
+
+DOORMAN_DECL bool client::connected() const noexcept {
+  return core_->connected();
+}
+
+DOORMAN_DECL asio::any_io_executor client::executor() const {
+  return core_->executor();
+}
+
+DOORMAN_DECL std::shared_ptr<detail::resource_entry> client::attach(
+    std::string_view id, detail::resource_kind kind, client_resource_options opts, bool estimate,
+    const rate_algorithm_options& local) {
+  return core_->attach(id, kind, opts, estimate, local);
+}
+
+DOORMAN_DECL void client::detach(const std::shared_ptr<detail::resource_entry>& e) {
+  core_->detach(e);
+}
+
+DOORMAN_DECL void client::set_wants(const std::shared_ptr<detail::resource_entry>& e,
+                                    double wants) {
+  core_->set_wants(e, wants);
+}
+
+DOORMAN_DECL void client::on_change(const std::shared_ptr<detail::resource_entry>& e,
+                                    std::function<void(double)> f) {
+  core_->on_change(e, std::move(f));
+}
+
+DOORMAN_DECL void client::when_stopped(std::function<void()> f) {
+  core_->when_stopped(std::move(f));
 }
 
 }  // namespace doorman

@@ -1,26 +1,62 @@
 #pragma once
 
 /// \file
-/// The coroutines of the client's resources, and what spawns them (declared in
+/// The asynchronous waits of the client's resources (declared in
 /// <doorman/client/resource.hpp>): included by that header when header-only, compiled once by
 /// <doorman/src.hpp> under DOORMAN_SEPARATE_COMPILATION (<doorman/core/linkage.hpp>).
 
+#include "doorman/client/impl/client_core.hpp"
 #include "doorman/client/resource.hpp"
 
-namespace doorman {
+namespace doorman::detail {
 
-DOORMAN_DECL asio::awaitable<void> detail::listed_wait::until_woken() {
-  w_.blocked = true;
-  w_.timer.expires_at(asio::steady_timer::time_point::max());
-  std::error_code ec;
-  co_await w_.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-  w_.blocked = false;
+/// Lists an asynchronous wait in its resource for its lifetime (so that a capacity change
+/// wakes it and a stop cancels it). On the strand.
+class listed_wait {
+ public:
+  listed_wait(resource_entry& e, pending_wait& w) : e_(e), w_(w) { e_.waits.insert(&w_); }
+  listed_wait(const listed_wait&) = delete;
+  listed_wait& operator=(const listed_wait&) = delete;
+  ~listed_wait() { e_.waits.erase(&w_); }
+
+  // Sleeps until the resource wakes its blocked waits (or the wait is cancelled).
+  asio::awaitable<void> until_woken() {
+    w_.blocked = true;
+    w_.timer.expires_at(asio::steady_timer::time_point::max());
+    std::error_code ec;
+    co_await w_.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    w_.blocked = false;
+  }
+
+ private:
+  resource_entry& e_;
+  pending_wait& w_;
+};
+
+// The window algorithms' wait: tried again when the refusal says the permits fit.
+inline asio::awaitable<std::error_code> retry_wait(resource_entry& e, double n, pending_wait& w,
+                                                   listed_wait& listed) {
+  for (bool first = true;; first = false) {
+    if (w.cancelled || e.stopped()) co_return asio::error::operation_aborted;
+    const auto r = first ? e.rate.try_acquire(n) : e.rate.try_again(n);
+    if (r) co_return std::error_code();
+    if (r.retry_after == any_rate_limiter::duration::max()) {
+      if (e.rate.rate() != 0) co_return asio::error::no_buffer_space;  // never fits
+      e.held_back();  // blocked (capacity 0): until it changes
+      co_await listed.until_woken();
+      continue;
+    }
+    w.timer.expires_after(r.retry_after);
+    std::error_code ec;
+    co_await w.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
 }
 
-DOORMAN_DECL asio::awaitable<std::error_code> rate_resource::wait_op(
-    std::shared_ptr<detail::resource_entry> e, double n, std::shared_ptr<detail::pending_wait> w) {
-  detail::listed_wait listed(*e, *w);
-  if (!e->rate.reserves()) co_return co_await retry_op(*e, n, *w, listed);
+// A rate's wait: a reservation, slept on (given back when cancelled before its time).
+inline asio::awaitable<std::error_code> rate_wait(std::shared_ptr<resource_entry> e, double n,
+                                                  std::shared_ptr<pending_wait> w) {
+  listed_wait listed(*e, *w);
+  if (!e->rate.reserves()) co_return co_await retry_wait(*e, n, *w, listed);
   for (;;) {
     if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
     const auto at = e->rate.reserve(n);
@@ -43,29 +79,13 @@ DOORMAN_DECL asio::awaitable<std::error_code> rate_resource::wait_op(
   }
 }
 
-DOORMAN_DECL asio::awaitable<std::error_code> rate_resource::retry_op(detail::resource_entry& e,
-                                                                      double n,
-                                                                      detail::pending_wait& w,
-                                                                      detail::listed_wait& listed) {
-  for (bool first = true;; first = false) {
-    if (w.cancelled || e.stopped()) co_return asio::error::operation_aborted;
-    const auto r = first ? e.rate.try_acquire(n) : e.rate.try_again(n);
-    if (r) co_return std::error_code();
-    if (r.retry_after == any_rate_limiter::duration::max()) {
-      if (e.rate.rate() != 0) co_return asio::error::no_buffer_space;  // never fits
-      e.held_back();  // blocked (capacity 0): until it changes
-      co_await listed.until_woken();
-      continue;
-    }
-    w.timer.expires_after(r.retry_after);
-    std::error_code ec;
-    co_await w.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-  }
-}
-
-DOORMAN_DECL asio::awaitable<std::error_code> gauge_resource::acquire_op(
-    std::shared_ptr<detail::resource_entry> e, std::shared_ptr<detail::pending_wait> w) {
-  detail::listed_wait listed(*e, *w);
+// A gauge's wait for a slot. A waiter counts itself in `gauge_waiters` before it looks at the
+// gauge, and a release frees its slot before it reads `gauge_waiters` (both sequentially
+// consistent): either the waiter sees the free slot or the release sees the waiter and wakes
+// it. No wake-up is lost.
+inline asio::awaitable<std::error_code> gauge_wait(std::shared_ptr<resource_entry> e,
+                                                   std::shared_ptr<pending_wait> w) {
+  listed_wait listed(*e, *w);
   ++e->gauge_waiters;
   std::error_code result;
   for (;;) {
@@ -81,4 +101,21 @@ DOORMAN_DECL asio::awaitable<std::error_code> gauge_resource::acquire_op(
   co_return result;
 }
 
-}  // namespace doorman
+DOORMAN_DECL std::function<void()> start_wait(std::shared_ptr<resource_entry> e, double n,
+                                              std::function<void(std::error_code)> done) {
+  const asio::any_io_executor strand = e->strand;
+  auto w = std::make_shared<pending_wait>(strand);
+  auto body =
+      e->kind == resource_kind::rate ? rate_wait(std::move(e), n, w) : gauge_wait(std::move(e), w);
+  asio::co_spawn(strand, std::move(body),
+                 [done = std::move(done)](const std::exception_ptr& ex, std::error_code ec) {
+                   done(ex ? asio::error::no_memory : ec);  // nothing else throws
+                 });
+  return [weak = std::weak_ptr(w), strand] {
+    asio::post(strand, [weak] {
+      if (auto pending = weak.lock()) pending->cancel();
+    });
+  };
+}
+
+}  // namespace doorman::detail

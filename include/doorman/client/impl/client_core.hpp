@@ -1,0 +1,411 @@
+#pragma once
+
+/// \file
+/// The client's loop and everything it owns (the channel, the client state, the refresh
+/// driver, the resources by id), behind `doorman::client` (client/client.hpp). Only the
+/// definitions include it: client/impl/client.ipp and client/impl/resource.ipp, inline in
+/// every unit when header-only, once in <doorman/src.hpp> otherwise.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "doorman/client/client.hpp"
+#include "doorman/core/client_state.hpp"
+#include "doorman/core/messages.hpp"
+#include "doorman/net/address.hpp"
+#include "doorman/net/channel.hpp"
+#include "doorman/net/refresh_driver.hpp"
+#include "doorman/protocol/codec.hpp"
+
+namespace doorman::detail {
+
+/// One asynchronous wait pending on a resource; touched only on the client's strand.
+struct pending_wait {
+  explicit pending_wait(const asio::any_io_executor& strand)
+      : timer(strand, asio::steady_timer::time_point::max()) {}
+  asio::steady_timer timer;  // its own: until a reservation's time, or a wake-up
+  bool blocked = false;      // waiting for a capacity change or a free slot
+  bool cancelled = false;    // by its cancellation slot, or the client's stop
+
+  void cancel() {
+    cancelled = true;
+    timer.cancel();
+  }
+};
+
+inline std::string default_client_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return fmt::format("{}:{}:{}", host[0] ? host : "localhost", ::getpid(), counter++);
+}
+
+class client_core {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// On its own thread and io_context (stopped and joined by the destructor).
+  explicit client_core(client_options options)
+      : own_io_(std::make_unique<asio::io_context>()),
+        work_(std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+            own_io_->get_executor())),
+        strand_(asio::make_strand(asio::any_io_executor(own_io_->get_executor()))),
+        options_(prepare(std::move(options))),
+        state_(state_options(options_)),
+        channel_(strand_, channel_options_of(options_)),
+        driver_(strand_, requester_, channel_, "client refresh loop", options_.log) {
+    start();
+    thread_ = std::thread([this] { own_io_->run(); });
+  }
+
+  /// On `executor` (a strand is made over it).
+  client_core(asio::any_io_executor executor, client_options options)
+      : strand_(asio::make_strand(executor)),
+        options_(prepare(std::move(options))),
+        state_(state_options(options_)),
+        channel_(strand_, channel_options_of(options_)),
+        driver_(strand_, requester_, channel_, "client refresh loop", options_.log) {
+    start();
+  }
+
+  client_core(const client_core&) = delete;
+  client_core& operator=(const client_core&) = delete;
+
+  ~client_core() {
+    if (own_io_) {
+      stop();
+      work_.reset();
+      thread_.join();
+    }
+  }
+
+  [[nodiscard]] const client_options& options() const noexcept { return options_; }
+  [[nodiscard]] bool connected() const noexcept { return connected_.load(); }
+  [[nodiscard]] asio::any_io_executor executor() const { return strand_; }
+
+  void stop() {
+    asio::post(strand_, [this] {
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [id, e] : active_)
+        e->stop();
+      driver_.stop();
+      // Nobody to release to: fail the call in flight now instead of at its deadline.
+      if (!connected_) channel_.shutdown();
+    });
+  }
+
+  // Stops, then calls `f()` on the strand once done.
+  void when_stopped(std::function<void()> f) {
+    stop();
+    asio::post(strand_, [this, f = std::move(f)]() mutable {
+      if (finished_) {
+        f();
+      } else {
+        when_finished_.push_back(std::move(f));
+      }
+    });
+  }
+
+  std::shared_ptr<resource_entry> attach(std::string_view id, resource_kind kind,
+                                         client_resource_options opts, bool estimate,
+                                         const rate_algorithm_options& local) {
+    if (const char* problem = id_problem(id)) {
+      throw std::invalid_argument("resource id " + std::string(problem));
+    }
+    require_quantity(opts.wants, "wants");
+    std::lock_guard lock(mutex_);
+    auto& slot = registry_[std::string(id)];
+    if (slot) {
+      if (slot->kind != kind) {
+        throw std::invalid_argument("resource " + std::string(id) +
+                                    " is already held as a different kind");
+      }
+      ++slot->handles;
+      return slot;
+    }
+    slot = std::make_shared<resource_entry>(strand_, std::string(id), kind, opts, estimate, local);
+    slot->handles = 1;
+    slot->wants = opts.wants;
+    slot->on_held_back = [this, e = slot.get()] {
+      asio::post(strand_, [this, entry = e->shared_from_this()] {
+        if (stopping_ || active_.count(entry->id) == 0) return;
+        state_.hold_back(entry->id, clock::now());
+        driver_.reschedule();  // its next step shows the raised wants (push_capacities)
+      });
+    };
+    slot->demand = demand_estimator(options_.demand_window);
+    apply(*slot, fallback_capacity(opts, std::nullopt));  // until the first answer
+    asio::post(strand_, [this, e = slot] {
+      if (stopping_) {
+        e->stop();
+        return;
+      }
+      active_[e->id] = e;
+      state_.add(e->id, e->options);
+      driver_.reschedule();
+    });
+    return slot;
+  }
+
+  void detach(const std::shared_ptr<resource_entry>& e) {
+    std::lock_guard lock(mutex_);
+    if (--e->handles > 0) return;
+    registry_.erase(e->id);
+    asio::post(strand_, [this, e] {
+      e->stop();  // its pending waits end: nothing will grant them any more
+      if (stopping_) return;
+      active_.erase(e->id);
+      state_.remove(e->id);
+      driver_.reschedule();
+    });
+  }
+
+  /// Sets fixed wants for a resource (thread-safe).
+  void set_wants(const std::shared_ptr<resource_entry>& e, double wants) {
+    require_quantity(wants, "wants");
+    e->wants = wants;
+    asio::post(strand_, [this, e, wants] {
+      if (!stopping_ && active_.count(e->id) != 0) state_.set_wants(e->id, wants);
+    });
+  }
+
+  /// Sets the callback called (on the client's thread) with each new capacity of `e`.
+  void on_change(const std::shared_ptr<resource_entry>& e, std::function<void(double)> f) {
+    asio::post(strand_, [e, f = std::move(f)]() mutable { e->on_change = std::move(f); });
+  }
+
+  static client_options prepare(client_options o) {
+    if (o.addresses.empty()) throw std::invalid_argument("client: no server addresses");
+    for (const auto& a : o.addresses) {
+      if (!net::parse_address(a)) {
+        throw std::invalid_argument("client: expected host:port, got \"" + a + "\"");
+      }
+    }
+    if (o.client_id.empty()) o.client_id = default_client_id();
+    if (!(o.sample_interval.count() > 0)) o.sample_interval = seconds(1);
+    if (!(o.throttled_headroom >= 1)) o.throttled_headroom = 1;
+    return o;
+  }
+
+  static client_state_options state_options(const client_options& o) {
+    client_state_options s;
+    s.client_id = o.client_id;
+    s.refresh.minimum_interval = o.minimum_refresh_interval;
+    s.refresh.seed = std::random_device{}();
+    s.log = o.log;
+    return s;
+  }
+
+  static net::channel_options channel_options_of(const client_options& o) {
+    return {.addresses = o.addresses, .call_timeout = o.call_timeout, .log = o.log, .tls = o.tls};
+  }
+
+  void log(const std::string& s) const {
+    if (options_.log) options_.log(s);
+  }
+
+  void start() {
+    next_sample_ = clock::now() + to_duration<clock::duration>(options_.sample_interval.count());
+    last_sample_ = clock::now();
+    asio::co_spawn(strand_, run(), asio::detached);
+  }
+
+  static void apply(resource_entry& e, double capacity) {
+    if (e.kind == resource_kind::rate) {
+      if (e.auto_burst) e.rate.set_burst(std::max(1.0, capacity * 0.1));
+      e.rate.set_rate(capacity);
+    } else {
+      e.gauge.set_limit(capacity);
+    }
+    e.capacity = capacity;
+  }
+
+  // Pushes every resource's effective capacity into its limiter (on a change only).
+  void push_capacities(clock::time_point now) {
+    for (auto& [id, e] : active_) {
+      const double c = state_.capacity(id, now);
+      e->leased = state_.leased(id, now);
+      if (e->estimate) e->wants = state_.find(id)->options.wants;  // a fast start raises them
+      if (c == e->capacity.load() && !e->first_capacity) continue;
+      e->first_capacity = false;
+      apply(*e, c);
+      if (c != 0) e->holding_back = false;
+      e->wake();
+      if (e->on_change) e->on_change(c);
+    }
+  }
+
+  // Measures demand: for a rate, permits asked per second (admitted or not); for a gauge, the
+  // peak in flight + waiting. A rate whose waiters were delayed asks for capacity × headroom,
+  // at once: a throttled sample raises the wants past the moving average (which only brings
+  // them down as demand falls), so a saturated client doubles its lease each refresh.
+  void sample(clock::time_point now) {
+    const double span = to_seconds(now - last_sample_);
+    last_sample_ = now;
+    for (auto& [id, e] : active_) {
+      if (!e->estimate || !(span > 0)) continue;
+      bool throttled = false;
+      double value = 0;
+      if (e->kind == resource_kind::rate) {
+        value = rate_sample(*e, span, throttled);
+      } else {
+        value = static_cast<double>(e->gauge.take_peak());
+      }
+      e->demand.add(value, seconds(span));
+      double wants = e->demand.estimate();
+      if (throttled) wants = std::max(wants, value);
+      // Concurrency is whole operations: a gauge asks for the next whole number.
+      if (e->kind == resource_kind::gauge) wants = std::ceil(wants - 1e-6);
+      // Within the protocol's bound, whatever was measured (set_wants refuses more).
+      state_.set_wants(id, bounded_quantity(wants));  // shown by push_capacities
+    }
+  }
+
+  // Permits asked for per second since the last sample; at least capacity × headroom when a
+  // waiter was delayed (`throttled`).
+  double rate_sample(resource_entry& e, double span, bool& throttled) const {
+    const double attempted = e.rate.attempted();
+    const std::uint64_t delayed = e.rate.delayed();
+    double value = (attempted - e.attempted_seen) / span;
+    throttled = delayed != e.throttled_seen;
+    if (throttled) {
+      value = std::max(value, std::max(e.capacity.load(), 1.0) * options_.throttled_headroom);
+    }
+    e.attempted_seen = attempted;
+    e.throttled_seen = delayed;
+    return value;
+  }
+
+  // Refreshes until stopped (the driver), then gives everything back and closes.
+  asio::awaitable<void> run() {
+    std::error_code ec;
+    co_await driver_.async_run(asio::redirect_error(asio::use_awaitable, ec));
+    std::vector<std::string> all;
+    for (const auto& [id, e] : active_)
+      all.push_back(id);
+    for (auto& id : state_.take_releases())
+      all.push_back(std::move(id));
+    for (auto& id : std::exchange(releases_, {}))
+      all.push_back(std::move(id));
+    // A release cut short by the stop (its answer was not waited for) goes out again.
+    for (auto& id : std::exchange(releasing_, {}))
+      all.push_back(std::move(id));
+    if (!all.empty()) {
+      const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
+                                                true, options_.release_timeout);
+      if (!reply) log_release_failure(reply);
+    }
+    channel_.shutdown();
+    finished_ = true;
+    for (auto& f : std::exchange(when_finished_, {}))
+      f();
+  }
+
+  // The client's side of its refresh driver: measures demand, pushes capacities into the
+  // limiters, and sends releases first, then the state's refreshes.
+  struct requester {
+    client_core& c;
+    refresh_step<clock::time_point> next(clock::time_point now) const { return c.next_step(now); }
+    net::outgoing_call request(clock::time_point now) const { return c.next_call(now); }
+    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+      c.on_reply(std::move(reply), now);
+      co_return;
+    }
+  };
+
+  refresh_step<clock::time_point> next_step(clock::time_point now) {
+    if (now >= next_sample_) {
+      sample(now);
+      next_sample_ = now + to_duration<clock::duration>(options_.sample_interval.count());
+    }
+    push_capacities(now);
+    if (releases_.empty()) releases_ = state_.take_releases();
+    if (!releases_.empty()) return {true, now};
+    auto step = state_.next(now);
+    if (!step.send) step.at = std::min(step.at, next_sample_);
+    return step;
+  }
+
+  net::outgoing_call next_call(clock::time_point now) {
+    releasing_ = std::exchange(releases_, {});
+    if (!releasing_.empty()) return {"release_capacity", release_params(releasing_)};
+    return {"get_capacity", nlohmann::json(state_.make_request(now))};
+  }
+
+  nlohmann::json release_params(std::vector<std::string> ids) const {
+    return nlohmann::json(release_request{options_.client_id, std::move(ids)});
+  }
+
+  void log_release_failure(const net::call_reply& reply) const {
+    log(fmt::format("warning: client {}: release failed ({})", options_.client_id, reply.message));
+  }
+
+  void on_reply(net::call_reply reply, clock::time_point now) {
+    if (!releasing_.empty()) {
+      releasing_.clear();
+      // Not retried: the server lets the lease run out (a refresh must not wait behind it).
+      if (!reply) log_release_failure(reply);
+      return;
+    }
+    capacity_response resp;
+    net::decode_refresh(reply, resp);
+    const refresh_event event =
+        reply ? state_.on_reply(resp, now) : state_.on_reply(reply.error, now);
+    connected_ = state_.failures() == 0;
+    if (event == refresh_event::reached || event == refresh_event::regained) {
+      log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
+                      channel_.current(), resp.resources.size()));
+    } else if (reply.error && state_.failures() == 1) {  // lost, or never reached
+      log(fmt::format(
+          "warning: client {}: refresh failed ({}); leases run out, then the fallbacks apply",
+          options_.client_id, reply.message));
+    }
+  }
+
+  std::unique_ptr<asio::io_context> own_io_;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  asio::strand<asio::any_io_executor> strand_;
+  client_options options_;
+  client_state state_;
+  net::channel channel_;
+  requester requester_{*this};
+  net::refresh_driver<requester> driver_;
+  std::thread thread_;
+
+  std::mutex mutex_;  // guards registry_ and the entries' handle counts
+  std::map<std::string, std::shared_ptr<resource_entry>, std::less<>> registry_;
+
+  // Touched only on the strand.
+  std::map<std::string, std::shared_ptr<resource_entry>, std::less<>> active_;
+  clock::time_point next_sample_{};
+  clock::time_point last_sample_{};
+  std::vector<std::string> releases_;   // to send before the next refresh
+  std::vector<std::string> releasing_;  // those of the release in flight (none: a refresh)
+  bool stopping_ = false;
+  bool finished_ = false;                             // run() is over
+  std::vector<std::function<void()>> when_finished_;  // async_stop's waiters
+  std::atomic<bool> connected_{false};
+};
+
+}  // namespace doorman::detail
