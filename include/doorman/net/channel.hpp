@@ -289,6 +289,7 @@ class channel {
   std::unordered_set<asio::steady_timer*> sleeping_;
   std::string problem_;          // the last connection problem, in words
   std::string connect_problem_;  // why the last connection attempt failed
+  bool cut_short_ = false;       // the last attempt ran into the call's deadline
   log_throttle<clock::time_point> problem_log_{seconds(5)};
   log_throttle<std::chrono::steady_clock::time_point> redirect_log_{seconds(5)};
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);

@@ -67,9 +67,12 @@ DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
     co_return out;
   }
   connect_problem_.clear();
+  cut_short_ = false;
   if (!co_await connect(deadline) && cancels_ == cancels) {
     policy_.failed(clock::now(), failure::unreachable);
-    warn(std::move(connect_problem_));
+    // An attempt the call's own deadline cut short says nothing new of the peer: the problem
+    // that made the call retry stays the one reported.
+    if (!cut_short_ || problem_.empty()) warn(std::move(connect_problem_));
   }
   co_return out;
 }
@@ -88,15 +91,13 @@ DOORMAN_DECL asio::awaitable<bool> channel::connect(clock::time_point deadline) 
   auto s = state_;
   std::error_code ec;
   bool timed_out = false;
+  const auto own_deadline =
+      clock::now() + to_duration<clock::duration>(options_.connect_timeout.count());
   {
-    const socket_deadline guard(
-        executor_,
-        std::min(deadline,
-                 clock::now() + to_duration<clock::duration>(options_.connect_timeout.count())),
-        [s] {
-          std::error_code ignored;
-          s->stream.socket().close(ignored);
-        });
+    const socket_deadline guard(executor_, std::min(deadline, own_deadline), [s] {
+      std::error_code ignored;
+      s->stream.socket().close(ignored);
+    });
     asio::ip::tcp::resolver resolver(executor_);
     auto endpoints = co_await resolver.async_resolve(addr->host, addr->port,
                                                      asio::redirect_error(asio::use_awaitable, ec));
@@ -114,6 +115,7 @@ DOORMAN_DECL asio::awaitable<bool> channel::connect(clock::time_point deadline) 
     }
     timed_out = guard.expired();
   }
+  cut_short_ = timed_out && deadline < own_deadline;
   if (ec || timed_out || s != state_) {
     if (connect_problem_.empty()) {
       connect_problem_ = fmt::format("cannot connect to {}: {}", addr->to_string(),
