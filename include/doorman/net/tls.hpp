@@ -41,10 +41,10 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <asio/ssl.hpp>
+#endif
 
 #include "doorman/core/linkage.hpp"
 #include "doorman/net/tls_options.hpp"
-#endif
 
 namespace doorman::net {
 
