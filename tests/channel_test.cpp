@@ -106,6 +106,26 @@ TEST_CASE("a call that passes its deadline leaves a hung peer: the next goes to 
   CHECK(hung.accepted() == 1);
 }
 
+#ifdef DOORMAN_TLS
+TEST_CASE("a channel reports why it failed, not the attempt its own deadline cut short",
+          "[net][channel][fault]") {
+  // The first address refuses; the second accepts and never answers the TLS handshake, which
+  // the call's deadline (shorter than connect_timeout) cuts short.
+  faulty_peer hung(faulty_peer::mode::hang);
+  asio::io_context io;
+  doorman::net::tls_options tls;
+  tls.enabled = true;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {"127.0.0.1:1", hung.address()},
+                                               .call_timeout = doorman::seconds(0.4),
+                                               .tls = tls});
+  const auto r = run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); });
+  CHECK(r.error == doorman::errc::unreachable);
+  CHECK(hung.accepted() == 1);
+  CHECK_THAT(r.message, Catch::Contains("cannot connect to 127.0.0.1:1"));
+  CHECK_THAT(r.message, !Catch::Contains("timed out"));
+}
+#endif
+
 TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][channel][fault]") {
   using clock = std::chrono::steady_clock;
   // Calls one after another for `span`, as a refresh loop or a retrying CLI would.

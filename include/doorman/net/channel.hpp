@@ -246,8 +246,12 @@ class channel {
 
   DOORMAN_DECL asio::awaitable<void> sleep_until(clock::time_point until);
 
+  // How a connection attempt ended: `cut_short` when the call's own deadline, before
+  // connect_timeout, ended it (which says nothing new about the peer).
+  enum class attempt { connected, failed, cut_short };
+
   // One attempt at the current address, bounded by connect_timeout and the deadline.
-  DOORMAN_DECL asio::awaitable<bool> connect(clock::time_point deadline);
+  DOORMAN_DECL asio::awaitable<attempt> connect(clock::time_point deadline);
 
   DOORMAN_DECL asio::awaitable<call_reply> send(const std::string& method,
                                                 const nlohmann::json& params,
@@ -289,7 +293,6 @@ class channel {
   std::unordered_set<asio::steady_timer*> sleeping_;
   std::string problem_;          // the last connection problem, in words
   std::string connect_problem_;  // why the last connection attempt failed
-  bool cut_short_ = false;       // the last attempt ran into the call's deadline
   log_throttle<clock::time_point> problem_log_{seconds(5)};
   log_throttle<std::chrono::steady_clock::time_point> redirect_log_{seconds(5)};
   std::shared_ptr<channel*> alive_ = std::make_shared<channel*>(this);

@@ -67,12 +67,12 @@ DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
     co_return out;
   }
   connect_problem_.clear();
-  cut_short_ = false;
-  if (!co_await connect(deadline) && cancels_ == cancels) {
+  const attempt a = co_await connect(deadline);
+  if (a != attempt::connected && cancels_ == cancels) {
     policy_.failed(clock::now(), failure::unreachable);
     // An attempt the call's own deadline cut short says nothing new of the peer: the problem
     // that made the call retry stays the one reported.
-    if (!cut_short_ || problem_.empty()) warn(std::move(connect_problem_));
+    if (a == attempt::failed || problem_.empty()) warn(std::move(connect_problem_));
   }
   co_return out;
 }
@@ -86,7 +86,7 @@ DOORMAN_DECL asio::awaitable<void> channel::sleep_until(clock::time_point until)
   sleeping_.erase(&t);
 }
 
-DOORMAN_DECL asio::awaitable<bool> channel::connect(clock::time_point deadline) {
+DOORMAN_DECL asio::awaitable<channel::attempt> channel::connect(clock::time_point deadline) {
   const auto addr = parse_address(current());
   auto s = state_;
   std::error_code ec;
@@ -115,19 +115,18 @@ DOORMAN_DECL asio::awaitable<bool> channel::connect(clock::time_point deadline) 
     }
     timed_out = guard.expired();
   }
-  cut_short_ = timed_out && deadline < own_deadline;
   if (ec || timed_out || s != state_) {
     if (connect_problem_.empty()) {
       connect_problem_ = fmt::format("cannot connect to {}: {}", addr->to_string(),
                                      timed_out ? "timed out" : ec.message());
     }
     s->stream.close();
-    co_return false;
+    co_return timed_out&& deadline < own_deadline ? attempt::cut_short : attempt::failed;
   }
   s->stream.socket().set_option(asio::ip::tcp::no_delay(true), ec);
   s->open = true;
   asio::co_spawn(executor_, read_loop(alive_, s, options_.max_message_bytes), asio::detached);
-  co_return true;
+  co_return attempt::connected;
 }
 
 DOORMAN_DECL asio::awaitable<call_reply> channel::send(const std::string& method,
