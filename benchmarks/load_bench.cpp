@@ -25,6 +25,7 @@
 // node's default policy requires), connections made once and reused.
 
 #include <doorman/net/address.hpp>
+#include <doorman/net/tls.hpp>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -478,39 +479,63 @@ void report(const options& o, const std::vector<result>& results) {
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
 }
 
-// Takes `flag` (the current argument) into `o`; false if unknown.
-bool parse_flag(const std::string& flag, doorman_examples::arguments& args, options& o) {
-  if (flag == "--node-binary") {
-    o.node_binary = args.value();
-  } else if (flag == "--baseline-binary") {
-    o.baseline_binary = args.value();
-  } else if (flag == "--seconds") {
-    o.seconds = args.number(0.001, 86400);
-  } else if (flag == "--connections") {
-    o.connections = static_cast<int>(args.number(1, 20000));
-  } else if (flag == "--window") {
-    o.window = static_cast<int>(args.number(1, 1e6));
-  } else if (flag == "--clients") {
-    o.clients.clear();
-    for (const auto& s : doorman::net::split_list(args.value()))
-      o.clients.push_back(
-          static_cast<long>(doorman_examples::parse_number("--clients", s, 1, 1e8)));
-  } else if (flag == "--algorithm") {
-    o.algorithm = args.value();
-    if (o.algorithm != "FAIR_SHARE" && o.algorithm != "PROPORTIONAL_SHARE") {
-      throw std::invalid_argument("--algorithm: must be FAIR_SHARE or PROPORTIONAL_SHARE");
+// The flags, each reading its value into `o` (ranges checked as it reads).
+std::vector<doorman_examples::flag_action> flags(options& o) {
+  using doorman_examples::arguments;
+  return {
+      {"--node-binary", [&](arguments& a) { o.node_binary = a.value(); }},
+      {"--baseline-binary", [&](arguments& a) { o.baseline_binary = a.value(); }},
+      {"--seconds", [&](arguments& a) { o.seconds = a.number(0.001, 86400); }},
+      {"--connections",
+       [&](arguments& a) { o.connections = static_cast<int>(a.number(1, 20000)); }},
+      {"--window", [&](arguments& a) { o.window = static_cast<int>(a.number(1, 1e6)); }},
+      {"--clients",
+       [&](arguments& a) {
+         o.clients.clear();
+         for (const auto& n : doorman::net::split_list(a.value()))
+           o.clients.push_back(
+               static_cast<long>(doorman_examples::parse_number("--clients", n, 1, 1e8)));
+         if (o.clients.empty()) throw std::invalid_argument("--clients: no count given");
+       }},
+      {"--algorithm",
+       [&](arguments& a) {
+         o.algorithm = a.value();
+         if (o.algorithm != "FAIR_SHARE" && o.algorithm != "PROPORTIONAL_SHARE")
+           throw std::invalid_argument("--algorithm: must be FAIR_SHARE or PROPORTIONAL_SHARE");
+       }},
+      {"--tls",
+       [&](arguments& a) {
+         o.tls_dir = a.value();
+         if (!doorman::net::tls_available)
+           throw std::invalid_argument("--tls: this build has no TLS (OpenSSL not found)");
+       }},
+      {"--json", [&](arguments& a) { o.json_file = a.value(); }},
+  };
+}
+
+// Runs the load at each client count, node and baseline side by side, and reports.
+int run(const options& o) {
+  // The generator on core 1; the node gets core 0 through taskset.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(1, &set);
+  ::sched_setaffinity(0, sizeof set, &set);
+
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("doorman-bench-load-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::vector<result> results;
+  fmt::print(stderr, "node on core 0 (taskset), generator on core 1\n");
+  for (const long n : o.clients) {
+    for (const bool tls : {false, true}) {
+      if (tls && o.tls_dir.empty()) continue;
+      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls));
+      results.push_back(run_one(o, "node", n, dir, tls));
     }
-  } else if (flag == "--tls") {
-    o.tls_dir = args.value();
-#ifndef DOORMAN_TLS
-    throw std::invalid_argument("--tls: this build has no TLS (OpenSSL not found)");
-#endif
-  } else if (flag == "--json") {
-    o.json_file = args.value();
-  } else {
-    return false;
   }
-  return true;
+  std::filesystem::remove_all(dir);
+  report(o, results);
+  return 0;
 }
 
 }  // namespace
@@ -518,46 +543,11 @@ bool parse_flag(const std::string& flag, doorman_examples::arguments& args, opti
 int main(int argc, char** argv) {
   options o;
   o.node_binary = DOORMAN_NODE_BINARY;
-  try {
-    doorman_examples::arguments args(argc, argv);
-    const bool go = args.parse(
-        "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"
-        "                          [--connections N] [--window N] [--clients N,N,...]\n"
-        "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
-        "                          [--json FILE]\n",
-        [&](const std::string& flag) { return parse_flag(flag, args, o); });
-    if (!go) return 0;
-    if (o.connections < 1 || o.window < 1 || !(o.seconds > 0) || o.clients.empty()) {
-      throw std::invalid_argument("connections, window, seconds and clients must be positive");
-    }
-    for (const long n : o.clients) {
-      if (n < 1 || n > 100'000'000) {
-        throw std::invalid_argument("--clients: each must be between 1 and 100000000");
-      }
-    }
-    // The generator on core 1; the node gets core 0 through taskset.
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(1, &set);
-    ::sched_setaffinity(0, sizeof set, &set);
-
-    const auto dir =
-        std::filesystem::temp_directory_path() / fmt::format("doorman-bench-load-{}", ::getpid());
-    std::filesystem::create_directories(dir);
-    std::vector<result> results;
-    fmt::print(stderr, "node on core 0 (taskset), generator on core 1\n");
-    for (const long n : o.clients) {
-      for (const bool tls : {false, true}) {
-        if (tls && o.tls_dir.empty()) continue;
-        if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls));
-        results.push_back(run_one(o, "node", n, dir, tls));
-      }
-    }
-    std::filesystem::remove_all(dir);
-    report(o, results);
-    return 0;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman_bench_load: {}\n", e.what());
-    return 1;
-  }
+  return doorman_examples::run_program(
+      argc, argv, "doorman_bench_load",
+      "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"
+      "                          [--connections N] [--window N] [--clients N,N,...]\n"
+      "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
+      "                          [--json FILE]\n",
+      flags(o), [&] { return run(o); });
 }

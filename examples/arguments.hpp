@@ -125,21 +125,4 @@ int run_program(int argc, char** argv, const char* program, const char* usage,
   }
 }
 
-// The flags every client example takes.
-struct client_flags {
-  std::string server = "127.0.0.1:7700";  // --server HOST:PORT[,HOST:PORT...]
-  std::string resource;                   // --resource ID
-  bool server_given = false;              // --server was passed
-
-  // These flags, then `more`.
-  std::vector<flag_action> with(std::vector<flag_action> more) {
-    more.push_back({"--server", [this](arguments& a) {
-                      server = a.value();
-                      server_given = true;
-                    }});
-    more.push_back({"--resource", [this](arguments& a) { resource = a.value(); }});
-    return more;
-  }
-};
-
 }  // namespace doorman_examples

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -36,25 +35,6 @@ constexpr const char* usage =
     "  --capacity N      capacity of the shared resource (default 100)\n"
     "  --steps N         number of 10-second steps to simulate (default 30)\n";
 
-std::optional<options> parse(int argc, char** argv) {
-  options o;
-  doorman_examples::arguments args(argc, argv);
-  const bool go = args.parse(usage, [&](const std::string& flag) {
-    if (flag == "--algorithm") {
-      o.algorithm = args.value();
-    } else if (flag == "--capacity") {
-      o.capacity = args.number(0, 1e15);
-    } else if (flag == "--steps") {
-      o.steps = static_cast<int>(args.number(1, 1e6));
-    } else {
-      return false;
-    }
-    return true;
-  });
-  if (!go) return std::nullopt;
-  return o;
-}
-
 // What one client does over time: its wants from a given step, and when it leaves.
 struct script {
   std::string id;
@@ -66,31 +46,18 @@ struct script {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  options opt;
-  try {
-    auto parsed = parse(argc, argv);
-    if (!parsed) return 0;
-    opt = *parsed;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "doorman-engine-demo: {}\n{}", e.what(), usage);
-    return 2;
-  }
+namespace {
 
+// The demo itself: the engine, and the clients' script played step by step.
+int run(const options& opt) {
   using engine_t = doorman::basic_engine<doorman::manual_clock>;
-  engine_t engine = [&] {
-    try {
-      return engine_t(engine_t::parse_config(fmt::format(
-          R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
-              "description": "queries per second to a shared database",
-              "algorithm": {{"kind": "{}", "lease_length": 60, "refresh_interval": 10,
-                            "learning_mode_duration": 20}}}}]}})",
-          opt.capacity, opt.algorithm)));
-    } catch (const doorman::config_error& e) {
-      fmt::print(stderr, "doorman-engine-demo: invalid configuration: {}\n", e.what());
-      std::exit(2);
-    }
-  }();
+  // A bad --algorithm throws config_error, naming the field: run_program reports it, exit 2.
+  engine_t engine(engine_t::parse_config(fmt::format(
+      R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
+          "description": "queries per second to a shared database",
+          "algorithm": {{"kind": "{}", "lease_length": 60, "refresh_interval": 10,
+                        "learning_mode_duration": 20}}}}]}})",
+      opt.capacity, opt.algorithm)));
   doorman::manual_clock clock;
   engine.set_mastership(true, "demo", clock.now());
 
@@ -161,4 +128,16 @@ int main(int argc, char** argv) {
   }
   fmt::print("\ngranted never exceeded capacity outside learning mode: {}\n", over ? "NO" : "yes");
   return over ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  return doorman_examples::run_program(
+      argc, argv, "doorman-engine-demo", usage,
+      {{"--algorithm", [&](auto& a) { opt.algorithm = a.value(); }},
+       {"--capacity", [&](auto& a) { opt.capacity = a.number(0, 1e15); }},
+       {"--steps", [&](auto& a) { opt.steps = static_cast<int>(a.number(1, 1e6)); }}},
+      [&] { return run(opt); });
 }

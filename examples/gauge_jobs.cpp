@@ -7,7 +7,6 @@
 //   doorman-gauge-jobs --server 127.0.0.1:7700 --resource db --threads 16 [--seconds 10]
 
 #include <doorman/client.hpp>
-#include <doorman/net/address.hpp>
 
 #include <fmt/format.h>
 
@@ -21,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "arguments.hpp"
+#include "client_flags.hpp"
 
 int main(int argc, char** argv) {
   doorman_examples::client_flags flags{.resource = "db"};
@@ -34,10 +33,7 @@ int main(int argc, char** argv) {
       flags.with({{"--threads", [&](auto& a) { threads = static_cast<int>(a.number(1, 1024)); }},
                   {"--seconds", [&](auto& a) { seconds = a.number(0.001, 86400); }}}),
       [&] {
-        doorman::client_options options;
-        options.addresses = doorman::net::split_list(flags.server);
-        options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-        doorman::client client(options);
+        doorman::client client(flags.client_options());
         doorman::gauge_resource db(client, flags.resource);
 
         std::atomic<bool> stop{false};

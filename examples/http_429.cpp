@@ -43,7 +43,7 @@
 #include <string_view>
 #include <vector>
 
-#include "arguments.hpp"
+#include "client_flags.hpp"
 #include "yaml_config.hpp"
 
 namespace {
@@ -176,10 +176,7 @@ int main(int argc, char** argv) {
         std::optional<doorman::client> client;
         std::optional<doorman::rate_resource> api;
         if (rules_path.empty() || flags.server_given) {
-          doorman::client_options options;
-          options.addresses = doorman::net::split_list(flags.server);
-          options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
-          client.emplace(options);
+          client.emplace(flags.client_options());
           api.emplace(*client, flags.resource, doorman::resource_options{.algorithm = *kind});
           s.api = &*api;
         }

@@ -14,7 +14,6 @@
 // last one, as the worker stops admitting, has capacity 0.
 
 #include <doorman/client.hpp>
-#include <doorman/net/address.hpp>
 
 #include <fmt/format.h>
 
@@ -28,7 +27,7 @@
 #include <string>
 #include <thread>
 
-#include "arguments.hpp"
+#include "client_flags.hpp"
 
 namespace {
 
@@ -109,11 +108,8 @@ int main(int argc, char** argv) {
         std::signal(SIGTERM, on_signal);
         std::signal(SIGINT, on_signal);
 
-        doorman::client_options options;
-        options.addresses = doorman::net::split_list(flags.server);
-        options.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
         ledger admitted(name, 0);  // before the client: its thread calls it until it is gone
-        doorman::client client(options);
+        doorman::client client(flags.client_options());
         doorman::rate_resource api(client, flags.resource, {.initial_wants = demand});
         admitted.changed(api.capacity(), api.leased());
         api.on_capacity([&](double c) { admitted.changed(c, api.leased()); });

@@ -195,6 +195,7 @@ class client_core {
     asio::post(strand_, [e, f = std::move(f)]() mutable { e->on_change = std::move(f); });
   }
 
+ private:
   static client_options prepare(client_options o) {
     if (o.addresses.empty()) throw std::invalid_argument("client: no server addresses");
     for (const auto& a : o.addresses) {
