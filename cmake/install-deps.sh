@@ -10,7 +10,8 @@ set -eu
 # real Prometheus server, render the status page in headless Chromium, and drive `doorman watch`
 # in a real terminal.
 # libssl-dev, openssl: TLS (doorman::tls), and the tests' certificates (examples/make_certs.sh).
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl"
+# libgrpc++-dev, protobuf-compiler-grpc: Doorman's gRPC protocol on the node (doorman::grpc).
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc"
 # `install-deps.sh fuzz`: also clang 16 and its libFuzzer/sanitizer runtimes (Debian 12's
 # clang 14 cannot compile the engine), for `make fuzz`.
 if [ "${1:-}" = fuzz ]; then

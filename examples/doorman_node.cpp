@@ -22,10 +22,14 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "flags.hpp"
 #include "yaml_config.hpp"
+#ifdef DOORMAN_HAVE_GRPC
+#include "node_door.hpp"
+#endif
 
 namespace {
 
@@ -51,6 +55,10 @@ std::vector<flag> node_flags() {
       {"admin", "HOST:PORT|off",
        "admin HTTP endpoint: /metrics, /status, /healthz, /readyz (docs/operations.md); "
        "default: the listen host with its port + 80 (port 0 when listening on port 0)",
+       ""},
+      {"grpc-listen", "HOST:PORT",
+       "also serve Doorman's gRPC protocol (doorman.Capacity) there, for Doorman's clients and "
+       "servers (docs/doorman-compatibility.md); needs a build with gRPC",
        ""},
       {"etcd-endpoints", "HOST:PORT[,...]",
        "etcd members (v3 JSON gateway); with them, the tasks of one position elect a master", ""},
@@ -242,9 +250,40 @@ void read_options(const doorman_examples::flag_values& v, doorman::node_options&
   }
 }
 
+// Doorman's gRPC door over `node`, when asked for (`--grpc-listen`).
 template <class Node>
-int serve(asio::io_context& io, Node& node) {
+struct grpc_front {
+#ifdef DOORMAN_HAVE_GRPC
+  std::optional<doorman::grpc_door::node_handler<Node>> handler;
+  std::optional<doorman::grpc_door::server> server;
+
+  void start(Node& node, const std::string& listen) {
+    if (listen.empty()) return;
+    handler.emplace(node);
+    server.emplace(doorman::grpc_door::server_options{listen, node.options().tls}, *handler);
+    server->start();
+    doorman_examples::log_line(fmt::format("doorman.Capacity (gRPC) listening on {}:{}",
+                                           doorman::net::parse_address(listen)->host,
+                                           server->port()));
+  }
+  // Its calls in flight are answered on the node's strand, which runs meanwhile.
+  void stop() {
+    if (server) server->stop();
+  }
+#else
+  void start(Node&, const std::string& listen) {
+    if (!listen.empty()) throw std::runtime_error("--grpc-listen: this build has no gRPC");
+  }
+  void stop() {}
+#endif
+};
+
+template <class Node>
+int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
   node.start();
+  grpc_front<Node> grpc;
+  grpc.start(node, grpc_listen);
+  std::thread stopper;
   if (!node.options().config.source.empty()) {
     doorman_examples::log_line(
         fmt::format("configuration loaded from {}",
@@ -256,7 +295,10 @@ int serve(asio::io_context& io, Node& node) {
     if (ec) return;
     doorman_examples::log_line(fmt::format("signal {}: stopping gracefully", signal));
     hup.cancel();  // with the node stopped, nothing else is left to run
-    node.stop();
+    stopper = std::thread([&] {
+      grpc.stop();
+      node.stop();
+    });
   });
   std::function<void(std::error_code, int)> on_hup = [&](std::error_code ec, int) {
     if (ec) return;
@@ -266,6 +308,7 @@ int serve(asio::io_context& io, Node& node) {
   };
   hup.async_wait(on_hup);
   io.run();
+  if (stopper.joinable()) stopper.join();
   doorman_examples::log_line("stopped");
   return 0;
 }
@@ -273,7 +316,8 @@ int serve(asio::io_context& io, Node& node) {
 // Builds the node (reading its configuration) and serves. A bad configuration exits 2; a
 // failure to bind, 1.
 template <class Node, class... Election>
-int build_and_serve(asio::io_context& io, doorman::node_options& o, Election&&... election) {
+int build_and_serve(asio::io_context& io, doorman::node_options& o,
+                    const std::string& grpc_listen, Election&&... election) {
   std::optional<Node> node;
   try {
     node.emplace(io.get_executor(), std::move(o), std::forward<Election>(election)...);
@@ -285,7 +329,7 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, Election&&..
     return 2;
   }
   try {
-    return serve(io, *node);
+    return serve(io, *node, grpc_listen);
   } catch (const std::exception& e) {
     doorman_examples::log_line(fmt::format("fatal: {}", e.what()));
     return 1;
@@ -297,6 +341,7 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, Election&&..
 int main(int argc, char** argv) {
   doorman::node_options o;
   doorman::etcd_election_options election;
+  std::string grpc_listen;
   try {
     const auto table = node_flags();
     const auto v = doorman_examples::read_flags(argc, argv, table, "DOORMAN_");
@@ -308,6 +353,13 @@ int main(int argc, char** argv) {
     o.log = doorman_examples::log_line;
     doorman_examples::warn_unknown_environment(table, "DOORMAN_");
     read_options(v, o);
+    if (v.given("grpc-listen")) {
+      grpc_listen = v.at("grpc-listen");
+      if (!doorman::net::parse_address(grpc_listen)) {
+        throw std::invalid_argument(
+            fmt::format("--grpc-listen: expected host:port, got \"{}\"", grpc_listen));
+      }
+    }
     if (v.given("etcd-endpoints")) read_election(v, election, o);
     if (doorman::config_location::parse(o.config.source).type ==
             doorman::config_location::kind::etcd &&
@@ -320,7 +372,7 @@ int main(int argc, char** argv) {
   }
 
   asio::io_context io;
-  if (election.endpoints.empty()) return build_and_serve<doorman::node>(io, o);
+  if (election.endpoints.empty()) return build_and_serve<doorman::node>(io, o, grpc_listen);
   return build_and_serve<doorman::basic_node<doorman::etcd_election>>(
-      io, o, doorman::etcd_election(io.get_executor(), election));
+      io, o, grpc_listen, doorman::etcd_election(io.get_executor(), election));
 }

@@ -227,6 +227,29 @@ class basic_node {
     });
   }
 
+  /// One call of method `M` (a row of `method_table`) from a door other than the node's
+  /// JSON-RPC port, e.g. Doorman's gRPC service: made on the node's strand exactly as a
+  /// JSON-RPC call is (the election term, access control by `peer`'s identity, the metrics by
+  /// method and outcome, the parent link told), then `done(result)` is called there.
+  /// Thread-safe.
+  template <class M, class Done>
+  void call(typename M::request request, net::peer_info peer, Done done) {
+    asio::post(strand_, [this, request = std::move(request), peer = std::move(peer),
+                         done = std::move(done)]() mutable {
+      const auto start = clock::now();
+      apply_term(start);
+      auto result = guarded() ? guarded_call<M>(request, peer, start)
+                              : call_method<M>(engine_, request, start, {&identity_, nullptr});
+      const auto now = clock::now();
+      dispatch_record record{M::id, {}};
+      if (!result) record.error = result.code();
+      metrics_.observe(record, std::chrono::duration<double>(now - start).count());
+      fence(now);
+      if (parent_) parent_->after_calls();
+      done(std::move(result));
+    });
+  }
+
   /// Runs `f(engine)` on the node's strand (for embedding code that wants to look inside).
   template <class F>
   void post(F f) {
@@ -509,6 +532,13 @@ class basic_node {
     } catch (const std::exception& e) {
       log(fmt::format("error: {} rejected, keeping the old: {}", what, e.what()));
     }
+  }
+
+  template <class M>
+  auto guarded_call(const typename M::request& request, const net::peer_info& peer,
+                    clock::time_point now) {
+    access_guard guard(access_, {peer.identity, peer.connection});
+    return call_method<M>(engine_, request, now, {&identity_, &guard});
   }
 
   bool guarded() const noexcept {

@@ -1,0 +1,195 @@
+// Doorman's gRPC service as a door of a node (see door.hpp).
+
+#include "door.hpp"
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <doorman/net/tls.hpp>
+
+#include "doorman.grpc.pb.h"
+#include "mapping.hpp"
+
+namespace doorman::grpc_door {
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(std::string("grpc tls ") + what + ": cannot read " + path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A refusal as gRPC says it: a request that breaks a bound names its field.
+grpc::Status status_of(rpc_code code, const std::string& message,
+                       std::string_view list = "resource") {
+  switch (code) {
+    case rpc_code::invalid_params:
+      return {grpc::StatusCode::INVALID_ARGUMENT, proto_path(message, list)};
+    case rpc_code::forbidden:
+      return {grpc::StatusCode::PERMISSION_DENIED, message};
+    default:
+      return {grpc::StatusCode::INTERNAL, message};
+  }
+}
+
+// The identity of the peer's verified certificate, by the rules of the node's other ports.
+std::string identity_of(const grpc::CallbackServerContext& ctx) {
+#ifdef DOORMAN_TLS
+  const auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return {};
+  const auto pems = auth->FindPropertyValues("x509_pem_cert");
+  if (pems.empty()) return {};
+  const std::string pem(pems.front().data(), pems.front().size());
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (bio == nullptr) return {};
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  if (cert == nullptr) return {};
+  std::string id = net::detail::identity_of(cert);
+  X509_free(cert);
+  return id;
+#else
+  (void)ctx;
+  return {};
+#endif
+}
+
+caller caller_of(const grpc::CallbackServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  return {ctx.peer(), identity_of(ctx), auth && auth->IsPeerAuthenticated()};
+}
+
+class service final : public ::doorman::Capacity::CallbackService {
+ public:
+  explicit service(handler& h) : h_(h) {}
+
+  grpc::ServerUnaryReactor* Discovery(grpc::CallbackServerContext* ctx,
+                                      const ::doorman::DiscoveryRequest*,
+                                      ::doorman::DiscoveryResponse* out) override {
+    auto* reactor = ctx->DefaultReactor();
+    h_.discovery(caller_of(*ctx), [reactor, out](call_result<discovery_response> r) {
+      if (!r) return reactor->Finish(status_of(r.code(), r.message()));
+      to_proto(r.value(), *out);
+      reactor->Finish(grpc::Status::OK);
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetCapacity(grpc::CallbackServerContext* ctx,
+                                        const ::doorman::GetCapacityRequest* in,
+                                        ::doorman::GetCapacityResponse* out) override {
+    auto* reactor = ctx->DefaultReactor();
+    h_.get_capacity(from_proto(*in, unix_now()), caller_of(*ctx),
+                    [reactor, out](call_result<capacity_response> r) {
+                      if (!r) return reactor->Finish(status_of(r.code(), r.message()));
+                      to_proto(r.value(), unix_now(), *out);
+                      reactor->Finish(grpc::Status::OK);
+                    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetServerCapacity(grpc::CallbackServerContext* ctx,
+                                              const ::doorman::GetServerCapacityRequest* in,
+                                              ::doorman::GetServerCapacityResponse* out) override {
+    auto* reactor = ctx->DefaultReactor();
+    h_.get_server_capacity(from_proto(*in, unix_now()), caller_of(*ctx),
+                           [reactor, out](call_result<server_capacity_response> r) {
+                             if (!r) return reactor->Finish(status_of(r.code(), r.message()));
+                             to_proto(r.value(), unix_now(), *out);
+                             reactor->Finish(grpc::Status::OK);
+                           });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ReleaseCapacity(grpc::CallbackServerContext* ctx,
+                                            const ::doorman::ReleaseCapacityRequest* in,
+                                            ::doorman::ReleaseCapacityResponse* out) override {
+    auto* reactor = ctx->DefaultReactor();
+    h_.release_capacity(from_proto(*in), caller_of(*ctx),
+                        [reactor, out](call_result<release_response> r) {
+                          if (!r) {
+                            return reactor->Finish(status_of(r.code(), r.message(), "resource_id"));
+                          }
+                          to_proto(r.value(), *out);
+                          reactor->Finish(grpc::Status::OK);
+                        });
+    return reactor;
+  }
+
+ private:
+  handler& h_;
+};
+
+std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& tls) {
+  if (!tls.active()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o;
+  o.pem_key_cert_pairs.push_back(
+      {read_file(tls.key_file, "key"), read_file(tls.cert_file, "certificate")});
+  if (!tls.ca_file.empty()) o.pem_root_certs = read_file(tls.ca_file, "ca");
+  switch (tls.client_auth) {
+    case net::client_auth::none:
+      o.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+      break;
+    case net::client_auth::request:
+      o.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+      break;
+    case net::client_auth::require:
+      o.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      break;
+  }
+  return grpc::SslServerCredentials(o);
+}
+
+}  // namespace
+
+struct server::impl {
+  server_options options;
+  service svc;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  impl(server_options o, handler& h) : options(std::move(o)), svc(h) {}
+};
+
+server::server(server_options options, handler& h)
+    : impl_(std::make_unique<impl>(std::move(options), h)) {}
+
+server::~server() { stop(); }
+
+void server::start() {
+  grpc::ServerBuilder b;
+  b.AddListeningPort(impl_->options.listen, credentials_of(impl_->options.tls), &impl_->port);
+  b.SetMaxReceiveMessageSize(impl_->options.max_message_bytes);
+  b.SetMaxSendMessageSize(impl_->options.max_message_bytes);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, impl_->options.max_concurrent_streams);
+  b.RegisterService(&impl_->svc);
+  impl_->server = b.BuildAndStart();
+  if (!impl_->server || impl_->port == 0) {
+    impl_->server.reset();
+    throw std::runtime_error("grpc: cannot listen on " + impl_->options.listen);
+  }
+}
+
+int server::port() const noexcept { return impl_->port; }
+
+void server::stop(std::chrono::milliseconds grace) {
+  if (!impl_->server) return;
+  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  impl_->server.reset();
+}
+
+}  // namespace doorman::grpc_door

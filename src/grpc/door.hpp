@@ -1,0 +1,72 @@
+#pragma once
+
+// Doorman's gRPC service (`doorman.Capacity`) as a door of a node: it translates each call to
+// doorman's request, hands it to a `handler` (the node's service core), and translates the
+// answer back (docs/doorman-compatibility.md). Compiled once (the CMake target doorman::grpc);
+// no gRPC or protobuf header shows through this one.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <doorman/core/messages.hpp>
+#include <doorman/net/tls_options.hpp>
+#include <doorman/protocol/service.hpp>
+
+namespace doorman::grpc_door {
+
+// Who called, as the node's other doors describe a peer.
+struct caller {
+  std::string address;   // the peer as gRPC names it (e.g. "ipv4:127.0.0.1:5000")
+  std::string identity;  // from a verified client certificate; empty otherwise
+  bool secure = false;
+};
+
+template <class Answer>
+using reply = std::function<void(call_result<Answer>)>;
+
+// What the door calls: each call once, its `reply` exactly once, from any thread.
+class handler {
+ public:
+  virtual ~handler() = default;
+  virtual void get_capacity(capacity_request r, caller c, reply<capacity_response> done) = 0;
+  virtual void get_server_capacity(server_capacity_request r, caller c,
+                                   reply<server_capacity_response> done) = 0;
+  virtual void release_capacity(release_request r, caller c, reply<release_response> done) = 0;
+  virtual void discovery(caller c, reply<discovery_response> done) = 0;
+
+ protected:
+  handler() = default;
+  handler(const handler&) = default;
+  handler& operator=(const handler&) = default;
+};
+
+struct server_options {
+  std::string listen;       // host:port (port 0: a free one)
+  net::tls_options tls{};   // all empty: plaintext
+  int max_message_bytes = 1 << 20;
+  int max_concurrent_streams = 100;  // per connection
+};
+
+// A gRPC server with the door's service. Starts in `start()`; stops in `stop()` or its
+// destructor, after the calls in flight are answered (within `grace`).
+class server {
+ public:
+  server(server_options options, handler& h);
+  ~server();
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  // Binds and starts serving; throws std::runtime_error naming the address when it cannot.
+  void start();
+  // The port it listens on (after `start`).
+  [[nodiscard]] int port() const noexcept;
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace doorman::grpc_door

@@ -1,0 +1,124 @@
+// Doorman's gRPC messages to doorman's requests and back (see mapping.hpp).
+
+#include "mapping.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+#include <utility>
+
+namespace doorman::grpc_door {
+
+lease_info from_proto(const ::doorman::Lease& l, double now_unix) {
+  return {l.capacity(), static_cast<double>(l.expiry_time()) - now_unix,
+          static_cast<double>(l.refresh_interval())};
+}
+
+void to_proto(const lease_info& l, double now_unix, ::doorman::Lease& out) {
+  const double expiry = std::floor(now_unix + std::max(0.0, l.expires_in));
+  const double left = std::max(0.0, expiry - std::floor(now_unix));
+  const double refresh = std::clamp(std::floor(l.refresh_interval), 1.0, std::max(1.0, left));
+  out.set_expiry_time(static_cast<std::int64_t>(expiry));
+  out.set_refresh_interval(static_cast<std::int64_t>(refresh));
+  out.set_capacity(l.capacity);
+}
+
+capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix) {
+  capacity_request out;
+  out.client_id = r.client_id();
+  out.resources.reserve(static_cast<std::size_t>(r.resource_size()));
+  for (const auto& x : r.resource()) {
+    resource_request q;
+    q.resource_id = x.resource_id();
+    q.priority = x.priority();
+    q.wants = x.wants();
+    if (x.has_has()) q.has = from_proto(x.has(), now_unix);
+    out.resources.push_back(std::move(q));
+  }
+  return out;
+}
+
+server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r,
+                                   double now_unix) {
+  server_capacity_request out;
+  out.server_id = r.server_id();
+  out.resources.reserve(static_cast<std::size_t>(r.resource_size()));
+  for (const auto& x : r.resource()) {
+    server_resource_request q;
+    q.resource_id = x.resource_id();
+    if (x.has_has()) q.has = from_proto(x.has(), now_unix);
+    q.outstanding = 0;  // not on Doorman's wire
+    for (const auto& b : x.wants())
+      q.wants.push_back({b.priority(), b.num_clients(), b.wants()});
+    out.resources.push_back(std::move(q));
+  }
+  return out;
+}
+
+release_request from_proto(const ::doorman::ReleaseCapacityRequest& r) {
+  return {r.client_id(), {r.resource_id().begin(), r.resource_id().end()}};
+}
+
+namespace {
+
+void mastership_to_proto(const mastership_info& m, ::doorman::Mastership& out) {
+  if (m.master) out.set_master_address(*m.master);
+}
+
+}  // namespace
+
+void to_proto(const capacity_response& a, double now_unix, ::doorman::GetCapacityResponse& out) {
+  if (!a.mastership.is_master) mastership_to_proto(a.mastership, *out.mutable_mastership());
+  for (const auto& g : a.resources) {
+    auto& x = *out.add_response();
+    x.set_resource_id(g.resource_id);
+    to_proto(g.gets, now_unix, *x.mutable_gets());
+    x.set_safe_capacity(g.safe_capacity);
+  }
+}
+
+void to_proto(const server_capacity_response& a, double now_unix,
+              ::doorman::GetServerCapacityResponse& out) {
+  if (!a.mastership.is_master) mastership_to_proto(a.mastership, *out.mutable_mastership());
+  for (const auto& g : a.resources) {
+    auto& x = *out.add_response();
+    x.set_resource_id(g.resource_id);
+    to_proto(g.gets, now_unix, *x.mutable_gets());
+    x.set_safe_capacity(g.safe_capacity);
+    auto& alg = *x.mutable_algorithm();
+    ::doorman::Algorithm::Kind kind = ::doorman::Algorithm::NO_ALGORITHM;
+    (void)::doorman::Algorithm::Kind_Parse(g.algorithm.kind, &kind);  // else NO_ALGORITHM
+    alg.set_kind(kind);
+    alg.set_lease_length(static_cast<std::int64_t>(std::floor(g.algorithm.lease_length.count())));
+    alg.set_refresh_interval(
+        static_cast<std::int64_t>(std::floor(g.algorithm.refresh_interval.count())));
+    alg.set_learning_mode_duration(
+        static_cast<std::int64_t>(std::floor(g.algorithm.learning_mode_duration.count())));
+    for (const auto& [name, value] : g.algorithm.parameters.items()) {
+      auto& p = *alg.add_parameters();
+      p.set_name(name);
+      p.set_value(value.is_string() ? value.get<std::string>() : value.dump());
+    }
+  }
+}
+
+void to_proto(const release_response& a, ::doorman::ReleaseCapacityResponse& out) {
+  if (!a.mastership.is_master) mastership_to_proto(a.mastership, *out.mutable_mastership());
+}
+
+void to_proto(const discovery_response& a, ::doorman::DiscoveryResponse& out) {
+  mastership_to_proto(a.mastership, *out.mutable_mastership());
+  out.set_is_master(a.mastership.is_master);
+}
+
+std::string proto_path(std::string message, std::string_view list) {
+  const std::pair<std::string_view, std::string> renames[] = {
+      {"params.", ""}, {"resources[", std::string(list) + "["}, {".expires_in", ".expiry_time"}};
+  for (const auto& [from, to] : renames) {
+    if (const auto at = message.find(from); at != std::string::npos)
+      message.replace(at, from.size(), to);
+  }
+  return message;
+}
+
+}  // namespace doorman::grpc_door

@@ -1,0 +1,47 @@
+#pragma once
+
+// The gRPC door's handler over a node: every call goes through `basic_node::call`, so it is
+// decided, guarded, counted and logged as a JSON-RPC call is.
+
+#include <utility>
+
+#include <doorman/node.hpp>
+
+#include "door.hpp"
+
+namespace doorman::grpc_door {
+
+template <class Node>
+class node_handler final : public handler {
+ public:
+  explicit node_handler(Node& node) : node_(node) {}
+
+  void get_capacity(capacity_request r, caller c, reply<capacity_response> done) override {
+    node_.template call<methods::get_capacity>(std::move(r), peer_of(std::move(c)),
+                                               std::move(done));
+  }
+  void get_server_capacity(server_capacity_request r, caller c,
+                           reply<server_capacity_response> done) override {
+    node_.template call<methods::get_server_capacity>(std::move(r), peer_of(std::move(c)),
+                                                      std::move(done));
+  }
+  void release_capacity(release_request r, caller c, reply<release_response> done) override {
+    node_.template call<methods::release_capacity>(std::move(r), peer_of(std::move(c)),
+                                                   std::move(done));
+  }
+  void discovery(caller c, reply<discovery_response> done) override {
+    node_.template call<methods::discovery>(discovery_request{}, peer_of(std::move(c)),
+                                            std::move(done));
+  }
+
+ private:
+  // A gRPC peer has no connection of the node's: records of callers without an identity are
+  // kept under connection 0.
+  static net::peer_info peer_of(caller c) {
+    return {std::move(c.address), std::move(c.identity), c.secure, 0};
+  }
+
+  Node& node_;
+};
+
+}  // namespace doorman::grpc_door

@@ -1,0 +1,172 @@
+// Doorman's gRPC protocol on a real doorman-node, driven by a C++ gRPC client generated from
+// proto/doorman.proto (docs/doorman-compatibility.md).
+
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "doorman.grpc.pb.h"
+#include "mapping.hpp"
+#include "process.hpp"
+
+namespace {
+
+using doorman_examples::process;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* config_text = R"({"resources": [
+  {"identifier_glob": "*", "capacity": 100, "safe_capacity": 5,
+   "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4,
+                 "learning_mode_duration": 0}}]})";
+
+// A doorman-node with Doorman's gRPC service on a free port.
+struct grpc_node {
+  std::filesystem::path dir;
+  std::unique_ptr<process> node;
+  std::string address;  // the gRPC port's
+  std::unique_ptr<::doorman::Capacity::Stub> stub;
+
+  grpc_node() {
+    dir = std::filesystem::temp_directory_path() /
+          ("doorman-grpc-test-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << config_text;
+    node = std::make_unique<process>(
+        std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off",
+                                 "--grpc-listen", "127.0.0.1:0", "--config",
+                                 (dir / "config.json").string()},
+        (dir / "node.log").string());
+    const auto line = node->wait_for("doorman.Capacity (gRPC) listening on ");
+    REQUIRE(line);
+    address = line->substr(line->find("listening on ") + 13);
+    stub = ::doorman::Capacity::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  ~grpc_node() {
+    node->signal(SIGTERM);
+    CHECK(node->wait_exit() == 0);
+    std::filesystem::remove_all(dir);
+  }
+
+  static std::unique_ptr<grpc::ClientContext> context() {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return c;
+  }
+};
+
+::doorman::GetCapacityRequest ask(const std::string& client, const std::string& resource,
+                                  double wants) {
+  ::doorman::GetCapacityRequest r;
+  r.set_client_id(client);
+  auto& x = *r.add_resource();
+  x.set_resource_id(resource);
+  x.set_priority(0);
+  x.set_wants(wants);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients expect",
+          "[grpc][process]") {
+  grpc_node n;
+  ::doorman::DiscoveryResponse d;
+  REQUIRE(n.stub->Discovery(n.context().get(), {}, &d).ok());
+  CHECK(d.is_master());
+
+  const double before = unix_now();
+  ::doorman::GetCapacityResponse a;
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c1", "api", 30), &a).ok());
+  CHECK_FALSE(a.has_mastership());  // present only when not the master
+  REQUIRE(a.response_size() == 1);
+  const auto& g = a.response(0);
+  CHECK(g.resource_id() == "api");
+  CHECK(g.gets().capacity() == 30);
+  CHECK(g.safe_capacity() == 5);
+  // Whole seconds, never past the real lease (20 s from when it was decided).
+  CHECK(g.gets().expiry_time() <= static_cast<std::int64_t>(unix_now() + 20));
+  CHECK(g.gets().expiry_time() >= static_cast<std::int64_t>(before + 20) - 1);
+  CHECK(g.gets().refresh_interval() == 4);
+
+  // A second client shares fairly with the first.
+  ::doorman::GetCapacityResponse b;
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c2", "api", 100), &b).ok());
+  CHECK(b.response(0).gets().capacity() == 70);
+}
+
+TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the field",
+          "[grpc][process]") {
+  grpc_node n;
+  ::doorman::GetCapacityResponse a;
+  const auto s = n.stub->GetCapacity(n.context().get(), ask("c1", "api", -1), &a);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(s.error_message(), Catch::StartsWith("resource[0].wants"));
+  // Nothing was granted: the client asking properly gets the whole capacity.
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c2", "api", 500), &a).ok());
+  CHECK(a.response(0).gets().capacity() == 100);
+}
+
+TEST_CASE("grpc: ReleaseCapacity gives a lease back; GetServerCapacity counts subclients",
+          "[grpc][process]") {
+  grpc_node n;
+  ::doorman::GetCapacityResponse a;
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c1", "api", 100), &a).ok());
+  CHECK(a.response(0).gets().capacity() == 100);
+
+  ::doorman::ReleaseCapacityRequest rel;
+  rel.set_client_id("c1");
+  rel.add_resource_id("api");
+  ::doorman::ReleaseCapacityResponse released;
+  REQUIRE(n.stub->ReleaseCapacity(n.context().get(), rel, &released).ok());
+  CHECK_FALSE(released.has_mastership());
+
+  // A server child with 3 clients at one priority: FAIR_SHARE counts them.
+  ::doorman::GetServerCapacityRequest sr;
+  sr.set_server_id("mid");
+  auto& x = *sr.add_resource();
+  x.set_resource_id("api");
+  auto& band = *x.add_wants();
+  band.set_priority(0);
+  band.set_num_clients(3);
+  band.set_wants(60);
+  ::doorman::GetServerCapacityResponse sa;
+  REQUIRE(n.stub->GetServerCapacity(n.context().get(), sr, &sa).ok());
+  REQUIRE(sa.response_size() == 1);
+  CHECK(sa.response(0).gets().capacity() == 60);
+  CHECK(sa.response(0).algorithm().kind() == ::doorman::Algorithm::FAIR_SHARE);
+  CHECK(sa.response(0).algorithm().lease_length() == 20);
+  // c1's lease is gone: c3 may have what mid does not.
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c3", "api", 100), &a).ok());
+  CHECK(a.response(0).gets().capacity() == 40);
+}
+
+TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real lease",
+          "[grpc]") {
+  ::doorman::Lease l;
+  doorman::grpc_door::to_proto({10, 2.9, 0.4}, 1000.5, l);
+  CHECK(l.expiry_time() == 1003);  // 1003.4 rounded down
+  CHECK(l.refresh_interval() == 1);  // at least 1 s
+  doorman::grpc_door::to_proto({10, 30, 16.7}, 1000.0, l);
+  CHECK(l.expiry_time() == 1030);
+  CHECK(l.refresh_interval() == 16);
+  doorman::grpc_door::to_proto({10, 0, 5}, 1000.0, l);  // expired
+  CHECK(l.expiry_time() == 1000);
+  CHECK(l.refresh_interval() == 1);
+  const auto back = doorman::grpc_door::from_proto(l, 999.5);
+  CHECK(back.expires_in == 0.5);
+  CHECK(doorman::grpc_door::proto_path("params.resources[3].has.expires_in: must be") ==
+        "resource[3].has.expiry_time: must be");
+}
