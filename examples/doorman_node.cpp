@@ -316,8 +316,8 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
 // Builds the node (reading its configuration) and serves. A bad configuration exits 2; a
 // failure to bind, 1.
 template <class Node, class... Election>
-int build_and_serve(asio::io_context& io, doorman::node_options& o,
-                    const std::string& grpc_listen, Election&&... election) {
+int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::string& grpc_listen,
+                    Election&&... election) {
   std::optional<Node> node;
   try {
     node.emplace(io.get_executor(), std::move(o), std::forward<Election>(election)...);

@@ -5,15 +5,18 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
-#include <unistd.h>
+
+#include <random>
 
 #include "doorman.grpc.pb.h"
+#include "line_client.hpp"
 #include "mapping.hpp"
 #include "process.hpp"
 
@@ -22,8 +25,7 @@ namespace {
 using doorman_examples::process;
 
 double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 const char* config_text = R"({"resources": [
@@ -38,16 +40,21 @@ struct grpc_node {
   std::string address;  // the gRPC port's
   std::unique_ptr<::doorman::Capacity::Stub> stub;
 
-  grpc_node() {
+  std::string json_address;  // the JSON-RPC port's
+
+  explicit grpc_node(const std::string& name = "node") {
     dir = std::filesystem::temp_directory_path() /
-          ("doorman-grpc-test-" + std::to_string(::getpid()));
+          ("doorman-grpc-test-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "config.json") << config_text;
     node = std::make_unique<process>(
         std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off",
-                                 "--grpc-listen", "127.0.0.1:0", "--config",
-                                 (dir / "config.json").string()},
+                                 "--grpc-listen", "127.0.0.1:0", "--minimum-refresh-interval", "0",
+                                 "--config", (dir / "config.json").string()},
         (dir / "node.log").string());
+    const auto json_at = node->listening_address();
+    REQUIRE(json_at);
+    json_address = *json_at;
     const auto line = node->wait_for("doorman.Capacity (gRPC) listening on ");
     REQUIRE(line);
     address = line->substr(line->find("listening on ") + 13);
@@ -153,11 +160,10 @@ TEST_CASE("grpc: ReleaseCapacity gives a lease back; GetServerCapacity counts su
   CHECK(a.response(0).gets().capacity() == 40);
 }
 
-TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real lease",
-          "[grpc]") {
+TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real lease", "[grpc]") {
   ::doorman::Lease l;
   doorman::grpc_door::to_proto({10, 2.9, 0.4}, 1000.5, l);
-  CHECK(l.expiry_time() == 1003);  // 1003.4 rounded down
+  CHECK(l.expiry_time() == 1003);    // 1003.4 rounded down
   CHECK(l.refresh_interval() == 1);  // at least 1 s
   doorman::grpc_door::to_proto({10, 30, 16.7}, 1000.0, l);
   CHECK(l.expiry_time() == 1030);
@@ -169,4 +175,44 @@ TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real
   CHECK(back.expires_in == 0.5);
   CHECK(doorman::grpc_door::proto_path("params.resources[3].has.expires_in: must be") ==
         "resource[3].has.expiry_time: must be");
+}
+
+TEST_CASE("grpc and JSON-RPC give the same decisions for the same requests", "[grpc][process]") {
+  grpc_node over_json("json");
+  grpc_node over_grpc("grpc");
+  doorman_test::line_client rpc(over_json.json_address);
+  std::mt19937 random(7);
+  const std::string resources[] = {"api", "db", "mail"};
+  int compared = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string client = "c" + std::to_string(random() % 6);
+    const std::string resource = resources[random() % 3];
+    if (random() % 8 == 0) {  // a release, now and then
+      ::doorman::ReleaseCapacityRequest rel;
+      rel.set_client_id(client);
+      rel.add_resource_id(resource);
+      ::doorman::ReleaseCapacityResponse out;
+      REQUIRE(over_grpc.stub->ReleaseCapacity(grpc_node::context().get(), rel, &out).ok());
+      const auto j =
+          rpc.call("release_capacity", {{"client_id", client}, {"resources", {resource}}});
+      REQUIRE(j.contains("result"));
+      continue;
+    }
+    const auto priority = static_cast<std::int64_t>(random() % 3);
+    const double wants = static_cast<double>(random() % 81);
+    auto req = ask(client, resource, wants);
+    req.mutable_resource(0)->set_priority(priority);
+    ::doorman::GetCapacityResponse out;
+    REQUIRE(over_grpc.stub->GetCapacity(grpc_node::context().get(), req, &out).ok());
+    const auto j = rpc.call(
+        "get_capacity",
+        {{"client_id", client},
+         {"resources", {{{"resource_id", resource}, {"priority", priority}, {"wants", wants}}}}});
+    REQUIRE(j.contains("result"));
+    INFO("request " << i << ": " << client << " " << resource << " wants " << wants);
+    CHECK(out.response(0).gets().capacity() ==
+          j["result"]["resources"][0]["gets"]["capacity"].get<double>());
+    ++compared;
+  }
+  CHECK(compared > 200);
 }

@@ -21,8 +21,7 @@ namespace doorman::grpc_door {
 namespace {
 
 double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 std::string read_file(const std::string& path, const char* what) {
@@ -168,7 +167,9 @@ struct server::impl {
 server::server(server_options options, handler& h)
     : impl_(std::make_unique<impl>(std::move(options), h)) {}
 
-server::~server() { stop(); }
+server::~server() {
+  stop();
+}
 
 void server::start() {
   grpc::ServerBuilder b;
@@ -184,7 +185,9 @@ void server::start() {
   }
 }
 
-int server::port() const noexcept { return impl_->port; }
+int server::port() const noexcept {
+  return impl_->port;
+}
 
 void server::stop(std::chrono::milliseconds grace) {
   if (!impl_->server) return;

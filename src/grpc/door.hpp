@@ -43,8 +43,8 @@ class handler {
 };
 
 struct server_options {
-  std::string listen;       // host:port (port 0: a free one)
-  net::tls_options tls{};   // all empty: plaintext
+  std::string listen;      // host:port (port 0: a free one)
+  net::tls_options tls{};  // all empty: plaintext
   int max_message_bytes = 1 << 20;
   int max_concurrent_streams = 100;  // per connection
 };

@@ -38,8 +38,7 @@ capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_u
   return out;
 }
 
-server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r,
-                                   double now_unix) {
+server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r, double now_unix) {
   server_capacity_request out;
   out.server_id = r.server_id();
   out.resources.reserve(static_cast<std::size_t>(r.resource_size()));
