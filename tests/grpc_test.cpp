@@ -19,6 +19,7 @@
 #include "line_client.hpp"
 #include "mapping.hpp"
 #include "process.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -42,16 +43,24 @@ struct grpc_node {
 
   std::string json_address;  // the JSON-RPC port's
 
-  explicit grpc_node(const std::string& name = "node") {
+  explicit grpc_node(const std::string& name = "node", std::vector<std::string> flags = {}) {
     dir = std::filesystem::temp_directory_path() /
           ("doorman-grpc-test-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "config.json") << config_text;
-    node = std::make_unique<process>(
-        std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off",
-                                 "--grpc-listen", "127.0.0.1:0", "--minimum-refresh-interval", "0",
-                                 "--config", (dir / "config.json").string()},
-        (dir / "node.log").string());
+    std::vector<std::string> args{DOORMAN_NODE_BINARY,
+                                  "--listen",
+                                  "127.0.0.1:0",
+                                  "--admin",
+                                  "off",
+                                  "--grpc-listen",
+                                  "127.0.0.1:0",
+                                  "--minimum-refresh-interval",
+                                  "0",
+                                  "--config",
+                                  (dir / "config.json").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    node = std::make_unique<process>(args, (dir / "node.log").string());
     const auto json_at = node->listening_address();
     REQUIRE(json_at);
     json_address = *json_at;
@@ -215,4 +224,53 @@ TEST_CASE("grpc and JSON-RPC give the same decisions for the same requests", "[g
     ++compared;
   }
   CHECK(compared > 200);
+}
+
+namespace {
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A stub over TLS to `address`, showing `name`'s certificate (none: "").
+std::unique_ptr<::doorman::Capacity::Stub> tls_stub(const std::string& address,
+                                                    const std::string& name) {
+  const auto& certs = doorman_test::test_certificates::get();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = file_text(certs("ca.pem"));
+  if (!name.empty()) {
+    o.pem_private_key = file_text(certs(name + ".key"));
+    o.pem_cert_chain = file_text(certs(name + ".pem"));
+  }
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("localhost");
+  return ::doorman::Capacity::NewStub(
+      grpc::CreateCustomChannel(address, grpc::SslCredentials(o), args));
+}
+
+}  // namespace
+
+TEST_CASE("grpc over mutual TLS: the peer's certificate is its identity", "[grpc][tls][process]") {
+  const auto& certs = doorman_test::test_certificates::get();
+  grpc_node n("tls", {"--tls-cert", certs("node.pem"), "--tls-key", certs("node.key"), "--tls-ca",
+                      certs("ca.pem"), "--tls-client-auth", "require"});
+  const std::string a = "spiffe://doorman.test/client/a";
+  auto client_a = tls_stub(n.address, "client-a");
+  ::doorman::GetCapacityResponse out;
+  // With no access file, an identity may use its own client ids only.
+  REQUIRE(client_a->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).ok());
+  CHECK(out.response(0).gets().capacity() == 10);
+  REQUIRE(
+      client_a->GetCapacity(grpc_node::context().get(), ask(a + "#worker", "api", 10), &out).ok());
+  const auto refused = client_a->GetCapacity(
+      grpc_node::context().get(), ask("spiffe://doorman.test/client/b", "api", 10), &out);
+  CHECK(refused.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(refused.error_message(), Catch::Contains("forbidden"));
+  // No certificate: no call at all.
+  auto anonymous = tls_stub(n.address, "");
+  const auto s = anonymous->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out);
+  CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+  // Plaintext to a TLS port: no call either.
+  CHECK_FALSE(n.stub->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).ok());
 }
