@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -51,14 +52,15 @@ struct grpc_node {
     std::vector<std::string> args{DOORMAN_NODE_BINARY,
                                   "--listen",
                                   "127.0.0.1:0",
-                                  "--admin",
-                                  "off",
                                   "--grpc-listen",
                                   "127.0.0.1:0",
                                   "--minimum-refresh-interval",
                                   "0",
                                   "--config",
                                   (dir / "config.json").string()};
+    if (std::find(flags.begin(), flags.end(), "--admin") == flags.end()) {
+      flags.insert(flags.end(), {"--admin", "off"});
+    }
     args.insert(args.end(), flags.begin(), flags.end());
     node = std::make_unique<process>(args, (dir / "node.log").string());
     const auto json_at = node->listening_address();
@@ -184,6 +186,32 @@ TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real
   CHECK(back.expires_in == 0.5);
   CHECK(doorman::grpc_door::proto_path("params.resources[3].has.expires_in: must be") ==
         "resource[3].has.expiry_time: must be");
+}
+
+TEST_CASE("grpc calls are counted by method, outcome and door", "[grpc][process]") {
+  grpc_node n("metrics", {"--admin", "127.0.0.1:0"});
+  // (Logged before the gRPC port, which the fixture waited for.)
+  const std::string log = n.node->log();
+  const auto at = log.find("admin endpoint on http://");
+  REQUIRE(at != std::string::npos);
+  const auto from = at + std::string("admin endpoint on http://").size();
+  const std::string admin = log.substr(from, log.find("/status", from) - from);
+  ::doorman::GetCapacityResponse out;
+  REQUIRE(n.stub->GetCapacity(grpc_node::context().get(), ask("c1", "api", 10), &out).ok());
+  REQUIRE(n.stub->GetCapacity(grpc_node::context().get(), ask("c2", "api", 10), &out).ok());
+  CHECK_FALSE(n.stub->GetCapacity(grpc_node::context().get(), ask("c3", "api", -1), &out).ok());
+  const auto metrics = doorman_test::http_get(admin, "/metrics").body;
+  CHECK_THAT(metrics,
+             Catch::Contains(
+                 R"(doorman_requests_total{method="get_capacity",outcome="ok",door="grpc"} 2)"));
+  CHECK_THAT(
+      metrics,
+      Catch::Contains(
+          R"(doorman_requests_total{method="get_capacity",outcome="invalid_params",door="grpc"} 1)"));
+  CHECK_THAT(
+      metrics,
+      Catch::Contains(
+          R"(doorman_requests_total{method="get_capacity",outcome="ok",door="json-rpc"} 0)"));
 }
 
 TEST_CASE("grpc and JSON-RPC give the same decisions for the same requests", "[grpc][process]") {

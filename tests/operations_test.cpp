@@ -150,27 +150,37 @@ TEST_CASE("metrics: label values are escaped, histograms are cumulative", "[admi
   const auto text = doorman::render_metrics(s, m);
   CHECK_THAT(text, Catch::Contains(R"(id="a\"b\\c\nd")"));
   CHECK_THAT(text, Catch::Contains(R"(doorman_resource_capacity{resource="quote\"d"} 12.5)"));
-  CHECK_THAT(text,
-             Catch::Contains(R"(doorman_requests_total{method="get_capacity",outcome="ok"} 3)"));
-  CHECK_THAT(text,
-             Catch::Contains(R"(doorman_requests_total{method="other",outcome="parse_error"} 1)"));
-  CHECK_THAT(text,
-             Catch::Contains(
-                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-05"} 2)"));
+  CHECK_THAT(
+      text, Catch::Contains(
+                R"(doorman_requests_total{method="get_capacity",outcome="ok",door="json-rpc"} 3)"));
   CHECK_THAT(
       text,
       Catch::Contains(
-          R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="2.5e-06"} 0)"));
-  CHECK_THAT(text,
-             Catch::Contains(
-                 R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="5e-06"} 1)"));
+          R"(doorman_requests_total{method="other",outcome="parse_error",door="json-rpc"} 1)"));
   CHECK_THAT(
-      text, Catch::Contains(
-                R"(doorman_request_duration_seconds_bucket{method="get_capacity",le="0.0025"} 3)"));
-  CHECK_THAT(text, Catch::Contains(
-                       R"(doorman_request_duration_seconds_bucket{method="other",le="0.1"} 0)"));
-  CHECK_THAT(text, Catch::Contains(
-                       R"(doorman_request_duration_seconds_bucket{method="other",le="+Inf"} 1)"));
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="get_capacity",door="json-rpc",le="5e-05"} 2)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="get_capacity",door="json-rpc",le="2.5e-06"} 0)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="get_capacity",door="json-rpc",le="5e-06"} 1)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="get_capacity",door="json-rpc",le="0.0025"} 3)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="other",door="json-rpc",le="0.1"} 0)"));
+  CHECK_THAT(
+      text,
+      Catch::Contains(
+          R"(doorman_request_duration_seconds_bucket{method="other",door="json-rpc",le="+Inf"} 1)"));
   if (have("promtool")) {
     const auto dir = scratch("promtool-escape");
     std::ofstream(dir / "m.txt") << text;
@@ -278,11 +288,14 @@ TEST_CASE("admin endpoint: health, readiness, metrics and status of a live root"
   const auto metrics = http_get(admin, "/metrics");
   REQUIRE(metrics.status == 200);
   CHECK_THAT(metrics.head, Catch::Contains("Content-Type: text/plain; version=0.0.4"));
-  CHECK_THAT(metrics.body,
-             Catch::Contains(R"(doorman_requests_total{method="get_capacity",outcome="ok"} 1)"));
   CHECK_THAT(
       metrics.body,
-      Catch::Contains(R"(doorman_requests_total{method="other",outcome="method_not_found"} 1)"));
+      Catch::Contains(
+          R"(doorman_requests_total{method="get_capacity",outcome="ok",door="json-rpc"} 1)"));
+  CHECK_THAT(
+      metrics.body,
+      Catch::Contains(
+          R"(doorman_requests_total{method="other",outcome="method_not_found",door="json-rpc"} 1)"));
   CHECK_THAT(metrics.body, Catch::Contains(R"(doorman_resource_has{resource="db<1>"} 30)"));
   CHECK_THAT(metrics.body, Catch::Contains(R"(doorman_resource_clients{resource="db<1>"} 1)"));
   CHECK_THAT(metrics.body, Catch::Contains("doorman_connections_open 1"));

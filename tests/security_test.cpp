@@ -447,9 +447,8 @@ TEST_CASE("identities bound what a caller may do over mutual TLS", "[net][tls][a
   CHECK_THAT(denied.body, Catch::Contains("forbidden: /status needs the admin role"));
   CHECK(https_get(web, "/healthz", certs.side("client-a")).status == 200);
   const auto metrics = https_get(web, "/metrics", certs.side("admin"));
-  CHECK_THAT(
-      metrics.body,
-      Catch::Contains("doorman_requests_total{method=\"get_capacity\",outcome=\"forbidden\"} 3"));
+  CHECK_THAT(metrics.body, Catch::Contains("doorman_requests_total{method=\"get_capacity\",outcome="
+                                           "\"forbidden\",door=\"json-rpc\"} 3"));
 }
 
 TEST_CASE("a node without TLS bounds client ids per connection with max_client_ids", "[net]") {
@@ -537,7 +536,7 @@ TEST_CASE("a root, an intermediate and clients converge over mutual TLS as in pl
   std::promise<std::array<std::uint64_t, 2>> status_calls;
   root.node().post([&](auto&) {
     const auto& by_outcome =
-        root.node().metrics().requests[static_cast<std::size_t>(doorman::rpc_method::status)];
+        root.node().metrics().requests[0][static_cast<std::size_t>(doorman::rpc_method::status)];
     status_calls.set_value(
         {by_outcome[0], by_outcome[doorman::outcome_index(doorman::rpc_code::forbidden)]});
   });

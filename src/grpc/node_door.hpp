@@ -17,21 +17,21 @@ class node_handler final : public handler {
   explicit node_handler(Node& node) : node_(node) {}
 
   void get_capacity(capacity_request r, caller c, reply<capacity_response> done) override {
-    node_.template call<methods::get_capacity>(std::move(r), peer_of(std::move(c)),
+    node_.template call<methods::get_capacity>(std::move(r), peer_of(std::move(c)), rpc_door::grpc,
                                                std::move(done));
   }
   void get_server_capacity(server_capacity_request r, caller c,
                            reply<server_capacity_response> done) override {
     node_.template call<methods::get_server_capacity>(std::move(r), peer_of(std::move(c)),
-                                                      std::move(done));
+                                                      rpc_door::grpc, std::move(done));
   }
   void release_capacity(release_request r, caller c, reply<release_response> done) override {
     node_.template call<methods::release_capacity>(std::move(r), peer_of(std::move(c)),
-                                                   std::move(done));
+                                                   rpc_door::grpc, std::move(done));
   }
   void discovery(caller c, reply<discovery_response> done) override {
     node_.template call<methods::discovery>(discovery_request{}, peer_of(std::move(c)),
-                                            std::move(done));
+                                            rpc_door::grpc, std::move(done));
   }
 
  private:

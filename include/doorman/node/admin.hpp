@@ -68,11 +68,14 @@ inline constexpr std::array<rpc_code, 6> rpc_outcome_codes = {
 
 /// The counters a node keeps, touched on its strand only.
 struct node_metrics {
-  /// Requests by method and outcome.
-  std::array<std::array<std::uint64_t, rpc_outcome_names.size()>, rpc_method_names.size()>
+  /// Requests by door, method and outcome.
+  std::array<
+      std::array<std::array<std::uint64_t, rpc_outcome_names.size()>, rpc_method_names.size()>,
+      rpc_door_names.size()>
       requests{};
-  /// Time to handle a request (parse, decide, serialize), by method.
-  std::array<latency_histogram, rpc_method_names.size()> latency{};
+  /// Time to handle a request (parse, decide, serialize), by door and method.
+  std::array<std::array<latency_histogram, rpc_method_names.size()>, rpc_door_names.size()>
+      latency{};
   std::uint64_t master_changes = 0;
   std::uint64_t fenced = 0;  ///< times a master stepped down at the end of its term
   std::uint64_t reloads_ok = 0;
@@ -82,9 +85,10 @@ struct node_metrics {
   std::uint64_t parent_requests_ok = 0;
 
   void observe(const dispatch_record& r, double taken) noexcept {
+    const auto d = static_cast<std::size_t>(r.door);
     const auto m = static_cast<std::size_t>(r.method);
-    ++requests[m][outcome_index(r.error)];
-    latency[m].observe(taken);
+    ++requests[d][m][outcome_index(r.error)];
+    latency[d][m].observe(taken);
   }
 
   /// A configuration loaded (`ok`), or rejected.
@@ -200,22 +204,39 @@ class prom_writer {
   std::string out_;
 };
 
+// Whether door `d` shows its series: the JSON-RPC door always (every method's `ok`, at 0
+// too), another door once it has had a call.
+inline bool door_shown(const node_metrics& m, std::size_t d) {
+  if (d == 0) return true;
+  for (const auto& method : m.requests[d])
+    for (const auto n : method)
+      if (n != 0) return true;
+  return false;
+}
+
 inline void render_requests(prom_writer& w, const node_metrics& m) {
   w.family("doorman_requests_total", "counter",
-           "JSON-RPC requests handled, by method and outcome.");
-  for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
-    for (std::size_t o = 0; o < rpc_outcome_names.size(); ++o)
-      if (m.requests[i][o] != 0 || o == 0) {
-        w.sample(
-            "doorman_requests_total",
-            fmt::format("method=\"{}\",outcome=\"{}\"", rpc_method_names[i], rpc_outcome_names[o]),
-            static_cast<double>(m.requests[i][o]));
-      }
+           "Requests handled, by method, outcome and door (json-rpc, grpc).");
+  for (std::size_t d = 0; d < rpc_door_names.size(); ++d) {
+    if (!door_shown(m, d)) continue;
+    for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
+      for (std::size_t o = 0; o < rpc_outcome_names.size(); ++o)
+        if (m.requests[d][i][o] != 0 || (o == 0 && d == 0)) {
+          w.sample("doorman_requests_total",
+                   fmt::format("method=\"{}\",outcome=\"{}\",door=\"{}\"", rpc_method_names[i],
+                               rpc_outcome_names[o], rpc_door_names[d]),
+                   static_cast<double>(m.requests[d][i][o]));
+        }
+  }
   w.family("doorman_request_duration_seconds", "histogram",
-           "Time to handle one JSON-RPC request (parse, decide, answer), by method.");
-  for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
-    w.histogram("doorman_request_duration_seconds",
-                fmt::format("method=\"{}\"", rpc_method_names[i]), m.latency[i]);
+           "Time to handle one request (parse, decide, answer), by method and door.");
+  for (std::size_t d = 0; d < rpc_door_names.size(); ++d) {
+    if (!door_shown(m, d)) continue;
+    for (std::size_t i = 0; i < rpc_method_names.size(); ++i)
+      w.histogram("doorman_request_duration_seconds",
+                  fmt::format("method=\"{}\",door=\"{}\"", rpc_method_names[i], rpc_door_names[d]),
+                  m.latency[d][i]);
+  }
 }
 
 inline void render_connections(prom_writer& w, const admin_snapshot& s) {

@@ -230,18 +230,19 @@ class basic_node {
   /// One call of method `M` (a row of `method_table`) from a door other than the node's
   /// JSON-RPC port, e.g. Doorman's gRPC service: made on the node's strand exactly as a
   /// JSON-RPC call is (the election term, access control by `peer`'s identity, the metrics by
-  /// method and outcome, the parent link told), then `done(result)` is called there.
+  /// method and outcome, counted under `door`, the parent link told), then `done(result)` is
+  /// called there.
   /// Thread-safe.
   template <class M, class Done>
-  void call(typename M::request request, net::peer_info peer, Done done) {
-    asio::post(strand_, [this, request = std::move(request), peer = std::move(peer),
+  void call(typename M::request request, net::peer_info peer, rpc_door door, Done done) {
+    asio::post(strand_, [this, request = std::move(request), peer = std::move(peer), door,
                          done = std::move(done)]() mutable {
       const auto start = clock::now();
       apply_term(start);
       auto result = guarded() ? guarded_call<M>(request, peer, start)
                               : call_method<M>(engine_, request, start, {&identity_, nullptr});
       const auto now = clock::now();
-      dispatch_record record{M::id, {}};
+      dispatch_record record{M::id, {}, door};
       if (!result) record.error = result.code();
       metrics_.observe(record, std::chrono::duration<double>(now - start).count());
       fence(now);

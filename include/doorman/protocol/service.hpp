@@ -50,11 +50,19 @@ enum class rpc_method : std::uint8_t {
   other
 };
 
-/// What a door did with a call, for the node's metrics and logs: the method, and the error code
-/// it answered with (none: a result, or a notification). Every door fills one per call.
+/// The doors a call can come through: the node's JSON-RPC port, and Doorman's gRPC service.
+enum class rpc_door : std::uint8_t { json_rpc, grpc };
+
+/// The metrics label of each `rpc_door`.
+inline constexpr std::array<const char*, 2> rpc_door_names = {"json-rpc", "grpc"};
+
+/// What a door did with a call, for the node's metrics and logs: the method, the error code it
+/// answered with (none: a result, or a notification), and the door. Every door fills one per
+/// call.
 struct dispatch_record {
   rpc_method method = rpc_method::other;
   std::optional<rpc_code> error;
+  rpc_door door = rpc_door::json_rpc;
 };
 
 /// Authorization for the service: each `allow` returns why the caller may not make the call
