@@ -302,3 +302,33 @@ TEST_CASE("grpc over mutual TLS: the peer's certificate is its identity", "[grpc
   // Plaintext to a TLS port: no call either.
   CHECK_FALSE(n.stub->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).ok());
 }
+
+TEST_CASE("grpc mapping: mastership only in a non-master's answer, naming the master", "[grpc]") {
+  doorman::capacity_response from_master;
+  from_master.mastership = {true, "10.0.0.1:7700"};
+  ::doorman::GetCapacityResponse a;
+  doorman::grpc_door::to_proto(from_master, 1000, a);
+  CHECK_FALSE(a.has_mastership());  // Doorman's clients read its presence as "not the master"
+
+  doorman::capacity_response from_other;
+  from_other.mastership = {false, "10.0.0.1:7700"};
+  ::doorman::GetCapacityResponse b;
+  doorman::grpc_door::to_proto(from_other, 1000, b);
+  REQUIRE(b.has_mastership());
+  CHECK(b.mastership().master_address() == "10.0.0.1:7700");
+
+  doorman::release_response unknown;  // a non-master that knows no master
+  unknown.mastership = {false, std::nullopt};
+  ::doorman::ReleaseCapacityResponse c;
+  doorman::grpc_door::to_proto(unknown, c);
+  REQUIRE(c.has_mastership());
+  CHECK_FALSE(c.mastership().has_master_address());
+
+  ::doorman::DiscoveryResponse d;  // its mastership is required: always there
+  doorman::grpc_door::to_proto(doorman::discovery_response{{true, "10.0.0.1:7700"}}, d);
+  CHECK(d.is_master());
+  CHECK(d.has_mastership());
+  CHECK(d.IsInitialized());  // every proto2 required field is set
+  CHECK(a.IsInitialized());
+  CHECK(b.IsInitialized());
+}
