@@ -332,3 +332,16 @@ TEST_CASE("grpc mapping: mastership only in a non-master's answer, naming the ma
   CHECK(a.IsInitialized());
   CHECK(b.IsInitialized());
 }
+
+TEST_CASE("grpc mapping: a release padded with empty ids, as Doorman's Go client sends it",
+          "[grpc]") {
+  ::doorman::ReleaseCapacityRequest r;
+  r.set_client_id("c1");
+  r.add_resource_id("");
+  r.add_resource_id("");
+  r.add_resource_id("api");
+  r.add_resource_id("db");
+  const auto q = doorman::grpc_door::from_proto(r);
+  CHECK(q.client_id == "c1");
+  CHECK(q.resources == std::vector<std::string>{"api", "db"});
+}

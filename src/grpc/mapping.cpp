@@ -55,7 +55,10 @@ server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r,
 }
 
 release_request from_proto(const ::doorman::ReleaseCapacityRequest& r) {
-  return {r.client_id(), {r.resource_id().begin(), r.resource_id().end()}};
+  release_request out{r.client_id(), {}};
+  for (const auto& id : r.resource_id())
+    if (!id.empty()) out.resources.push_back(id);  // Doorman's client pads with empty ids
+  return out;
 }
 
 namespace {

@@ -26,6 +26,9 @@ void to_proto(const lease_info& l, double now_unix, ::doorman::Lease& out);
 capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix);
 // `outstanding` is not on Doorman's wire: 0.
 server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r, double now_unix);
+// Empty resource ids are dropped: Doorman's Go client sends one per resource before the real
+// ids when it closes (it appends to a slice made with that length), and would retry a refusal
+// forever.
 release_request from_proto(const ::doorman::ReleaseCapacityRequest& r);
 
 // A non-master's answer carries `mastership` (naming the master when known); a master's
