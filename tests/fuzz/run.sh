@@ -9,8 +9,11 @@
 set -eu
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-dispatch engine config answers http admin access rules cli yaml}
 bin=${FUZZ_BIN:-build/fuzz/tests/fuzz}    # where the targets are
+# grpc: when the gRPC layer was found (Doorman's gRPC messages through the mapping).
+all="dispatch engine config answers http admin access rules cli yaml"
+[ -x "$bin/doorman_fuzz_grpc" ] && all="$all grpc"
+targets=${*:-$all}
 work=${FUZZ_WORK:-build/fuzz/work}        # where each target's new inputs and log go
 jobs=${FUZZ_JOBS:-2}
 
