@@ -60,6 +60,10 @@ std::vector<flag> node_flags() {
        "also serve Doorman's gRPC protocol (doorman.Capacity) there, for Doorman's clients and "
        "servers (docs/doorman-compatibility.md); needs a build with gRPC",
        ""},
+      {"grpc-advertise", "HOST:PORT",
+       "address of the gRPC port that Doorman's clients are redirected to when this task is "
+       "master (default: the --grpc-listen address, with the port it got)",
+       ""},
       {"etcd-endpoints", "HOST:PORT[,...]",
        "etcd members (v3 JSON gateway); with them, the tasks of one position elect a master", ""},
       {"election-key", "KEY", "etcd key of this position's election (one key per position)", e.key},
@@ -257,14 +261,15 @@ struct grpc_front {
   std::optional<doorman::grpc_door::node_handler<Node>> handler;
   std::optional<doorman::grpc_door::server> server;
 
+  // Before the node starts, so that its election announces the gRPC port.
   void start(Node& node, const std::string& listen) {
     if (listen.empty()) return;
     handler.emplace(node);
     server.emplace(doorman::grpc_door::server_options{listen, node.options().tls}, *handler);
     server->start();
-    doorman_examples::log_line(fmt::format("doorman.Capacity (gRPC) listening on {}:{}",
-                                           doorman::net::parse_address(listen)->host,
-                                           server->port()));
+    const auto at = fmt::format("{}:{}", doorman::net::parse_address(listen)->host, server->port());
+    if (node.options().advertise_grpc.empty()) node.advertise_grpc(at);
+    doorman_examples::log_line(fmt::format("doorman.Capacity (gRPC) listening on {}", at));
   }
   // Its calls in flight are answered on the node's strand, which runs meanwhile.
   void stop() {
@@ -280,9 +285,9 @@ struct grpc_front {
 
 template <class Node>
 int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
-  node.start();
   grpc_front<Node> grpc;
   grpc.start(node, grpc_listen);
+  node.start();
   std::thread stopper;
   if (!node.options().config.source.empty()) {
     doorman_examples::log_line(
@@ -358,6 +363,14 @@ int main(int argc, char** argv) {
       if (!doorman::net::parse_address(grpc_listen)) {
         throw std::invalid_argument(
             fmt::format("--grpc-listen: expected host:port, got \"{}\"", grpc_listen));
+      }
+    }
+    if (v.given("grpc-advertise")) {
+      if (grpc_listen.empty()) throw std::invalid_argument("--grpc-advertise needs --grpc-listen");
+      o.advertise_grpc = v.at("grpc-advertise");
+      if (!doorman::net::parse_address(o.advertise_grpc)) {
+        throw std::invalid_argument(
+            fmt::format("--grpc-advertise: expected host:port, got \"{}\"", o.advertise_grpc));
       }
     }
     if (v.given("etcd-endpoints")) read_election(v, election, o);

@@ -13,10 +13,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <random>
 
 #include "doorman.grpc.pb.h"
+#include "etcd_server.hpp"
 #include "line_client.hpp"
 #include "mapping.hpp"
 #include "process.hpp"
@@ -63,12 +65,13 @@ struct grpc_node {
     }
     args.insert(args.end(), flags.begin(), flags.end());
     node = std::make_unique<process>(args, (dir / "node.log").string());
-    const auto json_at = node->listening_address();
-    REQUIRE(json_at);
-    json_address = *json_at;
+    // The gRPC port binds first (the election announces it), then the JSON-RPC one.
     const auto line = node->wait_for("doorman.Capacity (gRPC) listening on ");
     REQUIRE(line);
     address = line->substr(line->find("listening on ") + 13);
+    const auto json_at = node->listening_address();
+    REQUIRE(json_at);
+    json_address = *json_at;
     stub = ::doorman::Capacity::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
@@ -123,6 +126,48 @@ TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients
   ::doorman::GetCapacityResponse b;
   REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c2", "api", 100), &b).ok());
   CHECK(b.response(0).gets().capacity() == 70);
+}
+
+TEST_CASE("grpc: a non-master names the master's gRPC port, and a client that follows it gets "
+          "capacity",
+          "[grpc][etcd][process]") {
+  doorman_test::etcd_server etcd;
+  const std::vector<std::string> elect{"--etcd-endpoints", etcd.endpoint(), "--election-key",
+                                       "/doorman/grpc-test", "--election-ttl", "5"};
+  grpc_node master("master", elect);
+  REQUIRE(master.node->wait_for("became master", std::chrono::seconds(20)));
+  grpc_node other("other", elect);
+  // Until the second task has read the election (a deadline, not a sleep).
+  ::doorman::DiscoveryResponse d;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (!other.stub->Discovery(other.context().get(), {}, &d).ok() ||
+          d.mastership().master_address().empty())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
+  }
+  CHECK_FALSE(d.is_master());
+  CHECK(d.mastership().master_address() == master.address);
+
+  // The master's Discovery names its own gRPC port.
+  REQUIRE(master.stub->Discovery(master.context().get(), {}, &d).ok());
+  CHECK(d.is_master());
+  CHECK(d.mastership().master_address() == master.address);
+
+  // The non-master grants nothing and names the master's gRPC port, not its JSON-RPC one.
+  ::doorman::GetCapacityResponse r;
+  REQUIRE(other.stub->GetCapacity(other.context().get(), ask("c1", "api", 30), &r).ok());
+  REQUIRE(r.has_mastership());
+  CHECK(r.response_size() == 0);
+  const std::string redirect = r.mastership().master_address();
+  CHECK(redirect == master.address);
+
+  // Followed as Doorman's client does: a new channel to the address it was given.
+  auto followed = ::doorman::Capacity::NewStub(
+      grpc::CreateChannel(redirect, grpc::InsecureChannelCredentials()));
+  REQUIRE(followed->GetCapacity(grpc_node::context().get(), ask("c1", "api", 30), &r).ok());
+  CHECK_FALSE(r.has_mastership());
+  REQUIRE(r.response_size() == 1);
+  CHECK(r.response(0).gets().capacity() == 30);
 }
 
 TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the field",

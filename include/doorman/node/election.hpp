@@ -11,9 +11,31 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace doorman {
+
+/// What a node announces through its election: the address of its JSON-RPC door and, when it
+/// has one, of its gRPC door (Doorman's protocol), so that a non-master answers each door with
+/// the master's address for that door. The election's value is "HOST:PORT", or
+/// "HOST:PORT grpc=HOST:PORT"; a value without the second part (a node without a gRPC door, or
+/// an older one) reads as a master without a gRPC door.
+struct advertised_doors {
+  std::string json_rpc;
+  std::string grpc;  ///< empty: none
+
+  [[nodiscard]] std::string value() const {
+    return grpc.empty() ? json_rpc : json_rpc + " grpc=" + grpc;
+  }
+
+  [[nodiscard]] static advertised_doors parse(std::string_view value) {
+    constexpr std::string_view grpc_part = " grpc=";
+    const auto at = value.find(grpc_part);
+    if (at == std::string_view::npos) return {std::string(value), {}};
+    return {std::string(value.substr(0, at)), std::string(value.substr(at + grpc_part.size()))};
+  }
+};
 
 /// The callback an election reports to.
 using mastership_callback = std::function<void(bool is_master, std::optional<std::string>)>;

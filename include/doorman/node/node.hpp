@@ -56,6 +56,10 @@ struct node_options {
   /// The address children are redirected to when this node is master; default: the address
   /// it listens on.
   std::string advertise;
+  /// The address of the node's gRPC door (Doorman's protocol, served by the compiled layer
+  /// doorman::grpc), announced with the election so that a non-master's gRPC answers name the
+  /// master's gRPC door; empty: the node has none (see `advertised_doors`).
+  std::string advertise_grpc;
   /// The node's id in `status` and at its parent; default: the advertised address.
   std::string id;
   net::server_options server;
@@ -152,7 +156,8 @@ class basic_node {
       admin_->start();
       log(fmt::format("admin endpoint on {}://{}/status", tls_ ? "https" : "http", admin_local_));
     }
-    election_.start(options_.advertise, [this](bool is_master, std::optional<std::string> m) {
+    election_.start(advertised_doors{options_.advertise, options_.advertise_grpc}.value(),
+                    [this](bool is_master, std::optional<std::string> m) {
       asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
         on_mastership(is_master, std::move(m));
       });
@@ -160,6 +165,10 @@ class basic_node {
     if (!options_.parents.empty()) start_parent_link();
     config_.start();
   }
+
+  /// Sets the address announced for the node's gRPC door (`node_options::advertise_grpc`),
+  /// for a door that learns its port only when it binds; before `start`.
+  void advertise_grpc(std::string address) { options_.advertise_grpc = std::move(address); }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
   [[nodiscard]] const std::string& local_address() const noexcept { return local_; }
@@ -247,6 +256,7 @@ class basic_node {
       metrics_.observe(record, std::chrono::duration<double>(now - start).count());
       fence(now);
       if (parent_) parent_->after_calls();
+      if (door == rpc_door::grpc) name_grpc_master(result);
       done(std::move(result));
     });
   }
@@ -423,7 +433,14 @@ class basic_node {
     elected_ = is_master;
     const bool changed = is_master != engine_.mastership().is_master;
     const auto now = clock::now();
-    engine_.set_mastership(is_master, std::move(m), now);
+    std::optional<std::string> master;
+    master_grpc_.reset();
+    if (m) {
+      auto doors = advertised_doors::parse(*m);
+      master = std::move(doors.json_rpc);
+      if (!doors.grpc.empty()) master_grpc_ = std::move(doors.grpc);
+    }
+    engine_.set_mastership(is_master, std::move(master), now);
     apply_term(now);
     if (!changed || engine_.mastership().is_master != is_master) return;
     ++metrics_.master_changes;
@@ -453,6 +470,22 @@ class basic_node {
       }
     }
     fence(now);
+  }
+
+  // An answer through the gRPC door names the master's gRPC door (nothing when the master has
+  // none or is unknown): Doorman's clients connect to the address they are given.
+  template <class Result>
+  void name_grpc_master(Result& result) const {
+    if constexpr (requires { result.value().mastership; }) {
+      if (!result) return;
+      auto& m = result.value().mastership;
+      if (m.is_master) {
+        m.master = options_.advertise_grpc.empty() ? std::nullopt
+                                                   : std::optional(options_.advertise_grpc);
+      } else {
+        m.master = master_grpc_;
+      }
+    }
   }
 
   // Counts and logs every step-down at a term's end, the engine's own fences included.
@@ -561,6 +594,7 @@ class basic_node {
   std::shared_ptr<net::tls_context> tls_;
   Election election_;
   bool elected_ = false;           // what the election last reported
+  std::optional<std::string> master_grpc_;  // the master's gRPC door, when it announced one
   std::uint64_t fenced_seen_ = 0;  // engine_.fenced() already counted
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;

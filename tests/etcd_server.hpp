@@ -1,0 +1,137 @@
+#pragma once
+
+// A real etcd member for the tests (etcd_test.cpp, grpc_test.cpp), and a free port.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <catch2/catch.hpp>
+
+#include <doorman/net/etcd.hpp>
+
+#include "process.hpp"
+
+namespace doorman_test {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+using doorman_examples::process;
+
+// A free TCP port on 127.0.0.1 (the kernel's pick; closed again at once).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+inline std::string find_etcd() {
+  const char* path = std::getenv("PATH");
+  const std::string p = path ? path : "/usr/bin";
+  for (std::size_t start = 0; start <= p.size();) {
+    const auto end = std::min(p.find(':', start), p.size());
+    const std::string candidate = p.substr(start, end - start) + "/etcd";
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// One etcd member on loopback ports with a temporary data directory; killed and removed at
+// the end. `kill` then `start` again keeps its data (leases included).
+class etcd_server {
+ public:
+  // With `tls` (a directory of examples/make_certs.sh), clients must speak TLS and show a
+  // certificate of its CA; the server shows node.pem.
+  explicit etcd_server(std::string tls = {})
+      : client_port_(free_port()), peer_port_(free_port()), tls_(std::move(tls)) {
+    binary_ = find_etcd();
+    if (binary_.empty()) FAIL("etcd not found on PATH: install etcd-server (make deps does)");
+    char dir_template[] = "/tmp/doorman-etcd-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template));
+    dir_ = dir_template;
+    start();
+  }
+  etcd_server(const etcd_server&) = delete;
+  etcd_server& operator=(const etcd_server&) = delete;
+  ~etcd_server() {
+    process_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  [[nodiscard]] std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  void start() {
+    const std::string client = (tls_.empty() ? "http://" : "https://") + endpoint();
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    process_.reset();
+    std::vector<std::string> args = {binary_,
+                                     "--name",
+                                     "doorman-test",
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     "doorman-test=" + peer};
+    if (!tls_.empty()) {
+      for (const auto& a :
+           {"--cert-file=" + tls_ + "/node.pem", "--key-file=" + tls_ + "/node.key",
+            "--trusted-ca-file=" + tls_ + "/ca.pem", std::string("--client-cert-auth")})
+        args.push_back(a);
+    }
+    process_ = std::make_unique<process>(args, dir_ + "/etcd.log");
+    REQUIRE(process_->wait_for("ready to serve client requests", 30s));
+  }
+  void kill() { process_.reset(); }
+  void pause() { process_->signal(SIGSTOP); }
+  void resume() { process_->signal(SIGCONT); }
+
+  // Writes `key` = `value` through the library's own gateway client.
+  void put(const std::string& key, const std::string& value) {
+    asio::io_context io;
+    doorman::net::etcd_client etcd(io.get_executor(), {endpoint()});
+    std::string error = "not run";
+    asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
+                   [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
+                     error = e ? "exception" : r.message;
+                   });
+    io.run();
+    REQUIRE(error.empty());
+  }
+
+ private:
+  int client_port_;
+  int peer_port_;
+  std::string binary_;
+  std::string dir_;
+  std::string tls_;
+  std::unique_ptr<process> process_;
+};
+
+}  // namespace doorman_test
