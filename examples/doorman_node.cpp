@@ -29,6 +29,7 @@
 #include "yaml_config.hpp"
 #ifdef DOORMAN_HAVE_GRPC
 #include "node_door.hpp"
+#include "parent_channel.hpp"
 #endif
 
 namespace {
@@ -48,6 +49,10 @@ std::vector<flag> node_flags() {
        "parent's algorithm is used); etcd:KEY reads it from etcd and applies each valid change",
        ""},
       {"parent", "HOST:PORT[,...]", "the parent position's tasks; makes this an intermediate", ""},
+      {"parent-protocol", "json-rpc|grpc",
+       "what the parent speaks: doorman's JSON-RPC, or Doorman's gRPC (a Doorman server, or a "
+       "doorman node's --grpc-listen port); grpc needs a build with gRPC",
+       "json-rpc"},
       {"advertise", "HOST:PORT",
        "address children are redirected to when this task is master (default: the listen "
        "address)",
@@ -283,6 +288,16 @@ struct grpc_front {
 #endif
 };
 
+// The parent link speaks Doorman's gRPC (`--parent-protocol grpc`).
+void use_grpc_parent(doorman::node_options& o) {
+#ifdef DOORMAN_HAVE_GRPC
+  o.parent_channel = doorman::grpc_door::make_parent_channel;
+#else
+  (void)o;
+  throw std::invalid_argument("--parent-protocol grpc: this build has no gRPC");
+#endif
+}
+
 template <class Node>
 int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
   grpc_front<Node> grpc;
@@ -364,6 +379,12 @@ int main(int argc, char** argv) {
         throw std::invalid_argument(
             fmt::format("--grpc-listen: expected host:port, got \"{}\"", grpc_listen));
       }
+    }
+    if (const auto& p = v.at("parent-protocol"); p == "grpc") {
+      use_grpc_parent(o);
+    } else if (p != "json-rpc") {
+      throw std::invalid_argument(
+          fmt::format("--parent-protocol: expected json-rpc or grpc, got \"{}\"", p));
     }
     if (v.given("grpc-advertise")) {
       if (grpc_listen.empty()) throw std::invalid_argument("--grpc-advertise needs --grpc-listen");

@@ -57,9 +57,10 @@ struct grpc_node {
                                   "--grpc-listen",
                                   "127.0.0.1:0",
                                   "--minimum-refresh-interval",
-                                  "0",
-                                  "--config",
-                                  (dir / "config.json").string()};
+                                  "0"};
+    if (std::find(flags.begin(), flags.end(), "--parent") == flags.end()) {
+      args.insert(args.end(), {"--config", (dir / "config.json").string()});
+    }
     if (std::find(flags.begin(), flags.end(), "--admin") == flags.end()) {
       flags.insert(flags.end(), {"--admin", "off"});
     }
@@ -168,6 +169,46 @@ TEST_CASE("grpc: a non-master names the master's gRPC port, and a client that fo
   CHECK_FALSE(r.has_mastership());
   REQUIRE(r.response_size() == 1);
   CHECK(r.response(0).gets().capacity() == 30);
+}
+
+TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRPC", "[grpc][process]") {
+  grpc_node root("root");
+  grpc_node mid("mid", {"--parent", root.address, "--parent-protocol", "grpc", "--id", "mid"});
+  REQUIRE(mid.node->wait_for("parent " + root.address + " reached"));
+
+  // A client of the intermediate gets capacity the intermediate leased from the root over gRPC
+  // (its first answer may come before the intermediate has any: ask until the deadline).
+  ::doorman::GetCapacityResponse r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double got = 0;
+  while (std::chrono::steady_clock::now() < deadline && got < 30) {
+    REQUIRE(mid.stub->GetCapacity(mid.context().get(), ask("c1", "api", 30), &r).ok());
+    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
+    if (got < 30) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
+  }
+  CHECK(got == 30);
+
+  // The root holds a server lease for the intermediate, asked for with GetServerCapacity.
+  doorman_test::line_client c(root.json_address);
+  REQUIRE(c.send(doorman_test::request_line(1, "status", {{"resource_id", "api"}})));
+  const auto line = c.read_line(std::chrono::seconds(5));
+  REQUIRE(line);
+  const auto status = nlohmann::json::parse(*line);
+  bool leased_to_mid = false;
+  for (const auto& l : status["result"]["leases"]) {
+    if (l["client_id"] == "mid") leased_to_mid = l["is_server"] && l["has"]["capacity"] >= 30;
+  }
+  CHECK(leased_to_mid);
+}
+
+TEST_CASE("grpc: a parent link over gRPC to an address that refuses backs off and says why",
+          "[grpc][process]") {
+  const int port = doorman_test::free_port();  // nothing listens there
+  grpc_node mid("mid", {"--parent", "127.0.0.1:" + std::to_string(port), "--parent-protocol",
+                        "grpc"});
+  const auto line = mid.node->wait_for("parent unreachable");
+  REQUIRE(line);
+  CHECK(line->find("cannot reach 127.0.0.1:" + std::to_string(port)) != std::string::npos);
 }
 
 TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the field",

@@ -113,6 +113,49 @@ void to_proto(const discovery_response& a, ::doorman::DiscoveryResponse& out) {
   out.set_is_master(a.mastership.is_master);
 }
 
+void to_proto(const server_capacity_request& r, double now_unix,
+              ::doorman::GetServerCapacityRequest& out) {
+  out.set_server_id(r.server_id);
+  for (const auto& q : r.resources) {
+    auto& x = *out.add_resource();
+    x.set_resource_id(q.resource_id);
+    if (q.has) to_proto(*q.has, now_unix, *x.mutable_has());
+    for (const auto& b : q.wants) {
+      auto& w = *x.add_wants();
+      w.set_priority(b.priority);
+      w.set_num_clients(b.num_clients);
+      w.set_wants(b.wants);
+    }
+  }
+}
+
+server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& r,
+                                    double now_unix) {
+  server_capacity_response out;
+  out.mastership.is_master = !r.has_mastership();
+  if (r.has_mastership() && !r.mastership().master_address().empty())
+    out.mastership.master = r.mastership().master_address();
+  for (const auto& x : r.response()) {
+    server_resource_grant g;
+    g.resource_id = x.resource_id();
+    g.gets = from_proto(x.gets(), now_unix);
+    g.safe_capacity = x.safe_capacity();
+    const auto& alg = x.algorithm();
+    g.algorithm.kind = ::doorman::Algorithm::Kind_Name(alg.kind());
+    g.algorithm.lease_length = seconds(static_cast<double>(alg.lease_length()));
+    g.algorithm.refresh_interval = seconds(static_cast<double>(alg.refresh_interval()));
+    g.algorithm.learning_mode_duration =
+        seconds(static_cast<double>(alg.has_learning_mode_duration() ? alg.learning_mode_duration()
+                                                                     : alg.lease_length()));
+    for (const auto& p : alg.parameters()) {
+      auto v = nlohmann::json::parse(p.value(), nullptr, false);
+      g.algorithm.parameters[p.name()] = v.is_number() ? v : nlohmann::json(p.value());
+    }
+    out.resources.push_back(std::move(g));
+  }
+  return out;
+}
+
 std::string proto_path(std::string message, std::string_view list) {
   const std::pair<std::string_view, std::string> renames[] = {
       {"params.", ""}, {"resources[", std::string(list) + "["}, {".expires_in", ".expiry_time"}};

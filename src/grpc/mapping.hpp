@@ -39,6 +39,16 @@ void to_proto(const server_capacity_response& a, double now_unix,
 void to_proto(const release_response& a, ::doorman::ReleaseCapacityResponse& out);
 void to_proto(const discovery_response& a, ::doorman::DiscoveryResponse& out);
 
+// The other way, for a parent link to a Doorman server (parent_channel.hpp): doorman's request
+// in Doorman's terms (`outstanding` is not on its wire), and its answer in doorman's. An answer
+// without `mastership` is a master's; a parameter's value that reads as a JSON number becomes
+// one, as in doorman's configuration. Nothing is validated here: the link decodes the result
+// as it decodes every parent's answer.
+void to_proto(const server_capacity_request& r, double now_unix,
+              ::doorman::GetServerCapacityRequest& out);
+server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& r,
+                                    double now_unix);
+
 // A field path of doorman's JSON requests ("params.resources[0].wants") as the proto names it
 // ("resource[0].wants"; `list` is the request's repeated field, "resource_id" for a release),
 // for INVALID_ARGUMENT messages.

@@ -74,7 +74,33 @@ struct call_reply {
   explicit operator bool() const noexcept { return !error; }
 };
 
-class channel {
+/// What a refresh driver calls through: `channel` (doorman's JSON-RPC lines), or a channel of
+/// another protocol (the compiled gRPC layer has one that speaks Doorman's, for a parent that
+/// is a Doorman server). Each call is on the channel's executor.
+class call_channel {
+ public:
+  virtual ~call_channel() = default;
+
+  /// Calls `method` with `params` on the master, as `channel::call` does.
+  virtual asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
+                                           bool follow_redirects,
+                                           std::optional<seconds> timeout) = 0;
+  /// Ends the calls in flight at once with `asio::error::operation_aborted`.
+  virtual void cancel() = 0;
+  /// Closes for good: pending and later calls fail at once.
+  virtual void shutdown() = 0;
+  /// The address calls go to now.
+  [[nodiscard]] virtual const std::string& current() const = 0;
+  /// Re-reads the TLS files for the next connections; throws naming the file that fails.
+  virtual void reload_tls() = 0;
+
+ protected:
+  call_channel() = default;
+  call_channel(const call_channel&) = default;
+  call_channel& operator=(const call_channel&) = default;
+};
+
+class channel final : public call_channel {
  public:
   channel(asio::any_io_executor executor, channel_options options)
       : executor_(std::move(executor)),
@@ -88,13 +114,13 @@ class channel {
 
   channel(const channel&) = delete;
   channel& operator=(const channel&) = delete;
-  ~channel() {
+  ~channel() override {
     *alive_ = nullptr;
     close();
   }
 
   /// The address calls go to now.
-  [[nodiscard]] const std::string& current() const { return policy_.current(); }
+  [[nodiscard]] const std::string& current() const override { return policy_.current(); }
 
   /// Failures in a row since the last answer (each backs off once a round of addresses
   /// failed).
@@ -102,7 +128,7 @@ class channel {
 
   /// Re-reads the TLS certificate, key and CA files for the next connections (the open one
   /// stays); throws as `tls_context::reload` does. Nothing without TLS.
-  void reload_tls() {
+  void reload_tls() override {
     if (tls_) tls_->reload();
   }
 
@@ -120,7 +146,7 @@ class channel {
   /// Ends the calls in flight at once with `asio::error::operation_aborted` (a connection
   /// attempt under way is abandoned; an open connection stays open, and an answer that comes
   /// later is dropped). Later calls proceed as usual.
-  void cancel() {
+  void cancel() override {
     ++cancels_;
     for (auto* t : sleeping_)
       t->cancel();
@@ -136,7 +162,7 @@ class channel {
   }
 
   /// Closes for good: pending and later calls fail at once (for a graceful stop).
-  void shutdown() {
+  void shutdown() override {
     shut_ = true;
     for (auto* t : sleeping_)
       t->cancel();
@@ -150,7 +176,7 @@ class channel {
   /// A call that finds the channel backing off until after its deadline fails at once.
   DOORMAN_DECL asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
                                                 bool follow_redirects = true,
-                                                std::optional<seconds> timeout = std::nullopt);
+                                                std::optional<seconds> timeout = std::nullopt) override;
 
  private:
   using clock = std::chrono::steady_clock;

@@ -73,7 +73,7 @@ class refresh_driver {
 
   /// `requester` and `channel` must outlive the driver; `name` is for the log
   /// (`"<name> failed (…); restarting"`).
-  refresh_driver(asio::any_io_executor executor, Requester& requester, channel& ch,
+  refresh_driver(asio::any_io_executor executor, Requester& requester, call_channel& ch,
                  std::string name, std::function<void(std::string_view)> log)
       : requester_(requester),
         channel_(ch),
@@ -138,7 +138,7 @@ class refresh_driver {
   }
 
   Requester& requester_;
-  channel& channel_;
+  call_channel& channel_;
   asio::steady_timer timer_;
   std::string name_;
   std::function<void(std::string_view)> log_;

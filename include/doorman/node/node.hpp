@@ -84,6 +84,9 @@ struct node_options {
   net::tls_options tls{};
   /// TLS of the link to the parent (a certificate here identifies this node to its parent).
   net::tls_options parent_tls{};
+  /// Makes the parent link's channel; null: doorman's JSON-RPC (see `parent_link_options`).
+  std::function<std::unique_ptr<net::call_channel>(asio::any_io_executor, net::channel_options)>
+      parent_channel{};
   /// The access file (docs/security.md). Needs client certificates (`tls.client_auth` request
   /// or require). Empty: with client certificates, `access_policy::defaults()` (each identity
   /// a client of its own client ids and a server; no admin); without, every caller may make
@@ -423,7 +426,8 @@ class basic_node {
   void start_parent_link() {
     parent_.emplace(strand_, engine_,
                     parent_link_options{options_.parents, options_.parent_timeout,
-                                        options_.parent_tls, options_.upstream, options_.log},
+                                        options_.parent_tls, options_.upstream, options_.log,
+                                        options_.parent_channel},
                     metrics_, identity_, [this] { apply_term(clock::now()); });
     parent_->start();
   }

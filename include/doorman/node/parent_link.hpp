@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,6 +41,10 @@ struct parent_link_options {
   net::tls_options tls{};            ///< TLS of the link (a certificate identifies this node)
   upstream_options upstream{};       ///< `server_id` is this node's id at the parent
   std::function<void(std::string_view)> log{};
+  /// Makes the link's channel from the options above; null: doorman's JSON-RPC
+  /// (`net::channel`). The compiled gRPC layer makes one that speaks Doorman's protocol.
+  std::function<std::unique_ptr<net::call_channel>(asio::any_io_executor, net::channel_options)>
+      channel{};
 };
 
 template <class Engine>
@@ -59,8 +64,8 @@ class basic_parent_link {
         identity_(identity),
         on_answer_(std::move(on_answer)),
         upstream_(options_.upstream),
-        channel_(strand, channel_options_of(options_)),
-        driver_(strand, requester_, channel_, "upstream loop", options_.log) {}
+        channel_(make_channel(strand, options_)),
+        driver_(strand, requester_, *channel_, "upstream loop", options_.log) {}
 
   basic_parent_link(const basic_parent_link&) = delete;
   basic_parent_link& operator=(const basic_parent_link&) = delete;
@@ -71,11 +76,11 @@ class basic_parent_link {
   /// Stops refreshing and fails the call in flight.
   void stop() {
     driver_.stop();
-    channel_.shutdown();
+    channel_->shutdown();
   }
 
   /// Re-reads the link's certificates (new connections use them).
-  void reload_tls() { channel_.reload_tls(); }
+  void reload_tls() { channel_->reload_tls(); }
 
   /// Client calls were answered: a resource the node had no state for, or capacity given back
   /// that the parent waits for, may make the next request due sooner.
@@ -96,8 +101,12 @@ class basic_parent_link {
   // The deepest tree `status` reports a level for (a parent's level is checked against it).
   static constexpr int max_level = 1000;
 
-  static net::channel_options channel_options_of(const parent_link_options& o) {
-    return {.addresses = o.parents, .call_timeout = o.timeout, .log = o.log, .tls = o.tls};
+  static std::unique_ptr<net::call_channel> make_channel(const asio::any_io_executor& strand,
+                                                         const parent_link_options& o) {
+    net::channel_options c{.addresses = o.parents, .call_timeout = o.timeout, .log = o.log,
+                           .tls = o.tls};
+    if (o.channel) return o.channel(strand, std::move(c));
+    return std::make_unique<net::channel>(strand, std::move(c));
   }
 
   void log(const std::string& s) const {
@@ -136,7 +145,7 @@ class basic_parent_link {
       ++metrics_.parent_requests_failed;
     }
     if (event == refresh_event::reached) {
-      log(fmt::format("parent {} reached: {} resources leased", channel_.current(), asked_));
+      log(fmt::format("parent {} reached: {} resources leased", channel_->current(), asked_));
       co_await learn_level();
     } else {
       log_event(event, reply);
@@ -149,7 +158,7 @@ class basic_parent_link {
           "warning: parent lost ({}); leases run out as they expire, retrying with backoff",
           reply.message));
     } else if (event == refresh_event::regained) {
-      log(fmt::format("parent {} regained", channel_.current()));
+      log(fmt::format("parent {} regained", channel_->current()));
     } else if (reply.error && upstream_.failures() == 1) {
       log(fmt::format("warning: parent unreachable: {}", reply.message));  // never reached yet
     }
@@ -157,7 +166,7 @@ class basic_parent_link {
 
   // The parent's level, for `status`.
   asio::awaitable<void> learn_level() {
-    const auto reply = co_await channel_.call("status", nlohmann::json::object(), false);
+    const auto reply = co_await channel_->call("status", nlohmann::json::object(), false, std::nullopt);
     // A failed call leaves `result` null, where `find` finds nothing.
     if (const auto level = reply.result.find("level"); level != reply.result.end()) {
       // An integer below max_level; anything else is the parent's mistake, not a level.
@@ -165,10 +174,10 @@ class basic_parent_link {
         identity_.level = static_cast<int>(*v) + 1;
       } else {
         log(fmt::format("warning: parent {} reports level {}, not an integer from 0 to {}; ignored",
-                        channel_.current(), to_line(*level), max_level - 1));
+                        channel_->current(), to_line(*level), max_level - 1));
       }
     }
-    identity_.parent = channel_.current();
+    identity_.parent = channel_->current();
   }
 
   Engine& engine_;
@@ -177,7 +186,7 @@ class basic_parent_link {
   node_identity& identity_;
   std::function<void()> on_answer_;
   basic_upstream<Engine> upstream_;
-  net::channel channel_;
+  std::unique_ptr<net::call_channel> channel_;
   requester requester_{*this};
   net::refresh_driver<requester> driver_;
   std::size_t asked_ = 0;  // resources in the last request to the parent

@@ -1,0 +1,278 @@
+// A parent link's channel over Doorman's gRPC protocol (see parent_channel.hpp).
+
+#include "parent_channel.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+#include <asio.hpp>
+
+#include <doorman/core/failover.hpp>
+#include <doorman/protocol/codec.hpp>
+
+#include "doorman.grpc.pb.h"
+#include "mapping.hpp"
+
+namespace doorman::grpc_door {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("parent tls {}: cannot read {}", what, path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The calls gRPC still owes an answer to: a channel waits for them before it goes, so that no
+// completion reaches an executor that is gone.
+struct in_flight {
+  std::mutex m;
+  std::condition_variable cv;
+  std::set<grpc::ClientContext*> calls;
+
+  void add(grpc::ClientContext* c) {
+    const std::lock_guard lock(m);
+    calls.insert(c);
+  }
+  void remove(grpc::ClientContext* c) {
+    const std::lock_guard lock(m);
+    calls.erase(c);
+    cv.notify_all();
+  }
+  // On the channel's executor, where the calls' contexts live (gRPC may answer a cancel at
+  // once, so not under the lock).
+  void cancel_all() {
+    std::set<grpc::ClientContext*> now;
+    {
+      const std::lock_guard lock(m);
+      now = calls;
+    }
+    for (auto* c : now)
+      c->TryCancel();
+  }
+  void wait_empty() {
+    std::unique_lock lock(m);
+    cv.wait(lock, [this] { return calls.empty(); });
+  }
+};
+
+class parent_channel final : public net::call_channel {
+ public:
+  parent_channel(asio::any_io_executor executor, net::channel_options options)
+      : executor_(std::move(executor)),
+        options_(std::move(options)),
+        policy_(options_.addresses,
+                {{options_.initial_backoff, options_.maximum_backoff}, std::random_device{}()}) {
+    credentials_ = make_credentials();
+  }
+  parent_channel(const parent_channel&) = delete;
+  parent_channel& operator=(const parent_channel&) = delete;
+  ~parent_channel() override {
+    calls_.cancel_all();
+    calls_.wait_empty();
+  }
+
+  asio::awaitable<net::call_reply> call(std::string method, nlohmann::json params,
+                                        bool follow_redirects,
+                                        std::optional<seconds> timeout) override {
+    if (shut_) co_return fail(errc::shut_down, "channel shut down");
+    if (method != "get_server_capacity") {
+      co_return fail(errc::error_answer,
+                     fmt::format("Doorman's protocol has no {} (the parent speaks gRPC)", method));
+    }
+    server_capacity_request request;
+    if (auto err = decode(params, request)) co_return fail(errc::bad_answer, err->message);
+    const auto deadline = clock::now() + to_duration<clock::duration>(
+                                             timeout.value_or(options_.call_timeout).count());
+    const std::uint64_t cancels = cancels_;
+    int redirects = 0;
+    for (;;) {
+      if (shut_) co_return fail(errc::shut_down, "channel shut down");
+      if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
+      if (policy_.connect_at() >= deadline) {
+        co_return fail(errc::unreachable,
+                       fmt::format("no task of the position answered; backing off after {} "
+                                   "failures in a row{}",
+                                   policy_.failures(), problem_.empty() ? "" : "; " + problem_));
+      }
+      if (clock::now() < policy_.connect_at()) {
+        co_await sleep_until(policy_.connect_at());
+        continue;
+      }
+      const std::string address = policy_.current();
+      ::doorman::GetServerCapacityRequest req;
+      to_proto(request, unix_now(), req);
+      ::doorman::GetServerCapacityResponse resp;
+      const grpc::Status status = co_await ask(address, req, resp, deadline);
+      if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
+      if (!status.ok()) {
+        if (auto reply = on_failure(address, status, method)) co_return std::move(*reply);
+        continue;
+      }
+      auto answer = from_proto(resp, unix_now());
+      if (answer.mastership.is_master || !follow_redirects) {
+        policy_.answered();
+        problem_.clear();
+        net::call_reply reply;
+        reply.result = nlohmann::json(answer);
+        co_return reply;
+      }
+      if (++redirects > options_.max_redirects) {
+        co_return fail(errc::too_many_redirects, "too many mastership redirects");
+      }
+      if (answer.mastership.master && net::parse_address(*answer.mastership.master)) {
+        policy_.redirected(*answer.mastership.master, clock::now());
+      } else {
+        policy_.no_master(clock::now());
+      }
+      if (clock::now() >= deadline) co_return fail(errc::no_master, "no master found before the deadline");
+    }
+  }
+
+  void cancel() override {
+    ++cancels_;
+    if (sleeping_) sleeping_->cancel();
+    calls_.cancel_all();
+  }
+
+  void shutdown() override {
+    shut_ = true;
+    cancel();
+  }
+
+  [[nodiscard]] const std::string& current() const override { return policy_.current(); }
+
+  void reload_tls() override {
+    credentials_ = make_credentials();  // throws, keeping the old ones, when a file fails
+    stubs_.clear();
+  }
+
+ private:
+  static net::call_reply fail(std::error_code ec, std::string message) {
+    net::call_reply r;
+    r.error = ec;
+    r.message = std::move(message);
+    return r;
+  }
+
+  std::shared_ptr<grpc::ChannelCredentials> make_credentials() const {
+    const auto& tls = options_.tls;
+    if (!tls.active()) return grpc::InsecureChannelCredentials();
+    grpc::SslCredentialsOptions o;
+    if (!tls.ca_file.empty()) o.pem_root_certs = read_file(tls.ca_file, "ca");
+    if (!tls.cert_file.empty()) o.pem_cert_chain = read_file(tls.cert_file, "certificate");
+    if (!tls.key_file.empty()) o.pem_private_key = read_file(tls.key_file, "key");
+    return grpc::SslCredentials(o);
+  }
+
+  ::doorman::Capacity::Stub& stub_for(const std::string& address) {
+    auto& s = stubs_[address];
+    if (!s) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+      if (!options_.tls.server_name.empty()) {
+        args.SetSslTargetNameOverride(options_.tls.server_name);
+      }
+      s = ::doorman::Capacity::NewStub(grpc::CreateCustomChannel(address, credentials_, args));
+    }
+    return *s;
+  }
+
+  // One GetServerCapacity; completes on the channel's executor.
+  asio::awaitable<grpc::Status> ask(const std::string& address,
+                                    const ::doorman::GetServerCapacityRequest& req,
+                                    ::doorman::GetServerCapacityResponse& resp,
+                                    clock::time_point deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + (deadline - clock::now()));
+    auto& stub = stub_for(address);
+    calls_.add(&ctx);
+    auto* calls = &calls_;
+    co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(grpc::Status)>(
+        [&](auto handler) {
+          auto h = std::make_shared<decltype(handler)>(std::move(handler));
+          auto ex = asio::get_associated_executor(*h, executor_);
+          stub.async()->GetServerCapacity(&ctx, &req, &resp,
+                                          [h, ex, calls, c = &ctx](grpc::Status s) {
+                                            calls->remove(c);
+                                            asio::post(ex, [h, s = std::move(s)]() mutable {
+                                              (*h)(std::move(s));
+                                            });
+                                          });
+        },
+        asio::use_awaitable);
+  }
+
+  // What a failed call means: a hung or unreachable parent moves on to the next address (the
+  // call retries until its deadline), an answer that refuses is the call's answer.
+  std::optional<net::call_reply> on_failure(const std::string& address, const grpc::Status& s,
+                                            const std::string& method) {
+    const std::string what =
+        fmt::format("{} {}: {} ({})", address, method, s.error_message(), int(s.error_code()));
+    switch (s.error_code()) {
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        stubs_.erase(address);  // the connection may be hung or cut off: a new one next time
+        policy_.failed(clock::now(), failure::hung);
+        problem_ = fmt::format("{} did not answer {} in time", address, method);
+        return fail(errc::timed_out, problem_);
+      case grpc::StatusCode::UNAVAILABLE:
+        policy_.failed(clock::now(), failure::unreachable);
+        problem_ = fmt::format("cannot reach {}: {}", address, s.error_message());
+        return std::nullopt;
+      case grpc::StatusCode::CANCELLED:
+        return fail(asio::error::operation_aborted, "call cancelled");
+      default:
+        policy_.answered();
+        return fail(errc::error_answer, "parent refused: " + what);
+    }
+  }
+
+  asio::awaitable<void> sleep_until(clock::time_point until) {
+    asio::steady_timer t(executor_);
+    t.expires_at(until);
+    sleeping_ = &t;
+    std::error_code ec;
+    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    sleeping_ = nullptr;
+  }
+
+  asio::any_io_executor executor_;
+  net::channel_options options_;
+  failover<clock::time_point> policy_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::map<std::string, std::unique_ptr<::doorman::Capacity::Stub>> stubs_;
+  in_flight calls_;
+  asio::steady_timer* sleeping_ = nullptr;
+  std::uint64_t cancels_ = 0;
+  bool shut_ = false;
+  std::string problem_;  // why the last attempt failed, for the call that gives up
+};
+
+}  // namespace
+
+std::unique_ptr<net::call_channel> make_parent_channel(asio::any_io_executor executor,
+                                                       net::channel_options options) {
+  return std::make_unique<parent_channel>(std::move(executor), std::move(options));
+}
+
+}  // namespace doorman::grpc_door
