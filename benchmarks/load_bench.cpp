@@ -2,7 +2,8 @@
 //
 //   doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds 5]
 //                      [--connections 4] [--window 32] [--clients 1000,10000,100000,1000000]
-//                      [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR] [--json FILE]
+//                      [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR] [--grpc]
+//                      [--json FILE]
 //
 // For each client count N: starts `taskset -c 0 doorman-node` (minimum refresh interval 0, so
 // every request runs the algorithm; capacity 30 N, about 60% of what the clients want, so every
@@ -23,6 +24,9 @@
 // twice, plaintext then mutual TLS (node.pem for the node, --tls-client-auth require,
 // client-a.pem for the generator, client ids spiffe://doorman.test/client/a#client-N as the
 // node's default policy requires), connections made once and reused.
+// With --grpc (a build with the gRPC layer), every client count also runs through the node's
+// gRPC door (--grpc-listen; Doorman's GetCapacity, plaintext): --connections gRPC channels,
+// each its own HTTP/2 connection with --window calls in flight, the same clients and wants.
 
 #include <doorman/net/address.hpp>
 #include <doorman/net/tls.hpp>
@@ -60,6 +64,16 @@
 #include <openssl/ssl.h>
 #endif
 
+#ifdef DOORMAN_HAVE_GRPC
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+
+#include "doorman.grpc.pb.h"
+#endif
+
 #include "arguments.hpp"
 #include "process.hpp"
 
@@ -77,12 +91,14 @@ struct options {
   std::string algorithm = "FAIR_SHARE";
   std::string json_file;
   std::string tls_dir;
+  bool grpc = false;
 };
 
 struct result {
   std::string build;  // "baseline" or "node"
   long clients = 0;
   bool tls = false;
+  bool grpc = false;  // through the gRPC door (Doorman's protocol), else JSON-RPC
   double decisions_per_s = 0;
   double cpu_us_per_decision = 0;  // the node's user + system CPU time per decision
   double cpu_share = 0;            // the node's CPU time over the measured wall time
@@ -233,40 +249,66 @@ class population {
     }
   }
 
-  // Appends client `i`'s next request to `out`.
-  void ask(std::string& out, long id, std::uint32_t i, clock_type::time_point now) {
+  // Client `i`'s next request: its wants drifted, and the lease it holds (if any) as it is now.
+  struct request {
+    std::uint32_t client;
+    double wants;
+    std::optional<double> has;  // its capacity
+    double expires_in = 0;      // seconds left on it
+  };
+  request next(std::uint32_t i, clock_type::time_point now) {
     auto& c = clients_[i];
     std::uniform_real_distribution<double> drift(0.95, 1.05);
     c.wants = std::clamp(c.wants * drift(rng_), 1.0, 100.0);
     c.in_flight = true;
     ++in_flight_;
+    request r{i, c.wants, std::nullopt, 0};
+    if (c.holds) {
+      r.has = c.has;
+      r.expires_in =
+          std::max(0.0, lease_length - std::chrono::duration<double>(now - c.got_at).count());
+    }
+    return r;
+  }
+
+  [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
+
+  // Appends client `i`'s next request to `out` as a JSON-RPC line.
+  void ask(std::string& out, long id, std::uint32_t i, clock_type::time_point now) {
+    const auto r = next(i, now);
     auto o = std::back_inserter(out);
     fmt::format_to(
         o,
         R"({{"jsonrpc":"2.0","id":{},"method":"get_capacity","params":{{"client_id":"{}{}",)"
         R"("resources":[{{"resource_id":"api","wants":{:.2f})",
-        id, prefix_, i, c.wants);
-    if (c.holds) {
-      const double age = std::chrono::duration<double>(now - c.got_at).count();
+        id, prefix_, i, r.wants);
+    if (r.has) {
       fmt::format_to(o, R"(,"has":{{"capacity":{},"expires_in":{:.3f},"refresh_interval":{}}})",
-                     c.has, std::max(0.0, lease_length - age), refresh_interval);
+                     *r.has, r.expires_in, refresh_interval);
     }
     out += "}]}}\n";
   }
 
   // Takes client `i`'s answer line; returns whether it was an error.
   bool answer(std::uint32_t i, std::string_view line, clock_type::time_point now) {
+    if (line.find("\"error\"") != std::string_view::npos) return settle(i, std::nullopt, now);
+    constexpr std::string_view key = "\"capacity\":";
+    const auto at = line.find(key);
+    if (at == std::string_view::npos) return settle(i, std::nullopt, now);
+    const char* begin = line.data() + at + key.size();
+    double has = 0;
+    if (std::from_chars(begin, line.data() + line.size(), has).ec != std::errc{})
+      return settle(i, std::nullopt, now);
+    return settle(i, has, now);
+  }
+
+  // Client `i`'s answer: the capacity it got, or none (an error); returns whether it was one.
+  bool settle(std::uint32_t i, std::optional<double> got, clock_type::time_point now) {
     auto& c = clients_[i];
     c.in_flight = false;
     --in_flight_;
-    if (line.find("\"error\"") != std::string_view::npos) return true;
-    constexpr std::string_view key = "\"capacity\":";
-    const auto at = line.find(key);
-    if (at == std::string_view::npos) return true;
-    const char* begin = line.data() + at + key.size();
-    double has = 0;
-    if (std::from_chars(begin, line.data() + line.size(), has).ec != std::errc{}) return true;
-    c.has = has;
+    if (!got) return true;
+    c.has = *got;
     c.holds = true;
     c.got_at = now;
     return false;
@@ -371,8 +413,183 @@ double percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
+#ifdef DOORMAN_HAVE_GRPC
+// The same load through the node's gRPC door (Doorman's GetCapacity): --connections channels,
+// each its own HTTP/2 connection, each with --window calls in flight (gRPC's callback API; the
+// answers are taken on this thread from a queue the callbacks fill).
+class grpc_load {
+ public:
+  grpc_load(const std::string& address, int connections) {
+    for (int i = 0; i < connections; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+      args.SetInt("doorman.bench.connection", i);
+      stubs_.push_back(::doorman::Capacity::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+
+  drive_result drive(population& people, long clients, int window, clock_type::time_point until,
+                     bool registering, pid_t node) {
+    drive_result r;
+    const double cpu0 = cpu_seconds(node);
+    const auto t0 = clock_type::now();
+    long registered = 0;
+    bool open = true;
+    std::vector<int> in_flight(stubs_.size(), 0);
+    long pending = 0;
+    const auto top_up = [&](std::size_t conn, clock_type::time_point now) {
+      while (open && in_flight[conn] < window) {
+        if (registering ? registered == clients : !people.any_idle()) break;
+        const auto who = people.pick(registering ? std::optional<std::uint32_t>(registered++)
+                                                 : std::nullopt);
+        send(conn, people, people.next(who, now), now);
+        ++in_flight[conn];
+        ++pending;
+      }
+    };
+    for (std::size_t c = 0; c < stubs_.size(); ++c)
+      top_up(c, clock_type::now());
+    while (pending > 0) {
+      std::unique_ptr<call> done = take();
+      if (!done) throw std::runtime_error("no gRPC answer in 5 s");
+      --pending;
+      --in_flight[done->connection];
+      const auto now = done->answered;
+      if (!registering && open && clock_type::now() >= until) {
+        open = false;  // the deadline: what is still in flight does not count
+        r.cpu_seconds = cpu_seconds(node) - cpu0;
+        r.elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+      }
+      if (!open) continue;  // drained, not counted
+      const bool ok = done->status.ok() && done->response.response_size() == 1;
+      if (people.settle(done->client, ok ? std::optional(done->response.response(0).gets().capacity())
+                                         : std::nullopt,
+                        now)) {
+        ++r.errors;
+      }
+      r.latencies_us.push_back(
+          std::chrono::duration<double, std::micro>(now - done->sent).count());
+      top_up(done->connection, clock_type::now());
+    }
+    if (registering) r.elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+    return r;
+  }
+
+ private:
+  struct call {
+    grpc::ClientContext context;
+    ::doorman::GetCapacityRequest request;
+    ::doorman::GetCapacityResponse response;
+    grpc::Status status;
+    std::size_t connection = 0;
+    std::uint32_t client = 0;
+    clock_type::time_point sent, answered;
+  };
+
+  void send(std::size_t conn, const population& people, const population::request& q,
+            clock_type::time_point now) {
+    auto c = std::make_unique<call>();
+    c->connection = conn;
+    c->client = q.client;
+    c->sent = now;
+    c->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    c->request.set_client_id(people.prefix() + std::to_string(q.client));
+    auto& res = *c->request.add_resource();
+    res.set_resource_id("api");
+    res.set_priority(0);
+    res.set_wants(std::round(q.wants * 100) / 100);
+    if (q.has) {
+      const double unix_now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      auto& has = *res.mutable_has();
+      has.set_capacity(*q.has);
+      has.set_expiry_time(static_cast<std::int64_t>(unix_now + q.expires_in));
+      has.set_refresh_interval(static_cast<std::int64_t>(refresh_interval));
+    }
+    call* raw = c.release();
+    stubs_[conn]->async()->GetCapacity(&raw->context, &raw->request, &raw->response,
+                                       [this, raw](const grpc::Status& st) {
+                                         raw->status = st;
+                                         raw->answered = clock_type::now();
+                                         const std::lock_guard lock(mutex_);
+                                         done_.emplace_back(raw);
+                                         ready_.notify_one();
+                                       });
+  }
+
+  std::unique_ptr<call> take() {
+    std::unique_lock lock(mutex_);
+    if (!ready_.wait_for(lock, std::chrono::seconds(5), [this] { return !done_.empty(); }))
+      return nullptr;
+    auto c = std::move(done_.front());
+    done_.pop_front();
+    return c;
+  }
+
+  std::vector<std::unique_ptr<::doorman::Capacity::Stub>> stubs_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::unique_ptr<call>> done_;
+};
+#endif
+
+// The end of a measured run that starts now.
+clock_type::time_point measure_until(const options& o) {
+  return clock_type::now() +
+         std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(o.seconds));
+}
+
+// The load over JSON-RPC lines: registration, then the measured run.
+std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std::string& address,
+                                                     const std::string& build, long clients,
+                                                     bool tls, pid_t node) {
+  std::vector<connection> conns(static_cast<std::size_t>(o.connections));
+#ifdef DOORMAN_TLS
+  std::optional<tls_client> secure;
+  if (tls) secure.emplace(o.tls_dir);
+#endif
+  for (auto& c : conns) {
+    c.fd = connect_to(address);
+#ifdef DOORMAN_TLS
+    if (secure) c.ssl = secure->wrap(c.fd);
+#endif
+  }
+  // Over mutual TLS the node has no access file: its default policy lets the generator (client-a)
+  // use the client ids it owns, spiffe://doorman.test/client/a#NAME.
+  population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
+  fmt::print(stderr, "  {} {} clients{}: registering...", build, clients, tls ? " over TLS" : "");
+  auto reg = drive(conns, people, clients, o.window, {}, true, node);
+  fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
+  auto m = drive(conns, people, clients, o.window, measure_until(o), false, node);
+  fmt::print(stderr, " done\n");
+  for (auto& c : conns)
+    close_connection(c);
+  return {std::move(reg), std::move(m)};
+}
+
+// The same through the gRPC door (`line`: the node's "listening on" line for it).
+std::pair<drive_result, drive_result> drive_grpc(const options& o, const std::string& line,
+                                                 const std::string& build, long clients,
+                                                 pid_t node) {
+#ifdef DOORMAN_HAVE_GRPC
+  grpc_load load(line.substr(line.find("listening on ") + 13), o.connections);
+  population people(clients);
+  fmt::print(stderr, "  {} {} clients through gRPC: registering...", build, clients);
+  auto reg = load.drive(people, clients, o.window, {}, true, node);
+  fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
+  auto m = load.drive(people, clients, o.window, measure_until(o), false, node);
+  fmt::print(stderr, " done\n");
+  return {std::move(reg), std::move(m)};
+#else
+  (void)o, (void)line, (void)build, (void)clients, (void)node;
+  throw std::invalid_argument("--grpc: this build has no gRPC");
+#endif
+}
+
 result run_one(const options& o, const std::string& build, long clients,
-               const std::filesystem::path& dir, bool tls) {
+               const std::filesystem::path& dir, bool tls, bool grpc) {
   const std::string& binary = build == "baseline" ? o.baseline_binary : o.node_binary;
   const auto config = dir / "resources.json";
   std::ofstream(config) << fmt::format(
@@ -399,37 +616,20 @@ result run_one(const options& o, const std::string& build, long clients,
     }
     args.insert(args.end(), {"--tls-client-auth", "require"});
   }
-  doorman_examples::process node(
-      args, (dir / fmt::format("{}-{}{}.log", build, clients, tls ? "-tls" : "")).string());
+  if (grpc) args.insert(args.end(), {"--grpc-listen", "127.0.0.1:0"});
+  doorman_examples::process node(args, (dir / fmt::format("{}-{}{}{}.log", build, clients,
+                                                          tls ? "-tls" : "", grpc ? "-grpc" : ""))
+                                           .string());
+  // The gRPC port binds (and says so) before the JSON-RPC one.
+  std::optional<std::string> grpc_line;
+  if (grpc) grpc_line = node.wait_for("doorman.Capacity (gRPC) listening on ");
   const auto address = node.listening_address();
-  if (!address) throw std::runtime_error("the node did not start: " + node.log());
+  if (!address || (grpc && !grpc_line))
+    throw std::runtime_error("the node did not start: " + node.log());
   const double rss0 = resident_bytes(node.pid());
-
-  std::vector<connection> conns(static_cast<std::size_t>(o.connections));
-#ifdef DOORMAN_TLS
-  std::optional<tls_client> secure;
-  if (tls) secure.emplace(o.tls_dir);
-#endif
-  for (auto& c : conns) {
-    c.fd = connect_to(*address);
-#ifdef DOORMAN_TLS
-    if (secure) c.ssl = secure->wrap(c.fd);
-#endif
-  }
-  // Over mutual TLS the node has no access file: its default policy lets the generator (client-a)
-  // use the client ids it owns, spiffe://doorman.test/client/a#NAME.
-  population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
-  fmt::print(stderr, "  {} {} clients{}: registering...", build, clients, tls ? " over TLS" : "");
-  const auto reg = drive(conns, people, clients, o.window, {}, true, node.pid());
-  fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
-  auto m = drive(conns, people, clients, o.window,
-                 clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                         std::chrono::duration<double>(o.seconds)),
-                 false, node.pid());
-  fmt::print(stderr, " done\n");
+  auto [reg, m] = grpc ? drive_grpc(o, *grpc_line, build, clients, node.pid())
+                             : drive_json_rpc(o, *address, build, clients, tls, node.pid());
   const double rss1 = resident_bytes(node.pid());
-  for (auto& c : conns)
-    close_connection(c);
   node.signal(SIGTERM);
   node.wait_exit();
 
@@ -437,6 +637,7 @@ result run_one(const options& o, const std::string& build, long clients,
   r.build = build;
   r.clients = clients;
   r.tls = tls;
+  r.grpc = grpc;
   const auto decisions = static_cast<double>(m.latencies_us.size());
   r.decisions_per_s = decisions / m.elapsed;
   r.cpu_us_per_decision = decisions > 0 ? m.cpu_seconds * 1e6 / decisions : 0;
@@ -453,9 +654,9 @@ void report(const options& o, const std::vector<result>& results) {
   fmt::print("{}, {} connections x {} in flight, {} s per run\n\n", o.algorithm, o.connections,
              o.window, o.seconds);
   fmt::print(
-      "| build | clients | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 | "
+      "| build | clients | door | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 | "
       "p99.9 | RSS bytes/client | errors |\n");
-  fmt::print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = fmt::format(
       R"({{"algorithm": "{}", "connections": {}, "window": {}, "seconds": {}, "runs": [)",
       o.algorithm, o.connections, o.window, o.seconds);
@@ -463,16 +664,16 @@ void report(const options& o, const std::vector<result>& results) {
     const auto& r = results[i];
     const char* link = r.tls ? "mutual TLS" : "plaintext";
     fmt::print(
-        "| {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.0f} "
+        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.0f} "
         "| {} |\n",
-        r.build, r.clients, link, r.decisions_per_s, r.cpu_us_per_decision, r.cpu_share * 100,
+        r.build, r.clients, r.grpc ? "gRPC" : "JSON-RPC", link, r.decisions_per_s, r.cpu_us_per_decision, r.cpu_share * 100,
         r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.rss_bytes_per_client, r.errors);
     json += fmt::format(
-        "{}{{\"build\": \"{}\", \"clients\": {}, \"tls\": {}, \"decisions_per_s\": {:.1f}, "
+        "{}{{\"build\": \"{}\", \"clients\": {}, \"door\": \"{}\", \"tls\": {}, \"decisions_per_s\": {:.1f}, "
         "\"cpu_us_per_decision\": {:.3f}, \"cpu_share\": {:.3f}, \"p50_us\": {:.1f}, "
         "\"p99_us\": {:.1f}, \"p999_us\": {:.1f}, \"rss_bytes_per_client\": {:.1f}, "
         "\"errors\": {}}}",
-        i ? ", " : "", r.build, r.clients, r.tls, r.decisions_per_s, r.cpu_us_per_decision,
+        i ? ", " : "", r.build, r.clients, r.grpc ? "grpc" : "json-rpc", r.tls, r.decisions_per_s, r.cpu_us_per_decision,
         r.cpu_share, r.p50_us, r.p99_us, r.p999_us, r.rss_bytes_per_client, r.errors);
   }
   json += "]}\n";
@@ -510,6 +711,13 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
            throw std::invalid_argument("--tls: this build has no TLS (OpenSSL not found)");
        }},
       {"--json", [&](arguments& a) { o.json_file = a.value(); }},
+      {"--grpc",
+       [&](arguments&) {
+         o.grpc = true;
+#ifndef DOORMAN_HAVE_GRPC
+         throw std::invalid_argument("--grpc: this build has no gRPC");
+#endif
+       }},
   };
 }
 
@@ -529,8 +737,13 @@ int run(const options& o) {
   for (const long n : o.clients) {
     for (const bool tls : {false, true}) {
       if (tls && o.tls_dir.empty()) continue;
-      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls));
-      results.push_back(run_one(o, "node", n, dir, tls));
+      if (!o.baseline_binary.empty())
+        results.push_back(run_one(o, "baseline", n, dir, tls, false));
+      results.push_back(run_one(o, "node", n, dir, tls, false));
+    }
+    if (o.grpc) {
+      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, false, true));
+      results.push_back(run_one(o, "node", n, dir, false, true));
     }
   }
   std::filesystem::remove_all(dir);
@@ -548,6 +761,6 @@ int main(int argc, char** argv) {
       "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"
       "                          [--connections N] [--window N] [--clients N,N,...]\n"
       "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
-      "                          [--json FILE]\n",
+      "                          [--grpc] [--json FILE]\n",
       flags(o), [&] { return run(o); });
 }

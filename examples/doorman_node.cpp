@@ -280,11 +280,22 @@ struct grpc_front {
   void stop() {
     if (server) server->stop();
   }
+  // SIGHUP: the certificate files again (as the node's other ports read them).
+  void reload_tls() {
+    if (!server) return;
+    try {
+      if (server->reload_tls()) doorman_examples::log_line("gRPC TLS certificates reloaded");
+    } catch (const std::exception& e) {
+      doorman_examples::log_line(
+          fmt::format("error: gRPC TLS certificates rejected, keeping the old: {}", e.what()));
+    }
+  }
 #else
   void start(Node&, const std::string& listen) {
     if (!listen.empty()) throw std::runtime_error("--grpc-listen: this build has no gRPC");
   }
   void stop() {}
+  void reload_tls() {}
 #endif
 };
 
@@ -324,6 +335,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
     if (ec) return;
     node.reload_config();
     node.reload_security();
+    grpc.reload_tls();
     hup.async_wait(on_hup);
   };
   hup.async_wait(on_hup);

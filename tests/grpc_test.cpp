@@ -389,6 +389,81 @@ TEST_CASE("grpc over mutual TLS: the peer's certificate is its identity", "[grpc
   CHECK_FALSE(n.stub->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).ok());
 }
 
+// The names in the certificate a node showed on `stub`'s connection (after a Discovery).
+std::string server_names(::doorman::Capacity::Stub& stub) {
+  auto ctx = grpc_node::context();
+  ::doorman::DiscoveryResponse d;
+  if (!stub.Discovery(ctx.get(), {}, &d).ok()) return "(no answer)";
+  std::string names;
+  for (const auto& n : ctx->auth_context()->FindPropertyValues("x509_subject_alternative_name"))
+    names += std::string(n.data(), n.size()) + " ";
+  return names;
+}
+
+TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate; a broken file is refused",
+          "[grpc][tls][process]") {
+  const auto& certs = doorman_test::test_certificates::get();
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("doorman-grpc-rotate-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto copy = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs(from), dir / to,
+                               std::filesystem::copy_options::overwrite_existing);
+  };
+  copy("node.pem", "cert.pem");
+  copy("node.key", "key.pem");
+  grpc_node n("rotate", {"--tls-cert", (dir / "cert.pem").string(), "--tls-key",
+                         (dir / "key.pem").string(), "--tls-ca", certs("ca.pem"),
+                         "--tls-client-auth", "require"});
+  CHECK_THAT(server_names(*tls_stub(n.address, "client-a")),
+             Catch::Contains("spiffe://doorman.test/node/root "));
+
+  copy("node2.pem", "cert.pem");
+  copy("node2.key", "key.pem");
+  n.node->signal(SIGHUP);
+  REQUIRE(n.node->wait_for("gRPC TLS certificates reloaded"));
+  // A new connection gets the new certificate; the port never closed.
+  CHECK_THAT(server_names(*tls_stub(n.address, "client-a")),
+             Catch::Contains("spiffe://doorman.test/node/root-2"));
+
+  std::ofstream(dir / "cert.pem") << "not a certificate\n";
+  n.node->signal(SIGHUP);
+  const auto rejected = n.node->wait_for("gRPC TLS certificates rejected");
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("cert.pem"));
+  CHECK_THAT(server_names(*tls_stub(n.address, "client-a")),
+             Catch::Contains("spiffe://doorman.test/node/root-2"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("grpc: without certificates, --max-client-ids counts per peer host, across connections",
+          "[grpc][process]") {
+  grpc_node n("bound", {"--max-client-ids", "2"});
+  const auto channel = [&](int i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    args.SetInt("doorman.test.connection", i);
+    return ::doorman::Capacity::NewStub(
+        grpc::CreateCustomChannel(n.address, grpc::InsecureChannelCredentials(), args));
+  };
+  auto a = channel(1);
+  auto b = channel(2);
+  ::doorman::GetCapacityResponse out;
+  REQUIRE(a->GetCapacity(grpc_node::context().get(), ask("c1", "api", 10), &out).ok());
+  REQUIRE(a->GetCapacity(grpc_node::context().get(), ask("c2", "api", 10), &out).ok());
+  // Another connection from the same host shares the host's bound.
+  const auto refused = b->GetCapacity(grpc_node::context().get(), ask("c3", "api", 10), &out);
+  CHECK(refused.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(refused.error_message(), Catch::Contains("2"));
+  // A release frees a place for it.
+  ::doorman::ReleaseCapacityRequest rel;
+  rel.set_client_id("c1");
+  rel.add_resource_id("api");
+  ::doorman::ReleaseCapacityResponse released;
+  REQUIRE(a->ReleaseCapacity(grpc_node::context().get(), rel, &released).ok());
+  CHECK(b->GetCapacity(grpc_node::context().get(), ask("c3", "api", 10), &out).ok());
+}
+
 TEST_CASE("grpc mapping: mastership only in a non-master's answer, naming the master", "[grpc]") {
   doorman::capacity_response from_master;
   from_master.mastership = {true, "10.0.0.1:7700"};

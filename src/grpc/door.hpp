@@ -5,6 +5,7 @@
 // answer back (docs/doorman-compatibility.md). Compiled once (the CMake target doorman::grpc);
 // no gRPC or protobuf header shows through this one.
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -62,6 +63,12 @@ class server {
   void start();
   // The port it listens on (after `start`).
   [[nodiscard]] int port() const noexcept;
+  // Reads the TLS files again (SIGHUP): a new server with the new certificates takes the port
+  // (beside the old one, SO_REUSEPORT), and the old one answers its calls in flight (within
+  // `grace`) and goes; its clients reconnect to the new one. False without TLS; throws, naming
+  // the file and keeping the old server, when the files do not load. Not concurrently with
+  // `stop`.
+  bool reload_tls(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
 
  private:

@@ -3,6 +3,9 @@
 // The gRPC door's handler over a node: every call goes through `basic_node::call`, so it is
 // decided, guarded, counted and logged as a JSON-RPC call is.
 
+#include <cstdint>
+#include <functional>
+#include <string_view>
 #include <utility>
 
 #include <doorman/node.hpp>
@@ -35,10 +38,15 @@ class node_handler final : public handler {
   }
 
  private:
-  // A gRPC peer has no connection of the node's: records of callers without an identity are
-  // kept under connection 0.
+  // A gRPC peer has no connection of the node's, and gRPC says nothing when one closes. A
+  // caller without an identity has its client ids counted (`max_client_ids`) per peer host,
+  // under a number of its own (the top bit set: never a connection's), so that the records stay
+  // as many as the hosts, however often they reconnect.
   static net::peer_info peer_of(caller c) {
-    return {std::move(c.address), std::move(c.identity), c.secure, 0};
+    const std::string_view address = c.address;  // "ipv4:10.0.0.7:5000", "ipv6:[::1]:5000"
+    const auto host = address.substr(0, address.rfind(':'));
+    const std::uint64_t holder = (std::uint64_t{1} << 63) | std::hash<std::string_view>{}(host);
+    return {std::move(c.address), std::move(c.identity), c.secure, holder};
   }
 
   Node& node_;
