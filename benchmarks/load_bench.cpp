@@ -441,8 +441,8 @@ class grpc_load {
     const auto top_up = [&](std::size_t conn, clock_type::time_point now) {
       while (open && in_flight[conn] < window) {
         if (registering ? registered == clients : !people.any_idle()) break;
-        const auto who = people.pick(registering ? std::optional<std::uint32_t>(registered++)
-                                                 : std::nullopt);
+        const auto who =
+            people.pick(registering ? std::optional<std::uint32_t>(registered++) : std::nullopt);
         send(conn, people, people.next(who, now), now);
         ++in_flight[conn];
         ++pending;
@@ -463,13 +463,13 @@ class grpc_load {
       }
       if (!open) continue;  // drained, not counted
       const bool ok = done->status.ok() && done->response.response_size() == 1;
-      if (people.settle(done->client, ok ? std::optional(done->response.response(0).gets().capacity())
-                                         : std::nullopt,
-                        now)) {
+      if (people.settle(
+              done->client,
+              ok ? std::optional(done->response.response(0).gets().capacity()) : std::nullopt,
+              now)) {
         ++r.errors;
       }
-      r.latencies_us.push_back(
-          std::chrono::duration<double, std::micro>(now - done->sent).count());
+      r.latencies_us.push_back(std::chrono::duration<double, std::micro>(now - done->sent).count());
       top_up(done->connection, clock_type::now());
     }
     if (registering) r.elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -628,7 +628,7 @@ result run_one(const options& o, const std::string& build, long clients,
     throw std::runtime_error("the node did not start: " + node.log());
   const double rss0 = resident_bytes(node.pid());
   auto [reg, m] = grpc ? drive_grpc(o, *grpc_line, build, clients, node.pid())
-                             : drive_json_rpc(o, *address, build, clients, tls, node.pid());
+                       : drive_json_rpc(o, *address, build, clients, tls, node.pid());
   const double rss1 = resident_bytes(node.pid());
   node.signal(SIGTERM);
   node.wait_exit();
@@ -654,7 +654,8 @@ void report(const options& o, const std::vector<result>& results) {
   fmt::print("{}, {} connections x {} in flight, {} s per run\n\n", o.algorithm, o.connections,
              o.window, o.seconds);
   fmt::print(
-      "| build | clients | door | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 | "
+      "| build | clients | door | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 "
+      "| "
       "p99.9 | RSS bytes/client | errors |\n");
   fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = fmt::format(
@@ -664,17 +665,21 @@ void report(const options& o, const std::vector<result>& results) {
     const auto& r = results[i];
     const char* link = r.tls ? "mutual TLS" : "plaintext";
     fmt::print(
-        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.0f} "
+        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | "
+        "{:.0f} "
         "| {} |\n",
-        r.build, r.clients, r.grpc ? "gRPC" : "JSON-RPC", link, r.decisions_per_s, r.cpu_us_per_decision, r.cpu_share * 100,
-        r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.rss_bytes_per_client, r.errors);
+        r.build, r.clients, r.grpc ? "gRPC" : "JSON-RPC", link, r.decisions_per_s,
+        r.cpu_us_per_decision, r.cpu_share * 100, r.p50_us / 1000, r.p99_us / 1000,
+        r.p999_us / 1000, r.rss_bytes_per_client, r.errors);
     json += fmt::format(
-        "{}{{\"build\": \"{}\", \"clients\": {}, \"door\": \"{}\", \"tls\": {}, \"decisions_per_s\": {:.1f}, "
+        "{}{{\"build\": \"{}\", \"clients\": {}, \"door\": \"{}\", \"tls\": {}, "
+        "\"decisions_per_s\": {:.1f}, "
         "\"cpu_us_per_decision\": {:.3f}, \"cpu_share\": {:.3f}, \"p50_us\": {:.1f}, "
         "\"p99_us\": {:.1f}, \"p999_us\": {:.1f}, \"rss_bytes_per_client\": {:.1f}, "
         "\"errors\": {}}}",
-        i ? ", " : "", r.build, r.clients, r.grpc ? "grpc" : "json-rpc", r.tls, r.decisions_per_s, r.cpu_us_per_decision,
-        r.cpu_share, r.p50_us, r.p99_us, r.p999_us, r.rss_bytes_per_client, r.errors);
+        i ? ", " : "", r.build, r.clients, r.grpc ? "grpc" : "json-rpc", r.tls, r.decisions_per_s,
+        r.cpu_us_per_decision, r.cpu_share, r.p50_us, r.p99_us, r.p999_us, r.rss_bytes_per_client,
+        r.errors);
   }
   json += "]}\n";
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
@@ -737,12 +742,12 @@ int run(const options& o) {
   for (const long n : o.clients) {
     for (const bool tls : {false, true}) {
       if (tls && o.tls_dir.empty()) continue;
-      if (!o.baseline_binary.empty())
-        results.push_back(run_one(o, "baseline", n, dir, tls, false));
+      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls, false));
       results.push_back(run_one(o, "node", n, dir, tls, false));
     }
     if (o.grpc) {
-      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, false, true));
+      if (!o.baseline_binary.empty())
+        results.push_back(run_one(o, "baseline", n, dir, false, true));
       results.push_back(run_one(o, "node", n, dir, false, true));
     }
   }

@@ -51,13 +51,9 @@ struct grpc_node {
           ("doorman-grpc-test-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "config.json") << config_text;
-    std::vector<std::string> args{DOORMAN_NODE_BINARY,
-                                  "--listen",
-                                  "127.0.0.1:0",
-                                  "--grpc-listen",
-                                  "127.0.0.1:0",
-                                  "--minimum-refresh-interval",
-                                  "0"};
+    std::vector<std::string> args{
+        DOORMAN_NODE_BINARY,          "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
+        "--minimum-refresh-interval", "0"};
     if (std::find(flags.begin(), flags.end(), "--parent") == flags.end()) {
       args.insert(args.end(), {"--config", (dir / "config.json").string()});
     }
@@ -129,11 +125,12 @@ TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients
   CHECK(b.response(0).gets().capacity() == 70);
 }
 
-TEST_CASE("grpc: a non-master names the master's gRPC port, and a client that follows it gets "
-          "capacity",
-          "[grpc][etcd][process]") {
+TEST_CASE(
+    "grpc: a non-master names the master's gRPC port, and a client that follows it gets "
+    "capacity",
+    "[grpc][etcd][process]") {
   doorman_test::etcd_server etcd;
-  const std::vector<std::string> elect{"--etcd-endpoints", etcd.endpoint(), "--election-key",
+  const std::vector<std::string> elect{"--etcd-endpoints",   etcd.endpoint(),  "--election-key",
                                        "/doorman/grpc-test", "--election-ttl", "5"};
   grpc_node master("master", elect);
   REQUIRE(master.node->wait_for("became master", std::chrono::seconds(20)));
@@ -171,7 +168,8 @@ TEST_CASE("grpc: a non-master names the master's gRPC port, and a client that fo
   CHECK(r.response(0).gets().capacity() == 30);
 }
 
-TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRPC", "[grpc][process]") {
+TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRPC",
+          "[grpc][process]") {
   grpc_node root("root");
   grpc_node mid("mid", {"--parent", root.address, "--parent-protocol", "grpc", "--id", "mid"});
   REQUIRE(mid.node->wait_for("parent " + root.address + " reached"));
@@ -204,8 +202,8 @@ TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRP
 TEST_CASE("grpc: a parent link over gRPC to an address that refuses backs off and says why",
           "[grpc][process]") {
   const int port = doorman_test::free_port();  // nothing listens there
-  grpc_node mid("mid", {"--parent", "127.0.0.1:" + std::to_string(port), "--parent-protocol",
-                        "grpc"});
+  grpc_node mid("mid",
+                {"--parent", "127.0.0.1:" + std::to_string(port), "--parent-protocol", "grpc"});
   const auto line = mid.node->wait_for("parent unreachable");
   REQUIRE(line);
   CHECK(line->find("cannot reach 127.0.0.1:" + std::to_string(port)) != std::string::npos);
@@ -412,9 +410,9 @@ TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate; a broken f
   };
   copy("node.pem", "cert.pem");
   copy("node.key", "key.pem");
-  grpc_node n("rotate", {"--tls-cert", (dir / "cert.pem").string(), "--tls-key",
-                         (dir / "key.pem").string(), "--tls-ca", certs("ca.pem"),
-                         "--tls-client-auth", "require"});
+  grpc_node n("rotate",
+              {"--tls-cert", (dir / "cert.pem").string(), "--tls-key", (dir / "key.pem").string(),
+               "--tls-ca", certs("ca.pem"), "--tls-client-auth", "require"});
   CHECK_THAT(server_names(*tls_stub(n.address, "client-a")),
              Catch::Contains("spiffe://doorman.test/node/root "));
 

@@ -3,8 +3,6 @@
 #include "door.hpp"
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -16,6 +14,7 @@
 
 #include "doorman.grpc.pb.h"
 #include "mapping.hpp"
+#include "pem.hpp"
 
 namespace doorman::grpc_door {
 
@@ -23,14 +22,6 @@ namespace {
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string("grpc tls ") + what + ": cannot read " + path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // A refusal as gRPC says it: a request that breaks a bound names its field.
@@ -80,53 +71,50 @@ class service final : public ::doorman::Capacity::CallbackService {
   grpc::ServerUnaryReactor* Discovery(grpc::CallbackServerContext* ctx,
                                       const ::doorman::DiscoveryRequest*,
                                       ::doorman::DiscoveryResponse* out) override {
-    auto* reactor = ctx->DefaultReactor();
-    h_.discovery(caller_of(*ctx), [reactor, out](call_result<discovery_response> r) {
-      if (!r) return reactor->Finish(status_of(r.code(), r.message()));
-      to_proto(r.value(), *out);
-      reactor->Finish(grpc::Status::OK);
-    });
-    return reactor;
+    return serve<discovery_response>(ctx, out, "resource",
+                                     [&](auto done) { h_.discovery(caller_of(*ctx), done); });
   }
 
   grpc::ServerUnaryReactor* GetCapacity(grpc::CallbackServerContext* ctx,
                                         const ::doorman::GetCapacityRequest* in,
                                         ::doorman::GetCapacityResponse* out) override {
-    auto* reactor = ctx->DefaultReactor();
-    h_.get_capacity(from_proto(*in, unix_now()), caller_of(*ctx),
-                    [reactor, out](call_result<capacity_response> r) {
-                      if (!r) return reactor->Finish(status_of(r.code(), r.message()));
-                      to_proto(r.value(), unix_now(), *out);
-                      reactor->Finish(grpc::Status::OK);
-                    });
-    return reactor;
+    return serve<capacity_response>(ctx, out, "resource", [&](auto done) {
+      h_.get_capacity(from_proto(*in, unix_now()), caller_of(*ctx), done);
+    });
   }
 
   grpc::ServerUnaryReactor* GetServerCapacity(grpc::CallbackServerContext* ctx,
                                               const ::doorman::GetServerCapacityRequest* in,
                                               ::doorman::GetServerCapacityResponse* out) override {
-    auto* reactor = ctx->DefaultReactor();
-    h_.get_server_capacity(from_proto(*in, unix_now()), caller_of(*ctx),
-                           [reactor, out](call_result<server_capacity_response> r) {
-                             if (!r) return reactor->Finish(status_of(r.code(), r.message()));
-                             to_proto(r.value(), unix_now(), *out);
-                             reactor->Finish(grpc::Status::OK);
-                           });
-    return reactor;
+    return serve<server_capacity_response>(ctx, out, "resource", [&](auto done) {
+      h_.get_server_capacity(from_proto(*in, unix_now()), caller_of(*ctx), done);
+    });
   }
 
   grpc::ServerUnaryReactor* ReleaseCapacity(grpc::CallbackServerContext* ctx,
                                             const ::doorman::ReleaseCapacityRequest* in,
                                             ::doorman::ReleaseCapacityResponse* out) override {
+    return serve<release_response>(ctx, out, "resource_id", [&](auto done) {
+      h_.release_capacity(from_proto(*in), caller_of(*ctx), done);
+    });
+  }
+
+ private:
+  // One call: `start` hands the request to the handler with the reply that writes the answer
+  // into `out` (or refuses, naming the field of `list`) and finishes the call.
+  template <class Answer, class Out, class Start>
+  static grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, Out* out,
+                                         std::string_view list, Start start) {
     auto* reactor = ctx->DefaultReactor();
-    h_.release_capacity(from_proto(*in), caller_of(*ctx),
-                        [reactor, out](call_result<release_response> r) {
-                          if (!r) {
-                            return reactor->Finish(status_of(r.code(), r.message(), "resource_id"));
-                          }
-                          to_proto(r.value(), *out);
-                          reactor->Finish(grpc::Status::OK);
-                        });
+    start(reply<Answer>([reactor, out, list](call_result<Answer> r) {
+      if (!r) return reactor->Finish(status_of(r.code(), r.message(), list));
+      if constexpr (requires { to_proto(r.value(), 0.0, *out); }) {
+        to_proto(r.value(), unix_now(), *out);  // leases: absolute on Doorman's wire
+      } else {
+        to_proto(r.value(), *out);
+      }
+      reactor->Finish(grpc::Status::OK);
+    }));
     return reactor;
   }
 
@@ -138,8 +126,8 @@ std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& 
   if (!tls.active()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions o;
   o.pem_key_cert_pairs.push_back(
-      {read_file(tls.key_file, "key"), read_file(tls.cert_file, "certificate")});
-  if (!tls.ca_file.empty()) o.pem_root_certs = read_file(tls.ca_file, "ca");
+      {read_pem(tls.key_file, "grpc tls key"), read_pem(tls.cert_file, "grpc tls certificate")});
+  if (!tls.ca_file.empty()) o.pem_root_certs = read_pem(tls.ca_file, "grpc tls ca");
   switch (tls.client_auth) {
     case net::client_auth::none:
       o.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
@@ -202,8 +190,8 @@ server::~server() {
 }
 
 void server::start() {
-  auto [s, svc] = impl_->build(impl_->options.listen, credentials_of(impl_->options.tls),
-                               impl_->port);
+  auto [s, svc] =
+      impl_->build(impl_->options.listen, credentials_of(impl_->options.tls), impl_->port);
   if (!s) throw std::runtime_error("grpc: cannot listen on " + impl_->options.listen);
   impl_->server = std::move(s);
   impl_->svc = std::move(svc);
@@ -219,7 +207,8 @@ bool server::reload_tls(std::chrono::milliseconds grace) {
   const auto host = impl_->options.listen.substr(0, impl_->options.listen.rfind(':'));
   int bound = 0;
   auto [s, svc] = impl_->build(host + ":" + std::to_string(impl_->port), credentials, bound);
-  if (!s) throw std::runtime_error("grpc: cannot listen again on port " + std::to_string(impl_->port));
+  if (!s)
+    throw std::runtime_error("grpc: cannot listen again on port " + std::to_string(impl_->port));
   std::swap(impl_->server, s);
   std::swap(impl_->svc, svc);
   impl_->retire(std::move(s), std::move(svc), grace);

@@ -23,35 +23,40 @@ void to_proto(const lease_info& l, double now_unix, ::doorman::Lease& out) {
   out.set_capacity(l.capacity);
 }
 
-capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix) {
-  capacity_request out;
-  out.client_id = r.client_id();
-  out.resources.reserve(static_cast<std::size_t>(r.resource_size()));
-  for (const auto& x : r.resource()) {
-    resource_request q;
+namespace {
+
+// The requests' resources, each read by `one` (with its `has` lease already in doorman's terms).
+template <class Out, class In, class One>
+std::vector<Out> resources_of(const In& list, double now_unix, One one) {
+  std::vector<Out> out;
+  out.reserve(static_cast<std::size_t>(list.size()));
+  for (const auto& x : list) {
+    Out q;
     q.resource_id = x.resource_id();
-    q.priority = x.priority();
-    q.wants = x.wants();
     if (x.has_has()) q.has = from_proto(x.has(), now_unix);
-    out.resources.push_back(std::move(q));
+    one(x, q);
+    out.push_back(std::move(q));
   }
   return out;
 }
 
+}  // namespace
+
+capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix) {
+  return {r.client_id(), resources_of<resource_request>(r.resource(), now_unix,
+                                                        [](const auto& x, resource_request& q) {
+                                                          q.priority = x.priority();
+                                                          q.wants = x.wants();
+                                                        })};
+}
+
 server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r, double now_unix) {
-  server_capacity_request out;
-  out.server_id = r.server_id();
-  out.resources.reserve(static_cast<std::size_t>(r.resource_size()));
-  for (const auto& x : r.resource()) {
-    server_resource_request q;
-    q.resource_id = x.resource_id();
-    if (x.has_has()) q.has = from_proto(x.has(), now_unix);
-    q.outstanding = 0;  // not on Doorman's wire
-    for (const auto& b : x.wants())
-      q.wants.push_back({b.priority(), b.num_clients(), b.wants()});
-    out.resources.push_back(std::move(q));
-  }
-  return out;
+  return {r.server_id(), resources_of<server_resource_request>(
+                             r.resource(), now_unix, [](const auto& x, server_resource_request& q) {
+                               q.outstanding = 0;  // not on Doorman's wire
+                               for (const auto& b : x.wants())
+                                 q.wants.push_back({b.priority(), b.num_clients(), b.wants()});
+                             })};
 }
 
 release_request from_proto(const ::doorman::ReleaseCapacityRequest& r) {
@@ -67,41 +72,46 @@ void mastership_to_proto(const mastership_info& m, ::doorman::Mastership& out) {
   if (m.master) out.set_master_address(*m.master);
 }
 
-}  // namespace
-
-void to_proto(const capacity_response& a, double now_unix, ::doorman::GetCapacityResponse& out) {
+// An answer's mastership and grants, each grant finished by `more`.
+template <class Answer, class Out, class More>
+void grants_to_proto(const Answer& a, double now_unix, Out& out, More more) {
   if (!a.mastership.is_master) mastership_to_proto(a.mastership, *out.mutable_mastership());
   for (const auto& g : a.resources) {
     auto& x = *out.add_response();
     x.set_resource_id(g.resource_id);
     to_proto(g.gets, now_unix, *x.mutable_gets());
     x.set_safe_capacity(g.safe_capacity);
+    more(g, x);
   }
+}
+
+}  // namespace
+
+void to_proto(const capacity_response& a, double now_unix, ::doorman::GetCapacityResponse& out) {
+  grants_to_proto(a, now_unix, out, [](const auto&, auto&) {});
 }
 
 void to_proto(const server_capacity_response& a, double now_unix,
               ::doorman::GetServerCapacityResponse& out) {
-  if (!a.mastership.is_master) mastership_to_proto(a.mastership, *out.mutable_mastership());
-  for (const auto& g : a.resources) {
-    auto& x = *out.add_response();
-    x.set_resource_id(g.resource_id);
-    to_proto(g.gets, now_unix, *x.mutable_gets());
-    x.set_safe_capacity(g.safe_capacity);
-    auto& alg = *x.mutable_algorithm();
-    ::doorman::Algorithm::Kind kind = ::doorman::Algorithm::NO_ALGORITHM;
-    (void)::doorman::Algorithm::Kind_Parse(g.algorithm.kind, &kind);  // else NO_ALGORITHM
-    alg.set_kind(kind);
-    alg.set_lease_length(static_cast<std::int64_t>(std::floor(g.algorithm.lease_length.count())));
-    alg.set_refresh_interval(
-        static_cast<std::int64_t>(std::floor(g.algorithm.refresh_interval.count())));
-    alg.set_learning_mode_duration(
-        static_cast<std::int64_t>(std::floor(g.algorithm.learning_mode_duration.count())));
-    for (const auto& [name, value] : g.algorithm.parameters.items()) {
-      auto& p = *alg.add_parameters();
-      p.set_name(name);
-      p.set_value(value.is_string() ? value.get<std::string>() : value.dump());
-    }
-  }
+  grants_to_proto(
+      a, now_unix, out,
+      [](const server_resource_grant& g, ::doorman::ServerCapacityResourceResponse& x) {
+        auto& alg = *x.mutable_algorithm();
+        ::doorman::Algorithm::Kind kind = ::doorman::Algorithm::NO_ALGORITHM;
+        (void)::doorman::Algorithm::Kind_Parse(g.algorithm.kind, &kind);  // else NO_ALGORITHM
+        alg.set_kind(kind);
+        alg.set_lease_length(
+            static_cast<std::int64_t>(std::floor(g.algorithm.lease_length.count())));
+        alg.set_refresh_interval(
+            static_cast<std::int64_t>(std::floor(g.algorithm.refresh_interval.count())));
+        alg.set_learning_mode_duration(
+            static_cast<std::int64_t>(std::floor(g.algorithm.learning_mode_duration.count())));
+        for (const auto& [name, value] : g.algorithm.parameters.items()) {
+          auto& p = *alg.add_parameters();
+          p.set_name(name);
+          p.set_value(value.is_string() ? value.get<std::string>() : value.dump());
+        }
+      });
 }
 
 void to_proto(const release_response& a, ::doorman::ReleaseCapacityResponse& out) {
@@ -144,9 +154,8 @@ server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& 
     g.algorithm.kind = ::doorman::Algorithm::Kind_Name(alg.kind());
     g.algorithm.lease_length = seconds(static_cast<double>(alg.lease_length()));
     g.algorithm.refresh_interval = seconds(static_cast<double>(alg.refresh_interval()));
-    g.algorithm.learning_mode_duration =
-        seconds(static_cast<double>(alg.has_learning_mode_duration() ? alg.learning_mode_duration()
-                                                                     : alg.lease_length()));
+    g.algorithm.learning_mode_duration = seconds(static_cast<double>(
+        alg.has_learning_mode_duration() ? alg.learning_mode_duration() : alg.lease_length()));
     for (const auto& p : alg.parameters()) {
       auto v = nlohmann::json::parse(p.value(), nullptr, false);
       g.algorithm.parameters[p.name()] = v.is_number() ? v : nlohmann::json(p.value());

@@ -46,8 +46,7 @@ void to_proto(const discovery_response& a, ::doorman::DiscoveryResponse& out);
 // as it decodes every parent's answer.
 void to_proto(const server_capacity_request& r, double now_unix,
               ::doorman::GetServerCapacityRequest& out);
-server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& r,
-                                    double now_unix);
+server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& r, double now_unix);
 
 // A field path of doorman's JSON requests ("params.resources[0].wants") as the proto names it
 // ("resource[0].wants"; `list` is the request's repeated field, "resource_id" for a release),

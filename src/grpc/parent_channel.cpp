@@ -5,12 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -24,6 +22,7 @@
 
 #include "doorman.grpc.pb.h"
 #include "mapping.hpp"
+#include "pem.hpp"
 
 namespace doorman::grpc_door {
 
@@ -33,14 +32,6 @@ using clock = std::chrono::steady_clock;
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("parent tls {}: cannot read {}", what, path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The calls gRPC still owes an answer to: a channel waits for them before it goes, so that no
@@ -145,7 +136,8 @@ class parent_channel final : public net::call_channel {
       } else {
         policy_.no_master(clock::now());
       }
-      if (clock::now() >= deadline) co_return fail(errc::no_master, "no master found before the deadline");
+      if (clock::now() >= deadline)
+        co_return fail(errc::no_master, "no master found before the deadline");
     }
   }
 
@@ -179,9 +171,10 @@ class parent_channel final : public net::call_channel {
     const auto& tls = options_.tls;
     if (!tls.active()) return grpc::InsecureChannelCredentials();
     grpc::SslCredentialsOptions o;
-    if (!tls.ca_file.empty()) o.pem_root_certs = read_file(tls.ca_file, "ca");
-    if (!tls.cert_file.empty()) o.pem_cert_chain = read_file(tls.cert_file, "certificate");
-    if (!tls.key_file.empty()) o.pem_private_key = read_file(tls.key_file, "key");
+    if (!tls.ca_file.empty()) o.pem_root_certs = read_pem(tls.ca_file, "parent tls ca");
+    if (!tls.cert_file.empty())
+      o.pem_cert_chain = read_pem(tls.cert_file, "parent tls certificate");
+    if (!tls.key_file.empty()) o.pem_private_key = read_pem(tls.key_file, "parent tls key");
     return grpc::SslCredentials(o);
   }
 
@@ -212,13 +205,11 @@ class parent_channel final : public net::call_channel {
         [&](auto handler) {
           auto h = std::make_shared<decltype(handler)>(std::move(handler));
           auto ex = asio::get_associated_executor(*h, executor_);
-          stub.async()->GetServerCapacity(&ctx, &req, &resp,
-                                          [h, ex, calls, c = &ctx](grpc::Status s) {
-                                            calls->remove(c);
-                                            asio::post(ex, [h, s = std::move(s)]() mutable {
-                                              (*h)(std::move(s));
-                                            });
-                                          });
+          stub.async()->GetServerCapacity(
+              &ctx, &req, &resp, [h, ex, calls, c = &ctx](grpc::Status s) {
+                calls->remove(c);
+                asio::post(ex, [h, s = std::move(s)]() mutable { (*h)(std::move(s)); });
+              });
         },
         asio::use_awaitable);
   }

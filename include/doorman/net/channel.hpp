@@ -174,9 +174,9 @@ class channel final : public call_channel {
   /// (`timeout`, or else the options' `call_timeout`). A call that passes its deadline leaves
   /// its connection (the peer may be hung or cut off): the next call goes to the next address.
   /// A call that finds the channel backing off until after its deadline fails at once.
-  DOORMAN_DECL asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
-                                                bool follow_redirects = true,
-                                                std::optional<seconds> timeout = std::nullopt) override;
+  DOORMAN_DECL asio::awaitable<call_reply> call(
+      std::string method, nlohmann::json params, bool follow_redirects = true,
+      std::optional<seconds> timeout = std::nullopt) override;
 
  private:
   using clock = std::chrono::steady_clock;

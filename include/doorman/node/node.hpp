@@ -161,10 +161,10 @@ class basic_node {
     }
     election_.start(advertised_doors{options_.advertise, options_.advertise_grpc}.value(),
                     [this](bool is_master, std::optional<std::string> m) {
-      asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
-        on_mastership(is_master, std::move(m));
-      });
-    });
+                      asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
+                        on_mastership(is_master, std::move(m));
+                      });
+                    });
     if (!options_.parents.empty()) start_parent_link();
     config_.start();
   }
@@ -424,11 +424,11 @@ class basic_node {
 
   // An intermediate's link to its parent, once its id is known.
   void start_parent_link() {
-    parent_.emplace(strand_, engine_,
-                    parent_link_options{options_.parents, options_.parent_timeout,
-                                        options_.parent_tls, options_.upstream, options_.log,
-                                        options_.parent_channel},
-                    metrics_, identity_, [this] { apply_term(clock::now()); });
+    parent_.emplace(
+        strand_, engine_,
+        parent_link_options{options_.parents, options_.parent_timeout, options_.parent_tls,
+                            options_.upstream, options_.log, options_.parent_channel},
+        metrics_, identity_, [this] { apply_term(clock::now()); });
     parent_->start();
   }
 
@@ -484,8 +484,8 @@ class basic_node {
       if (!result) return;
       auto& m = result.value().mastership;
       if (m.is_master) {
-        m.master = options_.advertise_grpc.empty() ? std::nullopt
-                                                   : std::optional(options_.advertise_grpc);
+        m.master =
+            options_.advertise_grpc.empty() ? std::nullopt : std::optional(options_.advertise_grpc);
       } else {
         m.master = master_grpc_;
       }
@@ -597,9 +597,9 @@ class basic_node {
   net::server server_;
   std::shared_ptr<net::tls_context> tls_;
   Election election_;
-  bool elected_ = false;           // what the election last reported
+  bool elected_ = false;                    // what the election last reported
   std::optional<std::string> master_grpc_;  // the master's gRPC door, when it announced one
-  std::uint64_t fenced_seen_ = 0;  // engine_.fenced() already counted
+  std::uint64_t fenced_seen_ = 0;           // engine_.fenced() already counted
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
   node_metrics metrics_;

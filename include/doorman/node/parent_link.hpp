@@ -103,8 +103,8 @@ class basic_parent_link {
 
   static std::unique_ptr<net::call_channel> make_channel(const asio::any_io_executor& strand,
                                                          const parent_link_options& o) {
-    net::channel_options c{.addresses = o.parents, .call_timeout = o.timeout, .log = o.log,
-                           .tls = o.tls};
+    net::channel_options c{
+        .addresses = o.parents, .call_timeout = o.timeout, .log = o.log, .tls = o.tls};
     if (o.channel) return o.channel(strand, std::move(c));
     return std::make_unique<net::channel>(strand, std::move(c));
   }
@@ -166,7 +166,8 @@ class basic_parent_link {
 
   // The parent's level, for `status`.
   asio::awaitable<void> learn_level() {
-    const auto reply = co_await channel_->call("status", nlohmann::json::object(), false, std::nullopt);
+    const auto reply =
+        co_await channel_->call("status", nlohmann::json::object(), false, std::nullopt);
     // A failed call leaves `result` null, where `find` finds nothing.
     if (const auto level = reply.result.find("level"); level != reply.result.end()) {
       // An integer below max_level; anything else is the parent's mistake, not a level.
