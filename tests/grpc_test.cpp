@@ -5,6 +5,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -209,6 +212,35 @@ TEST_CASE("grpc: a parent link over gRPC to an address that refuses backs off an
   CHECK(line->find("cannot reach 127.0.0.1:" + std::to_string(port)) != std::string::npos);
 }
 
+TEST_CASE(
+    "grpc: a parent link over gRPC to a peer that accepts and never answers gives up at "
+    "its deadline, and the node still stops at once",
+    "[grpc][process]") {
+  // A listening socket nobody accepts on: the kernel completes the handshake, nothing answers.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  REQUIRE(::listen(fd, 16) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  const std::string hung = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  {
+    grpc_node mid("hung",
+                  {"--parent", hung, "--parent-protocol", "grpc", "--parent-timeout", "0.5"});
+    const auto line = mid.node->wait_for("parent unreachable");
+    REQUIRE(line);
+    CHECK_THAT(*line, Catch::Contains(hung + " did not answer get_server_capacity in time"));
+    const auto stop_started = std::chrono::steady_clock::now();
+    mid.node->signal(SIGTERM);
+    CHECK(mid.node->wait_exit() == 0);
+    CHECK(std::chrono::steady_clock::now() - stop_started < std::chrono::seconds(3));
+  }
+  ::close(fd);
+}
+
 TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the field",
           "[grpc][process]") {
   grpc_node n;
@@ -396,6 +428,27 @@ std::string server_names(::doorman::Capacity::Stub& stub) {
   for (const auto& n : ctx->auth_context()->FindPropertyValues("x509_subject_alternative_name"))
     names += std::string(n.data(), n.size()) + " ";
   return names;
+}
+
+TEST_CASE("grpc: a parent link over gRPC with mutual TLS", "[grpc][tls][process]") {
+  const auto& certs = doorman_test::test_certificates::get();
+  grpc_node root("tls-root", {"--tls-cert", certs("node.pem"), "--tls-key", certs("node.key"),
+                              "--tls-ca", certs("ca.pem"), "--tls-client-auth", "require"});
+  grpc_node mid("tls-mid",
+                {"--parent", root.address, "--parent-protocol", "grpc", "--parent-tls-cert",
+                 certs("node2.pem"), "--parent-tls-key", certs("node2.key"), "--parent-tls-ca",
+                 certs("ca.pem"), "--parent-tls-server-name", "localhost", "--id", "mid"});
+  REQUIRE(mid.node->wait_for("parent " + root.address + " reached"));
+  // Its clients get capacity leased over the TLS link.
+  ::doorman::GetCapacityResponse r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double got = 0;
+  while (std::chrono::steady_clock::now() < deadline && got < 10) {
+    REQUIRE(mid.stub->GetCapacity(mid.context().get(), ask("c1", "api", 10), &r).ok());
+    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
+    if (got < 10) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
+  }
+  CHECK(got == 10);
 }
 
 TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate; a broken file is refused",
