@@ -811,6 +811,108 @@ TEST_CASE("rules: descriptors match by key and value, else by key; each value it
   }
 }
 
+TEST_CASE(
+    "rules: envoyproxy/ratelimit's fields: unlimited, replaces, shadow_mode, wildcards, "
+    "per-descriptor statuses and limits",
+    "[limit][rules]") {
+  manual_clock clock;
+  auto rules = test_rules::parse(nlohmann::json::parse(R"({"domain": "rl", "descriptors": [
+    {"key": "user", "rate_limit": {"unit": "minute", "requests_per_unit": 2, "name": "per-user"}},
+    {"key": "user", "value": "robot", "rate_limit": {"unlimited": true}},
+    {"key": "path", "value": "/api/*/items",
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+    {"key": "file", "value": "docs/*", "share_threshold": true,
+     "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+    {"key": "vip", "detailed_metric": true,
+     "rate_limit": {"unit": "MINUTE", "requests_per_unit": 5, "replaces": [{"name": "per-user"}]}},
+    {"key": "beta", "shadow_mode": true, "rate_limit": {"unit": "hour", "requests_per_unit": 0}}
+  ]})"),
+                                 {}, clock_ref{&clock});
+  using doorman::descriptor_check;
+  using doorman::rule_code;
+  const auto one = [&](std::string k, std::string v, double hits = 1) {
+    return rules.check_each("rl", {descriptor_check{{{std::move(k), std::move(v)}}, hits}})[0];
+  };
+  // Per-descriptor statuses: limit, name, what is left, until when.
+  auto s = one("user", "ann");
+  CHECK(s.code == rule_code::ok);
+  CHECK(s.limit == 2);
+  CHECK(s.name == "per-user");
+  CHECK(s.remaining == 1);
+  CHECK(s.window == std::chrono::minutes(1));
+  CHECK(one("user", "ann", 2).code == rule_code::refused);  // hits count: 1 + 2 > 2
+
+  // unlimited: matched, never limited, not counted.
+  for (int i = 0; i < 10; ++i) {
+    s = one("user", "robot");
+    CHECK(s.unlimited);
+    CHECK(s.limit < 0);
+    CHECK(s.code == rule_code::ok);
+  }
+
+  // A wildcard value: its pieces in order; each matching value has its own count...
+  CHECK(one("path", "/api/v1/items").code == rule_code::ok);
+  CHECK(one("path", "/api/v1/items").code == rule_code::refused);
+  CHECK(one("path", "/api/v2/items").code == rule_code::ok);
+  CHECK(one("path", "/api/v2/other").limit < 0);  // no match: no limit
+  // ...unless share_threshold: every matching value shares one.
+  CHECK(one("file", "docs/a.pdf").code == rule_code::ok);
+  CHECK(one("file", "docs/b.csv").code == rule_code::refused);
+
+  // replaces: a request that matches both only counts the replacing rule.
+  const auto both = rules.check_each(
+      "rl", {descriptor_check{{{"user", "bob"}}}, descriptor_check{{{"vip", "bob"}}}});
+  CHECK(both[0].replaced);
+  CHECK(both[0].limit < 0);
+  CHECK(both[1].limit == 5);
+  CHECK(one("user", "bob").remaining == 1);  // bob's per-user count was left alone
+
+  // shadow_mode: reported, never refused.
+  s = one("beta", "x");
+  CHECK(s.shadow);
+  CHECK(s.code == rule_code::refused);
+  CHECK(rules.check("rl", {{{"beta", "x"}}}).code == rule_code::ok);
+  CHECK(rules.check("rl", {{{"beta", "x"}}}).shadow_exceeded);
+
+  // A descriptor's own limit replaces its rule's, and applies where no rule matches.
+  const doorman::limit_override three{3, std::chrono::seconds(60)};
+  for (int i = 0; i < 3; ++i)
+    CHECK(rules.check_each("rl", {descriptor_check{{{"nobody", "x"}}, 1, three}})[0].code ==
+          rule_code::ok);
+  s = rules.check_each("rl", {descriptor_check{{{"nobody", "x"}}, 1, three}})[0];
+  CHECK(s.code == rule_code::refused);
+  CHECK(s.limit == 3);
+
+  // The window passes: counts start again.
+  clock.advance(61s);
+  CHECK(one("user", "ann").remaining == 1);
+}
+
+TEST_CASE("rules: ratelimit's fields are checked, naming the field", "[limit][rules]") {
+  const auto error_of = [](const char* text) {
+    try {
+      (void)doorman::rule_set::parse(nlohmann::json::parse(text));
+    } catch (const doorman::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k",
+      "rate_limit": {"unlimited": true, "unit": "second", "requests_per_unit": 1}}]})"),
+             Catch::Contains("descriptors[0].rate_limit.unit: must not be given with unlimited"));
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "value": "v",
+      "share_threshold": true, "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})"),
+             Catch::Contains("descriptors[0].share_threshold: needs a wildcard value"));
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit":
+      "second", "requests_per_unit": 1, "name": "a", "replaces": [{"name": "a"}]}}]})"),
+             Catch::Contains("descriptors[0].rate_limit.replaces[0].name: must not be the rule's"));
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "quota_mode": true}]})"),
+             Catch::Contains("quota_mode"));
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k",
+      "rate_limit": {"unit": "fortnight", "requests_per_unit": 1}}]})"),
+             Catch::Contains("one of second, minute, hour, day, week, month, year"));
+}
+
 TEST_CASE("rules: distinct descriptors never share a count; each value is cut, not the key",
           "[limit][rules]") {
   manual_clock clock;
@@ -893,9 +995,10 @@ TEST_CASE("rules: a bad rule file is refused with the field named", "[limit][rul
     }
     return "accepted";
   };
-  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "rate_limit": {"unit": "week",
+  CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "rate_limit": {"unit": "fortnight",
         "requests_per_unit": 1}}]})") ==
-        "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day");
+        "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day, week, month, "
+        "year");
   CHECK(problem(R"({"domain": "a", "descriptors": [{"key": "k", "rate_limit": {"unit": "second",
         "requests_per_unit": -1}}]})") ==
         "descriptors[0].rate_limit.requests_per_unit: must be between 0 and 1e9");

@@ -4,17 +4,15 @@
 
 #include <chrono>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/security/server_credentials.h>
 
 #include <doorman/net/tls.hpp>
 
 #include "doorman.grpc.pb.h"
+#include "hosting.hpp"
 #include "mapping.hpp"
-#include "pem.hpp"
 
 namespace doorman::grpc_door {
 
@@ -122,64 +120,13 @@ class service final : public ::doorman::Capacity::CallbackService {
   handler& h_;
 };
 
-std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& tls) {
-  if (!tls.active()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions o;
-  o.pem_key_cert_pairs.push_back(
-      {read_pem(tls.key_file, "grpc tls key"), read_pem(tls.cert_file, "grpc tls certificate")});
-  if (!tls.ca_file.empty()) o.pem_root_certs = read_pem(tls.ca_file, "grpc tls ca");
-  switch (tls.client_auth) {
-    case net::client_auth::none:
-      o.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
-      break;
-    case net::client_auth::request:
-      o.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
-      break;
-    case net::client_auth::require:
-      o.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-      break;
-  }
-  return grpc::SslServerCredentials(o);
-}
-
 }  // namespace
 
 struct server::impl {
-  server_options options;
-  handler& h;
-  std::unique_ptr<service> svc;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-  std::thread retiring;  // shuts down the server a reload replaced
+  hosting host;
 
-  impl(server_options o, handler& hh) : options(std::move(o)), h(hh) {}
-
-  // A server with its own service on `address`, with `credentials`; null when it cannot bind.
-  std::pair<std::unique_ptr<grpc::Server>, std::unique_ptr<service>> build(
-      const std::string& address, const std::shared_ptr<grpc::ServerCredentials>& credentials,
-      int& bound) {
-    auto s = std::make_unique<service>(h);
-    grpc::ServerBuilder b;
-    b.AddListeningPort(address, credentials, &bound);
-    b.SetMaxReceiveMessageSize(options.max_message_bytes);
-    b.SetMaxSendMessageSize(options.max_message_bytes);
-    b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
-    b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);  // a reload binds beside the old server
-    b.RegisterService(s.get());
-    auto built = b.BuildAndStart();
-    if (!built || bound == 0) return {};
-    return {std::move(built), std::move(s)};
-  }
-
-  void retire(std::unique_ptr<grpc::Server> old, std::unique_ptr<service> old_svc,
-              std::chrono::milliseconds grace) {
-    if (retiring.joinable()) retiring.join();
-    retiring = std::thread([old = std::move(old), old_svc = std::move(old_svc), grace]() mutable {
-      old->Shutdown(std::chrono::system_clock::now() + grace);
-      old.reset();
-      old_svc.reset();
-    });
-  }
+  impl(server_options o, handler& h)
+      : host(std::move(o), [&h] { return std::make_unique<service>(h); }) {}
 };
 
 server::server(server_options options, handler& h)
@@ -190,41 +137,19 @@ server::~server() {
 }
 
 void server::start() {
-  auto [s, svc] =
-      impl_->build(impl_->options.listen, credentials_of(impl_->options.tls), impl_->port);
-  if (!s) throw std::runtime_error("grpc: cannot listen on " + impl_->options.listen);
-  impl_->server = std::move(s);
-  impl_->svc = std::move(svc);
+  impl_->host.start();
 }
 
 bool server::reload_tls(std::chrono::milliseconds grace) {
-  if (!impl_->server || !impl_->options.tls.active()) return false;
-#ifdef DOORMAN_TLS
-  // Checked as the node's other ports check them: a file that does not load is named.
-  (void)net::tls_context(net::tls_side::server, impl_->options.tls, "grpc tls");
-#endif
-  const auto credentials = credentials_of(impl_->options.tls);
-  const auto host = impl_->options.listen.substr(0, impl_->options.listen.rfind(':'));
-  int bound = 0;
-  auto [s, svc] = impl_->build(host + ":" + std::to_string(impl_->port), credentials, bound);
-  if (!s)
-    throw std::runtime_error("grpc: cannot listen again on port " + std::to_string(impl_->port));
-  std::swap(impl_->server, s);
-  std::swap(impl_->svc, svc);
-  impl_->retire(std::move(s), std::move(svc), grace);
-  return true;
+  return impl_->host.reload_tls(grace);
 }
 
 int server::port() const noexcept {
-  return impl_->port;
+  return impl_->host.port();
 }
 
 void server::stop(std::chrono::milliseconds grace) {
-  if (impl_->retiring.joinable()) impl_->retiring.join();
-  if (!impl_->server) return;
-  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
-  impl_->server.reset();
-  impl_->svc.reset();
+  impl_->host.stop(grace);
 }
 
 }  // namespace doorman::grpc_door

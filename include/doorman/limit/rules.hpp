@@ -42,7 +42,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -94,6 +96,37 @@ struct rule_verdict {
   std::chrono::nanoseconds retry_after{};  ///< with `delay` and `refused`: when to come back
   std::string key;               ///< the deciding request key (a resource id), e.g. "api/user=ann"
   bool shadow_exceeded = false;  ///< a shadow rule was over its limit (nothing refused)
+};
+
+/// One descriptor's outcome (`check_each`), as Envoy's rate limit service reports each.
+struct descriptor_status {
+  rule_code code = rule_code::ok;
+  double limit = -1;  ///< requests per `window` of the rule that decided; < 0: no limit applied
+  std::chrono::nanoseconds window{};
+  std::string name;        ///< the rule's `rate_limit.name` (may be empty)
+  bool unlimited = false;  ///< matched a rule marked `unlimited`: never limited, not counted
+  bool replaced = false;   ///< its rule was replaced by another matched rule: not counted
+  bool shadow = false;     ///< a shadow rule: `code` is what it would have been; nothing is refused
+  double remaining = 0;    ///< requests left in the window (0 when over)
+  std::chrono::nanoseconds reset{};        ///< until `remaining` is back to `limit`
+  std::chrono::nanoseconds retry_after{};  ///< with `delay` and `refused`
+  std::string key;                         ///< the request key counted, e.g. "api/user=ann"
+};
+
+/// A limit a request gives for one of its descriptors (Envoy's per-descriptor `limit`): it is
+/// counted instead of the matched rule's (as a hard, non-shadow rule), under the descriptor's
+/// own key, and applies even where no rule matches.
+struct limit_override {
+  double requests_per_unit = 0;
+  std::chrono::nanoseconds unit{std::chrono::seconds(1)};
+};
+
+/// One descriptor of `check_each`: its entries, how many hits it adds (Envoy's
+/// `hits_addend`), and an optional limit of its own.
+struct descriptor_check {
+  descriptor entries;
+  double hits = 1;
+  std::optional<limit_override> limit{};
 };
 
 /// Folds one more limiter's decision into `v` (a resource's limiter checked after the rules,
@@ -151,6 +184,7 @@ struct rule_limits {
   static constexpr double max_requests_per_unit = 1e9;
   static constexpr double max_delay = 3600;  ///< seconds
   static constexpr std::size_t max_key_bytes = 256;
+  static constexpr std::size_t max_overrides = 1000;  ///< distinct per-request limits kept
 };
 
 /// The window algorithms a rules domain may choose by name (`"algorithm"`), the first one the
@@ -192,7 +226,11 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     bool shadow = false;
     double overage = 0.5;                                         // soft
     std::chrono::nanoseconds max_delay{std::chrono::seconds(1)};  // elastic
-    std::string path;  // "<domain>/<key>=<value or *>/..."
+    std::string path;                   // "<domain>/<key>=<value or *>/..."
+    std::string name;                   // rate_limit.name, for `replaces`
+    std::vector<std::string> replaces;  // names of rules this one replaces when both match
+    bool unlimited = false;             // rate_limit.unlimited: matched, never limited
+    bool share_threshold = false;       // a wildcard value: every matching value shares a count
     std::vector<rule> children;
     counters limiters;
     std::shared_ptr<std::atomic<std::uint64_t>> shadow_count;
@@ -222,19 +260,53 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     return set;
   }
 
-  /// Counts one request (`n` hits) against the rule each descriptor matches.
+  /// Counts one request (`n` hits) against the rule each descriptor matches; the verdict is
+  /// the worst of `check_each`'s.
   rule_verdict check(std::string_view domain, const std::vector<descriptor>& descriptors,
                      double n = 1) {
+    std::vector<descriptor_check> each;
+    each.reserve(descriptors.size());
+    for (const auto& d : descriptors)
+      each.push_back({d, n, std::nullopt});
     rule_verdict verdict;
+    for (const auto& s : check_each(domain, each))
+      fold(s, verdict);
+    return verdict;
+  }
+
+  /// Counts one request against the rule each descriptor matches, and says how each fared (in
+  /// the descriptors' order). A rule whose `rate_limit.name` another matched rule `replaces`
+  /// is not counted (`replaced`); an `unlimited` one never limits; a descriptor's own `limit`
+  /// is counted instead of its rule's. An unknown domain, or a descriptor that matches no
+  /// rule with a limit, is `ok` with no limit.
+  std::vector<descriptor_status> check_each(std::string_view domain,
+                                            const std::vector<descriptor_check>& descriptors) {
+    std::vector<descriptor_status> out(descriptors.size());
     const auto d = std::find_if(domains_.begin(), domains_.end(),
                                 [&](const auto& x) { return x.name == domain; });
-    if (d == domains_.end()) return verdict;
-    for (const auto& desc : descriptors) {
-      std::string key = d->escaped;
-      const rule* r = match(d->rules, desc, key);
-      if (r && r->requests_per_unit >= 0) apply(*r, key, n, verdict);
+    std::vector<const rule*> found(descriptors.size(), nullptr);
+    std::vector<std::string> keys(descriptors.size());
+    for (std::size_t i = 0; i < descriptors.size(); ++i) {
+      if (d != domains_.end()) {
+        keys[i] = d->escaped;
+        found[i] = match(d->rules, descriptors[i].entries, keys[i]);
+      }
     }
-    return verdict;
+    for (std::size_t i = 0; i < descriptors.size(); ++i) {
+      const auto& c = descriptors[i];
+      if (c.limit) {
+        out[i] = decide_override(domain, c, found[i] ? found[i]->name : std::string(),
+                                 d != domains_.end() ? d->algorithm : 0);
+      } else if (found[i] && found[i]->unlimited) {
+        out[i].unlimited = true;
+        out[i].name = found[i]->name;
+      } else if (found[i] && is_replaced(*found[i], found)) {
+        out[i].replaced = true;
+      } else if (found[i] && found[i]->requests_per_unit >= 0) {
+        out[i] = decide(*found[i], found[i]->limiters, keys[i], c.hits);
+      }
+    }
+    return out;
   }
 
   /// The rules as resource templates: `identifier_glob` the rule's path, `capacity` its
@@ -315,7 +387,8 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
 
   rule read_rule(detail::json_reader& r, const std::string& parent, std::size_t depth,
                  read_state& state) {
-    r.only({"key", "value", "rate_limit", "mode", "shadow", "overage", "max_delay", "descriptors"});
+    r.only({"key", "value", "rate_limit", "mode", "shadow", "shadow_mode", "overage", "max_delay",
+            "detailed_metric", "value_to_metric", "share_threshold", "descriptors"});
     rule x;
     if (++state.rules > rule_limits::max_rules) r.fail("", "one rule too many (at most 10000)");
     if (depth > rule_limits::max_depth) r.fail("", "nests too deep (at most 8 levels)");
@@ -325,9 +398,19 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       r.fail("key", "must be a string of 1 to 256 bytes");
     if (!r.error() && x.value.size() > rule_limits::max_key_bytes)
       r.fail("value", "must be at most 256 bytes");
+    bool flag = false;  // envoyproxy/ratelimit's metric options: metrics here are per rule
+    r.boolean("detailed_metric", flag, false);
+    r.boolean("value_to_metric", flag, false);
+    r.boolean("share_threshold", x.share_threshold, false);
+    if (!r.error() && x.share_threshold && x.value.find('*') == std::string::npos)
+      r.fail("share_threshold", "needs a wildcard value (one with '*')");
     x.path = parent;
-    append_entry(x.path, x.key, x.value);
-    if (x.value.empty()) x.path += '*';
+    if (x.value.find('*') != std::string::npos) {
+      append_wildcard(x.path, x.key, x.value);
+    } else {
+      append_entry(x.path, x.key, x.value);
+      if (x.value.empty()) x.path += '*';
+    }
     read_limit(r, x);
     read_rules(r, "descriptors", x.path, depth + 1, x.children, state);
     if (!r.error() && x.requests_per_unit >= 0) {
@@ -348,6 +431,8 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       r.fail("mode", "must be one of hard, soft, elastic");
     }
     r.boolean("shadow", x.shadow, false);
+    bool shadow_mode = false;  // envoyproxy/ratelimit's name for it
+    if (r.boolean("shadow_mode", shadow_mode, false)) x.shadow = x.shadow || shadow_mode;
     if (r.number("overage", x.overage, false)) r.within("overage", x.overage, 0, 10);
     double delay = 1;
     if (r.number("max_delay", delay, false))
@@ -356,25 +441,57 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     const nlohmann::json* limit = r.object("rate_limit", false);
     if (!limit || r.error()) return;
     detail::json_reader lr(*limit, r.at("rate_limit"));
-    lr.only({"unit", "requests_per_unit"});
+    lr.only({"unit", "requests_per_unit", "unlimited", "name", "replaces"});
+    lr.boolean("unlimited", x.unlimited, false);
+    lr.string("name", x.name, false);
+    read_replaces(lr, x);
     std::string unit;
-    if (lr.string("unit", unit)) {
-      constexpr std::array<std::pair<std::string_view, std::int64_t>, 4> units{
-          {{"second", 1}, {"minute", 60}, {"hour", 3600}, {"day", 86400}}};
-      const auto u =
-          std::find_if(units.begin(), units.end(), [&](const auto& p) { return p.first == unit; });
+    if (lr.string("unit", unit, !x.unlimited)) {
+      if (x.unlimited) lr.fail("unit", "must not be given with unlimited");
+      // Envoy's units; a month is 30 days and a year 365, as envoyproxy/ratelimit counts them.
+      constexpr std::array<std::pair<std::string_view, std::int64_t>, 7> units{
+          {{"second", 1},
+           {"minute", 60},
+           {"hour", 3600},
+           {"day", 86400},
+           {"week", 604800},
+           {"month", 2592000},
+           {"year", 31536000}}};
+      const auto u = std::find_if(units.begin(), units.end(), [&](const auto& p) {
+        return p.first.size() == unit.size() &&
+               std::equal(unit.begin(), unit.end(), p.first.begin(),
+                          [](char a, char b) { return (a | 0x20) == b; });
+      });
       if (u == units.end()) {
-        lr.fail("unit", "must be one of second, minute, hour, day");
+        lr.fail("unit", "must be one of second, minute, hour, day, week, month, year");
       } else {
         x.unit = std::chrono::seconds(u->second);
       }
     }
     std::int64_t n = 0;
-    if (lr.integer("requests_per_unit", n)) {
+    if (lr.integer("requests_per_unit", n, !x.unlimited)) {
       lr.within("requests_per_unit", static_cast<double>(n), 0, rule_limits::max_requests_per_unit);
       x.requests_per_unit = static_cast<double>(n);
     }
+    if (x.unlimited) x.requests_per_unit = -1;
     r.absorb(lr.error());
+  }
+
+  // `rate_limit.replaces`: a list of `{name: NAME}`, none empty nor the rule's own name.
+  static void read_replaces(detail::json_reader& lr, rule& x) {
+    lr.array(
+        "replaces",
+        [&](const nlohmann::json& e, const std::string& path) {
+          detail::json_reader er(e, path);
+          er.only({"name"});
+          std::string name;
+          if (er.string("name", name) && (name.empty() || name.size() > rule_limits::max_key_bytes))
+            er.fail("name", "must be a string of 1 to 256 bytes");
+          if (!er.error() && name == x.name) er.fail("name", "must not be the rule's own name");
+          lr.absorb(er.error());
+          x.replaces.push_back(std::move(name));
+        },
+        rule_limits::max_descriptors, false);
   }
 
   static std::string algorithm_names() {
@@ -409,18 +526,64 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     for (const auto& entry : desc) {
       if (!level) return nullptr;
       const rule* exact = nullptr;
+      const rule* wild = nullptr;
       const rule* any = nullptr;
       for (const auto& r : *level) {
         if (r.key != entry.key) continue;
-        if (r.value == entry.value) exact = &r;
+        if (r.value == entry.value) {
+          exact = &r;
+        } else if (!wild && r.value.find('*') != std::string::npos &&
+                   wildcard_match(r.value, entry.value)) {
+          wild = &r;
+        }
         if (r.value.empty()) any = &r;
       }
-      found = exact ? exact : any;
+      found = exact ? exact : wild ? wild : any;
       if (!found) return nullptr;
-      append_entry(key, entry.key, entry.value);
+      // Values matching a wildcard share one count when the rule says so.
+      append_entry(key, entry.key,
+                   found == wild && wild->share_threshold ? wild->value : entry.value);
       level = found->children.empty() ? nullptr : &found->children;
     }
     return found;
+  }
+
+  // Whether `value` matches `pattern`, whose `*`s stand for any run of bytes (as
+  // envoyproxy/ratelimit matches them: the literal pieces in order, the first a prefix and the
+  // last a suffix).
+  static bool wildcard_match(std::string_view pattern, std::string_view value) {
+    const auto first = pattern.find('*');
+    const auto last = pattern.rfind('*');
+    const auto prefix = pattern.substr(0, first);
+    const auto suffix = pattern.substr(last + 1);
+    if (value.size() < prefix.size() + suffix.size() || !value.starts_with(prefix) ||
+        !value.ends_with(suffix)) {
+      return false;
+    }
+    auto rest = value.substr(prefix.size(), value.size() - prefix.size() - suffix.size());
+    for (auto at = first + 1; at <= last;) {
+      const auto next = pattern.find('*', at);
+      const auto piece = pattern.substr(at, next - at);
+      const auto found = rest.find(piece);
+      if (found == std::string_view::npos) return false;
+      rest.remove_prefix(found + piece.size());
+      at = next + 1;
+    }
+    return true;
+  }
+
+  // The glob of the request keys a wildcard value gives: its pieces escaped, joined by `*`.
+  static void append_wildcard(std::string& path, std::string_view k, std::string_view pattern) {
+    path += '/';
+    append_escaped(path, k, "=");
+    path += '=';
+    for (std::size_t at = 0;;) {
+      const auto next = pattern.find('*', at);
+      append_escaped(path, pattern.substr(at, next - at), "=");
+      if (next == std::string_view::npos) break;
+      path += '*';
+      at = next + 1;
+    }
   }
 
   // Extends a request key with `/<key>=<value>`, each escaped (`append_escaped`, `=` too), so
@@ -433,42 +596,89 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     append_escaped(key, value.substr(0, rule_limits::max_key_bytes), "=");
   }
 
-  void apply(const rule& r, const std::string& key, double n, rule_verdict& v) {
-    const auto [result, s] = std::visit(
+  // Counts `n` hits of `key` against `r` (with `limiters`, the rule's or an override's).
+  descriptor_status decide(const rule& r, const counters& limiters, const std::string& key,
+                           double n) {
+    const auto [result, st] = std::visit(
         [&](const auto& counts) {
           const auto limiter = counts->get(key);
           const auto admitted = limiter->try_acquire(n);
           return std::pair(admitted, limiter->status());
         },
-        r.limiters);
-    const double over = r.mode == rule_mode::soft ? s.limit - r.requests_per_unit : 0;
-    rule_code code = rule_code::ok;
+        limiters);
+    const double over = r.mode == rule_mode::soft ? st.limit - r.requests_per_unit : 0;
+    descriptor_status s;
     if (!result) {
-      code = r.mode == rule_mode::elastic && result.retry_after <= r.max_delay ? rule_code::delay
-                                                                               : rule_code::refused;
-    } else if (s.remaining < over) {
-      code = rule_code::soft;
+      s.code = r.mode == rule_mode::elastic && result.retry_after <= r.max_delay
+                   ? rule_code::delay
+                   : rule_code::refused;
+      s.retry_after = std::chrono::duration_cast<std::chrono::nanoseconds>(result.retry_after);
+    } else if (st.remaining < over) {
+      s.code = rule_code::soft;
     }
-    if (r.shadow) {
-      if (code == rule_code::ok) return;
+    s.limit = r.requests_per_unit;
+    s.window = r.unit;
+    s.name = r.name;
+    s.shadow = r.shadow;
+    s.remaining = std::max(0.0, st.remaining - over);
+    s.reset = st.reset;
+    s.key = key;
+    if (r.shadow && s.code != rule_code::ok) {
       r.shadow_count->fetch_add(1);
       shadow_total_->fetch_add(1);
-      v.shadow_exceeded = true;
+    }
+    return s;
+  }
+
+  // Folds one descriptor's outcome into the request's verdict (a shadow rule only marks it).
+  static void fold(const descriptor_status& s, rule_verdict& v) {
+    if (s.limit < 0) return;
+    if (s.shadow) {
+      if (s.code != rule_code::ok) v.shadow_exceeded = true;
       return;
     }
-    const double remaining = std::max(0.0, s.remaining - over);
-    if (v.limit < 0 || remaining < v.remaining || code > v.code) {
-      v.limit = r.requests_per_unit;
-      v.remaining = remaining;
-      v.window = r.unit;
+    if (v.limit < 0 || s.remaining < v.remaining || s.code > v.code) {
+      v.limit = s.limit;
+      v.remaining = s.remaining;
+      v.window = s.window;
       v.reset = s.reset;
-      v.key = key;
+      v.key = s.key;
     }
-    if (code > v.code) v.code = code;
-    if (!result) {
-      const auto after = std::chrono::duration_cast<std::chrono::nanoseconds>(result.retry_after);
-      v.retry_after = std::max(v.retry_after, after);
+    if (s.code > v.code) v.code = s.code;
+    v.retry_after = std::max(v.retry_after, s.retry_after);
+  }
+
+  // Whether a rule is named in the `replaces` of another rule matched by the same request.
+  static bool is_replaced(const rule& r, const std::vector<const rule*>& matched) {
+    if (r.name.empty()) return false;
+    return std::any_of(matched.begin(), matched.end(), [&](const rule* m) {
+      return m && m != &r &&
+             std::find(m->replaces.begin(), m->replaces.end(), r.name) != m->replaces.end();
+    });
+  }
+
+  // A descriptor's own limit: counted under its entries' key by the limiters of that limit,
+  // with the domain's algorithm (at most `max_overrides` distinct limits are kept; past them,
+  // one is dropped and its counts start again).
+  descriptor_status decide_override(std::string_view domain, const descriptor_check& c,
+                                    std::string name, std::size_t algorithm) {
+    rule r;
+    r.requests_per_unit =
+        std::clamp(c.limit->requests_per_unit, 0.0, rule_limits::max_requests_per_unit);
+    r.unit = c.limit->unit;
+    r.name = std::move(name);
+    std::string key;
+    append_escaped(key, domain.substr(0, rule_limits::max_key_bytes), "=");
+    for (const auto& e : c.entries)
+      append_entry(key, e.key, e.value);
+    const std::tuple<double, std::int64_t, std::size_t> id{r.requests_per_unit, r.unit.count(),
+                                                           algorithm};
+    auto it = overrides_.find(id);
+    if (it == overrides_.end()) {
+      if (overrides_.size() >= rule_limits::max_overrides) overrides_.erase(overrides_.begin());
+      it = overrides_.emplace(id, make_limiters(r, algorithm)).first;
     }
+    return decide(r, it->second, key, c.hits);
   }
 
   static void collect(const std::vector<rule>& rules, std::vector<resource_template>& out) {
@@ -487,6 +697,8 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   options options_;
   [[no_unique_address]] clock_type clock_;
   std::vector<domain_rules> domains_;
+  // Per-request limits' counts, by limit, unit (ns) and algorithm.
+  std::map<std::tuple<double, std::int64_t, std::size_t>, counters> overrides_;
   std::shared_ptr<std::atomic<std::uint64_t>> shadow_total_ =
       std::make_shared<std::atomic<std::uint64_t>>(0);
 };

@@ -1,0 +1,95 @@
+// A gRPC server hosting one service (see hosting.hpp).
+
+#include "hosting.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+#include <grpcpp/security/server_credentials.h>
+
+#include <doorman/net/tls.hpp>
+
+#include "pem.hpp"
+
+namespace doorman::grpc_door {
+
+namespace {
+
+std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& tls) {
+  if (!tls.active()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o;
+  o.pem_key_cert_pairs.push_back(
+      {read_pem(tls.key_file, "grpc tls key"), read_pem(tls.cert_file, "grpc tls certificate")});
+  if (!tls.ca_file.empty()) o.pem_root_certs = read_pem(tls.ca_file, "grpc tls ca");
+  switch (tls.client_auth) {
+    case net::client_auth::none:
+      o.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+      break;
+    case net::client_auth::request:
+      o.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+      break;
+    case net::client_auth::require:
+      o.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      break;
+  }
+  return grpc::SslServerCredentials(o);
+}
+
+}  // namespace
+
+hosting::built hosting::build(const std::string& address,
+                              const std::shared_ptr<grpc::ServerCredentials>& creds, int& bound) {
+  built b{nullptr, make_()};
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, creds, &bound);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);  // a reload binds beside the old one
+  builder.RegisterService(b.service.get());
+  b.server = builder.BuildAndStart();
+  if (!b.server || bound == 0) return {};
+  return b;
+}
+
+void hosting::start() {
+  auto b = build(options_.listen, credentials_of(options_.tls), port_);
+  if (!b.server) throw std::runtime_error("grpc: cannot listen on " + options_.listen);
+  current_ = std::move(b);
+}
+
+bool hosting::reload_tls(std::chrono::milliseconds grace) {
+  if (!current_.server || !options_.tls.active()) return false;
+#ifdef DOORMAN_TLS
+  // Checked as the node's other ports check them: a file that does not load is named.
+  (void)net::tls_context(net::tls_side::server, options_.tls, "grpc tls");
+#endif
+  const auto creds = credentials_of(options_.tls);
+  const auto host = options_.listen.substr(0, options_.listen.rfind(':'));
+  int bound = 0;
+  auto b = build(host + ":" + std::to_string(port_), creds, bound);
+  if (!b.server)
+    throw std::runtime_error("grpc: cannot listen again on port " + std::to_string(port_));
+  std::swap(current_, b);
+  retire(std::move(b), grace);
+  return true;
+}
+
+void hosting::retire(built old, std::chrono::milliseconds grace) {
+  if (retiring_.joinable()) retiring_.join();
+  retiring_ = std::thread([old = std::move(old), grace]() mutable {
+    old.server->Shutdown(std::chrono::system_clock::now() + grace);
+    old.server.reset();
+    old.service.reset();
+  });
+}
+
+void hosting::stop(std::chrono::milliseconds grace) {
+  if (retiring_.joinable()) retiring_.join();
+  if (!current_.server) return;
+  current_.server->Shutdown(std::chrono::system_clock::now() + grace);
+  current_.server.reset();
+  current_.service.reset();
+}
+
+}  // namespace doorman::grpc_door

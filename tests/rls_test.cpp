@@ -1,0 +1,252 @@
+// Envoy's rate limit service on a real doorman-rls, driven by a C++ gRPC client generated from
+// proto/envoy/rls.proto (docs/envoy.md).
+
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "process.hpp"
+#include "rls.grpc.pb.h"
+
+namespace {
+
+using doorman_examples::process;
+namespace pb = ::envoy::service::ratelimit::v3;
+
+// Written for these tests in envoyproxy/ratelimit's format.
+const char* const edge_yaml = R"(# the edge's limits
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      name: per-ip
+      unit: minute
+      requests_per_unit: 3
+  - key: remote_address
+    value: 10.0.0.9
+    rate_limit:
+      unlimited: true
+  - key: path
+    value: /api/*
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+  - key: plan
+    value: vip
+    descriptors:
+      - key: remote_address
+        rate_limit:
+          unit: minute
+          requests_per_unit: 10
+          replaces:
+            - name: per-ip
+  - key: beta
+    shadow_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 0
+)";
+
+// A doorman-rls on a free port over a directory holding `edge.yaml`.
+struct rls_service {
+  std::filesystem::path dir;
+  std::unique_ptr<process> rls;
+  std::unique_ptr<pb::RateLimitService::Stub> stub;
+
+  explicit rls_service(const std::string& name, std::vector<std::string> flags = {}) {
+    dir = std::filesystem::temp_directory_path() /
+          ("doorman-rls-test-" + std::to_string(::getpid()) + "-" + name);
+    std::filesystem::create_directories(dir / "config");
+    std::ofstream(dir / "config" / "edge.yaml") << edge_yaml;
+    std::vector<std::string> args{
+        DOORMAN_RLS_BINARY,        "--listen",          "127.0.0.1:0", "--config",
+        (dir / "config").string(), "--reload-interval", "0.05"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    rls = std::make_unique<process>(args, (dir / "rls.log").string());
+    const auto line = rls->wait_for("RateLimitService listening on ");
+    REQUIRE(line);
+    const auto address = line->substr(line->find("listening on ") + 13);
+    stub = pb::RateLimitService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  ~rls_service() {
+    rls->signal(SIGTERM);
+    CHECK(rls->wait_exit() == 0);
+    std::filesystem::remove_all(dir);
+  }
+
+  // One call; `status` says how it went.
+  pb::RateLimitResponse ask(const pb::RateLimitRequest& r, grpc::Status* status = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::RateLimitResponse out;
+    const auto s = stub->ShouldRateLimit(&ctx, r, &out);
+    if (status) {
+      *status = s;
+    } else {
+      REQUIRE(s.ok());
+    }
+    return out;
+  }
+};
+
+using entries = std::vector<std::pair<std::string, std::string>>;
+
+// Replaces a file at once (written beside it, then renamed), as an operator should.
+void replace_file(const std::filesystem::path& path, const std::string& text) {
+  const auto tmp = path.string() + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+pb::RateLimitRequest request(const std::vector<entries>& descriptors, std::uint32_t hits = 0) {
+  pb::RateLimitRequest r;
+  r.set_domain("edge");
+  r.set_hits_addend(hits);
+  for (const auto& d : descriptors) {
+    auto& x = *r.add_descriptors();
+    for (const auto& [k, v] : d) {
+      auto& e = *x.add_entries();
+      e.set_key(k);
+      e.set_value(v);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("rls: per-descriptor codes, limits, remaining counts and resets; hits_addend",
+          "[rls][process]") {
+  rls_service s("codes");
+  const auto ip = request({{{"remote_address", "1.2.3.4"}}});
+  for (std::uint32_t left : {2u, 1u, 0u}) {
+    const auto a = s.ask(ip);
+    CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+    REQUIRE(a.statuses_size() == 1);
+    const auto& st = a.statuses(0);
+    CHECK(st.code() == pb::RateLimitResponse::OK);
+    CHECK(st.limit_remaining() == left);
+    CHECK(st.current_limit().requests_per_unit() == 3);
+    CHECK(st.current_limit().unit() == pb::RateLimitResponse::RateLimit::MINUTE);
+    CHECK(st.current_limit().name() == "per-ip");
+    CHECK(st.duration_until_reset().seconds() <= 60);
+  }
+  const auto over = s.ask(ip);
+  CHECK(over.overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  CHECK(over.statuses(0).code() == pb::RateLimitResponse::OVER_LIMIT);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+
+  // hits_addend: the request's, then a descriptor's own.
+  CHECK(s.ask(request({{{"remote_address", "5.6.7.8"}}}, 2)).statuses(0).limit_remaining() == 1);
+  auto r = request({{{"remote_address", "5.6.7.9"}}}, 2);
+  r.mutable_descriptors(0)->mutable_hits_addend()->set_value(3);
+  CHECK(s.ask(r).statuses(0).limit_remaining() == 0);
+  CHECK(s.ask(r).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+
+  // Several descriptors: over if any is; each has its status.
+  const auto two = s.ask(request({{{"remote_address", "1.2.3.4"}}, {{"path", "/api/x"}}}));
+  CHECK(two.overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  REQUIRE(two.statuses_size() == 2);
+  CHECK(two.statuses(1).code() == pb::RateLimitResponse::OK);
+}
+
+TEST_CASE("rls: unlimited, wildcards, replaces, shadow mode and a descriptor's own limit",
+          "[rls][process]") {
+  rls_service s("rules");
+  for (int i = 0; i < 5; ++i) {
+    const auto a = s.ask(request({{{"remote_address", "10.0.0.9"}}}));
+    CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+    CHECK(a.statuses(0).limit_remaining() == 4294967295u);
+    CHECK_FALSE(a.statuses(0).has_current_limit());
+  }
+  CHECK(s.ask(request({{{"path", "/api/a"}}})).overall_code() == pb::RateLimitResponse::OK);
+  CHECK(s.ask(request({{{"path", "/api/a"}}})).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  CHECK(s.ask(request({{{"path", "/api/b"}}})).overall_code() == pb::RateLimitResponse::OK);
+  CHECK_FALSE(s.ask(request({{{"path", "/static/a"}}})).statuses(0).has_current_limit());
+
+  // The vip rule replaces per-ip: per-ip is neither reported nor counted.
+  const auto vip = s.ask(
+      request({{{"remote_address", "7.7.7.7"}}, {{"plan", "vip"}, {"remote_address", "7.7.7.7"}}}));
+  CHECK_FALSE(vip.statuses(0).has_current_limit());
+  CHECK(vip.statuses(1).current_limit().requests_per_unit() == 10);
+  CHECK(s.ask(request({{{"remote_address", "7.7.7.7"}}})).statuses(0).limit_remaining() == 2);
+
+  // shadow_mode: over its limit (0 an hour), yet OK.
+  const auto beta = s.ask(request({{{"beta", "on"}}}));
+  CHECK(beta.overall_code() == pb::RateLimitResponse::OK);
+  CHECK(beta.statuses(0).code() == pb::RateLimitResponse::OK);
+
+  // A descriptor's own limit, where no rule matches.
+  auto own = request({{{"tenant", "t1"}}});
+  own.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(1);
+  own.mutable_descriptors(0)->mutable_limit()->set_unit(::envoy::type::v3::MINUTE);
+  CHECK(s.ask(own).overall_code() == pb::RateLimitResponse::OK);
+  CHECK(s.ask(own).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+}
+
+TEST_CASE("rls: response headers as envoyproxy/ratelimit adds them", "[rls][process]") {
+  rls_service s("headers", {"--response-headers", "--header-remaining", "X-RateLimit-Remaining"});
+  s.ask(request({{{"remote_address", "9.9.9.9"}}}));
+  const auto a = s.ask(request({{{"remote_address", "9.9.9.9"}}, {{"path", "/api/h"}}}));
+  std::map<std::string, std::string> h;
+  for (const auto& x : a.response_headers_to_add())
+    h[x.key()] = x.value();
+  // The descriptor with the fewest requests left: path (1 a second, now 0 left).
+  CHECK(h["RateLimit-Limit"] == "1");
+  CHECK(h["X-RateLimit-Remaining"] == "0");
+  CHECK(h.count("RateLimit-Reset") == 1);
+}
+
+TEST_CASE("rls: a request that breaks a bound is INVALID_ARGUMENT naming the field",
+          "[rls][process]") {
+  rls_service s("bounds");
+  grpc::Status st;
+  auto r = request({{{"remote_address", "1.1.1.1"}}});
+  r.set_domain("");
+  s.ask(r, &st);
+  CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(st.error_message() == "domain: must not be empty");
+  r = request({{{"", "x"}}});
+  s.ask(r, &st);
+  CHECK(st.error_message() == "descriptors[0].entries[0].key: must not be empty");
+  r = request({});
+  s.ask(r, &st);
+  CHECK(st.error_message() == "descriptors: must hold at least one descriptor");
+}
+
+TEST_CASE(
+    "rls: changed files are read again; a bad one is refused with its line, the old "
+    "rules stay",
+    "[rls][process]") {
+  rls_service s("reload");
+  replace_file(s.dir / "config" / "edge.yaml",
+               "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n"
+               "      unit: fortnight\n      requests_per_unit: 1\n");
+  const auto refused = s.rls->wait_for("configuration rejected");
+  REQUIRE(refused);
+  CHECK_THAT(*refused, Catch::Contains("edge.yaml"));
+  CHECK_THAT(*refused, Catch::Contains("descriptors[0].rate_limit.unit"));
+  CHECK_THAT(*refused, Catch::Contains("line 5"));
+  CHECK(s.ask(request({{{"remote_address", "3.3.3.3"}}})).statuses(0).limit_remaining() == 2);
+
+  replace_file(s.dir / "config" / "edge.yaml",
+               "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n"
+               "      unit: hour\n      requests_per_unit: 100\n");
+  REQUIRE(s.rls->wait_for("configuration reloaded"));
+  const auto a = s.ask(request({{{"remote_address", "3.3.3.3"}}}));
+  CHECK(a.statuses(0).current_limit().requests_per_unit() == 100);
+  CHECK(a.statuses(0).current_limit().unit() == pb::RateLimitResponse::RateLimit::HOUR);
+}
