@@ -29,18 +29,36 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 using doorman_examples::process;
 
+// A TCP socket bound to a free port on 127.0.0.1 (the kernel's pick), closed when it goes;
+// `listening`: it also listens, and never accepts (a peer that connects and is never answered).
+class loopback_socket {
+ public:
+  explicit loopback_socket(bool listening) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    REQUIRE(fd_ >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    if (listening) REQUIRE(::listen(fd_, 16) == 0);
+    socklen_t len = sizeof sa;
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+    port_ = ntohs(sa.sin_port);
+  }
+  loopback_socket(const loopback_socket&) = delete;
+  loopback_socket& operator=(const loopback_socket&) = delete;
+  ~loopback_socket() { ::close(fd_); }
+
+  [[nodiscard]] int port() const noexcept { return port_; }
+  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
 // A free TCP port on 127.0.0.1 (the kernel's pick; closed again at once).
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  socklen_t len = sizeof sa;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
-  ::close(fd);
-  return ntohs(sa.sin_port);
+  return loopback_socket(false).port();
 }
 
 inline std::string find_etcd() {

@@ -99,6 +99,21 @@ struct grpc_node {
   return r;
 }
 
+// What client c1 gets of "api" wanting `wants`, asked until it gets all of it or `timeout`
+// passes (an intermediate's first answers come before it holds any of the resource).
+double capacity_within(::doorman::Capacity::Stub& stub, double wants,
+                       std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  double got = 0;
+  for (;;) {
+    ::doorman::GetCapacityResponse r;
+    REQUIRE(stub.GetCapacity(grpc_node::context().get(), ask("c1", "api", wants), &r).ok());
+    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
+    if (got >= wants || std::chrono::steady_clock::now() >= deadline) return got;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
+  }
+}
+
 }  // namespace
 
 TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients expect",
@@ -179,15 +194,7 @@ TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRP
 
   // A client of the intermediate gets capacity the intermediate leased from the root over gRPC
   // (its first answer may come before the intermediate has any: ask until the deadline).
-  ::doorman::GetCapacityResponse r;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  double got = 0;
-  while (std::chrono::steady_clock::now() < deadline && got < 30) {
-    REQUIRE(mid.stub->GetCapacity(mid.context().get(), ask("c1", "api", 30), &r).ok());
-    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
-    if (got < 30) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
-  }
-  CHECK(got == 30);
+  CHECK(capacity_within(*mid.stub, 30, std::chrono::seconds(20)) == 30);
 
   // The root holds a server lease for the intermediate, asked for with GetServerCapacity.
   doorman_test::line_client c(root.json_address);
@@ -217,16 +224,8 @@ TEST_CASE(
     "its deadline, and the node still stops at once",
     "[grpc][process]") {
   // A listening socket nobody accepts on: the kernel completes the handshake, nothing answers.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  REQUIRE(::listen(fd, 16) == 0);
-  socklen_t len = sizeof sa;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
-  const std::string hung = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  const doorman_test::loopback_socket silent(true);
+  const std::string hung = silent.address();
   {
     grpc_node mid("hung",
                   {"--parent", hung, "--parent-protocol", "grpc", "--parent-timeout", "0.5"});
@@ -238,7 +237,6 @@ TEST_CASE(
     CHECK(mid.node->wait_exit() == 0);
     CHECK(std::chrono::steady_clock::now() - stop_started < std::chrono::seconds(3));
   }
-  ::close(fd);
 }
 
 TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the field",
@@ -440,15 +438,7 @@ TEST_CASE("grpc: a parent link over gRPC with mutual TLS", "[grpc][tls][process]
                  certs("ca.pem"), "--parent-tls-server-name", "localhost", "--id", "mid"});
   REQUIRE(mid.node->wait_for("parent " + root.address + " reached"));
   // Its clients get capacity leased over the TLS link.
-  ::doorman::GetCapacityResponse r;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  double got = 0;
-  while (std::chrono::steady_clock::now() < deadline && got < 10) {
-    REQUIRE(mid.stub->GetCapacity(mid.context().get(), ask("c1", "api", 10), &r).ok());
-    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
-    if (got < 10) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
-  }
-  CHECK(got == 10);
+  CHECK(capacity_within(*mid.stub, 10, std::chrono::seconds(20)) == 10);
 }
 
 TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate; a broken file is refused",

@@ -250,3 +250,14 @@ TEST_CASE(
   CHECK(a.statuses(0).current_limit().requests_per_unit() == 100);
   CHECK(a.statuses(0).current_limit().unit() == pb::RateLimitResponse::RateLimit::HOUR);
 }
+
+TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process][docs]") {
+  process rls({DOORMAN_RLS_BINARY, "--listen", "127.0.0.1:0", "--config",
+               std::string(DOORMAN_SOURCE_DIR) + "/examples/ratelimit"},
+              (std::filesystem::temp_directory_path() /
+               ("doorman-rls-sample-" + std::to_string(::getpid()) + ".log"))
+                  .string());
+  REQUIRE(rls.wait_for("RateLimitService listening on "));
+  rls.signal(SIGTERM);
+  CHECK(rls.wait_exit() == 0);
+}

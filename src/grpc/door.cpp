@@ -122,34 +122,8 @@ class service final : public ::doorman::Capacity::CallbackService {
 
 }  // namespace
 
-struct server::impl {
-  hosting host;
-
-  impl(server_options o, handler& h)
-      : host(std::move(o), [&h] { return std::make_unique<service>(h); }) {}
-};
-
 server::server(server_options options, handler& h)
-    : impl_(std::make_unique<impl>(std::move(options), h)) {}
-
-server::~server() {
-  stop();
-}
-
-void server::start() {
-  impl_->host.start();
-}
-
-bool server::reload_tls(std::chrono::milliseconds grace) {
-  return impl_->host.reload_tls(grace);
-}
-
-int server::port() const noexcept {
-  return impl_->host.port();
-}
-
-void server::stop(std::chrono::milliseconds grace) {
-  impl_->host.stop(grace);
-}
+    : server_base(std::make_unique<hosting>(std::move(options),
+                                            [&h] { return std::make_unique<service>(h); })) {}
 
 }  // namespace doorman::grpc_door

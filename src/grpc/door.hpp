@@ -50,14 +50,15 @@ struct server_options {
   int max_concurrent_streams = 100;  // per connection
 };
 
-// A gRPC server with the door's service. Starts in `start()`; stops in `stop()` or its
-// destructor, after the calls in flight are answered (within `grace`).
-class server {
+class hosting;
+
+// A gRPC server of one of the layer's services (hosting.hpp): binds in `start()`, stops in
+// `stop()` or its destructor, after the calls in flight are answered (within `grace`).
+class server_base {
  public:
-  server(server_options options, handler& h);
-  ~server();
-  server(const server&) = delete;
-  server& operator=(const server&) = delete;
+  ~server_base();
+  server_base(const server_base&) = delete;
+  server_base& operator=(const server_base&) = delete;
 
   // Binds and starts serving; throws std::runtime_error naming the address when it cannot.
   void start();
@@ -71,9 +72,17 @@ class server {
   bool reload_tls(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
 
+ protected:
+  explicit server_base(std::unique_ptr<hosting> host);
+
  private:
-  struct impl;
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<hosting> host_;
+};
+
+// The gRPC server of Doorman's service over `h`.
+class server : public server_base {
+ public:
+  server(server_options options, handler& h);
 };
 
 }  // namespace doorman::grpc_door

@@ -92,4 +92,26 @@ void hosting::stop(std::chrono::milliseconds grace) {
   current_.service.reset();
 }
 
+server_base::server_base(std::unique_ptr<hosting> host) : host_(std::move(host)) {}
+
+server_base::~server_base() {
+  stop();
+}
+
+void server_base::start() {
+  host_->start();
+}
+
+int server_base::port() const noexcept {
+  return host_->port();
+}
+
+bool server_base::reload_tls(std::chrono::milliseconds grace) {
+  return host_->reload_tls(grace);
+}
+
+void server_base::stop(std::chrono::milliseconds grace) {
+  host_->stop(grace);
+}
+
 }  // namespace doorman::grpc_door

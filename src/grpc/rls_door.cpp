@@ -41,34 +41,8 @@ class service final : public pb::RateLimitService::CallbackService {
 
 }  // namespace
 
-struct server::impl {
-  grpc_door::hosting host;
-
-  impl(grpc_door::server_options o, handler& h, header_names headers)
-      : host(std::move(o), [&h, headers] { return std::make_unique<service>(h, headers); }) {}
-};
-
 server::server(grpc_door::server_options options, handler& h, const header_names& headers)
-    : impl_(std::make_unique<impl>(std::move(options), h, headers)) {}
-
-server::~server() {
-  stop();
-}
-
-void server::start() {
-  impl_->host.start();
-}
-
-int server::port() const noexcept {
-  return impl_->host.port();
-}
-
-bool server::reload_tls(std::chrono::milliseconds grace) {
-  return impl_->host.reload_tls(grace);
-}
-
-void server::stop(std::chrono::milliseconds grace) {
-  impl_->host.stop(grace);
-}
+    : grpc_door::server_base(std::make_unique<grpc_door::hosting>(
+          std::move(options), [&h, headers] { return std::make_unique<service>(h, headers); })) {}
 
 }  // namespace doorman::rls

@@ -31,22 +31,11 @@ class handler {
   handler& operator=(const handler&) = default;
 };
 
-// A gRPC server with the rate limit service; as grpc_door::server for its life and TLS.
-class server {
+// The gRPC server of the rate limit service over `h` (grpc_door::server_base: start, port,
+// TLS reload, stop).
+class server : public grpc_door::server_base {
  public:
   server(grpc_door::server_options options, handler& h, const header_names& headers);
-  ~server();
-  server(const server&) = delete;
-  server& operator=(const server&) = delete;
-
-  void start();
-  [[nodiscard]] int port() const noexcept;
-  bool reload_tls(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
-  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
-
- private:
-  struct impl;
-  std::unique_ptr<impl> impl_;
 };
 
 }  // namespace doorman::rls
