@@ -79,14 +79,26 @@ class etcd_server {
  public:
   // With `tls` (a directory of examples/make_certs.sh), clients must speak TLS and show a
   // certificate of its CA; the server shows node.pem.
-  explicit etcd_server(std::string tls = {})
-      : client_port_(free_port()), peer_port_(free_port()), tls_(std::move(tls)) {
+  // The ports are picked free, then bound by etcd: another process may take one in between,
+  // and etcd then exits at once. Up to 3 tries, each with fresh ports.
+  explicit etcd_server(std::string tls = {}) : tls_(std::move(tls)) {
     binary_ = find_etcd();
     if (binary_.empty()) FAIL("etcd not found on PATH: install etcd-server (make deps does)");
     char dir_template[] = "/tmp/doorman-etcd-XXXXXX";
     REQUIRE(::mkdtemp(dir_template));
     dir_ = dir_template;
-    start();
+    for (int attempt = 1;; ++attempt) {
+      {
+        const loopback_socket client(false), peer(false);  // two distinct ports
+        client_port_ = client.port();
+        peer_port_ = peer.port();
+      }
+      if (launch()) return;
+      INFO("etcd's log:\n" << process_->log());
+      REQUIRE(attempt < 3);
+      process_.reset();
+      std::filesystem::remove_all(dir_ + "/data");
+    }
   }
   etcd_server(const etcd_server&) = delete;
   etcd_server& operator=(const etcd_server&) = delete;
@@ -98,7 +110,33 @@ class etcd_server {
   [[nodiscard]] std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
   [[nodiscard]] const std::string& dir() const { return dir_; }
 
+  // Starts it again (after `kill`) on the same ports, with its data.
   void start() {
+    const bool ready = launch();
+    INFO("etcd's log:\n" << process_->log());
+    REQUIRE(ready);
+  }
+
+  void kill() { process_.reset(); }
+  void pause() { process_->signal(SIGSTOP); }
+  void resume() { process_->signal(SIGCONT); }
+
+  // Writes `key` = `value` through the library's own gateway client.
+  void put(const std::string& key, const std::string& value) {
+    asio::io_context io;
+    doorman::net::etcd_client etcd(io.get_executor(), {endpoint()});
+    std::string error = "not run";
+    asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
+                   [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
+                     error = e ? "exception" : r.message;
+                   });
+    io.run();
+    REQUIRE(error.empty());
+  }
+
+ private:
+  // Starts etcd; whether it said it is ready to serve within 30 s.
+  bool launch() {
     const std::string client = (tls_.empty() ? "http://" : "https://") + endpoint();
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     process_.reset();
@@ -124,28 +162,11 @@ class etcd_server {
         args.push_back(a);
     }
     process_ = std::make_unique<process>(args, dir_ + "/etcd.log");
-    REQUIRE(process_->wait_for("ready to serve client requests", 30s));
-  }
-  void kill() { process_.reset(); }
-  void pause() { process_->signal(SIGSTOP); }
-  void resume() { process_->signal(SIGCONT); }
-
-  // Writes `key` = `value` through the library's own gateway client.
-  void put(const std::string& key, const std::string& value) {
-    asio::io_context io;
-    doorman::net::etcd_client etcd(io.get_executor(), {endpoint()});
-    std::string error = "not run";
-    asio::co_spawn(io, etcd.put(key, value, steady::now() + 5s),
-                   [&](std::exception_ptr e, doorman::net::etcd_result<bool> r) {
-                     error = e ? "exception" : r.message;
-                   });
-    io.run();
-    REQUIRE(error.empty());
+    return process_->wait_for("ready to serve client requests", 30s).has_value();
   }
 
- private:
-  int client_port_;
-  int peer_port_;
+  int client_port_ = 0;
+  int peer_port_ = 0;
   std::string binary_;
   std::string dir_;
   std::string tls_;
