@@ -437,8 +437,8 @@ TEST_CASE("etcd election: an intermediate position fails over, its parent sees o
 }
 
 TEST_CASE(
-    "etcd election: a master paused past its TTL grants nothing after SIGCONT; the tree "
-    "moves to the new master meanwhile",
+    "etcd election: a master paused past its TTL grants nothing after SIGCONT, and the tree moves "
+    "to the new master meanwhile",
     "[net][etcd]") {
   etcd_server etcd;
   constexpr int ttl = 2;

@@ -251,7 +251,7 @@ TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the 
   CHECK(a.response(0).gets().capacity() == 100);
 }
 
-TEST_CASE("grpc: ReleaseCapacity gives a lease back; GetServerCapacity counts subclients",
+TEST_CASE("grpc: ReleaseCapacity gives a lease back, GetServerCapacity counts subclients",
           "[grpc][process]") {
   grpc_node n;
   ::doorman::GetCapacityResponse a;
@@ -441,7 +441,7 @@ TEST_CASE("grpc: a parent link over gRPC with mutual TLS", "[grpc][tls][process]
   CHECK(capacity_within(*mid.stub, 10, std::chrono::seconds(20)) == 10);
 }
 
-TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate; a broken file is refused",
+TEST_CASE("grpc over TLS: SIGHUP rotates the gRPC port's certificate, a broken file is refused",
           "[grpc][tls][process]") {
   const auto& certs = doorman_test::test_certificates::get();
   const auto dir = std::filesystem::temp_directory_path() /

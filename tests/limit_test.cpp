@@ -559,7 +559,7 @@ TEST_CASE("sliding window counter: the documented estimate, within one sub-windo
   }
 }
 
-TEST_CASE("leaky bucket: admissions spaced by 1/rate; a bounded queue served in order",
+TEST_CASE("leaky bucket: admissions spaced by 1/rate, a bounded queue served in order",
           "[limit][algorithms]") {
   manual_clock clock;
   SECTION("try_acquire") {
@@ -736,7 +736,7 @@ const char* const rules_text = R"({
 
 }  // namespace
 
-TEST_CASE("rules: descriptors match by key and value, else by key; each value its own limit",
+TEST_CASE("rules: descriptors match by key and value, else by key, each value its own limit",
           "[limit][rules]") {
   manual_clock clock;
   auto rules = test_rules::parse(nlohmann::json::parse(rules_text), {}, clock_ref{&clock});
@@ -913,7 +913,7 @@ TEST_CASE("rules: ratelimit's fields are checked, naming the field", "[limit][ru
              Catch::Contains("one of second, minute, hour, day, week, month, year"));
 }
 
-TEST_CASE("rules: distinct descriptors never share a count; each value is cut, not the key",
+TEST_CASE("rules: distinct descriptors never share a count, each value is cut, not the key",
           "[limit][rules]") {
   manual_clock clock;
   auto rules = test_rules::parse(nlohmann::json::parse(R"({"domain": "d", "descriptors": [

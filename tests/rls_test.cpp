@@ -41,7 +41,7 @@ descriptors:
   - key: path
     value: /api/*
     rate_limit:
-      unit: second
+      unit: hour
       requests_per_unit: 1
   - key: plan
     value: vip
@@ -128,7 +128,7 @@ pb::RateLimitRequest request(const std::vector<entries>& descriptors, std::uint3
 
 }  // namespace
 
-TEST_CASE("rls: per-descriptor codes, limits, remaining counts and resets; hits_addend",
+TEST_CASE("rls: per-descriptor codes, limits, remaining counts and resets, and hits_addend",
           "[rls][process]") {
   rls_service s("codes");
   const auto ip = request({{{"remote_address", "1.2.3.4"}}});
@@ -204,7 +204,7 @@ TEST_CASE("rls: response headers as envoyproxy/ratelimit adds them", "[rls][proc
   std::map<std::string, std::string> h;
   for (const auto& x : a.response_headers_to_add())
     h[x.key()] = x.value();
-  // The descriptor with the fewest requests left: path (1 a second, now 0 left).
+  // The descriptor with the fewest requests left: path (1 an hour, now 0 left).
   CHECK(h["RateLimit-Limit"] == "1");
   CHECK(h["X-RateLimit-Remaining"] == "0");
   CHECK(h.count("RateLimit-Reset") == 1);
@@ -228,8 +228,7 @@ TEST_CASE("rls: a request that breaks a bound is INVALID_ARGUMENT naming the fie
 }
 
 TEST_CASE(
-    "rls: changed files are read again; a bad one is refused with its line, the old "
-    "rules stay",
+    "rls: changed files are read again, a bad one is refused with its line and the old rules stay",
     "[rls][process]") {
   rls_service s("reload");
   replace_file(s.dir / "config" / "edge.yaml",

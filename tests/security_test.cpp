@@ -688,7 +688,7 @@ TEST_CASE("docs: security.md quotes what the code says", "[docs][access]") {
 #ifdef DOORMAN_HAVE_YAML
 #include "yaml_config.hpp"
 
-TEST_CASE("an access file may be YAML; its errors name the field and the line", "[access]") {
+TEST_CASE("an access file may be YAML, its errors naming the field and the line", "[access]") {
   const auto p = doorman_examples::parse_access_any(R"(rules:
   - identity: "spiffe://doorman.test/client/*"
     roles: [client]
