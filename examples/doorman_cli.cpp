@@ -38,6 +38,7 @@
 
 #include "arguments.hpp"
 #include "cli_answers.hpp"
+#include "flags.hpp"
 #include "yaml_config.hpp"
 
 namespace {
@@ -316,11 +317,9 @@ int watch(const options& o) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw failure(fmt::format("cannot read {}", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = doorman_examples::file_text(path);
+  if (!text) throw failure(fmt::format("cannot read {}", path));
+  return std::move(*text);
 }
 
 int config(const options& o) {

@@ -15,7 +15,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -61,6 +64,15 @@ inline log_level level_of(std::string_view message) {
   if (message.starts_with("error: ") || message.starts_with("fatal: ")) return log_level::error;
   if (message.starts_with("warning: ")) return log_level::warning;
   return log_level::info;
+}
+
+// The whole text of the file at `path`, or nothing when it cannot be read.
+inline std::optional<std::string> file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // One line on stderr: time (UTC, ms), program and pid, message; dropped below the log level.

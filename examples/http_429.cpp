@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "client_flags.hpp"
+#include "flags.hpp"
 #include "yaml_config.hpp"
 
 namespace {
@@ -130,11 +131,9 @@ asio::awaitable<void> serve(asio::ip::tcp::socket socket, service& s) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("--rules: cannot read " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  auto text = doorman_examples::file_text(path);
+  if (!text) throw std::invalid_argument("--rules: cannot read " + path);
+  return std::move(*text);
 }
 
 }  // namespace

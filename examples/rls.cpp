@@ -73,11 +73,9 @@ directory_state state_of(const std::string& dir) {
 }
 
 std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read " + p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  auto text = doorman_examples::file_text(p.string());
+  if (!text) throw std::invalid_argument("cannot read " + p.string());
+  return std::move(*text);
 }
 
 // Every file of the directory, each checked alone (its errors name it, with the line), then
@@ -130,10 +128,6 @@ class rules_handler final : public doorman::rls::handler {
   std::shared_ptr<doorman::rule_set> rules_;
 };
 
-void log_line(const std::string& s) {
-  doorman_examples::log_line(s);
-}
-
 // Serves until SIGTERM or SIGINT; reloads on SIGHUP and when the directory changes.
 int serve(const options& o) {
   sigset_t signals;
@@ -146,14 +140,15 @@ int serve(const options& o) {
   auto seen = state_of(o.config_dir);
   doorman::rls::server server({o.listen, o.tls}, handler, o.headers);
   server.start();
-  log_line(fmt::format("envoy.service.ratelimit.v3.RateLimitService listening on {}:{}",
-                       doorman::net::parse_address(o.listen)->host, server.port()));
+  doorman_examples::log_line(
+      fmt::format("envoy.service.ratelimit.v3.RateLimitService listening on {}:{}",
+                  doorman::net::parse_address(o.listen)->host, server.port()));
   const auto reload = [&](const char* why) {
     try {
       handler.replace(load(o.config_dir));
-      log_line(fmt::format("configuration reloaded ({})", why));
+      doorman_examples::log_line(fmt::format("configuration reloaded ({})", why));
     } catch (const std::exception& e) {
-      log_line(
+      doorman_examples::log_line(
           fmt::format("error: configuration rejected, keeping the previous one: {}", e.what()));
     }
   };
@@ -171,9 +166,9 @@ int serve(const options& o) {
       reload("files changed");
     }
   }
-  log_line("stopping");
+  doorman_examples::log_line("stopping");
   server.stop();
-  log_line("stopped");
+  doorman_examples::log_line("stopped");
   return 0;
 }
 

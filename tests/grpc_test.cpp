@@ -29,11 +29,9 @@
 
 namespace {
 
-using doorman_examples::process;
+using doorman::grpc_door::unix_now;
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+using doorman_examples::process;
 
 const char* config_text = R"({"resources": [
   {"identifier_glob": "*", "capacity": 100, "safe_capacity": 5,

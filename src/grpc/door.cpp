@@ -18,10 +18,6 @@ namespace doorman::grpc_door {
 
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // A refusal as gRPC says it: a request that breaks a bound names its field.
 grpc::Status status_of(rpc_code code, const std::string& message,
                        std::string_view list = "resource") {

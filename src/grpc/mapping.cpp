@@ -3,11 +3,16 @@
 #include "mapping.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string_view>
 #include <utility>
 
 namespace doorman::grpc_door {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 lease_info from_proto(const ::doorman::Lease& l, double now_unix) {
   return {l.capacity(), static_cast<double>(l.expiry_time()) - now_unix,

@@ -15,6 +15,9 @@
 
 namespace doorman::grpc_door {
 
+// Now, in Unix seconds (what Doorman's leases are measured in).
+double unix_now();
+
 // A proto Lease held by a client, in doorman's relative terms at `now_unix`.
 lease_info from_proto(const ::doorman::Lease& l, double now_unix);
 

@@ -30,10 +30,6 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // The calls gRPC still owes an answer to: a channel waits for them before it goes, so that no
 // completion reaches an executor that is gone.
 struct in_flight {
