@@ -311,6 +311,10 @@ void use_grpc_parent(doorman::node_options& o) {
 
 template <class Node>
 int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
+  // The signals are caught before anything says "listening": a SIGTERM sent on that line
+  // stops the node gracefully instead of killing it.
+  asio::signal_set hup(io, SIGHUP);
+  asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   grpc_front<Node> grpc;
   grpc.start(node, grpc_listen);
   node.start();
@@ -320,8 +324,6 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
         fmt::format("configuration loaded from {}",
                     doorman::config_location::parse(node.options().config.source).name()));
   }
-  asio::signal_set hup(io, SIGHUP);
-  asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   stop_signals.async_wait([&](std::error_code ec, int signal) {
     if (ec) return;
     doorman_examples::log_line(fmt::format("signal {}: stopping gracefully", signal));

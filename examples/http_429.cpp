@@ -187,14 +187,15 @@ int main(int argc, char** argv) {
           fmt::print(stderr, "doorman-http-429: {}\n", line);
         });
         listener.listen(*at);
-        fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
-                   listener.local_endpoint().address().to_string(),
-                   listener.local_endpoint().port());
+        // Caught before the "listening" line, so a SIGTERM sent on it stops gracefully.
         asio::signal_set signals(io, SIGINT, SIGTERM);
         signals.async_wait([&](std::error_code, int) {
           listener.stop();
           io.stop();
         });
+        fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
+                   listener.local_endpoint().address().to_string(),
+                   listener.local_endpoint().port());
         // SIGHUP reads the rule file again: the new rules apply from the next request (their
         // counts start afresh); a file that does not parse keeps the previous rules.
         asio::signal_set hup(io);

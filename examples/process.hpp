@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -76,6 +77,24 @@ class process {
     const auto line = wait_for("listening on ");
     if (!line) return std::nullopt;
     return line->substr(line->rfind(' ') + 1);
+  }
+
+  /// Whether the process handles signal `s` right now: it catches it, or one of its threads
+  /// blocks it (the way a process that waits for signals with sigtimedwait does: the waiting
+  /// thread shows it unblocked while it waits). Linux: /proc/PID/task/*/status. A server should,
+  /// before it says it is listening: a SIGTERM sent on that line must stop it gracefully.
+  [[nodiscard]] bool handles(int s) const {
+    unsigned long long mask = 0;
+    std::error_code ec;
+    for (const auto& task :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec)) {
+      std::ifstream in(task.path() / "status");
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("SigCgt:", 0) == 0 || line.rfind("SigBlk:", 0) == 0)
+          mask |= std::stoull(line.substr(7), nullptr, 16);
+      }
+    }
+    return ((mask >> (s - 1)) & 1U) != 0;
   }
 
   /// The process id (-1 once it has exited and been reaped).

@@ -333,26 +333,24 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   doorman_examples::process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
                                   (dir / "conf.json").string(), "--minimum-refresh-interval", "0"},
                                  (dir / "node.log").string());
-  const auto node_address = node.listening_address();
-  REQUIRE(node_address);
-  doorman_examples::process http({DOORMAN_HTTP_BINARY, "--server", *node_address, "--listen",
+  const auto node_address = doorman_test::listening_address(node);
+  doorman_examples::process http({DOORMAN_HTTP_BINARY, "--server", node_address, "--listen",
                                   "127.0.0.1:0", "--resource", "api"},
                                  (dir / "http.log").string());
-  const auto http_address = http.listening_address();
-  REQUIRE(http_address);
+  const auto http_address = doorman_test::listening_address(http);
 
   // No lease yet (wants are measured from requests): refused, and told when to come back.
-  const std::string first = http_get(*http_address);
+  const std::string first = http_get(http_address);
   REQUIRE_THAT(first, Catch::Contains("HTTP/1.1 429"));
   CHECK_THAT(first, Catch::Contains("Retry-After: "));
   // The refused requests are demand: a lease comes, and requests get through.
-  REQUIRE(eventually([&] { return http_get(*http_address).find("HTTP/1.1 200") == 0; }));
+  REQUIRE(eventually([&] { return http_get(http_address).find("HTTP/1.1 200") == 0; }));
   // A burst far above the lease (5/s): at most the lease's worth in the time it took, + burst.
   const auto start = steady::now();
   int ok = 0;
   int refused = 0;
   for (int i = 0; i < 40; ++i) {
-    const std::string a = http_get(*http_address);
+    const std::string a = http_get(http_address);
     ok += a.find("HTTP/1.1 200") == 0 ? 1 : 0;
     refused += a.find("HTTP/1.1 429") == 0 && a.find("Retry-After: 1") != std::string::npos;
   }
@@ -389,15 +387,14 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
     {"key": "remote_address", "rate_limit": {"unit": "hour", "requests_per_unit": 3}},
     {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
      "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})");
-  const auto address = http.listening_address();
-  REQUIRE(address);
+  const auto address = doorman_test::listening_address(http);
   for (int i = 0; i < 3; ++i) {
-    const auto r = http_get(*address, "/");
+    const auto r = http_get(address, "/");
     CHECK(r.status == 200);
     CHECK_THAT(r.head, Catch::Contains("RateLimit-Limit: 3\r\n"));
     CHECK_THAT(r.head, Catch::Contains(fmt::format("RateLimit-Remaining: {}\r\n", 2 - i)));
   }
-  const auto refused = http_get(*address, "/");
+  const auto refused = http_get(address, "/");
   CHECK(refused.status == 429);
   CHECK_THAT(refused.head, Catch::Contains("RateLimit-Remaining: 0\r\n"));
   CHECK_THAT(refused.head, Catch::Matches("(.|\r|\n)*Retry-After: [0-9]+\r\n(.|\r|\n)*"));
@@ -408,7 +405,7 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
     {"key": "remote_address", "rate_limit": {"unit": "hour", "requests_per_unit": 5}}]})";
   http.signal(SIGHUP);
   REQUIRE(eventually([&] {
-    return http_get(*address, "/").head.find("RateLimit-Limit: 5\r\n") != std::string::npos;
+    return http_get(address, "/").head.find("RateLimit-Limit: 5\r\n") != std::string::npos;
   }));
   std::ofstream(dir / "rules.json") << R"({"domain": "web", "descriptors": [{"key": 1}]})";
   http.signal(SIGHUP);
@@ -418,7 +415,7 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
     return log.find("kept the previous rules: descriptors[0].key: must be a string") !=
            std::string::npos;
   }));
-  CHECK_THAT(http_get(*address, "/").head, Catch::Contains("RateLimit-Limit: 5\r\n"));
+  CHECK_THAT(http_get(address, "/").head, Catch::Contains("RateLimit-Limit: 5\r\n"));
 
   // A bad rule file: refused at start, naming the field.
   std::ofstream(dir / "bad.json") << R"({"domain": "web", "descriptors": [
@@ -435,11 +432,10 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
   auto elastic = http_429_with_rules(dir, "elastic", R"({"domain": "web", "descriptors": [
     {"key": "path", "value": "/slow", "mode": "elastic", "max_delay": 3,
      "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})");
-  const auto at = elastic.listening_address();
-  REQUIRE(at);
+  const auto at = doorman_test::listening_address(elastic);
   const auto start = steady::now();
-  CHECK(http_get(*at, "/slow").status == 200);
-  CHECK(http_get(*at, "/slow").status == 200);  // held until the next second
+  CHECK(http_get(at, "/slow").status == 200);
+  CHECK(http_get(at, "/slow").status == 200);  // held until the next second
   CHECK(steady::now() - start >= 500ms);
   elastic.signal(SIGTERM);
   CHECK(elastic.wait_exit() == 0);

@@ -67,9 +67,7 @@ struct grpc_node {
     const auto line = node->wait_for("doorman.Capacity (gRPC) listening on ");
     REQUIRE(line);
     address = line->substr(line->find("listening on ") + 13);
-    const auto json_at = node->listening_address();
-    REQUIRE(json_at);
-    json_address = *json_at;
+    json_address = doorman_test::listening_address(*node);
     stub = ::doorman::Capacity::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }

@@ -186,7 +186,7 @@ TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][p
   ::setenv("DOORMAN_CONFIG", ("file:" + (dir / "conf.json").string()).c_str(), 1);
   {
     process p({DOORMAN_NODE_BINARY}, (dir / "good.log").string());
-    CHECK(p.listening_address());
+    doorman_test::listening_address(p);  // SIGTERM is handled by then
     p.signal(SIGTERM);
     CHECK(p.wait_exit() == 0);
   }

@@ -77,6 +77,7 @@ struct rls_service {
     rls = std::make_unique<process>(args, (dir / "rls.log").string());
     const auto line = rls->wait_for("RateLimitService listening on ");
     REQUIRE(line);
+    CHECK(rls->handles(SIGTERM));
     const auto address = line->substr(line->find("listening on ") + 13);
     stub = pb::RateLimitService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -257,6 +258,7 @@ TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process
                ("doorman-rls-sample-" + std::to_string(::getpid()) + ".log"))
                   .string());
   REQUIRE(rls.wait_for("RateLimitService listening on "));
+  CHECK(rls.handles(SIGTERM));
   rls.signal(SIGTERM);
   CHECK(rls.wait_exit() == 0);
 }

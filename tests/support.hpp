@@ -202,10 +202,12 @@ inline void check_refused_start(const std::vector<std::string>& args, const std:
   CHECK_THAT(p.log(), Catch::Contains(message));
 }
 
-// The address a doorman-node child process says it listens on.
+// The address a child server process says it listens on. By then it must already handle
+// SIGTERM (a test that stops it on that line must see a graceful exit, not a kill).
 inline std::string listening_address(process& p) {
   const auto a = p.listening_address();
   REQUIRE(a);
+  CHECK(p.handles(SIGTERM));
   return *a;
 }
 
