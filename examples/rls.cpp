@@ -10,7 +10,14 @@
 // that does not load is refused with the file, line and field, and the previous one stays.
 // Counting is a fixed window per rule's unit (as envoyproxy/ratelimit counts), per replica.
 // SIGTERM and SIGINT stop it after the calls in flight are answered.
+//
+// With --server (a doorman tree's root, or the tasks of its position), the replicas behind one
+// Envoy cluster share each limit: every request key is a doorman resource leased from the tree
+// (--print-root-config prints the root's configuration for the rules), and this replica enforces
+// its share with a fixed window of the rule's unit. --max-keys bounds the keys held per rule.
 
+#include <doorman/client.hpp>
+#include <doorman/client/keyed_resource.hpp>
 #include <doorman/limit/rules.hpp>
 #include <doorman/net/address.hpp>
 
@@ -34,6 +41,7 @@
 #include <vector>
 
 #include "arguments.hpp"
+#include "client_flags.hpp"
 #include "flags.hpp"
 #include "rls_door.hpp"
 #include "rls_mapping.hpp"
@@ -47,6 +55,9 @@ struct options {
   double reload_interval = 1;
   doorman::rls::header_names headers;
   doorman::net::tls_options tls;
+  doorman_examples::client_flags client;  // --server: leases from a doorman tree
+  std::size_t max_keys = 100'000;         // per rule, with leases
+  bool print_root_config = false;
 };
 
 // What the directory held when it was read: each file's name, size and change time.
@@ -108,14 +119,63 @@ std::shared_ptr<doorman::rule_set> load(const std::string& dir) {
   return std::make_shared<doorman::rule_set>(doorman::rule_set::parse(all));
 }
 
+// With --server, each rule's keys are counted by leases: every request key is a doorman
+// resource (the rule's template at the root gives its capacity: requests_per_unit per unit),
+// enforced here by a fixed window of the rule's unit over this replica's share. A key whose
+// first lease has not come yet, or longer than a resource id, is counted by the rule alone.
+class lease_counts {
+ public:
+  lease_counts(doorman::client& c, std::size_t max_keys) : client_(c), max_keys_(max_keys) {}
+
+  std::optional<doorman::descriptor_status> count(doorman::rule_set& rules,
+                                                  const doorman::rule_set::rule& r,
+                                                  const std::string& key, double hits) {
+    if (key.size() > doorman::request_limits::max_id_bytes) return std::nullopt;
+    auto res = keys_for(r).resource_by_id(key);
+    const bool leased = res.leased();
+    const auto admitted = res.try_acquire(hits);  // before the first lease too: demand
+    if (!leased) return std::nullopt;
+    const auto st = res.limiter().status();
+    const std::chrono::nanoseconds cap = std::chrono::hours(24);  // "never": come back later
+    return rules.status_of(r, key, bool(admitted), st.remaining, st.reset,
+                           std::min<std::chrono::nanoseconds>(admitted.retry_after, cap));
+  }
+
+ private:
+  doorman::keyed_rate_resource& keys_for(const doorman::rule_set::rule& r) {
+    const auto id = fmt::format("{} {}", r.path, r.unit.count());
+    auto& k = by_rule_[id];
+    if (!k) {
+      doorman::resource_options o;
+      o.algorithm = doorman::rate_algorithm::fixed_window;
+      o.window = r.unit;
+      // A new key asks for the whole limit until its demand is measured (as a rate).
+      o.initial_wants = r.requests_per_unit / std::chrono::duration<double>(r.unit).count();
+      k = std::make_unique<doorman::keyed_rate_resource>(
+          client_, "*", o, doorman::keyed_resource_options{max_keys_});
+    }
+    return *k;
+  }
+
+  doorman::client& client_;
+  std::size_t max_keys_;
+  std::map<std::string, std::unique_ptr<doorman::keyed_rate_resource>> by_rule_;
+};
+
 // The rules behind the door: swapped whole on reload (counts start afresh).
 class rules_handler final : public doorman::rls::handler {
  public:
-  explicit rules_handler(std::shared_ptr<doorman::rule_set> rules) : rules_(std::move(rules)) {}
+  rules_handler(std::shared_ptr<doorman::rule_set> rules, lease_counts* leases)
+      : rules_(std::move(rules)), leases_(leases) {}
 
   std::vector<doorman::descriptor_status> check(const doorman::rls::check_request& r) override {
     const std::lock_guard lock(mutex_);
-    return rules_->check_each(r.domain, r.descriptors);
+    return rules_->check_each(
+        r.domain, r.descriptors,
+        [&](const doorman::rule_set::rule& rule, const std::string& key, double hits) {
+          return leases_ ? leases_->count(*rules_, rule, key, hits)
+                         : std::optional<doorman::descriptor_status>();
+        });
   }
 
   void replace(std::shared_ptr<doorman::rule_set> rules) {
@@ -126,7 +186,33 @@ class rules_handler final : public doorman::rls::handler {
  private:
   std::mutex mutex_;
   std::shared_ptr<doorman::rule_set> rules_;
+  lease_counts* leases_;  // null: each replica counts alone
 };
+
+// The configuration of the doorman tree's root that --server leases from: each rule a template
+// whose glob matches its request keys, with its limit as a rate (requests_per_unit / unit).
+nlohmann::json root_config(const doorman::rule_set& rules) {
+  // Learning mode as long as a refresh interval: a restarted root hears every replica's leases
+  // before it grants, and refuses new keys for no longer than that.
+  const nlohmann::json algorithm = {{"kind", "FAIR_SHARE"},
+                                    {"lease_length", 60},
+                                    {"refresh_interval", 5},
+                                    {"learning_mode_duration", 5}};
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& t : rules.resource_templates()) {
+    list.push_back({{"identifier_glob", t.identifier_glob},
+                    {"capacity", t.capacity},
+                    {"description", t.description},
+                    {"algorithm", algorithm}});
+  }
+  list.push_back({{"identifier_glob", "*"},
+                  {"capacity", 0},
+                  {"description", "no rule: nothing"},
+                  {"algorithm", algorithm}});
+  nlohmann::json config = {{"resources", std::move(list)}};
+  (void)doorman::resource_repository::parse(config.dump());  // what a node will accept
+  return config;
+}
 
 // Serves until SIGTERM or SIGINT; reloads on SIGHUP and when the directory changes.
 int serve(const options& o) {
@@ -136,7 +222,13 @@ int serve(const options& o) {
     sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before gRPC's threads start: they inherit it
 
-  rules_handler handler(load(o.config_dir));
+  std::optional<doorman::client> client;
+  std::optional<lease_counts> leases;
+  if (o.client.server_given) {
+    client.emplace(o.client.client_options());
+    leases.emplace(*client, o.max_keys);
+  }
+  rules_handler handler(load(o.config_dir), leases ? &*leases : nullptr);
   auto seen = state_of(o.config_dir);
   doorman::rls::server server({o.listen, o.tls}, handler, o.headers);
   server.start();
@@ -168,13 +260,14 @@ int serve(const options& o) {
   }
   doorman_examples::log_line("stopping");
   server.stop();
+  if (client) client->stop();
   doorman_examples::log_line("stopped");
   return 0;
 }
 
 std::vector<doorman_examples::flag_action> flags(options& o) {
   using doorman_examples::arguments;
-  return {
+  return o.client.with({
       {"--listen", [&](arguments& a) { o.listen = a.value(); }},
       {"--config", [&](arguments& a) { o.config_dir = a.value(); }},
       {"--reload-interval", [&](arguments& a) { o.reload_interval = a.number(0.01, 3600); }},
@@ -185,7 +278,10 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--tls-cert", [&](arguments& a) { o.tls.cert_file = a.value(); }},
       {"--tls-key", [&](arguments& a) { o.tls.key_file = a.value(); }},
       {"--tls-ca", [&](arguments& a) { o.tls.ca_file = a.value(); }},
-  };
+      {"--max-keys",
+       [&](arguments& a) { o.max_keys = static_cast<std::size_t>(a.number(1, 1e7)); }},
+      {"--print-root-config", [&](arguments&) { o.print_root_config = true; }},
+  });
 }
 
 }  // namespace
@@ -196,9 +292,14 @@ int main(int argc, char** argv) {
       argc, argv, "doorman-rls",
       "usage: doorman-rls --config DIR [--listen HOST:PORT] [--reload-interval S]\n"
       "                   [--response-headers] [--header-limit NAME] [--header-remaining NAME]\n"
-      "                   [--header-reset NAME] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n",
+      "                   [--header-reset NAME] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
+      "                   [--server HOST:PORT[,...]] [--max-keys N] [--print-root-config]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");
+        if (o.print_root_config) {
+          std::puts(root_config(*load(o.config_dir)).dump(2).c_str());
+          return 0;
+        }
         if (!doorman::net::parse_address(o.listen))
           throw std::invalid_argument("--listen: expected host:port, got \"" + o.listen + "\"");
         return serve(o);

@@ -7,15 +7,20 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "process.hpp"
 #include "rls.grpc.pb.h"
@@ -261,4 +266,93 @@ TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process
   CHECK(rls.handles(SIGTERM));
   rls.signal(SIGTERM);
   CHECK(rls.wait_exit() == 0);
+}
+
+namespace {
+
+// What `command` prints on stdout.
+std::string output_of(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  REQUIRE(p);
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;)
+    out.append(buffer, n);
+  REQUIRE(::pclose(p) == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls][process]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("doorman-rls-shared-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "config");
+  std::ofstream(dir / "config" / "shared.yaml")
+      << "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
+         "      unit: minute\n      requests_per_unit: 20\n";
+  // The root's configuration, from the same files.
+  std::ofstream(dir / "root.json") << output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
+                                                (dir / "config").string() + " --print-root-config");
+  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off", "--config",
+                (dir / "root.json").string(), "--minimum-refresh-interval", "0"},
+               (dir / "root.log").string());
+  const auto root_at = root.listening_address();
+  REQUIRE(root_at);
+  std::vector<std::unique_ptr<process>> replicas;
+  std::vector<std::unique_ptr<pb::RateLimitService::Stub>> stubs;
+  for (int i = 0; i < 2; ++i) {
+    replicas.push_back(std::make_unique<process>(
+        std::vector<std::string>{DOORMAN_RLS_BINARY, "--listen", "127.0.0.1:0", "--config",
+                                 (dir / "config").string(), "--server", *root_at},
+        (dir / ("rls-" + std::to_string(i) + ".log")).string()));
+    const auto line = replicas.back()->wait_for("RateLimitService listening on ");
+    REQUIRE(line);
+    stubs.push_back(pb::RateLimitService::NewStub(grpc::CreateChannel(
+        line->substr(line->find("listening on ") + 13), grpc::InsecureChannelCredentials())));
+  }
+  pb::RateLimitRequest r;
+  r.set_domain("shared");
+  auto& e = *r.add_descriptors()->add_entries();
+  e.set_key("tenant");
+  e.set_value("t1");
+  const auto ask = [&](int i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::RateLimitResponse out;
+    REQUIRE(stubs[static_cast<std::size_t>(i)]->ShouldRateLimit(&ctx, r, &out).ok());
+    return out.overall_code() == pb::RateLimitResponse::OK;
+  };
+  // Each replica asks once (its first answer comes before its first lease), then waits until
+  // the root has leased the key to both, past its learning mode (a deadline, polling the root).
+  int admitted = int(ask(0)) + int(ask(1));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int holders = 0;
+  nlohmann::json last;
+  while (holders < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling period
+    const auto status = nlohmann::json::parse(output_of(
+        std::string(DOORMAN_CLI_BINARY) + " status shared/tenant=t1 --json --server " + *root_at));
+    holders = 0;
+    last = status;
+    for (const auto& l : status["leases"])
+      holders += l["has"]["capacity"].get<double>() > 0 ? 1 : 0;
+  }
+  INFO(last.dump());
+  REQUIRE(holders == 2);
+  // Together they admit the limit, not twice it; each admits its share.
+  std::array<int, 2> each{0, 0};
+  for (int k = 0; k < 60; ++k)
+    each[static_cast<std::size_t>(k % 2)] += int(ask(k % 2));
+  admitted += each[0] + each[1];
+  CHECK(admitted <= 22);  // the limit, and the two answers given before any lease
+  CHECK(each[0] >= 5);
+  CHECK(each[1] >= 5);
+  for (auto& p : replicas) {
+    p->signal(SIGTERM);
+    CHECK(p->wait_exit() == 0);
+  }
+  root.signal(SIGTERM);
+  CHECK(root.wait_exit() == 0);
+  std::filesystem::remove_all(dir);
 }

@@ -2,6 +2,7 @@
 
 #include "rls_door.hpp"
 
+#include <exception>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
@@ -29,7 +30,12 @@ class service final : public pb::RateLimitService::CallbackService {
       reactor->Finish({grpc::StatusCode::INVALID_ARGUMENT, e->message});
       return reactor;
     }
-    to_proto(h_.check(r), headers_, *out);
+    try {
+      to_proto(h_.check(r), headers_, *out);
+    } catch (const std::exception& e) {  // nothing may escape into gRPC's thread
+      reactor->Finish({grpc::StatusCode::INTERNAL, e.what()});
+      return reactor;
+    }
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }

@@ -96,7 +96,12 @@ class keyed_rate_resource {
   /// A handle to `key`'s resource (made if new; the overflow resource when full): for `wait`,
   /// `async_wait`, `capacity()`. Holding it keeps the resource, even once evicted here.
   rate_resource resource(std::string_view key) {
-    std::string id = resource_id_for(pattern_, key);  // at most 256 bytes, whatever the key
+    return resource_by_id(resource_id_for(pattern_, key));  // at most 256 bytes, whatever the key
+  }
+
+  /// The resource with id `id` itself (one the caller formed, e.g. a rule's request key; at
+  /// most 256 bytes), held, evicted and overflowing as keys are.
+  rate_resource resource_by_id(std::string id) {
     const auto now = std::chrono::steady_clock::now();
     const std::lock_guard lock(mutex_);
     if (auto it = index_.find(id); it != index_.end()) {

@@ -281,6 +281,19 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   /// rule with a limit, is `ok` with no limit.
   std::vector<descriptor_status> check_each(std::string_view domain,
                                             const std::vector<descriptor_check>& descriptors) {
+    return check_each(domain, descriptors,
+                      [](const rule&, const std::string&,
+                         double) -> std::optional<descriptor_status> { return std::nullopt; });
+  }
+
+  /// As above, with the counting of a rule's keys handed to `count(rule, key, hits)` first:
+  /// it returns the descriptor's status (a lease of the key's resource decided it, say), or
+  /// nothing for the rule's own limiters to count it. A descriptor's own `limit` is always
+  /// counted here.
+  template <class Count>
+  std::vector<descriptor_status> check_each(std::string_view domain,
+                                            const std::vector<descriptor_check>& descriptors,
+                                            Count&& count) {
     std::vector<descriptor_status> out(descriptors.size());
     const auto d = std::find_if(domains_.begin(), domains_.end(),
                                 [&](const auto& x) { return x.name == domain; });
@@ -303,10 +316,35 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       } else if (found[i] && is_replaced(*found[i], found)) {
         out[i].replaced = true;
       } else if (found[i] && found[i]->requests_per_unit >= 0) {
-        out[i] = decide(*found[i], found[i]->limiters, keys[i], c.hits);
+        auto counted = count(*found[i], keys[i], c.hits);
+        out[i] =
+            counted ? std::move(*counted) : decide(*found[i], found[i]->limiters, keys[i], c.hits);
       }
     }
     return out;
+  }
+
+  /// The status of `hits` on `r`'s `key` decided elsewhere (by a lease): `admitted`, with
+  /// `remaining` and `reset` of the limiter that decided; a shadow rule's refusal is counted
+  /// as `check_each` counts it.
+  descriptor_status status_of(const rule& r, const std::string& key, bool admitted,
+                              double remaining, std::chrono::nanoseconds reset,
+                              std::chrono::nanoseconds retry_after) {
+    descriptor_status s;
+    s.code = admitted ? rule_code::ok : rule_code::refused;
+    s.limit = r.requests_per_unit;
+    s.window = r.unit;
+    s.name = r.name;
+    s.shadow = r.shadow;
+    s.remaining = admitted ? std::max(0.0, remaining) : 0;
+    s.reset = reset;
+    s.retry_after = admitted ? std::chrono::nanoseconds(0) : retry_after;
+    s.key = key;
+    if (r.shadow && !admitted) {
+      r.shadow_count->fetch_add(1);
+      shadow_total_->fetch_add(1);
+    }
+    return s;
   }
 
   /// The rules as resource templates: `identifier_glob` the rule's path, `capacity` its
