@@ -65,21 +65,24 @@
 #endif
 
 #ifdef DOORMAN_HAVE_GRPC
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 
 #include <grpcpp/grpcpp.h>
 
+#include "answer_queue.hpp"
 #include "doorman.grpc.pb.h"
 #endif
 
 #include "arguments.hpp"
+#include "proc_stats.hpp"
 #include "process.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using doorman_bench::cpu_seconds;
+using doorman_bench::percentile;
+using doorman_bench::resident_bytes;
 
 struct options {
   std::string node_binary;
@@ -106,30 +109,6 @@ struct result {
   double rss_bytes_per_client = 0;
   long errors = 0;
 };
-
-// The node's user + system CPU seconds so far (/proc/<pid>/stat, fields 14 and 15).
-double cpu_seconds(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) throw std::runtime_error("cannot read /proc/<pid>/stat");
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i >= 14) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// The node's resident memory in bytes (/proc/<pid>/status, VmRSS).
-double resident_bytes(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/status", pid));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
-  }
-  throw std::runtime_error("cannot read VmRSS from /proc/<pid>/status");
-}
 
 int connect_to(const std::string& address) {
   const auto a = doorman::net::parse_address(address);
@@ -406,13 +385,6 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
   return r;
 }
 
-double percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  const auto k = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
 #ifdef DOORMAN_HAVE_GRPC
 // The same load through the node's gRPC door (Doorman's GetCapacity): --connections channels,
 // each its own HTTP/2 connection, each with --window calls in flight (gRPC's callback API; the
@@ -451,7 +423,7 @@ class grpc_load {
     for (std::size_t c = 0; c < stubs_.size(); ++c)
       top_up(c, clock_type::now());
     while (pending > 0) {
-      std::unique_ptr<call> done = take();
+      std::unique_ptr<call> done = answers_.take(std::chrono::seconds(5));
       if (!done) throw std::runtime_error("no gRPC answer in 5 s");
       --pending;
       --in_flight[done->connection];
@@ -510,28 +482,11 @@ class grpc_load {
     }
     call* raw = c.release();
     stubs_[conn]->async()->GetCapacity(&raw->context, &raw->request, &raw->response,
-                                       [this, raw](const grpc::Status& st) {
-                                         raw->status = st;
-                                         raw->answered = clock_type::now();
-                                         const std::lock_guard lock(mutex_);
-                                         done_.emplace_back(raw);
-                                         ready_.notify_one();
-                                       });
-  }
-
-  std::unique_ptr<call> take() {
-    std::unique_lock lock(mutex_);
-    if (!ready_.wait_for(lock, std::chrono::seconds(5), [this] { return !done_.empty(); }))
-      return nullptr;
-    auto c = std::move(done_.front());
-    done_.pop_front();
-    return c;
+                                       answers_.on_done(raw));
   }
 
   std::vector<std::unique_ptr<::doorman::Capacity::Stub>> stubs_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::unique_ptr<call>> done_;
+  doorman_bench::answer_queue<call> answers_;
 };
 #endif
 
@@ -729,10 +684,7 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
 // Runs the load at each client count, node and baseline side by side, and reports.
 int run(const options& o) {
   // The generator on core 1; the node gets core 0 through taskset.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(1, &set);
-  ::sched_setaffinity(0, sizeof set, &set);
+  doorman_bench::pin_to_core(1);
 
   const auto dir =
       std::filesystem::temp_directory_path() / fmt::format("doorman-bench-load-{}", ::getpid());

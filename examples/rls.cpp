@@ -20,6 +20,8 @@
 #include <doorman/client/keyed_resource.hpp>
 #include <doorman/limit/rules.hpp>
 #include <doorman/net/address.hpp>
+#include <doorman/net/http_server.hpp>
+#include <doorman/node/admin.hpp>
 
 #include <fmt/format.h>
 #include <pthread.h>
@@ -37,6 +39,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -57,7 +61,11 @@ struct options {
   doorman::net::tls_options tls;
   doorman_examples::client_flags client;  // --server: leases from a doorman tree
   std::size_t max_keys = 100'000;         // per rule, with leases
+  double headroom = 1.5;                  // measured demand × this, with leases
+  double demand_window = 3;               // seconds, with leases
+  double min_share = 0.1;                 // of a key's limit, the least asked for, with leases
   bool print_root_config = false;
+  std::string metrics_listen;  // empty: no metrics endpoint
 };
 
 // What the directory held when it was read: each file's name, size and change time.
@@ -125,7 +133,8 @@ std::shared_ptr<doorman::rule_set> load(const std::string& dir) {
 // first lease has not come yet, or longer than a resource id, is counted by the rule alone.
 class lease_counts {
  public:
-  lease_counts(doorman::client& c, std::size_t max_keys) : client_(c), max_keys_(max_keys) {}
+  lease_counts(doorman::client& c, std::size_t max_keys, double headroom, double min_share)
+      : client_(c), max_keys_(max_keys), headroom_(headroom), min_share_(min_share) {}
 
   std::optional<doorman::descriptor_status> count(doorman::rule_set& rules,
                                                   const doorman::rule_set::rule& r,
@@ -137,7 +146,7 @@ class lease_counts {
     if (!leased) return std::nullopt;
     const auto st = res.limiter().status();
     const std::chrono::nanoseconds cap = std::chrono::hours(24);  // "never": come back later
-    return rules.status_of(r, key, bool(admitted), st.remaining, st.reset,
+    return rules.status_of(r, key, hits, bool(admitted), st.limit, st.remaining, st.reset,
                            std::min<std::chrono::nanoseconds>(admitted.retry_after, cap));
   }
 
@@ -151,6 +160,8 @@ class lease_counts {
       o.window = r.unit;
       // A new key asks for the whole limit until its demand is measured (as a rate).
       o.initial_wants = r.requests_per_unit / std::chrono::duration<double>(r.unit).count();
+      o.headroom = headroom_;
+      o.min_wants = o.initial_wants * min_share_;
       k = std::make_unique<doorman::keyed_rate_resource>(
           client_, "*", o, doorman::keyed_resource_options{max_keys_});
     }
@@ -159,6 +170,8 @@ class lease_counts {
 
   doorman::client& client_;
   std::size_t max_keys_;
+  double headroom_;
+  double min_share_;
   std::map<std::string, std::unique_ptr<doorman::keyed_rate_resource>> by_rule_;
 };
 
@@ -183,6 +196,45 @@ class rules_handler final : public doorman::rls::handler {
     rules_ = std::move(rules);
   }
 
+  // Every rule's counts in Prometheus's text format, as envoyproxy/ratelimit counts per key
+  // (since the rules were loaded: a reload starts them again).
+  std::string metrics() {
+    std::shared_ptr<const doorman::rule_set> rules;
+    {
+      const std::lock_guard lock(mutex_);
+      rules = rules_;
+    }
+    using stats = doorman::rule_stats;
+    struct family {
+      const char* name;
+      const char* help;
+      const std::atomic<std::uint64_t> stats::*count;
+    };
+    static constexpr family families[] = {
+        {"doorman_rls_hits_total", "Hits counted against a rule (hits_addend summed).",
+         &stats::total_hits},
+        {"doorman_rls_over_limit_total", "Hits refused, or over a shadow rule's limit.",
+         &stats::over_limit},
+        {"doorman_rls_near_limit_total", "Hits admitted past 80% of the window's limit.",
+         &stats::near_limit},
+        {"doorman_rls_within_limit_total", "Hits admitted.", &stats::within_limit},
+        {"doorman_rls_shadow_mode_total", "Hits a shadow rule would have refused.",
+         &stats::shadow_mode},
+    };
+    doorman::detail::prom_writer w;
+    for (const auto& f : families) {
+      w.family(f.name, "counter", f.help);
+      rules->for_each_stats(
+          [&](const std::string& domain, const std::string& rule, const stats& st) {
+            w.sample(f.name,
+                     fmt::format("domain=\"{}\",rule=\"{}\"", doorman::detail::prom_escape(domain),
+                                 doorman::detail::prom_escape(rule)),
+                     static_cast<double>((st.*f.count).load()));
+          });
+    }
+    return w.take();
+  }
+
  private:
   std::mutex mutex_;
   std::shared_ptr<doorman::rule_set> rules_;
@@ -192,12 +244,13 @@ class rules_handler final : public doorman::rls::handler {
 // The configuration of the doorman tree's root that --server leases from: each rule a template
 // whose glob matches its request keys, with its limit as a rate (requests_per_unit / unit).
 nlohmann::json root_config(const doorman::rule_set& rules) {
-  // Learning mode as long as a refresh interval: a restarted root hears every replica's leases
-  // before it grants, and refuses new keys for no longer than that.
+  // No learning mode: a root in learning mode grants a key nobody holds yet nothing, and an
+  // edge refusing every new key for a while is worse than one that, after a root restart,
+  // admits up to the limit again while the old leases run out (at most one lease length).
   const nlohmann::json algorithm = {{"kind", "FAIR_SHARE"},
                                     {"lease_length", 60},
                                     {"refresh_interval", 5},
-                                    {"learning_mode_duration", 5}};
+                                    {"learning_mode_duration", 0}};
   nlohmann::json list = nlohmann::json::array();
   for (const auto& t : rules.resource_templates()) {
     list.push_back({{"identifier_glob", t.identifier_glob},
@@ -225,11 +278,35 @@ int serve(const options& o) {
   std::optional<doorman::client> client;
   std::optional<lease_counts> leases;
   if (o.client.server_given) {
-    client.emplace(o.client.client_options());
-    leases.emplace(*client, o.max_keys);
+    auto c = o.client.client_options();
+    // Demand measured over a few seconds, not the default 10: a replica's share follows its
+    // traffic when that traffic moves between replicas (docs/envoy.md, accuracy).
+    c.demand_window = doorman::seconds(o.demand_window);
+    client.emplace(std::move(c));
+    leases.emplace(*client, o.max_keys, o.headroom, o.min_share);
   }
   rules_handler handler(load(o.config_dir), leases ? &*leases : nullptr);
   auto seen = state_of(o.config_dir);
+  // --metrics-listen: GET /metrics on a thread of its own (it inherits the blocked signals).
+  asio::io_context metrics_io;
+  std::optional<doorman::net::http_server> metrics;
+  std::thread metrics_thread;
+  if (!o.metrics_listen.empty()) {
+    metrics.emplace(metrics_io.get_executor(), doorman::net::http_server_options{},
+                    [&](const doorman::net::http_request& r) {
+                      if (r.path != "/metrics") return doorman::net::http_answer{404, {}, "no\n"};
+                      return doorman::net::http_answer{
+                          200, "text/plain; version=0.0.4; charset=utf-8", handler.metrics()};
+                    });
+    std::error_code ec;
+    metrics->listen(*doorman::net::parse_address(o.metrics_listen), ec);
+    if (ec) throw std::system_error(ec, "--metrics-listen " + o.metrics_listen);
+    metrics->start();
+    doorman_examples::log_line(fmt::format("metrics on http://{}:{}/metrics",
+                                           doorman::net::parse_address(o.metrics_listen)->host,
+                                           metrics->local_endpoint().port()));
+    metrics_thread = std::thread([&] { metrics_io.run(); });
+  }
   doorman::rls::server server({o.listen, o.tls}, handler, o.headers);
   server.start();
   doorman_examples::log_line(
@@ -260,6 +337,10 @@ int serve(const options& o) {
   }
   doorman_examples::log_line("stopping");
   server.stop();
+  if (metrics) {
+    asio::post(metrics_io, [&] { metrics->stop(); });
+    metrics_thread.join();
+  }
   if (client) client->stop();
   doorman_examples::log_line("stopped");
   return 0;
@@ -281,6 +362,10 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--max-keys",
        [&](arguments& a) { o.max_keys = static_cast<std::size_t>(a.number(1, 1e7)); }},
       {"--print-root-config", [&](arguments&) { o.print_root_config = true; }},
+      {"--metrics-listen", [&](arguments& a) { o.metrics_listen = a.value(); }},
+      {"--headroom", [&](arguments& a) { o.headroom = a.number(1, 10); }},
+      {"--demand-window", [&](arguments& a) { o.demand_window = a.number(1, 600); }},
+      {"--min-share", [&](arguments& a) { o.min_share = a.number(0, 1); }},
   });
 }
 
@@ -293,7 +378,9 @@ int main(int argc, char** argv) {
       "usage: doorman-rls --config DIR [--listen HOST:PORT] [--reload-interval S]\n"
       "                   [--response-headers] [--header-limit NAME] [--header-remaining NAME]\n"
       "                   [--header-reset NAME] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
-      "                   [--server HOST:PORT[,...]] [--max-keys N] [--print-root-config]\n",
+      "                   [--server HOST:PORT[,...]] [--max-keys N] [--headroom X]\n"
+      "                   [--demand-window S] [--min-share F] [--print-root-config]\n"
+      "                   [--metrics-listen HOST:PORT]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");
         if (o.print_root_config) {
@@ -302,6 +389,10 @@ int main(int argc, char** argv) {
         }
         if (!doorman::net::parse_address(o.listen))
           throw std::invalid_argument("--listen: expected host:port, got \"" + o.listen + "\"");
+        if (!o.metrics_listen.empty() && !doorman::net::parse_address(o.metrics_listen)) {
+          throw std::invalid_argument("--metrics-listen: expected host:port, got \"" +
+                                      o.metrics_listen + "\"");
+        }
         return serve(o);
       });
 }

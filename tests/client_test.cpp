@@ -293,6 +293,24 @@ TEST_CASE("measured wants follow use", "[client][net]") {
   REQUIRE(eventually([&] { return g.wants() >= 3; }));
 }
 
+TEST_CASE("measured wants: the demand times the headroom, never under min_wants", "[client][net]") {
+  running_node root(fast_config(1000));
+  doorman::client cl(fast_client(root.address()));
+  doorman::rate_resource idle(cl, "idle", {.min_wants = 7});
+  doorman::rate_resource plain(cl, "plain");
+  doorman::rate_resource doubled(cl, "doubled", {.headroom = 2});
+  // The same attempts on both (refused ones count): sampled together, they decay together.
+  for (int i = 0; i < 50; ++i) {
+    (void)plain.try_acquire();
+    (void)doubled.try_acquire();
+  }
+  REQUIRE(eventually([&] { return plain.wants() > 0 && idle.wants() > 0; }));
+  const auto ratio = [&] { return doubled.wants() / plain.wants(); };
+  // Within 10%: a sample may fall between the two calls of one round (49 against 50).
+  CHECK(eventually([&] { return plain.wants() > 0 && std::abs(ratio() - 2) < 0.1; }));
+  CHECK(idle.wants() == 7);  // never used: the floor
+}
+
 #if defined(DOORMAN_NODE_BINARY) && defined(DOORMAN_HTTP_BINARY)
 #include "process.hpp"
 

@@ -30,40 +30,6 @@ namespace {
 using doorman_examples::process;
 namespace pb = ::envoy::service::ratelimit::v3;
 
-// Written for these tests in envoyproxy/ratelimit's format.
-const char* const edge_yaml = R"(# the edge's limits
-domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit:
-      name: per-ip
-      unit: minute
-      requests_per_unit: 3
-  - key: remote_address
-    value: 10.0.0.9
-    rate_limit:
-      unlimited: true
-  - key: path
-    value: /api/*
-    rate_limit:
-      unit: hour
-      requests_per_unit: 1
-  - key: plan
-    value: vip
-    descriptors:
-      - key: remote_address
-        rate_limit:
-          unit: minute
-          requests_per_unit: 10
-          replaces:
-            - name: per-ip
-  - key: beta
-    shadow_mode: true
-    rate_limit:
-      unit: hour
-      requests_per_unit: 0
-)";
-
 // A doorman-rls on a free port over a directory holding `edge.yaml`.
 struct rls_service {
   std::filesystem::path dir;
@@ -74,7 +40,8 @@ struct rls_service {
     dir = std::filesystem::temp_directory_path() /
           ("doorman-rls-test-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::create_directories(dir / "config");
-    std::ofstream(dir / "config" / "edge.yaml") << edge_yaml;
+    std::filesystem::copy_file(std::string(DOORMAN_SOURCE_DIR) + "/tests/rls/edge.yaml",
+                               dir / "config" / "edge.yaml");
     std::vector<std::string> args{
         DOORMAN_RLS_BINARY,        "--listen",          "127.0.0.1:0", "--config",
         (dir / "config").string(), "--reload-interval", "0.05"};
@@ -291,9 +258,14 @@ TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls
   std::ofstream(dir / "config" / "shared.yaml")
       << "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
          "      unit: minute\n      requests_per_unit: 20\n";
-  // The root's configuration, from the same files.
-  std::ofstream(dir / "root.json") << output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
-                                                (dir / "config").string() + " --print-root-config");
+  // The root's configuration, from the same files, refreshed every second instead of every 5
+  // (a share moves between replicas within two refreshes).
+  auto root_config =
+      nlohmann::json::parse(output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
+                                      (dir / "config").string() + " --print-root-config"));
+  for (auto& r : root_config["resources"])
+    r["algorithm"]["refresh_interval"] = 1;
+  std::ofstream(dir / "root.json") << root_config.dump();
   process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off", "--config",
                 (dir / "root.json").string(), "--minimum-refresh-interval", "0"},
                (dir / "root.log").string());
@@ -323,31 +295,47 @@ TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls
     REQUIRE(stubs[static_cast<std::size_t>(i)]->ShouldRateLimit(&ctx, r, &out).ok());
     return out.overall_code() == pb::RateLimitResponse::OK;
   };
+  // All that follows must fall in one window of the rule (a minute of the monotonic clock,
+  // which the replicas on this machine share): with less than 20 s of it left, the next.
+  const auto in_window =
+      std::chrono::steady_clock::now().time_since_epoch() % std::chrono::minutes(1);
+  if (in_window > std::chrono::seconds(40))
+    std::this_thread::sleep_for(std::chrono::minutes(1) - in_window);  // until the next window
   // Each replica asks once (its first answer comes before its first lease), then waits until
-  // the root has leased the key to both, past its learning mode (a deadline, polling the root).
+  // the root has leased the key to both (a deadline, polling the root).
   int admitted = int(ask(0)) + int(ask(1));
+  const auto status = [&] {
+    return nlohmann::json::parse(output_of(std::string(DOORMAN_CLI_BINARY) +
+                                           " status shared/tenant=t1 --json --server " + *root_at));
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   int holders = 0;
   nlohmann::json last;
   while (holders < 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling period
-    const auto status = nlohmann::json::parse(output_of(
-        std::string(DOORMAN_CLI_BINARY) + " status shared/tenant=t1 --json --server " + *root_at));
+    last = status();
     holders = 0;
-    last = status;
-    for (const auto& l : status["leases"])
+    for (const auto& l : last["leases"])
       holders += l["has"]["capacity"].get<double>() > 0 ? 1 : 0;
   }
   INFO(last.dump());
   REQUIRE(holders == 2);
-  // Together they admit the limit, not twice it; each admits its share.
+  // 10 asks a second at each for 6 s, within one window of the rule (a minute): alone, each
+  // would admit 20. Through the root they admit less than that together, each a share.
   std::array<int, 2> each{0, 0};
-  for (int k = 0; k < 60; ++k)
-    each[static_cast<std::size_t>(k % 2)] += int(ask(k % 2));
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; std::chrono::steady_clock::now() < start + std::chrono::seconds(6); ++k) {
+    std::this_thread::sleep_until(start + k * std::chrono::milliseconds(100));  // the traffic
+    for (const int i : {0, 1})
+      each[static_cast<std::size_t>(i)] += int(ask(i));
+  }
   admitted += each[0] + each[1];
-  CHECK(admitted <= 22);  // the limit, and the two answers given before any lease
+  CHECK(admitted < 40);
   CHECK(each[0] >= 5);
   CHECK(each[1] >= 5);
+  // The root never leased more than the limit (20 a minute, as a rate).
+  const auto resource = status()["resources"][0];
+  CHECK(resource["sum_has"].get<double>() <= resource["capacity"].get<double>() + 1e-9);
   for (auto& p : replicas) {
     p->signal(SIGTERM);
     CHECK(p->wait_exit() == 0);

@@ -13,7 +13,9 @@
 ///     doorman::gauge_resource db(client, "db", {.wants = 8});
 ///     { auto slot = db.acquire(); run_transaction(); }      // released at the end of scope
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -41,6 +43,15 @@ struct resource_options {
   std::int64_t priority = 0;
   fallback mode = fallback::safe;         ///< what applies once a lease expired unrenewed
   std::optional<double> safe_capacity{};  ///< overrides the server's (−1: unlimited)
+  /// Measured wants only: the wants sent are the measured demand × this (values below 1 count
+  /// as 1). Above 1, a lease has room for callers that arrive unevenly and for demand that rises
+  /// between refreshes while the resource has capacity to spare; the price is that a client
+  /// holds that much more than it uses when the resource is contended.
+  double headroom = 1;
+  /// Measured wants only: the least the wants sent are while the resource is held, however
+  /// little it is used. A lease never falls to nothing between a key's sporadic uses, at the
+  /// price of that much capacity held by each idle holder.
+  double min_wants = 0;
   /// Rate only: the permits an idle limiter admits at once; 0 (the default) follows the lease
   /// as max(1, capacity × 0.1 s), which absorbs the jitter of callers arriving on a schedule.
   double burst = 0;
@@ -85,7 +96,9 @@ class resource_handle {
   resource_handle(client& c, std::string_view id, resource_kind kind, const resource_options& o)
       : client_(&c),
         entry_(c.attach(id, kind,
-                        {o.priority, o.wants.value_or(o.initial_wants), o.mode, o.safe_capacity},
+                        {o.priority, o.wants.value_or(o.initial_wants), o.mode, o.safe_capacity,
+                         std::isnan(o.headroom) ? 1.0 : std::max(1.0, o.headroom),
+                         std::isnan(o.min_wants) ? 0.0 : std::max(0.0, o.min_wants)},
                         !o.wants.has_value(),
                         {.algorithm = o.algorithm,
                          .burst = o.burst,

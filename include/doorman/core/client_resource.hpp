@@ -24,6 +24,10 @@ struct client_resource_options {
   fallback mode = fallback::safe;
   /// Overrides the safe capacity the server returns (−1: unlimited).
   std::optional<double> safe_capacity{};
+  /// Measured wants are the demand × this (at least 1; see `resource_options::headroom`).
+  double headroom = 1;
+  /// Measured wants are at least this (see `resource_options::min_wants`).
+  double min_wants = 0;
 };
 
 }  // namespace doorman

@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -111,6 +112,19 @@ struct descriptor_status {
   std::chrono::nanoseconds reset{};        ///< until `remaining` is back to `limit`
   std::chrono::nanoseconds retry_after{};  ///< with `delay` and `refused`
   std::string key;                         ///< the request key counted, e.g. "api/user=ann"
+};
+
+/// What one rule has counted since its rules were loaded, as envoyproxy/ratelimit counts per
+/// key: hits (`hits_addend` summed), those over the limit, those admitted, those admitted past
+/// `near_ratio` (80%) of the window's limit, and those a shadow rule would have refused. A
+/// request refused is refused whole (its hits all `over_limit`; nothing is consumed).
+struct rule_stats {
+  static constexpr double near_ratio = 0.8;
+  std::atomic<std::uint64_t> total_hits{0};
+  std::atomic<std::uint64_t> over_limit{0};
+  std::atomic<std::uint64_t> near_limit{0};
+  std::atomic<std::uint64_t> within_limit{0};
+  std::atomic<std::uint64_t> shadow_mode{0};
 };
 
 /// A limit a request gives for one of its descriptors (Envoy's per-descriptor `limit`): it is
@@ -233,7 +247,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     bool share_threshold = false;       // a wildcard value: every matching value shares a count
     std::vector<rule> children;
     counters limiters;
-    std::shared_ptr<std::atomic<std::uint64_t>> shadow_count;
+    std::shared_ptr<rule_stats> stats;  // with a limit
   };
 
   /// Options of the compiled rules, with their defaults.
@@ -325,10 +339,10 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   }
 
   /// The status of `hits` on `r`'s `key` decided elsewhere (by a lease): `admitted`, with
-  /// `remaining` and `reset` of the limiter that decided; a shadow rule's refusal is counted
-  /// as `check_each` counts it.
-  descriptor_status status_of(const rule& r, const std::string& key, bool admitted,
-                              double remaining, std::chrono::nanoseconds reset,
+  /// `window_limit`, `remaining` and `reset` of the limiter that decided; counted in the rule's
+  /// stats as `check_each` counts.
+  descriptor_status status_of(const rule& r, const std::string& key, double hits, bool admitted,
+                              double window_limit, double remaining, std::chrono::nanoseconds reset,
                               std::chrono::nanoseconds retry_after) {
     descriptor_status s;
     s.code = admitted ? rule_code::ok : rule_code::refused;
@@ -340,10 +354,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     s.reset = reset;
     s.retry_after = admitted ? std::chrono::nanoseconds(0) : retry_after;
     s.key = key;
-    if (r.shadow && !admitted) {
-      r.shadow_count->fetch_add(1);
-      shadow_total_->fetch_add(1);
-    }
+    count_hits(r, s, hits, window_limit);
     return s;
   }
 
@@ -355,6 +366,13 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     for (const auto& d : domains_)
       collect(d.rules, out);
     return out;
+  }
+
+  /// Calls `f(domain, rule_path, stats)` for every rule with a limit, in the files' order.
+  template <class F>
+  void for_each_stats(F&& f) const {
+    for (const auto& d : domains_)
+      each_stats(d.name, d.rules, f);
   }
 
   /// Requests a shadow rule would have refused, so far.
@@ -453,7 +471,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     read_rules(r, "descriptors", x.path, depth + 1, x.children, state);
     if (!r.error() && x.requests_per_unit >= 0) {
       x.limiters = make_limiters(x, state.algorithm);
-      x.shadow_count = std::make_shared<std::atomic<std::uint64_t>>(0);
+      x.stats = std::make_shared<rule_stats>();
     }
     return x;
   }
@@ -661,11 +679,28 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     s.remaining = std::max(0.0, st.remaining - over);
     s.reset = st.reset;
     s.key = key;
-    if (r.shadow && s.code != rule_code::ok) {
-      r.shadow_count->fetch_add(1);
-      shadow_total_->fetch_add(1);
-    }
+    if (r.stats) count_hits(r, s, n, st.limit - over);
     return s;
+  }
+
+  // Counts `hits` decided as `s` says in the rule's stats, the window's limit being
+  // `window_limit` (the rule's, or a lease's share of it).
+  void count_hits(const rule& r, const descriptor_status& s, double hits, double window_limit) {
+    const auto whole = [](double x) { return static_cast<std::uint64_t>(std::llround(x)); };
+    auto& st = *r.stats;
+    st.total_hits += whole(hits);
+    if (s.code == rule_code::refused || s.code == rule_code::delay) {
+      st.over_limit += whole(hits);
+      if (r.shadow) {
+        st.shadow_mode += whole(hits);
+        shadow_total_->fetch_add(1);
+      }
+      return;
+    }
+    st.within_limit += whole(hits);
+    const double used = window_limit - s.remaining;  // after these hits
+    const double near = std::floor(window_limit * rule_stats::near_ratio);
+    st.near_limit += whole(std::clamp(used - std::max(near, used - hits), 0.0, hits));
   }
 
   // Folds one descriptor's outcome into the request's verdict (a shadow rule only marks it).
@@ -717,6 +752,14 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       it = overrides_.emplace(id, make_limiters(r, algorithm)).first;
     }
     return decide(r, it->second, key, c.hits);
+  }
+
+  template <class F>
+  static void each_stats(const std::string& domain, const std::vector<rule>& rules, F& f) {
+    for (const auto& r : rules) {
+      if (r.stats) f(domain, r.path, static_cast<const rule_stats&>(*r.stats));
+      each_stats(domain, r.children, f);
+    }
   }
 
   static void collect(const std::vector<rule>& rules, std::vector<resource_template>& out) {

@@ -274,7 +274,7 @@ class client_core {
         value = static_cast<double>(e->gauge.take_peak());
       }
       e->demand.add(value, seconds(span));
-      double wants = e->demand.estimate();
+      double wants = std::max(e->demand.estimate() * e->options.headroom, e->options.min_wants);
       if (throttled) wants = std::max(wants, value);
       // Concurrency is whole operations: a gauge asks for the next whole number.
       if (e->kind == resource_kind::gauge) wants = std::ceil(wants - 1e-6);
