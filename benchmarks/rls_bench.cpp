@@ -3,6 +3,7 @@
 //   doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S] [--window N]
 //                     [--keys N,N,...] [--redis-server PATH] [--accuracy-seconds S]
 //                     [--replicas N] [--headroom X] [--demand-window S] [--json FILE]
+//                     [--svg FILE]
 //
 // Speed: a doorman-rls pinned to core 0 (taskset), answering ShouldRateLimit for --keys distinct
 // keys (one descriptor each, picked at random per call, a rule of 10^9 a minute so that every
@@ -62,7 +63,7 @@ const char* const usage =
     "usage: doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S]\n"
     "                         [--window N] [--keys N,N,...] [--redis-server PATH]\n"
     "                         [--accuracy-seconds S] [--replicas N] [--headroom X]\n"
-    "                         [--demand-window S] [--json FILE]\n";
+    "                         [--demand-window S] [--json FILE] [--svg FILE]\n";
 
 using clock_type = std::chrono::steady_clock;
 namespace pb = ::envoy::service::ratelimit::v3;
@@ -77,6 +78,7 @@ struct options {
   double accuracy_seconds = 20;
   int replicas = 3;
   std::string json_file;
+  std::string svg_file;
   std::string headroom;       // --headroom of the leased replicas; empty: doorman-rls's default
   std::string demand_window;  // their --demand-window, the same way
 };
@@ -92,6 +94,7 @@ struct accuracy_result {
   std::string mode;
   std::string phase;
   long offered = 0, ideal = 0, admitted = 0, over = 0, under = 0;
+  std::vector<std::pair<long, long>> per_second;  // ideal, admitted
 };
 
 std::string key_name(long k) {
@@ -177,8 +180,15 @@ class rls_load {
       }
       if (!open) continue;
       ++counted;
-      if (!done->status.ok() || done->response.overall_code() != pb::RateLimitResponse::OK)
-        ++r.errors;
+      if (!done->status.ok() || done->response.overall_code() != pb::RateLimitResponse::OK) {
+        if (r.errors++ == 0) {  // the first one, said: a failed call or a refusal
+          fmt::print(stderr, "first error: {}\n",
+                     done->status.ok() ? "refused (OVER_LIMIT)"
+                                       : fmt::format("gRPC status {}: {}",
+                                                     static_cast<int>(done->status.error_code()),
+                                                     done->status.error_message()));
+        }
+      }
       latencies.push_back(
           std::chrono::duration<double, std::micro>(done->answered - done->sent).count());
       if (seconds > 0 || next < keys) {
@@ -471,6 +481,7 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
         r.admitted += c.second;
         r.over += std::max(0L, c.second - ideal);
         r.under += std::max(0L, ideal - c.second);
+        r.per_second.emplace_back(ideal, c.second);
       }
       out.push_back(r);
       fmt::print(stderr, "{}, {}: ideal {} admitted {}\n", mode, ph.name, r.ideal, r.admitted);
@@ -480,6 +491,74 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
     if (root) stop(*root);
   }
   return out;
+}
+
+// The fleet's admitted requests each second against the ideal, per mode, phase after phase.
+void write_svg(const std::string& file, const std::vector<accuracy_result>& results) {
+  std::vector<std::string> modes;
+  std::map<std::string, std::vector<long>> admitted;
+  std::vector<long> ideal;
+  std::vector<std::size_t> phase_ends;
+  for (const auto& r : results) {
+    if (std::find(modes.begin(), modes.end(), r.mode) == modes.end()) modes.push_back(r.mode);
+    for (const auto& [i, a] : r.per_second) {
+      admitted[r.mode].push_back(a);
+      if (r.mode == modes.front()) ideal.push_back(i);
+    }
+    if (r.mode == modes.front()) phase_ends.push_back(ideal.size());
+  }
+  long top = 1;
+  for (const auto& [m, v] : admitted)
+    for (const long a : v)
+      top = std::max(top, a);
+  const double w = 720, h = 340, left = 50, right = 20, up = 82, down = 40;
+  const auto n = static_cast<double>(std::max<std::size_t>(ideal.size(), 2) - 1);
+  const auto x = [&](std::size_t i) {
+    return left + (w - left - right) * static_cast<double>(i) / n;
+  };
+  const auto y = [&](long v) {
+    return h - down - (h - up - down) * static_cast<double>(v) / static_cast<double>(top);
+  };
+  const auto line = [&](const std::vector<long>& v, const char* colour, const char* dash) {
+    std::string points;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      points += fmt::format("{:.1f},{:.1f} ", x(i), y(v[i]));
+    return fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="2" {} points="{}"/>)",
+                       colour, dash, points);
+  };
+  std::string svg = fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)"
+      "\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      R"(<text x="{}" y="18">admitted per second by the fleet of replicas, against an ideal counter</text>)"
+      "\n",
+      w, h, left);
+  svg += fmt::format(
+      R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="black"/><line x1="{0}" y1="{3}" x2="{0}" y2="{1}" stroke="black"/>)"
+      "\n",
+      left, h - down, w - right, up);
+  for (const long v : {0L, top / 2, top})
+    svg += fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{}</text>)"
+                       "\n",
+                       left - 6, y(v) + 4, v);
+  for (std::size_t p = 0; p + 1 < phase_ends.size(); ++p)
+    svg += fmt::format(
+        R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#999" stroke-dasharray="2,3"/>)"
+        "\n",
+        x(phase_ends[p]), up, h - down);
+  svg += fmt::format(
+      R"(<text x="{}" y="{}">seconds (phases: over 60/30/10%, over shifted, under)</text>)"
+      "\n",
+      left, h - 12);
+  const std::array<const char*, 3> colours = {"#d62728", "#1f77b4", "#2ca02c"};
+  svg += line(ideal, "#555", R"(stroke-dasharray="6,4")") + "\n";
+  std::string legend = fmt::format(R"(<text x="{}" y="{}" fill="#555">ideal</text>)", left, 36);
+  for (std::size_t m = 0; m < modes.size() && m < colours.size(); ++m) {
+    svg += line(admitted[modes[m]], colours[m], "") + "\n";
+    legend += fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", left,
+                          36 + 14 * static_cast<double>(m + 1), colours[m], modes[m]);
+  }
+  svg += legend + "\n</svg>\n";
+  std::ofstream(file) << svg;
 }
 
 int run(const options& o) {
@@ -523,6 +602,7 @@ int run(const options& o) {
   }
   json += "]}\n";
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
+  if (!o.svg_file.empty() && !exact.empty()) write_svg(o.svg_file, exact);
   return 0;
 }
 
@@ -547,6 +627,7 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--accuracy-seconds", [&](arguments& a) { o.accuracy_seconds = a.number(0, 3600); }},
       {"--replicas", [&](arguments& a) { o.replicas = static_cast<int>(a.number(1, 3)); }},
       {"--json", [&](arguments& a) { o.json_file = a.value(); }},
+      {"--svg", [&](arguments& a) { o.svg_file = a.value(); }},
       {"--headroom", [&](arguments& a) { o.headroom = a.value(); }},
       {"--demand-window", [&](arguments& a) { o.demand_window = a.value(); }},
   };
