@@ -37,7 +37,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
