@@ -20,8 +20,10 @@
 #include <doorman/client/keyed_resource.hpp>
 #include <doorman/limit/rules.hpp>
 #include <doorman/net/address.hpp>
+#include <doorman/net/channel.hpp>
 #include <doorman/net/http_server.hpp>
 #include <doorman/node/admin.hpp>
+#include <doorman/protocol/codec.hpp>
 
 #include <fmt/format.h>
 #include <pthread.h>
@@ -34,6 +36,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -41,6 +44,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -64,6 +68,8 @@ struct options {
   double headroom = 1.5;                  // measured demand × this, with leases
   double demand_window = 3;               // seconds, with leases
   double min_share = 0.1;                 // of a key's limit, the least asked for, with leases
+  double exact_below = 100;  // requests_per_unit under which the root counts, with leases
+  double exact_timeout = 1;  // seconds a count at the root may take
   bool print_root_config = false;
   std::string metrics_listen;  // empty: no metrics endpoint
 };
@@ -175,20 +181,207 @@ class lease_counts {
   std::map<std::string, std::unique_ptr<doorman::keyed_rate_resource>> by_rule_;
 };
 
+// With --server, a rule whose limit is under --exact-below is counted exactly by the tree's
+// root (`count_hits`, one call per request, its descriptors together) instead of by leases: a
+// small limit split into shares quantises badly (10 per minute over 5 replicas is 2 each). A
+// key the root refused with nothing left is refused here until its window ends, without a
+// call: the root sees at most the limit plus one call per replica per key and window.
+class exact_counts {
+ public:
+  struct item {
+    std::string key;
+    double hits;
+    double window;  // seconds
+  };
+  // The root's verdicts, in the items' order; or why there are none.
+  using done_type =
+      std::function<void(std::optional<std::vector<doorman::hit_verdict>>, std::string)>;
+
+  exact_counts(const doorman::client_options& c, double below, double timeout, std::size_t max_keys)
+      : below_(below),
+        max_keys_(max_keys),
+        client_id_(c.client_id),
+        channel_(io_.get_executor(), channel_options(c, timeout)),
+        thread_([this] { io_.run(); }) {}
+
+  exact_counts(const exact_counts&) = delete;
+  exact_counts& operator=(const exact_counts&) = delete;
+  ~exact_counts() { stop(); }
+
+  // Once every call has been answered (the gRPC server stopped first).
+  void stop() {
+    if (!thread_.joinable()) return;
+    asio::post(io_, [this] {
+      channel_.shutdown();
+      work_.reset();
+    });
+    thread_.join();
+  }
+
+  [[nodiscard]] bool applies(const doorman::rule_set::rule& r, const std::string& key) const {
+    return r.requests_per_unit < below_ && key.size() <= doorman::request_limits::max_id_bytes;
+  }
+
+  // When `key` was refused with nothing left in its window: until when.
+  std::optional<std::chrono::steady_clock::time_point> refused_until(const std::string& key) {
+    const std::lock_guard lock(mutex_);
+    const auto it = refused_.find(key);
+    if (it == refused_.end()) return std::nullopt;
+    if (it->second <= std::chrono::steady_clock::now()) {
+      refused_.erase(it);
+      return std::nullopt;
+    }
+    return it->second;
+  }
+
+  void remember_refusal(const std::string& key, std::chrono::steady_clock::time_point until) {
+    const std::lock_guard lock(mutex_);
+    if (refused_.size() >= max_keys_) {
+      const auto now = std::chrono::steady_clock::now();
+      std::erase_if(refused_, [&](const auto& e) { return e.second <= now; });
+      if (refused_.size() >= max_keys_) refused_.clear();  // bounded: forget, ask again
+    }
+    refused_[key] = until;
+  }
+
+  // Asks the root to count `items`; `done` runs on this object's thread.
+  void count(std::vector<item> items, done_type done) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& x : items)
+      list.push_back({{"resource_id", x.key}, {"hits", x.hits}, {"window", x.window}});
+    nlohmann::json params = {{"client_id", client_id_}, {"resources", std::move(list)}};
+    asio::co_spawn(
+        io_,
+        [this, params = std::move(params), items = std::move(items),
+         done = std::move(done)]() mutable -> asio::awaitable<void> {
+          auto reply = co_await channel_.call("count_hits", std::move(params));
+          if (!reply) {
+            done(std::nullopt, "the root did not count: " + reply.message);
+            co_return;
+          }
+          doorman::count_response answer;
+          if (auto e = doorman::decode(reply.result, answer)) {
+            done(std::nullopt, "the root's count_hits answer: " + e->message);
+            co_return;
+          }
+          if (auto why = problem(answer, items)) {
+            done(std::nullopt, "the root's count_hits answer: " + *why);
+            co_return;
+          }
+          done(std::move(answer.resources), {});
+        },
+        asio::detached);
+  }
+
+ private:
+  static doorman::net::channel_options channel_options(const doorman::client_options& c,
+                                                       double timeout) {
+    doorman::net::channel_options o;
+    o.addresses = c.addresses;
+    o.tls = c.tls;
+    o.call_timeout = doorman::seconds(timeout);
+    o.log = c.log;
+    return o;
+  }
+
+  // What is wrong with the root's answer (it comes from outside), or nothing.
+  static std::optional<std::string> problem(const doorman::count_response& a,
+                                            const std::vector<item>& items) {
+    if (!a.mastership.is_master) return "not from the master";
+    if (a.resources.size() != items.size()) {
+      return fmt::format("{} verdicts for {} counts", a.resources.size(), items.size());
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto& v = a.resources[i];
+      const auto at = [i](const char* f) { return fmt::format("resources[{}].{}", i, f); };
+      if (v.resource_id != items[i].key) return at("resource_id") + ": not the one asked";
+      for (const auto& [name, x] : {std::pair{"limit", v.limit}, {"remaining", v.remaining}}) {
+        if (!(x >= 0 && x <= doorman::request_limits::max_quantity))
+          return at(name) + ": must be between 0 and 1e15";
+      }
+      if (!(v.reset >= 0 && v.reset <= items[i].window))
+        return at("reset") + ": must be between 0 and the window";
+    }
+    return std::nullopt;
+  }
+
+  double below_;
+  std::size_t max_keys_;
+  std::string client_id_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  doorman::net::channel channel_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> refused_;
+  std::thread thread_;  // last: it runs once the rest is built
+};
+
 // The rules behind the door: swapped whole on reload (counts start afresh).
 class rules_handler final : public doorman::rls::handler {
  public:
-  rules_handler(std::shared_ptr<doorman::rule_set> rules, lease_counts* leases)
-      : rules_(std::move(rules)), leases_(leases) {}
+  rules_handler(std::shared_ptr<doorman::rule_set> rules, lease_counts* leases, exact_counts* exact)
+      : rules_(std::move(rules)), leases_(leases), exact_(exact) {}
 
-  std::vector<doorman::descriptor_status> check(const doorman::rls::check_request& r) override {
-    const std::lock_guard lock(mutex_);
-    return rules_->check_each(
-        r.domain, r.descriptors,
-        [&](const doorman::rule_set::rule& rule, const std::string& key, double hits) {
-          return leases_ ? leases_->count(*rules_, rule, key, hits)
-                         : std::optional<doorman::descriptor_status>();
-        });
+  void check(const doorman::rls::check_request& r, done_type done) override {
+    struct waiting {
+      std::size_t index;
+      const doorman::rule_set::rule* rule;
+      std::string key;
+      double hits;
+    };
+    std::vector<waiting> wait;
+    std::vector<exact_counts::item> items;
+    std::shared_ptr<doorman::rule_set> rules;
+    doorman::rls::check_outcome o;
+    {
+      const std::lock_guard lock(mutex_);
+      rules = rules_;
+      o.statuses = rules->check_each(
+          r.domain, r.descriptors,
+          [&](const doorman::rule_set::rule& rule, const std::string& key, double hits,
+              std::size_t i) -> std::optional<doorman::descriptor_status> {
+            if (exact_ && exact_->applies(rule, key)) {
+              if (const auto until = exact_->refused_until(key)) {
+                const auto left = *until - std::chrono::steady_clock::now();
+                return rules->status_of(rule, key, hits, false, rule.requests_per_unit, 0, left,
+                                        left);
+              }
+              wait.push_back({i, &rule, key, hits});
+              items.push_back({key, hits, std::chrono::duration<double>(rule.unit).count()});
+              return doorman::descriptor_status{};  // the root's verdict replaces it
+            }
+            return leases_ ? leases_->count(*rules, rule, key, hits)
+                           : std::optional<doorman::descriptor_status>();
+          });
+    }
+    if (wait.empty()) {
+      done(std::move(o));
+      return;
+    }
+    // The rules are held (a reload may swap them meanwhile): the rule pointers stay good.
+    exact_->count(std::move(items),
+                  [this, rules, wait = std::move(wait), o = std::move(o), done = std::move(done)](
+                      auto verdicts, std::string why) mutable {
+                    if (!verdicts) {
+                      done({{}, std::move(why)});
+                      return;
+                    }
+                    const auto now = std::chrono::steady_clock::now();
+                    {
+                      const std::lock_guard lock(mutex_);
+                      for (std::size_t k = 0; k < wait.size(); ++k) {
+                        const auto& v = (*verdicts)[k];
+                        const auto reset = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::duration<double>(v.reset));
+                        o.statuses[wait[k].index] =
+                            rules->status_of(*wait[k].rule, wait[k].key, wait[k].hits, v.admitted,
+                                             v.limit, v.remaining, reset, reset);
+                        if (!v.admitted && v.remaining <= 0)
+                          exact_->remember_refusal(wait[k].key, now + reset);
+                      }
+                    }
+                    done(std::move(o));
+                  });
   }
 
   void replace(std::shared_ptr<doorman::rule_set> rules) {
@@ -239,6 +432,7 @@ class rules_handler final : public doorman::rls::handler {
   std::mutex mutex_;
   std::shared_ptr<doorman::rule_set> rules_;
   lease_counts* leases_;  // null: each replica counts alone
+  exact_counts* exact_;   // null: no rule is counted at the root
 };
 
 // The configuration of the doorman tree's root that --server leases from: each rule a template
@@ -277,15 +471,20 @@ int serve(const options& o) {
 
   std::optional<doorman::client> client;
   std::optional<lease_counts> leases;
+  std::optional<exact_counts> exact;
   if (o.client.server_given) {
     auto c = o.client.client_options();
     // Demand measured over a few seconds, not the default 10: a replica's share follows its
     // traffic when that traffic moves between replicas (docs/envoy.md, accuracy).
     c.demand_window = doorman::seconds(o.demand_window);
-    client.emplace(std::move(c));
+    client.emplace(c);
     leases.emplace(*client, o.max_keys, o.headroom, o.min_share);
+    if (o.exact_below > 0) {
+      c.client_id = client->id();
+      exact.emplace(c, o.exact_below, o.exact_timeout, o.max_keys);
+    }
   }
-  rules_handler handler(load(o.config_dir), leases ? &*leases : nullptr);
+  rules_handler handler(load(o.config_dir), leases ? &*leases : nullptr, exact ? &*exact : nullptr);
   auto seen = state_of(o.config_dir);
   // --metrics-listen: GET /metrics on a thread of its own (it inherits the blocked signals).
   asio::io_context metrics_io;
@@ -337,6 +536,7 @@ int serve(const options& o) {
   }
   doorman_examples::log_line("stopping");
   server.stop();
+  if (exact) exact->stop();
   if (metrics) {
     asio::post(metrics_io, [&] { metrics->stop(); });
     metrics_thread.join();
@@ -366,6 +566,8 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--headroom", [&](arguments& a) { o.headroom = a.number(1, 10); }},
       {"--demand-window", [&](arguments& a) { o.demand_window = a.number(1, 600); }},
       {"--min-share", [&](arguments& a) { o.min_share = a.number(0, 1); }},
+      {"--exact-below", [&](arguments& a) { o.exact_below = a.number(0, 1e9); }},
+      {"--exact-timeout", [&](arguments& a) { o.exact_timeout = a.number(0.001, 60); }},
   });
 }
 
@@ -379,7 +581,8 @@ int main(int argc, char** argv) {
       "                   [--response-headers] [--header-limit NAME] [--header-remaining NAME]\n"
       "                   [--header-reset NAME] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
       "                   [--server HOST:PORT[,...]] [--max-keys N] [--headroom X]\n"
-      "                   [--demand-window S] [--min-share F] [--print-root-config]\n"
+      "                   [--demand-window S] [--min-share F] [--exact-below N]\n"
+      "                   [--exact-timeout S] [--print-root-config]\n"
       "                   [--metrics-listen HOST:PORT]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");

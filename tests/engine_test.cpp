@@ -549,6 +549,88 @@ TEST_CASE("configuration reload keeps leases", "[core][engine]") {
   CHECK(s.value().leases.size() == 2);
 }
 
+TEST_CASE("count_hits counts exactly in fixed windows of the capacity × the window",
+          "[core][engine][count]") {
+  // res*: 0.5 per second, so 30 per minute.
+  fixture f(repo_for("FAIR_SHARE", 0.5));
+  f.clock.advance(30s);  // half way through the first minute
+  auto count = [&](const std::string& id, double hits, double window = 60) {
+    auto r = f.engine.count_hits({"c", {{id, hits, window}}}, f.clock.now());
+    REQUIRE(r);
+    REQUIRE(r.value().resources.size() == 1);
+    CHECK(r.value().resources[0].resource_id == id);
+    return r.value().resources[0];
+  };
+  auto v = count("res1", 20);
+  CHECK(v.admitted);
+  CHECK(v.limit == 30);
+  CHECK(v.remaining == 10);
+  CHECK(v.reset == Approx(30));
+  v = count("res1", 11);  // refused whole: nothing consumed
+  CHECK_FALSE(v.admitted);
+  CHECK(v.remaining == 10);
+  CHECK(count("res1", 10).admitted);
+  v = count("res1", 1);
+  CHECK_FALSE(v.admitted);
+  CHECK(v.remaining == 0);
+  CHECK(count("res2", 30).admitted);        // another resource, its own count
+  CHECK_FALSE(count("other", 1).admitted);  // the "*" template: capacity 0
+  f.clock.advance(30s);                     // the next window
+  v = count("res1", 1);
+  CHECK(v.admitted);
+  CHECK(v.remaining == 29);
+  CHECK(v.reset == Approx(60));
+  CHECK(count("res1", 0.5, 1).limit == 0);  // another window length starts afresh: 0.5 × 1 s
+  CHECK(f.engine.hit_counters() == 3);
+  f.clock.advance(61s);
+  f.engine.expire(f.clock.now());  // every window has ended
+  CHECK(f.engine.hit_counters() == 0);
+}
+
+TEST_CASE("count_hits: bounds, non-masters, intermediates and a full table",
+          "[core][engine][count]") {
+  doorman::engine_options o;
+  o.max_hit_counters = 2;
+  fixture f(repo_for("FAIR_SHARE", 1), o);
+  auto r = f.engine.count_hits({"c", {{"res", 1, 0}}}, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message ==
+        "resources[0].window: must be between 0.001 and 31622400 seconds (366 days)");
+  r = f.engine.count_hits({"c", {{"res", -1, 1}}}, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "resources[0].hits: must be a number between 0 and 1e9");
+  r = f.engine.count_hits({"c", {{"res", 1, 1}, {"res", 1, 1}}}, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "resources[1]: duplicate resource id \"res\"");
+  CHECK(f.engine.hit_counters() == 0);  // nothing counted
+
+  // A full table refuses a new resource until a window ends, and keeps counting the others.
+  CHECK(f.engine.count_hits({"c", {{"res1", 1, 10}, {"res2", 1, 20}}}, f.clock.now())
+            .value()
+            .resources[1]
+            .admitted);
+  auto full = f.engine.count_hits({"c", {{"res3", 1, 10}, {"res1", 1, 10}}}, f.clock.now());
+  CHECK_FALSE(full.value().resources[0].admitted);
+  CHECK(full.value().resources[1].admitted);
+  f.clock.advance(10s);  // res1's window ended: room again
+  CHECK(f.engine.count_hits({"c", {{"res3", 1, 10}}}, f.clock.now()).value().resources[0].admitted);
+
+  // A non-master counts nothing and names the master.
+  f.engine.set_mastership(false, "other:7700", f.clock.now());
+  auto redirect = f.engine.count_hits({"c", {{"res1", 1, 10}}}, f.clock.now());
+  REQUIRE(redirect);
+  CHECK(redirect.value().resources.empty());
+  CHECK(redirect.value().mastership.master == "other:7700");
+
+  // An intermediate holds a share, not the limit: it does not count.
+  doorman::engine_options io;
+  io.is_root = false;
+  fixture mid(repo_for("FAIR_SHARE", 1), io);
+  auto refused = mid.engine.count_hits({"c", {{"res", 1, 1}}}, mid.clock.now());
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message == "resources: counted only at the root (this node has a parent)");
+}
+
 TEST_CASE("status reports resources and, for one resource, its leases", "[core][engine]") {
   fixture f(repo_for("FAIR_SHARE", 100));
   (void)f.ask("a", 30);

@@ -230,6 +230,7 @@ struct refusing_guard final : doorman::call_guard {
   }
   std::optional<std::string> allow(const doorman::release_request&) override { return no(); }
   std::optional<std::string> allow(const doorman::status_request&) override { return no(); }
+  std::optional<std::string> allow(const doorman::count_request&) override { return no(); }
 };
 
 // Valid params for each method of the table.
@@ -242,6 +243,9 @@ std::string params_for(std::string_view method) {
                "wants": [{"priority": 0, "num_clients": 1, "wants": 5}]}]})";
   }
   if (method == "release_capacity") return R"({"client_id": "c1", "resources": ["db"]})";
+  if (method == "count_hits") {
+    return R"({"client_id": "c1", "resources": [{"resource_id": "db", "hits": 1, "window": 60}]})";
+  }
   return "{}";
 }
 

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "line_client.hpp"
 #include "process.hpp"
 #include "rls.grpc.pb.h"
 
@@ -249,71 +250,120 @@ std::string output_of(const std::string& command) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls][process]") {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("doorman-rls-shared-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir / "config");
-  std::ofstream(dir / "config" / "shared.yaml")
-      << "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
-         "      unit: minute\n      requests_per_unit: 20\n";
-  // The root's configuration, from the same files, refreshed every second instead of every 5
-  // (a share moves between replicas within two refreshes).
-  auto root_config =
-      nlohmann::json::parse(output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
-                                      (dir / "config").string() + " --print-root-config"));
-  for (auto& r : root_config["resources"])
-    r["algorithm"]["refresh_interval"] = 1;
-  std::ofstream(dir / "root.json") << root_config.dump();
-  process root({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off", "--config",
-                (dir / "root.json").string(), "--minimum-refresh-interval", "0"},
-               (dir / "root.log").string());
-  const auto root_at = root.listening_address();
-  REQUIRE(root_at);
+// A doorman tree's root serving the rules of one file (`tenant` keys, `limit` a minute, as
+// --print-root-config gives them, refreshed every second instead of every 5: a share moves
+// between replicas within two refreshes), and two doorman-rls replicas leasing from it.
+struct rls_tree {
+  std::filesystem::path dir;
+  std::unique_ptr<process> root;
+  std::string root_at;
+  std::string admin;  // the root's admin endpoint
   std::vector<std::unique_ptr<process>> replicas;
   std::vector<std::unique_ptr<pb::RateLimitService::Stub>> stubs;
-  for (int i = 0; i < 2; ++i) {
-    replicas.push_back(std::make_unique<process>(
-        std::vector<std::string>{DOORMAN_RLS_BINARY, "--listen", "127.0.0.1:0", "--config",
-                                 (dir / "config").string(), "--server", *root_at},
-        (dir / ("rls-" + std::to_string(i) + ".log")).string()));
-    const auto line = replicas.back()->wait_for("RateLimitService listening on ");
-    REQUIRE(line);
-    stubs.push_back(pb::RateLimitService::NewStub(grpc::CreateChannel(
-        line->substr(line->find("listening on ") + 13), grpc::InsecureChannelCredentials())));
+
+  rls_tree(const std::string& name, int limit, const std::vector<std::string>& replica_flags) {
+    dir = std::filesystem::temp_directory_path() /
+          ("doorman-rls-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir / "config");
+    std::ofstream(dir / "config" / "shared.yaml")
+        << "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
+           "      unit: minute\n      requests_per_unit: "
+        << limit << "\n";
+    auto root_config =
+        nlohmann::json::parse(output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
+                                        (dir / "config").string() + " --print-root-config"));
+    for (auto& r : root_config["resources"])
+      r["algorithm"]["refresh_interval"] = 1;
+    std::ofstream(dir / "root.json") << root_config.dump();
+    root = std::make_unique<process>(
+        std::vector<std::string>{DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin",
+                                 "127.0.0.1:0", "--config", (dir / "root.json").string(),
+                                 "--minimum-refresh-interval", "0"},
+        (dir / "root.log").string());
+    const auto at = root->listening_address();
+    REQUIRE(at);
+    root_at = *at;
+    const std::string log = root->log();
+    const auto a = log.find("admin endpoint on http://");
+    REQUIRE(a != std::string::npos);
+    const auto from = a + std::string("admin endpoint on http://").size();
+    admin = log.substr(from, log.find("/status", from) - from);
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> args{
+          DOORMAN_RLS_BINARY,        "--listen", "127.0.0.1:0", "--config",
+          (dir / "config").string(), "--server", root_at};
+      args.insert(args.end(), replica_flags.begin(), replica_flags.end());
+      replicas.push_back(
+          std::make_unique<process>(args, (dir / ("rls-" + std::to_string(i) + ".log")).string()));
+      const auto line = replicas.back()->wait_for("RateLimitService listening on ");
+      REQUIRE(line);
+      stubs.push_back(pb::RateLimitService::NewStub(grpc::CreateChannel(
+          line->substr(line->find("listening on ") + 13), grpc::InsecureChannelCredentials())));
+    }
   }
-  pb::RateLimitRequest r;
-  r.set_domain("shared");
-  auto& e = *r.add_descriptors()->add_entries();
-  e.set_key("tenant");
-  e.set_value("t1");
-  const auto ask = [&](int i) {
+
+  ~rls_tree() {
+    for (auto& p : replicas) {
+      p->signal(SIGTERM);
+      CHECK(p->wait_exit() == 0);
+    }
+    if (root) {
+      root->signal(SIGTERM);
+      CHECK(root->wait_exit() == 0);
+    }
+    std::filesystem::remove_all(dir);
+  }
+
+  // Replica `i`'s answer for tenant `tenant`; `status` says how the call went.
+  pb::RateLimitResponse ask(int i, const std::string& tenant = "t1",
+                            grpc::Status* status = nullptr) {
+    pb::RateLimitRequest r;
+    r.set_domain("shared");
+    auto& e = *r.add_descriptors()->add_entries();
+    e.set_key("tenant");
+    e.set_value(tenant);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     pb::RateLimitResponse out;
-    REQUIRE(stubs[static_cast<std::size_t>(i)]->ShouldRateLimit(&ctx, r, &out).ok());
-    return out.overall_code() == pb::RateLimitResponse::OK;
-  };
-  // All that follows must fall in one window of the rule (a minute of the monotonic clock,
-  // which the replicas on this machine share): with less than 20 s of it left, the next.
-  const auto in_window =
-      std::chrono::steady_clock::now().time_since_epoch() % std::chrono::minutes(1);
-  if (in_window > std::chrono::seconds(40))
-    std::this_thread::sleep_for(std::chrono::minutes(1) - in_window);  // until the next window
+    const auto s = stubs[static_cast<std::size_t>(i)]->ShouldRateLimit(&ctx, r, &out);
+    if (status) {
+      *status = s;
+    } else {
+      REQUIRE(s.ok());
+    }
+    return out;
+  }
+  bool admits(int i) { return ask(i).overall_code() == pb::RateLimitResponse::OK; }
+
+  nlohmann::json status(const std::string& resource) const {
+    return nlohmann::json::parse(output_of(std::string(DOORMAN_CLI_BINARY) + " status " + resource +
+                                           " --json --server " + root_at));
+  }
+
+  // Until a window of the rule (a minute of the monotonic clock, which every process on this
+  // machine shares) has at least `left` to run.
+  static void wait_for_window(std::chrono::seconds left) {
+    const auto in_window =
+        std::chrono::steady_clock::now().time_since_epoch() % std::chrono::minutes(1);
+    if (in_window > std::chrono::minutes(1) - left)
+      std::this_thread::sleep_for(std::chrono::minutes(1) - in_window);  // until the next one
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls][process]") {
+  rls_tree t("shared", 20, {"--exact-below", "0"});  // leases alone
+  rls_tree::wait_for_window(std::chrono::seconds(20));
   // Each replica asks once (its first answer comes before its first lease), then waits until
   // the root has leased the key to both (a deadline, polling the root).
-  int admitted = int(ask(0)) + int(ask(1));
-  const auto status = [&] {
-    return nlohmann::json::parse(output_of(std::string(DOORMAN_CLI_BINARY) +
-                                           " status shared/tenant=t1 --json --server " + *root_at));
-  };
+  int admitted = int(t.admits(0)) + int(t.admits(1));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   int holders = 0;
   nlohmann::json last;
   while (holders < 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling period
-    last = status();
+    last = t.status("shared/tenant=t1");
     holders = 0;
     for (const auto& l : last["leases"])
       holders += l["has"]["capacity"].get<double>() > 0 ? 1 : 0;
@@ -327,20 +377,54 @@ TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls
   for (int k = 0; std::chrono::steady_clock::now() < start + std::chrono::seconds(6); ++k) {
     std::this_thread::sleep_until(start + k * std::chrono::milliseconds(100));  // the traffic
     for (const int i : {0, 1})
-      each[static_cast<std::size_t>(i)] += int(ask(i));
+      each[static_cast<std::size_t>(i)] += int(t.admits(i));
   }
   admitted += each[0] + each[1];
   CHECK(admitted < 40);
   CHECK(each[0] >= 5);
   CHECK(each[1] >= 5);
   // The root never leased more than the limit (20 a minute, as a rate).
-  const auto resource = status()["resources"][0];
+  const auto resource = t.status("shared/tenant=t1")["resources"][0];
   CHECK(resource["sum_has"].get<double>() <= resource["capacity"].get<double>() + 1e-9);
-  for (auto& p : replicas) {
-    p->signal(SIGTERM);
-    CHECK(p->wait_exit() == 0);
+}
+
+TEST_CASE("rls: a small limit is counted exactly at the root, its refusals remembered",
+          "[rls][process]") {
+  // 7 a minute is under --exact-below: each request is counted by the root.
+  rls_tree t("exact", 7, {"--exact-below", "100", "--exact-timeout", "0.5"});
+  rls_tree::wait_for_window(std::chrono::seconds(20));
+  // Asked in turn at the two replicas: the first 7 are admitted, the rest refused, at once.
+  for (int k = 0; k < 20; ++k) {
+    INFO(k);
+    const auto a = t.ask(k % 2);
+    REQUIRE(a.statuses_size() == 1);
+    const auto& st = a.statuses(0);
+    CHECK(st.current_limit().requests_per_unit() == 7);
+    CHECK(st.duration_until_reset().seconds() <= 60);
+    if (k < 7) {
+      CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+      CHECK(st.limit_remaining() == static_cast<std::uint32_t>(6 - k));
+    } else {
+      CHECK(a.overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+      CHECK(st.limit_remaining() == 0);
+    }
   }
-  root.signal(SIGTERM);
-  CHECK(root.wait_exit() == 0);
-  std::filesystem::remove_all(dir);
+  // The root counted 9 calls: 7 admitted, then one refusal for each replica; after that each
+  // replica refused the key alone until its window ends.
+  const auto metrics = doorman_test::http_get(t.admin, "/metrics").body;
+  CHECK_THAT(metrics,
+             Catch::Contains(
+                 R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} 9)"));
+  // Without the root: a remembered refusal still answers; a new key is UNAVAILABLE (Envoy's
+  // failure_mode_deny then decides), within --exact-timeout.
+  t.root->signal(SIGTERM);
+  CHECK(t.root->wait_exit() == 0);
+  t.root.reset();
+  CHECK(t.ask(0).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  grpc::Status s;
+  const auto before = std::chrono::steady_clock::now();
+  (void)t.ask(1, "t2", &s);
+  CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK_THAT(s.error_message(), Catch::StartsWith("the root did not count: "));
+  CHECK(std::chrono::steady_clock::now() - before < std::chrono::seconds(2));
 }

@@ -2,7 +2,9 @@
 
 #include "rls_door.hpp"
 
+#include <atomic>
 #include <exception>
+#include <memory>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
@@ -30,13 +32,26 @@ class service final : public pb::RateLimitService::CallbackService {
       reactor->Finish({grpc::StatusCode::INVALID_ARGUMENT, e->message});
       return reactor;
     }
+    auto once = std::make_shared<std::atomic_flag>();
     try {
-      to_proto(h_.check(r), headers_, *out);
+      // Finished once: a handler that throws after answering does not answer twice.
+      h_.check(r, [reactor, out, once, headers = &headers_](check_outcome o) {
+        if (once->test_and_set()) return;
+        if (o.unavailable) {
+          reactor->Finish({grpc::StatusCode::UNAVAILABLE, *o.unavailable});
+          return;
+        }
+        try {
+          to_proto(o.statuses, *headers, *out);
+        } catch (const std::exception& e) {
+          reactor->Finish({grpc::StatusCode::INTERNAL, e.what()});
+          return;
+        }
+        reactor->Finish(grpc::Status::OK);
+      });
     } catch (const std::exception& e) {  // nothing may escape into gRPC's thread
-      reactor->Finish({grpc::StatusCode::INTERNAL, e.what()});
-      return reactor;
+      if (!once->test_and_set()) reactor->Finish({grpc::StatusCode::INTERNAL, e.what()});
     }
-    reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 

@@ -6,7 +6,10 @@
 // (docs/envoy.md). Compiled once (doorman::grpc); no gRPC or protobuf header shows through.
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <doorman/limit/rules.hpp>
@@ -18,12 +21,21 @@ namespace doorman::rls {
 struct check_request;
 struct header_names;
 
-// Decides requests: from any gRPC thread, concurrently.
+// How a check ended: a status per descriptor, in order; or, when `unavailable` says why, no
+// decision (the call is answered UNAVAILABLE, and Envoy's failure_mode_deny decides).
+struct check_outcome {
+  std::vector<descriptor_status> statuses;
+  std::optional<std::string> unavailable;
+};
+
+// Decides requests: from any gRPC thread, concurrently. `done` is called once, on this thread
+// before `check` returns or later on another (a count asked of the tree's root); `check` keeps
+// no reference to `r`.
 class handler {
  public:
+  using done_type = std::function<void(check_outcome)>;
   virtual ~handler() = default;
-  // A status per descriptor, in order.
-  virtual std::vector<descriptor_status> check(const check_request& r) = 0;
+  virtual void check(const check_request& r, done_type done) = 0;
 
  protected:
   handler() = default;

@@ -296,7 +296,8 @@ class RateLimitServiceTest(unittest.TestCase):
             replicas = []
             for i in range(2):
                 p = Process([ARGS.rls, "--listen", "127.0.0.1:0", "--config", config,
-                             "--server", root_at], os.path.join(self.work, "rls-%d.log" % i))
+                             "--server", root_at, "--exact-below", "0"],  # leases alone
+                            os.path.join(self.work, "rls-%d.log" % i))
                 replicas.append(p)
                 channel = grpc.insecure_channel(p.listening_address())
                 calls.append(channel.unary_unary(

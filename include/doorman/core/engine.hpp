@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -45,6 +46,10 @@ struct engine_options {
   /// resource's capacity is the lease set by `set_parent_lease`, 0 without one, and no grant
   /// outlives that lease.
   bool is_root = true;
+
+  /// `count_hits` counters held at most (one per resource counted in a window that has not
+  /// ended): a new resource past it is refused until windows end.
+  std::size_t max_hit_counters = 1'000'000;
 
   /// A grant to a server child (`get_server_capacity`) gets the template's refresh interval
   /// times this factor, so that the tree's inner levels refresh faster than its clients (see
@@ -306,6 +311,32 @@ class basic_engine {
     return release_response{mastership_};
   }
 
+  /// `count_hits`: counts each listed resource's hits in its current fixed window, exactly:
+  /// admitted when they fit in what the window has left of the limit (the resource's capacity
+  /// × the window, rounded down), else refused whole. Windows are multiples of their length on
+  /// this engine's clock; a count with another window length than the resource's last starts
+  /// it afresh. Only a root counts (an intermediate holds a share, not the limit); a non-master
+  /// answers with its mastership alone. A new master counts from zero.
+  [[nodiscard]] result<count_response> count_hits(const count_request& req, time_point now) {
+    if (auto e = validate(req)) return *e;
+    if (!options_.is_root) {
+      return request_error{errc::invalid_params,
+                           "resources: counted only at the root (this node has a parent)",
+                           "resources"};
+    }
+    count_response out;
+    fence(now);
+    out.mastership = mastership_;
+    if (!mastership_.is_master) return out;
+    out.resources.reserve(req.resources.size());
+    for (const auto& x : req.resources)
+      out.resources.push_back(count_one(x, now));
+    return out;
+  }
+
+  /// `count_hits` counters held now.
+  [[nodiscard]] std::size_t hit_counters() const noexcept { return counters_.size(); }
+
   /// `discovery`: who is master at `now` (fenced first, as every call).
   [[nodiscard]] discovery_response discovery(time_point now) {
     fence(now);
@@ -339,6 +370,7 @@ class basic_engine {
   /// Removes expired leases of every resource, and resources left with no state. O(resources +
   /// expired leases); the decision path only expires the resource it touches.
   void expire(time_point now) {
+    sweep_counters(now);
     for (auto it = resources_.begin(); it != resources_.end();) {
       resource& r = it->second;
       r.store.expire(now);
@@ -366,6 +398,52 @@ class basic_engine {
     for (const auto& x : req.resources)
       out.resources.push_back(decide_one(x, resource_for(x.resource_id, now)));
     return out;
+  }
+
+  // One resource's `count_hits` window: which one (its index on the clock), how long, how
+  // many hits it has admitted.
+  struct hit_counter {
+    std::int64_t index = 0;
+    duration window{};
+    double used = 0;
+    [[nodiscard]] time_point end() const { return time_point((index + 1) * window); }
+  };
+
+  [[nodiscard]] hit_verdict count_one(const hit_count& x, time_point now) {
+    hit_verdict v;
+    v.resource_id = x.resource_id;
+    const auto window = std::max(to_duration<duration>(x.window), duration(1));
+    const std::int64_t index = now.time_since_epoch() / window;
+    // rate × window may land a hair under the integer it means (10 / 60 × 60)
+    v.limit = std::floor(config_.find(x.resource_id).capacity * x.window + 1e-6);
+    v.reset = to_seconds(time_point((index + 1) * window) - now);
+    auto it = counters_.find(std::string_view(x.resource_id));
+    if (it == counters_.end()) {
+      if (counters_.size() >= options_.max_hit_counters) sweep_counters(now);
+      if (counters_.size() >= options_.max_hit_counters) {
+        v.remaining = 0;  // refused: no room to count it
+        return v;
+      }
+      it = counters_.emplace(x.resource_id, hit_counter{index, window, 0}).first;
+    }
+    hit_counter& c = it->second;
+    if (c.index != index || c.window != window) c = {index, window, 0};
+    v.admitted = c.used + x.hits <= v.limit;
+    if (v.admitted) c.used += x.hits;
+    v.remaining = std::max(0.0, v.limit - c.used);
+    return v;
+  }
+
+  // Forgets the counters whose window has ended (at most once per earliest window end).
+  void sweep_counters(time_point now) {
+    if (now < next_sweep_) return;
+    next_sweep_ = time_point::max();
+    std::erase_if(counters_, [&](const auto& e) {
+      const time_point end = e.second.end();
+      if (end <= now) return true;
+      next_sweep_ = std::min(next_sweep_, end);
+      return false;
+    });
   }
 
   struct resource {
@@ -729,6 +807,8 @@ class basic_engine {
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
   std::uint64_t excess_released_ = 0;
+  std::unordered_map<std::string, hit_counter, string_hash, std::equal_to<>> counters_;
+  time_point next_sweep_{};  // no counter's window ends before this
 };
 
 /// The engine on the steady clock.

@@ -43,6 +43,11 @@ struct request_limits {
   /// A page of `status` leases: where it starts, and how many it holds at most.
   static constexpr std::int64_t max_status_offset = 1'000'000'000;
   static constexpr std::int64_t max_status_limit = 1'000'000;
+  /// `count_hits`: hits counted at once on one resource, and a fixed window's length in
+  /// seconds (a millisecond to 366 days: every unit of a rate limit rule, a year included).
+  static constexpr double max_hits = 1e9;
+  static constexpr double min_window_seconds = 0.001;
+  static constexpr double max_window_seconds = 366 * 86'400.0;
 };
 
 }  // namespace doorman

@@ -115,6 +115,36 @@ struct discovery_response {
   mastership_info mastership;
 };
 
+/// One resource of a `count_hits`: `hits` more in the resource's current fixed window of
+/// `window` seconds.
+struct hit_count {
+  std::string resource_id;
+  double hits = 1;
+  double window = 1;  ///< seconds
+};
+
+/// `count_hits`: a client has the root count hits exactly, one fixed window per resource, with
+/// the resource's capacity × the window as the limit (a limit too small to split into leases;
+/// docs/protocol.md).
+struct count_request {
+  std::string client_id;
+  std::vector<hit_count> resources;
+};
+
+/// How the root counted one resource of a `count_hits`. A refused count consumes nothing.
+struct hit_verdict {
+  std::string resource_id;
+  bool admitted = false;
+  double limit = 0;      ///< hits per window: the capacity × the window, rounded down
+  double remaining = 0;  ///< hits left in the window, after these
+  double reset = 0;      ///< seconds until the window ends
+};
+
+struct count_response {
+  std::vector<hit_verdict> resources;
+  mastership_info mastership;
+};
+
 /// `status`: all resources, or one with its leases.
 struct status_request {
   std::optional<std::string> resource_id;
@@ -296,6 +326,32 @@ struct wire_message<release_response> {
 template <>
 struct wire_message<discovery_response> {
   static constexpr auto fields = mastership_field<discovery_response>();
+};
+
+template <>
+struct wire_message<hit_count> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &hit_count::resource_id), field("hits", &hit_count::hits),
+                 field("window", &hit_count::window)};
+};
+
+template <>
+struct wire_message<count_request> {
+  static constexpr auto fields = std::tuple{field("client_id", &count_request::client_id),
+                                            field("resources", &count_request::resources)};
+};
+
+template <>
+struct wire_message<hit_verdict> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &hit_verdict::resource_id),
+                 field("admitted", &hit_verdict::admitted), field("limit", &hit_verdict::limit),
+                 field("remaining", &hit_verdict::remaining), field("reset", &hit_verdict::reset)};
+};
+
+template <>
+struct wire_message<count_response> {
+  static constexpr auto fields = capacity_answer_fields<count_response>();
 };
 
 namespace detail {
@@ -605,6 +661,29 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
   if (auto e = detail::check_id(r.client_id, "client_id")) return e;
   return detail::check_resource_ids(
       r.resources, [](const std::string& x) -> std::string_view { return x; }, "");
+}
+
+/// Why `r` is invalid (the message names the field), or nothing.
+[[nodiscard]] inline std::optional<request_error> validate(const count_request& r) {
+  if (auto e = detail::check_id(r.client_id, "client_id")) return e;
+  if (auto e = detail::check_resource_ids(
+          r.resources, [](const hit_count& x) -> std::string_view { return x.resource_id; },
+          ".resource_id")) {
+    return e;
+  }
+  for (std::size_t i = 0; i < r.resources.size(); ++i) {
+    const auto& x = r.resources[i];
+    if (!(x.hits >= 0 && x.hits <= request_limits::max_hits)) {
+      return detail::invalid(detail::element("resources", i, ".hits"),
+                             "must be a number between 0 and 1e9");
+    }
+    if (!(x.window >= request_limits::min_window_seconds &&
+          x.window <= request_limits::max_window_seconds)) {
+      return detail::invalid(detail::element("resources", i, ".window"),
+                             "must be between 0.001 and 31622400 seconds (366 days)");
+    }
+  }
+  return std::nullopt;
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.

@@ -309,6 +309,18 @@ class access_control {
     return std::nullopt;
   }
 
+  /// `count_hits`: a client's call, on resources it may use (no lease is held).
+  std::optional<std::string> check(const access_caller& caller, const count_request& r) const {
+    if (!policy_) return std::nullopt;
+    const access_rule* rule = nullptr;
+    if (auto why = need(caller, access_role::client, "count_hits", rule)) return why;
+    if (auto why = owns(caller, rule->client_ids, "client_id", r.client_id)) return why;
+    for (std::size_t i = 0; i < r.resources.size(); ++i) {
+      if (auto why = resource_allowed(caller, *rule, r.resources[i].resource_id, i)) return why;
+    }
+    return std::nullopt;
+  }
+
   std::optional<std::string> check(const access_caller& caller, const release_request& r) {
     if (policy_) {
       const access_rule* rule = nullptr;
@@ -465,6 +477,9 @@ class access_guard final : public call_guard {
     return control_.check(caller_, r);
   }
   std::optional<std::string> allow(const status_request& r) override {
+    return control_.check(caller_, r);
+  }
+  std::optional<std::string> allow(const count_request& r) override {
     return control_.check(caller_, r);
   }
 

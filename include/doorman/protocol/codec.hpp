@@ -132,7 +132,8 @@ void to_json(nlohmann::json& j, const T& v) {
 /// call, `discovery` or `release_capacity`; the error names the field
 /// (`params.resources[0].wants: ...`).
 template <described_message T>
-requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_request>)
+requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_request> ||
+         std::same_as<T, count_request>)
     [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
   out = {};
   return detail::decode_fields(j, "params", out);
@@ -140,7 +141,7 @@ requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_re
 
 template <described_message T>
 requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_response> ||
-         std::same_as<T, discovery_response>)
+         std::same_as<T, discovery_response> || std::same_as<T, count_response>)
     [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
   out = {};
   return detail::decode_fields(j, "result", out);

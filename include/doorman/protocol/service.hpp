@@ -47,6 +47,7 @@ enum class rpc_method : std::uint8_t {
   release_capacity,
   discovery,
   status,
+  count_hits,
   other
 };
 
@@ -74,6 +75,7 @@ class call_guard {
   virtual std::optional<std::string> allow(const server_capacity_request&) = 0;
   virtual std::optional<std::string> allow(const release_request&) = 0;
   virtual std::optional<std::string> allow(const status_request&) = 0;
+  virtual std::optional<std::string> allow(const count_request&) = 0;
 
  protected:
   call_guard() = default;
@@ -132,8 +134,9 @@ class call_result {
 
 /// The metrics label (and wire name) of each `rpc_method` (the last, `other`, for what is no
 /// method).
-inline constexpr std::array<const char*, 6> rpc_method_names = {
-    "get_capacity", "get_server_capacity", "release_capacity", "discovery", "status", "other"};
+inline constexpr std::array<const char*, 7> rpc_method_names = {
+    "get_capacity", "get_server_capacity", "release_capacity", "discovery", "status", "count_hits",
+    "other"};
 
 /// What every row of the table says: `name` (on the wire and in metrics), `id`, `request` and
 /// `guarded` (whether the call guard is asked). A row adds `decide`, the engine call.
@@ -192,11 +195,20 @@ struct status : method_row<rpc_method::status, status_params> {
   }
 };
 
+// Exact counts at the root, for limits too small to split into leases.
+struct count_hits : method_row<rpc_method::count_hits, count_request> {
+  template <class E>
+  static auto decide(E& e, const request& r, time_of<E> now, const call_context&) {
+    return e.count_hits(r, now);
+  }
+};
+
 }  // namespace methods
 
 /// Every method, in the order of `rpc_method`.
-using method_table = std::tuple<methods::get_capacity, methods::get_server_capacity,
-                                methods::release_capacity, methods::discovery, methods::status>;
+using method_table =
+    std::tuple<methods::get_capacity, methods::get_server_capacity, methods::release_capacity,
+               methods::discovery, methods::status, methods::count_hits>;
 
 namespace detail {
 
