@@ -12,7 +12,9 @@
 // the same run, what envoyproxy/ratelimit pays per request at least: one Redis round trip of a
 // pipelined INCRBY and EXPIRE on a redis-server pinned to core 0, over the same keys, with
 // --window connections (one in flight each). Then the same doorman-rls with --server: each key
-// leased from a doorman-node root (the tree's round trips are not per request).
+// leased from a doorman-node root (the tree's round trips are not per request); and with
+// --server counting every key at the root (--exact-below above the rule's limit: one round
+// trip to the root per call; the root's CPU is not in the figure).
 //
 // Accuracy: --replicas doorman-rls replicas share one limit (60 a second on one key) under
 // uneven, shifting offered traffic, paced open loop, in three phases of --accuracy-seconds: over
@@ -20,7 +22,8 @@
 // (a quarter of the limit) with 60/30/10%. Per wall-clock second, the fleet's admitted calls are
 // compared with an ideal single counter (a fixed window: min(offered, limit)); over and under are
 // summed over the seconds, per mode: each replica alone (envoyproxy/ratelimit without a shared
-// Redis, or doorman-rls without --server) and leases (--server).
+// Redis, or doorman-rls without --server), leases (--server --exact-below 0) and exact counts
+// at the root (--server, the limit under --exact-below).
 
 #include <doorman/net/address.hpp>
 
@@ -81,6 +84,16 @@ struct options {
   std::string headroom;       // --headroom of the leased replicas; empty: doorman-rls's default
   std::string demand_window;  // their --demand-window, the same way
 };
+
+// How the replicas count: alone, by leases from a root, or exactly at the root.
+enum class mode { alone, leases, exact };
+constexpr std::array<mode, 3> all_modes = {mode::alone, mode::leases, mode::exact};
+
+// The flags a replica of `m` adds (the root at `root`).
+std::vector<std::string> mode_flags(mode m, const std::string& root) {
+  if (m == mode::alone) return {};
+  return {"--server", root, "--exact-below", m == mode::leases ? "0" : "10000000000"};
+}
 
 struct speed_result {
   std::string server;  // "doorman-rls", "doorman-rls --server", "redis INCRBY+EXPIRE"
@@ -344,23 +357,24 @@ std::vector<speed_result> speed(const options& o, const std::filesystem::path& d
   const bool redis = std::filesystem::exists(o.redis_binary);
   if (!redis) fmt::print(stderr, "no {}: the Redis rows are left out\n", o.redis_binary);
   for (const long keys : o.keys) {
-    for (const bool leased : {false, true}) {
+    for (const mode m : all_modes) {
       std::optional<started> root;
       std::vector<std::string> args = {"/usr/bin/taskset", "-c",           "0",
                                        o.rls_binary,       "--listen",     "127.0.0.1:0",
                                        "--config",         config.string()};
-      if (leased) {
-        root = start_root(o, dir, config, "speed");
-        args.insert(args.end(), {"--server", root->address});
-      }
-      auto rls = start(args, dir / fmt::format("speed-{}-{}.log", keys, leased),
+      if (m != mode::alone) root = start_root(o, dir, config, "speed");
+      const auto more = mode_flags(m, root ? root->address : "");
+      args.insert(args.end(), more.begin(), more.end());
+      auto rls = start(args, dir / fmt::format("speed-{}-{}.log", keys, static_cast<int>(m)),
                        "RateLimitService listening on ");
       rls_load load(rls.address);
       // Every key once first (each a new key, and with --server a first lease asked for), so
       // that the measured calls are steady state.
       (void)load.drive(o, keys, rls.p->pid(), 0);
       auto r = load.drive(o, keys, rls.p->pid(), o.seconds);
-      r.server = leased ? "doorman-rls --server" : "doorman-rls";
+      static constexpr std::array<const char*, 3> names = {"doorman-rls", "doorman-rls --server",
+                                                           "doorman-rls --server, exact"};
+      r.server = names[static_cast<std::size_t>(m)];
       out.push_back(r);
       fmt::print(stderr, "{} keys {}: {:.0f} calls/s\n", r.server, keys, r.calls_per_s);
       stop(rls);
@@ -417,19 +431,23 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
       limit);
   const auto replicas = static_cast<std::size_t>(std::clamp(o.replicas, 1, 3));
   std::vector<accuracy_result> out;
-  for (const bool leased : {false, true}) {
-    const std::string mode = leased ? "leases (--server)" : "each replica alone";
+  for (const mode m : all_modes) {
+    static constexpr std::array<const char*, 3> names = {"each replica alone", "leases (--server)",
+                                                         "exact (--server, counted at the root)"};
+    const std::string mode_name = names[static_cast<std::size_t>(m)];
+    const bool leased = m == mode::leases;
     std::optional<started> root;
-    if (leased) root = start_root(o, dir, config, "accuracy");
+    if (m != mode::alone) root = start_root(o, dir, config, "accuracy");
     std::vector<started> rls;
     for (std::size_t i = 0; i < replicas; ++i) {
       std::vector<std::string> args = {o.rls_binary, "--listen", "127.0.0.1:0", "--config",
                                        config.string()};
-      if (leased) args.insert(args.end(), {"--server", root->address});
+      const auto more = mode_flags(m, root ? root->address : "");
+      args.insert(args.end(), more.begin(), more.end());
       if (leased && !o.headroom.empty()) args.insert(args.end(), {"--headroom", o.headroom});
       if (leased && !o.demand_window.empty())
         args.insert(args.end(), {"--demand-window", o.demand_window});
-      rls.push_back(start(args, dir / fmt::format("accuracy-{}-{}.log", leased, i),
+      rls.push_back(start(args, dir / fmt::format("accuracy-{}-{}.log", static_cast<int>(m), i),
                           "RateLimitService listening on "));
     }
     const auto q = ask_for("shared", "tenant", "t1");
@@ -460,7 +478,7 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
         }
       }
       accuracy_result r;
-      r.mode = mode;
+      r.mode = mode_name;
       r.phase = ph.name;
       std::map<long, std::pair<long, long>> fleet;
       for (const auto& per : seen)
@@ -483,7 +501,7 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
         r.per_second.emplace_back(ideal, c.second);
       }
       out.push_back(r);
-      fmt::print(stderr, "{}, {}: ideal {} admitted {}\n", mode, ph.name, r.ideal, r.admitted);
+      fmt::print(stderr, "{}, {}: ideal {} admitted {}\n", mode_name, ph.name, r.ideal, r.admitted);
     }
     for (auto& s : rls)
       stop(s);
@@ -566,7 +584,7 @@ int run(const options& o) {
       std::filesystem::temp_directory_path() / fmt::format("doorman-bench-rls-{}", ::getpid());
   std::filesystem::create_directories(dir);
   const auto fast = o.seconds > 0 ? speed(o, dir) : std::vector<speed_result>{};
-  const auto exact = o.accuracy_seconds > 0 ? accuracy(o, dir) : std::vector<accuracy_result>{};
+  const auto accurate = o.accuracy_seconds > 0 ? accuracy(o, dir) : std::vector<accuracy_result>{};
   std::filesystem::remove_all(dir);
 
   fmt::print(
@@ -587,8 +605,8 @@ int run(const options& o) {
       "\n| mode | phase | offered | ideal | admitted | over | under |\n"
       "|---|---|---:|---:|---:|---:|---:|\n");
   json += R"(], "accuracy": [)";
-  for (std::size_t i = 0; i < exact.size(); ++i) {
-    const auto& r = exact[i];
+  for (std::size_t i = 0; i < accurate.size(); ++i) {
+    const auto& r = accurate[i];
     const auto pct = [&](long x) {
       return r.ideal ? 100.0 * static_cast<double>(x) / static_cast<double>(r.ideal) : 0.0;
     };
@@ -601,7 +619,7 @@ int run(const options& o) {
   }
   json += "]}\n";
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
-  if (!o.svg_file.empty() && !exact.empty()) write_svg(o.svg_file, exact);
+  if (!o.svg_file.empty() && !accurate.empty()) write_svg(o.svg_file, accurate);
   return 0;
 }
 

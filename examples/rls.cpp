@@ -15,6 +15,8 @@
 // Envoy cluster share each limit: every request key is a doorman resource leased from the tree
 // (--print-root-config prints the root's configuration for the rules), and this replica enforces
 // its share with a fixed window of the rule's unit. --max-keys bounds the keys held per rule.
+// A rule whose limit is under --exact-below is counted exactly by the root instead, one
+// count_hits call per request (--exact-timeout bounds it; no answer is UNAVAILABLE).
 
 #include <doorman/client.hpp>
 #include <doorman/client/keyed_resource.hpp>
@@ -566,7 +568,7 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--headroom", [&](arguments& a) { o.headroom = a.number(1, 10); }},
       {"--demand-window", [&](arguments& a) { o.demand_window = a.number(1, 600); }},
       {"--min-share", [&](arguments& a) { o.min_share = a.number(0, 1); }},
-      {"--exact-below", [&](arguments& a) { o.exact_below = a.number(0, 1e9); }},
+      {"--exact-below", [&](arguments& a) { o.exact_below = a.number(0, 1e10); }},
       {"--exact-timeout", [&](arguments& a) { o.exact_timeout = a.number(0.001, 60); }},
   });
 }

@@ -25,6 +25,32 @@ TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
   CHECK(ch.current() == master.address());
 }
 
+TEST_CASE("calls made together on a fresh channel share one connection attempt",
+          "[net][channel][fault]") {
+  running_node root(fast_config(10));
+  asio::io_context io;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {root.address()}});
+  std::vector<doorman::net::call_reply> replies;
+  constexpr int calls = 32;
+  for (int i = 0; i < calls; ++i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          replies.push_back(co_await ch.call("get_capacity",
+                                             capacity_params("c" + std::to_string(i), "db", 0.1)));
+          if (replies.size() == calls) io.stop();
+        },
+        asio::detached);
+  }
+  io.run_for(std::chrono::seconds(10));  // a deadline: it stops once every call is answered
+  REQUIRE(replies.size() == calls);
+  for (const auto& r : replies) {
+    INFO(r.message);
+    CHECK(r);
+  }
+  CHECK(ch.failures() == 0);
+}
+
 TEST_CASE("a channel fails over to the next address and times out when none answers",
           "[net][channel]") {
   running_node root(fast_config(10));

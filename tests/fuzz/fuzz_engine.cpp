@@ -1,5 +1,6 @@
 // libFuzzer target: a structure-aware driver of a root engine. Each input is a program of
-// well-formed calls — get_capacity, get_server_capacity, release_capacity, status, expire —
+// well-formed calls — get_capacity, get_server_capacity, release_capacity, status, count_hits,
+// expire —
 // with ids from small pools (so that calls meet the same clients and resources), quantities
 // from the edges of their bounds as well as ordinary ones, clock steps, mastership changes and
 // configuration reloads. After every step the engine invariants hold (fuzz_support.hpp).
@@ -66,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto checked_from = clock.now();
   for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
     const auto now = clock.now();
-    switch (in.ConsumeIntegralInRange(0, 9)) {
+    switch (in.ConsumeIntegralInRange(0, 10)) {
       case 0:
       case 1:
       case 2: {
@@ -135,6 +136,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                   in.ConsumeFloatingPointInRange(0.0, 1000.0))));
         checked_from = now + std::chrono::seconds(10);
         break;
+      case 10: {
+        // A count never admits past the limit of its window, and a refusal consumes nothing.
+        static constexpr double windows[] = {0.001, 1, 60, 3600, 366 * 86'400.0};
+        const doorman::hit_count x{pick(in, resources), in.ConsumeFloatingPointInRange(0.0, 1e9),
+                                   windows[in.ConsumeIntegralInRange(0, 4)]};
+        const auto r = engine.count_hits({pick(in, clients), {x}}, now);
+        DOORMAN_FUZZ_CHECK(r.has_value(), r ? "" : r.error().message);
+        for (const auto& v : r.value().resources) {
+          DOORMAN_FUZZ_CHECK(v.remaining >= 0 && v.remaining <= v.limit, "remaining");
+          DOORMAN_FUZZ_CHECK(!v.admitted || x.hits <= v.limit, "admitted past the limit");
+          DOORMAN_FUZZ_CHECK(v.reset > 0 && v.reset <= x.window, "reset");
+        }
+        break;
+      }
     }
     check_engine(engine, clock.now(), checked_from);
   }

@@ -270,7 +270,8 @@ class channel final : public call_channel {
     return std::make_shared<connection_state>(executor_, tls_ ? tls_->current() : nullptr);
   }
 
-  DOORMAN_DECL asio::awaitable<void> sleep_until(clock::time_point until);
+  DOORMAN_DECL asio::awaitable<void> sleep_until(clock::time_point until,
+                                                 bool until_connected = false);
 
   // How a connection attempt ended: `cut_short` when the call's own deadline, before
   // connect_timeout, ended it (which says nothing new about the peer).
@@ -317,6 +318,10 @@ class channel final : public call_channel {
   bool shut_ = false;
   std::uint64_t cancels_ = 0;  // calls begun before the latest cancel() end
   std::unordered_set<asio::steady_timer*> sleeping_;
+  // One connection attempt at a time: calls made meanwhile wait for it (they are woken when it
+  // ends, whatever its outcome), instead of each connecting the one socket.
+  bool connecting_ = false;
+  std::unordered_set<asio::steady_timer*> awaiting_connect_;
   std::string problem_;          // the last connection problem, in words
   std::string connect_problem_;  // why the last connection attempt failed
   log_throttle<clock::time_point> problem_log_{seconds(5)};

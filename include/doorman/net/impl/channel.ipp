@@ -66,8 +66,23 @@ DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
     co_await sleep_until(policy_.connect_at());
     co_return out;
   }
+  if (connecting_) {  // another call's attempt: its outcome is this call's too
+    co_await sleep_until(deadline, true);
+    co_return out;
+  }
   connect_problem_.clear();
-  const attempt a = co_await connect(deadline);
+  connecting_ = true;
+  attempt a = attempt::failed;
+  {
+    // However the attempt ends (an exception included), the calls waiting for it go on.
+    const auto woken = [this](void*) {
+      connecting_ = false;
+      for (auto* t : awaiting_connect_)
+        t->cancel();
+    };
+    const std::unique_ptr<void, decltype(woken)> wake(this, woken);
+    a = co_await connect(deadline);
+  }
   if (a != attempt::connected && cancels_ == cancels) {
     policy_.failed(clock::now(), failure::unreachable);
     // An attempt the call's own deadline cut short says nothing new of the peer: the problem
@@ -77,13 +92,16 @@ DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
   co_return out;
 }
 
-DOORMAN_DECL asio::awaitable<void> channel::sleep_until(clock::time_point until) {
+DOORMAN_DECL asio::awaitable<void> channel::sleep_until(clock::time_point until,
+                                                        bool until_connected) {
   asio::steady_timer t(executor_);
   t.expires_at(until);
   sleeping_.insert(&t);
+  if (until_connected) awaiting_connect_.insert(&t);
   std::error_code ec;
   co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   sleeping_.erase(&t);
+  awaiting_connect_.erase(&t);
 }
 
 DOORMAN_DECL asio::awaitable<channel::attempt> channel::connect(clock::time_point deadline) {
