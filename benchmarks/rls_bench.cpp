@@ -147,13 +147,15 @@ void stop(started& s) {
 // A root for --server, configured by doorman-rls --print-root-config over `config`.
 started start_root(const options& o, const std::filesystem::path& dir,
                    const std::filesystem::path& config, const std::string& name) {
-  const auto json = dir / (name + "-root.json");
+  // A log of its own per root: a reused log still holds an earlier root's "listening on".
+  static int roots = 0;
+  const auto json = dir / fmt::format("{}-root-{}.json", name, ++roots);
   const std::string cmd = fmt::format("{} --config {} --print-root-config > {}", o.rls_binary,
                                       config.string(), json.string());
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
   return start(
       {o.node_binary, "--listen", "127.0.0.1:0", "--admin", "off", "--config", json.string()},
-      dir / (name + "-root.log"), "listening on ");
+      dir / fmt::format("{}-root-{}.log", name, roots), "listening on ");
 }
 
 // --window calls in flight through gRPC's callback API; answers taken on this thread.

@@ -720,17 +720,20 @@ TEST_CASE(
     "[client][net][lifecycle]") {
   stalling_server server(1000, 1);  // 1 permit a second, burst 1
   doorman::client cl(fast_client(server.address()));
+  // A wait given up gave its reservation back: the next permit is still the one due in ~1 s
+  // (it would be 2 s away had the cancelled wait kept its permit).
+  const auto next_still_due_in_a_second = [](doorman::rate_resource& r) {
+    const auto next = r.try_acquire();
+    CHECK_FALSE(next);
+    CHECK(next.retry_after < 1.5s);
+  };
   SECTION("rate_resource::async_wait") {
     doorman::rate_resource r(cl, "api", {.wants = 1});
     REQUIRE(eventually([&] { return r.capacity() == 1; }));
     REQUIRE(r.try_acquire());  // the burst: the next permit is due in 1 s
     CHECK(cancelled_at_once([&](auto handler) { r.async_wait(1, std::move(handler)); }) ==
           asio::error::operation_aborted);
-    // The cancelled reservation was given back: the next permit is still the one due in ~1 s
-    // (it would be 2 s away had the cancelled wait kept its permit).
-    const auto next = r.try_acquire();
-    CHECK_FALSE(next);
-    CHECK(next.retry_after < 1.5s);
+    next_still_due_in_a_second(r);
   }
   SECTION("a deadline raced against async_wait (awaitable operators)") {
     doorman::rate_resource r(cl, "api", {.wants = 1});
@@ -749,9 +752,7 @@ TEST_CASE(
     io.run_for(5s);
     CHECK(io.stopped());
     CHECK(winner == 1);  // the deadline; the wait was cancelled and gave its permit back
-    const auto next = r.try_acquire();
-    CHECK_FALSE(next);
-    CHECK(next.retry_after < 1.5s);
+    next_still_due_in_a_second(r);
   }
   SECTION("gauge_resource::async_acquire") {
     doorman::gauge_resource g(cl, "jobs", {.wants = 1});

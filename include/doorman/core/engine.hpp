@@ -318,20 +318,13 @@ class basic_engine {
   /// it afresh. Only a root counts (an intermediate holds a share, not the limit); a non-master
   /// answers with its mastership alone. A new master counts from zero.
   [[nodiscard]] result<count_response> count_hits(const count_request& req, time_point now) {
-    if (auto e = validate(req)) return *e;
     if (!options_.is_root) {
       return request_error{errc::invalid_params,
                            "resources: counted only at the root (this node has a parent)",
                            "resources"};
     }
-    count_response out;
-    fence(now);
-    out.mastership = mastership_;
-    if (!mastership_.is_master) return out;
-    out.resources.reserve(req.resources.size());
-    for (const auto& x : req.resources)
-      out.resources.push_back(count_one(x, now));
-    return out;
+    return answer_each<count_response>(req, now,
+                                       [&](const hit_count& x) { return count_one(x, now); });
   }
 
   /// `count_hits` counters held now.
@@ -389,6 +382,14 @@ class basic_engine {
   template <class Response, class Request, class DecideOne>
   [[nodiscard]] result<Response> decide_each(const Request& req, time_point now,
                                              DecideOne decide_one) {
+    return answer_each<Response>(
+        req, now, [&](const auto& x) { return decide_one(x, resource_for(x.resource_id, now)); });
+  }
+
+  /// The same for any request of resources: `answer_one(item)` for each item, when master.
+  template <class Response, class Request, class AnswerOne>
+  [[nodiscard]] result<Response> answer_each(const Request& req, time_point now,
+                                             AnswerOne answer_one) {
     if (auto e = validate(req)) return *e;
     Response out;
     fence(now);
@@ -396,7 +397,7 @@ class basic_engine {
     if (!mastership_.is_master) return out;
     out.resources.reserve(req.resources.size());
     for (const auto& x : req.resources)
-      out.resources.push_back(decide_one(x, resource_for(x.resource_id, now)));
+      out.resources.push_back(answer_one(x));
     return out;
   }
 
