@@ -1,0 +1,22 @@
+"""doorman: a client of a doorman capacity tree (docs/python.md). Standard library only."""
+
+from ._limiters import Acquired
+from .client import (
+    Client,
+    ClientClosed,
+    GaugeResource,
+    RateResource,
+    ResourceOptions,
+    tls_context,
+)
+
+__all__ = [
+    "Acquired",
+    "Client",
+    "ClientClosed",
+    "GaugeResource",
+    "RateResource",
+    "ResourceOptions",
+    "tls_context",
+]
+__version__ = "0.1.0"

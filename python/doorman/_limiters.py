@@ -1,0 +1,152 @@
+"""The local limiters that enforce a lease: a GCRA rate limiter and a concurrency gauge, each
+behind one lock (thread-safe), on the monotonic clock. A capacity of -1 is unlimited."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+UNLIMITED = -1.0
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A `try_acquire` answer: true when admitted; else `retry_after` seconds until it could be
+    (`math.inf` while the capacity is 0)."""
+
+    admitted: bool
+    retry_after: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
+class RateLimiter:
+    """At most `capacity` permits a second, with a burst of `burst` (0: max(1, 0.1 s of the
+    capacity)): the generic cell rate algorithm, one theoretical arrival time."""
+
+    def __init__(self, capacity: float = 0.0, burst: float = 0.0) -> None:
+        self._lock = threading.Lock()
+        self._burst_option = burst
+        self._capacity = 0.0
+        self._tat = 0.0  # theoretical arrival time of the next permit
+        self.set_capacity(capacity)
+
+    @property
+    def capacity(self) -> float:
+        return self._capacity
+
+    def _burst(self) -> float:
+        if self._burst_option > 0:
+            return self._burst_option
+        return max(1.0, 0.1 * self._capacity)
+
+    def set_capacity(self, capacity: float) -> None:
+        with self._lock:
+            self._capacity = capacity
+            if capacity > 0:
+                # The next permit no later than a new burst allows.
+                now = time.monotonic()
+                self._tat = min(self._tat, now + (self._burst() - 1) / capacity)
+
+    def _decide(self, n: float, now: float, reserve: bool) -> tuple[bool, float]:
+        """(admitted, wait): with `reserve`, the permits are taken and `wait` is how long until
+        they are due; else they are taken only when due now."""
+        c = self._capacity
+        if c < 0:
+            return True, 0.0
+        if c == 0:
+            return False, math.inf
+        interval = 1.0 / c
+        tat = max(self._tat, now)
+        allowed_at = tat + n * interval - self._burst() * interval
+        if allowed_at <= now:
+            self._tat = tat + n * interval
+            return True, 0.0
+        if reserve:
+            self._tat = tat + n * interval
+            return True, allowed_at - now
+        return False, allowed_at - now
+
+    def try_acquire(self, n: float = 1) -> Acquired:
+        with self._lock:
+            ok, wait = self._decide(n, time.monotonic(), False)
+        return Acquired(ok, wait)
+
+    def reserve(self, n: float = 1) -> float:
+        """Takes `n` permits now and says how long until they are due (`math.inf`: capacity 0,
+        nothing taken)."""
+        with self._lock:
+            ok, wait = self._decide(n, time.monotonic(), True)
+        return wait if ok else math.inf
+
+    def cancel(self, n: float = 1) -> None:
+        """Gives back a reservation that was not used."""
+        with self._lock:
+            if self._capacity > 0:
+                self._tat -= n / self._capacity
+
+
+class Gauge:
+    """At most `capacity` (rounded down) held at once; -1: unlimited."""
+
+    def __init__(self, capacity: float = 0.0) -> None:
+        self._cond = threading.Condition()
+        self._capacity = capacity
+        self.in_use = 0
+        self.waiting = 0
+        self.on_release: Optional[Callable[[], None]] = None  # after a slot is given back
+
+    @property
+    def capacity(self) -> float:
+        return self._capacity
+
+    def set_capacity(self, capacity: float) -> None:
+        with self._cond:
+            self._capacity = capacity
+            self._cond.notify_all()
+
+    def _room(self) -> bool:
+        return self._capacity < 0 or self.in_use < math.floor(self._capacity)
+
+    def try_acquire(self) -> bool:
+        with self._cond:
+            if self._room():
+                self.in_use += 1
+                return True
+            return False
+
+    def acquire(self, timeout: float | None, closed: "threading.Event") -> bool:
+        """Waits for a slot; False at the timeout or once `closed` is set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self.waiting += 1
+            try:
+                while not self._room():
+                    if closed.is_set():
+                        return False
+                    left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+                if closed.is_set():
+                    return False
+                self.in_use += 1
+                return True
+            finally:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        with self._cond:
+            if self.in_use > 0:
+                self.in_use -= 1
+            self._cond.notify()
+        if self.on_release is not None:
+            self.on_release()
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()

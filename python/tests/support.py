@@ -1,0 +1,155 @@
+"""Real doorman-node processes on loopback for the Python client's tests, and small fake servers
+(one that redirects to another address, one that accepts and never answers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any, Optional
+
+NODE = os.environ.get("DOORMAN_NODE_BINARY", "build/dev/examples/doorman-node")
+
+
+def config(capacity: float, lease_length: int = 5, refresh_interval: int = 1,
+           safe_capacity: Optional[float] = None) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "identifier_glob": "*",
+        "capacity": capacity,
+        "algorithm": {"kind": "FAIR_SHARE", "lease_length": lease_length,
+                      "refresh_interval": refresh_interval, "learning_mode_duration": 0},
+    }
+    if safe_capacity is not None:
+        r["safe_capacity"] = safe_capacity
+    return {"resources": [r]}
+
+
+class Node:
+    """A doorman-node root on a free port of 127.0.0.1."""
+
+    def __init__(self, conf: dict[str, Any], *extra: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="doorman-py-")
+        path = os.path.join(self.dir, "config.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+        self.log_path = os.path.join(self.dir, "node.log")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [NODE, "--listen", "127.0.0.1:0", "--admin", "off", "--config", path,
+             "--minimum-refresh-interval", "0", *extra],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        self.address = self._wait_for(r"listening on (\S+)")
+
+    def _wait_for(self, pattern: str, timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log_path) as f:
+                m = re.search(pattern, f.read())
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)  # polling the log
+        raise RuntimeError(f"doorman-node did not start: {open(self.log_path).read()}")
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """One JSON-RPC call on a connection of its own."""
+        host, port = self.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall((json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                                   "params": params}) + "\n").encode())
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        return json.loads(data)
+
+    def leases(self, resource: str) -> dict[str, float]:
+        """Client id to capacity of every lease on `resource`."""
+        st = self.call("status", {"resource_id": resource})["result"]
+        return {l["client_id"]: l["has"]["capacity"] for l in st.get("leases", [])}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        self._log.close()
+
+
+class FakeServer:
+    """Accepts on a free port; `answer(request)` gives the answer object for each request line
+    (None: never answers)."""
+
+    def __init__(self, answer) -> None:  # type: ignore[no-untyped-def]
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.answer = answer
+        self.requests: list[dict[str, Any]] = []
+        self.accepted = 0
+        self._conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._conns.append(c)
+            threading.Thread(target=self._talk, args=(c,), daemon=True).start()
+
+    def _talk(self, c: socket.socket) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = c.recv(65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, _, buf = buf.partition(b"\n")
+                req = json.loads(line)
+                self.requests.append(req)
+                a = self.answer(req)
+                if a is not None:
+                    c.sendall((json.dumps({"jsonrpc": "2.0", "id": req["id"], **a}) + "\n")
+                              .encode())
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+        for c in self._conns:
+            c.close()
+
+
+def free_port_refusing() -> str:
+    """An address nothing listens on (connections are refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = "127.0.0.1:%d" % s.getsockname()[1]
+    s.close()
+    return address
+
+
+def eventually(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    """Whether `predicate()` holds before `timeout` seconds (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)  # polling period
+    return bool(predicate())

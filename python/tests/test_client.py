@@ -1,0 +1,210 @@
+"""The Python client against real doorman-node processes on loopback (and fake servers for the
+faults a node does not make on demand). Run by `make test` through ctest:
+    DOORMAN_NODE_BINARY=build/dev/examples/doorman-node /usr/bin/python3 -m unittest ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the wheel)
+    sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
+
+import doorman  # noqa: E402
+from support import FakeServer, Node, config, eventually, free_port_refusing  # noqa: E402
+
+
+def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
+    return doorman.Client(address, minimum_refresh_interval=0.1, sample_interval=0.2,
+                          demand_window=1.0, **kw)
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.nodes: list[Node] = []
+
+    def tearDown(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def node(self, conf, *extra: str) -> Node:  # type: ignore[no-untyped-def]
+        n = Node(conf, *extra)
+        self.nodes.append(n)
+        return n
+
+    def test_fixed_wants_are_granted_and_shared_fairly(self) -> None:
+        n = self.node(config(100))
+        with fast(n.address) as a, fast(n.address) as b:
+            ra = a.rate("api", wants=80)
+            self.assertTrue(eventually(lambda: ra.capacity == 80))
+            rb = b.rate("api", wants=80)
+            # FAIR_SHARE: 50 each once both have refreshed.
+            self.assertTrue(eventually(lambda: ra.capacity == 50 and rb.capacity == 50),
+                            (ra.capacity, rb.capacity))
+            self.assertTrue(ra.leased)
+            self.assertEqual(n.leases("api"), {a.client_id: 50, b.client_id: 50})
+
+    def test_fast_start_then_measured_wants(self) -> None:
+        n = self.node(config(100))
+        with fast(n.address) as c:
+            api = c.rate("api")  # measured: first asked for with 0, granted 0
+            self.assertTrue(eventually(lambda: api.leased))
+            first = api.try_acquire()
+            self.assertFalse(first)
+            self.assertEqual(first.retry_after, math.inf)
+            # Held back by 0: the start wants (the server's safe capacity, here 100) at once.
+            self.assertTrue(eventually(lambda: api.capacity > 0, timeout=5))
+            self.assertTrue(api.try_acquire())
+            # Used at about 20 a second, the wants follow the use.
+            end = time.monotonic() + 2.5
+            while time.monotonic() < end:
+                api.wait(1)
+                time.sleep(0.05)  # the traffic: about 20 a second
+            self.assertLess(api.wants, 60)
+            self.assertGreater(api.wants, 5)
+
+    def test_release_on_close_and_on_the_last_handle(self) -> None:
+        n = self.node(config(100))
+        c = fast(n.address)
+        a = c.rate("a", wants=10)
+        b = c.gauge("b", wants=3)
+        self.assertTrue(eventually(lambda: a.capacity == 10 and b.capacity == 3))
+        a.close()  # the last handle of "a": released
+        self.assertTrue(eventually(lambda: n.leases("a") == {}))
+        self.assertEqual(n.leases("b"), {c.client_id: 3})
+        start = time.monotonic()
+        c.close()
+        self.assertLess(time.monotonic() - start, 1.5)
+        self.assertEqual(n.leases("b"), {})
+        with self.assertRaises(doorman.ClientClosed):
+            c.rate("c")
+
+    def test_gauge_slots(self) -> None:
+        n = self.node(config(100))
+        with fast(n.address) as c:
+            jobs = c.gauge("jobs", wants=2)
+            self.assertTrue(eventually(lambda: jobs.capacity == 2))
+            with jobs.acquire():
+                with jobs.acquire():
+                    self.assertEqual(jobs.in_use, 2)
+                    self.assertFalse(jobs.try_acquire())
+                    with self.assertRaises(TimeoutError):
+                        jobs.acquire(timeout=0.1)
+            self.assertEqual(jobs.in_use, 0)
+
+    def test_fallback_after_the_tree_goes_away(self) -> None:
+        n = self.node(config(100, lease_length=2, safe_capacity=7))
+        with fast(n.address, call_timeout=0.5) as c:
+            safe = c.rate("s", wants=50)
+            pess = c.rate("p", wants=50, mode="pessimistic")
+            opt = c.rate("o", wants=30, mode="optimistic")
+            self.assertTrue(eventually(lambda: safe.capacity == 50 and opt.capacity == 30))
+            n.stop()
+            # Leases run out within 2 s; then each fallback.
+            self.assertTrue(eventually(lambda: not safe.leased, timeout=4))
+            self.assertTrue(eventually(lambda: safe.capacity == 7 and pess.capacity == 0
+                                       and opt.capacity == 30, timeout=2),
+                            (safe.capacity, pess.capacity, opt.capacity))
+
+    def test_redirect_to_the_master(self) -> None:
+        master = self.node(config(100))
+        follower = FakeServer(lambda req: {"result": {
+            "mastership": {"is_master": False, "master": master.address}, "resources": []}})
+        try:
+            with fast(follower.address) as c:
+                api = c.rate("api", wants=5)
+                self.assertTrue(eventually(lambda: api.capacity == 5))
+                self.assertEqual(master.leases("api"), {c.client_id: 5})
+        finally:
+            follower.close()
+
+    def test_backoff_when_refused(self) -> None:
+        refused = free_port_refusing()
+        with doorman.Client(refused, minimum_refresh_interval=0.1, call_timeout=0.5) as c:
+            c.rate("api", wants=1)
+            time.sleep(3)  # the measured span: how many attempts 3 s of refusals cost
+            attempts = c._channel.connects
+        # Backing off (0.05 s doubling to 5 s, jittered) and refreshing (0.5 s doubling):
+        # a handful of attempts, not thousands.
+        self.assertGreater(attempts, 1)
+        self.assertLess(attempts, 20)
+
+    def test_close_is_bounded_when_the_server_hangs(self) -> None:
+        hung = FakeServer(lambda req: None)  # accepts, never answers
+        try:
+            c = doorman.Client(hung.address, release_timeout=0.3, call_timeout=5)
+            c.rate("api", wants=1)
+            self.assertTrue(eventually(lambda: len(hung.requests) >= 1))
+            # The refresh in flight is cut short, then the release waits release_timeout.
+            start = time.monotonic()
+            c.close()
+            self.assertLess(time.monotonic() - start, 0.3 + 0.5)
+        finally:
+            hung.close()
+
+    def test_close_ends_waits(self) -> None:
+        n = self.node(config(0))  # nothing to grant: waits block
+        c = fast(n.address)
+        api = c.rate("api", wants=1, mode="pessimistic")
+        errors: list[BaseException] = []
+
+        def waiter() -> None:
+            try:
+                api.wait()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)  # the waiter is blocked by then (nothing to grant)
+        c.close()
+        t.join(2)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(len(errors), 1)
+        self.assertIsInstance(errors[0], doorman.ClientClosed)
+
+    def test_the_example_of_docs_python_md(self) -> None:
+        n = self.node(config(100))
+        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+        with open(docs) as f:
+            text = f.read()
+        code = text.split("```python\n", 1)[1].split("```", 1)[0]
+        self.assertIn('"127.0.0.1:7700"', code)
+        code = code.replace("127.0.0.1:7700", n.address)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, docs, "exec"), {})  # noqa: S102: the docs' own example
+        # The first try_acquire may come before the first lease: admitted then, or not.
+        self.assertIn("one of at most 2 jobs in flight", out.getvalue())
+        self.assertEqual(n.leases("api"), {})
+        self.assertEqual(n.leases("jobs"), {})
+
+    def test_bad_arguments_name_the_field(self) -> None:
+        with self.assertRaisesRegex(ValueError, "addresses"):
+            doorman.Client([])
+        with self.assertRaisesRegex(ValueError, "expected host:port"):
+            doorman.Client("nope")
+        with doorman.Client(free_port_refusing()) as c:
+            with self.assertRaisesRegex(ValueError, "mode: must be one of"):
+                c.rate("x", mode="sometimes")
+            with self.assertRaisesRegex(ValueError, "resource_id: must be a string of 1 to 256"):
+                c.rate("")
+            with self.assertRaisesRegex(ValueError, "burst: only for a rate resource"):
+                c.gauge("g", burst=5)
+            with self.assertRaises(TypeError):
+                c.rate("x", wantz=5)  # an unknown option
+            c.rate("x")
+            with self.assertRaisesRegex(ValueError, "already a rate resource"):
+                c.gauge("x")
+
+
+if __name__ == "__main__":
+    unittest.main()
