@@ -1,0 +1,165 @@
+"""The HTTP helpers against a real doorman-node: outgoing calls throttled (a decorator, a
+urllib handler against a real local HTTP server, a requests-like session), 429 with
+Retry-After from WSGI and ASGI middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the wheel)
+    sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
+
+import doorman  # noqa: E402
+import doorman.http  # noqa: E402
+from support import Node, config, eventually  # noqa: E402
+
+
+class HttpHelpersTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.node = Node(config(1000))
+        cls.client = doorman.Client(cls.node.address, minimum_refresh_interval=0.1)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.client.close()
+        cls.node.stop()
+
+    def rate(self, name: str, per_second: float) -> doorman.RateResource:
+        r = self.client.rate(name, wants=per_second, burst=1)
+        self.assertTrue(eventually(lambda: r.capacity == per_second))
+        return r
+
+    def test_a_decorated_function_waits_for_its_permit(self) -> None:
+        api = self.rate("decorated", 10)
+        calls = []
+
+        @doorman.http.throttled(api)
+        def fetch(i: int) -> int:
+            calls.append(time.monotonic())
+            return i
+
+        start = time.monotonic()
+        self.assertEqual([fetch(i) for i in range(6)], list(range(6)))
+        # 10 a second with a burst of 1: six calls span at least 0.5 s.
+        self.assertGreaterEqual(time.monotonic() - start, 0.45)
+        self.assertEqual(fetch.__name__, "fetch")
+
+    def test_urllib_requests_wait_for_their_permits(self) -> None:
+        seen: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802: http.server's name
+                seen.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            api = self.rate("urllib", 10)
+            opener = urllib.request.build_opener(doorman.http.ThrottlingHandler(api))
+            start = time.monotonic()
+            for i in range(6):
+                with opener.open(f"http://127.0.0.1:{server.server_port}/{i}", timeout=5) as r:
+                    self.assertEqual(r.read(), b"ok")
+            self.assertGreaterEqual(time.monotonic() - start, 0.45)
+            self.assertEqual(seen, [f"/{i}" for i in range(6)])
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    def test_a_session_waits_for_its_permits(self) -> None:
+        class Session:  # what requests.Session and urllib3.PoolManager offer
+            def __init__(self) -> None:
+                self.sent: list[tuple[str, str]] = []
+
+            def request(self, method: str, url: str, **kwargs: object) -> str:
+                self.sent.append((method, url))
+                return "response"
+
+        api = self.rate("session", 10)
+        s = doorman.http.throttle_session(Session(), api)
+        start = time.monotonic()
+        for i in range(6):
+            self.assertEqual(s.request("GET", f"http://x/{i}"), "response")
+        self.assertGreaterEqual(time.monotonic() - start, 0.45)
+        self.assertEqual(len(s.sent), 6)
+
+    def test_wsgi_answers_429_with_retry_after(self) -> None:
+        inbound = self.rate("wsgi", 0.5)  # one every 2 s, a burst of 1
+
+        def app(environ: dict, start_response):  # type: ignore[no-untyped-def]
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"hello\n"]
+
+        limited = doorman.http.WsgiLimit(app, inbound)
+        answers = []
+
+        def start_response(status: str, headers: list) -> None:  # type: ignore[type-arg]
+            answers.append((status, dict(headers)))
+
+        self.assertEqual(b"".join(limited({}, start_response)), b"hello\n")
+        self.assertEqual(b"".join(limited({}, start_response)), b"too many requests\n")
+        self.assertEqual(answers[0][0], "200 OK")
+        self.assertEqual(answers[1][0], "429 Too Many Requests")
+        self.assertIn(answers[1][1]["Retry-After"], ("1", "2"))
+
+    def test_asgi_answers_429_with_retry_after(self) -> None:
+        inbound = self.rate("asgi", 0.5)
+        sent: list[dict] = []  # type: ignore[type-arg]
+
+        async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"hello"})
+
+        async def send(message: dict) -> None:  # type: ignore[type-arg]
+            sent.append(message)
+
+        async def receive() -> dict:  # type: ignore[type-arg]
+            return {"type": "http.request"}
+
+        limited = doorman.http.AsgiLimit(app, inbound)
+        asyncio.run(limited({"type": "http"}, receive, send))
+        asyncio.run(limited({"type": "http"}, receive, send))
+        self.assertEqual([m.get("status") for m in sent if "status" in m], [200, 429])
+        headers = dict(sent[2]["headers"])
+        self.assertIn(headers[b"retry-after"], (b"1", b"2"))
+        asyncio.run(limited({"type": "lifespan"}, receive, send))  # passes through
+        self.assertEqual(sent[-1]["body"], b"hello")
+
+    def test_the_http_example_of_docs_python_md(self) -> None:
+        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+        with open(docs) as f:
+            code = f.read().split("```python\n")[3].split("```", 1)[0]
+        self.assertIn("doorman.http.WsgiLimit", code)
+
+        def app(environ, start_response):  # type: ignore[no-untyped-def]
+            return [b""]
+
+        scope = {"doorman": doorman, "client": self.client, "app": app}
+        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        self.assertIsInstance(scope["app"], doorman.http.WsgiLimit)
+        self.assertEqual(scope["inbound"].id, "inbound")  # type: ignore[attr-defined]
+
+    def test_retry_after_is_whole_seconds_rounded_up(self) -> None:
+        self.assertEqual(doorman.http.retry_after_seconds(0.2), "1")
+        self.assertEqual(doorman.http.retry_after_seconds(2.01), "3")
+        self.assertEqual(doorman.http.retry_after_seconds(float("inf")), "1")
+
+
+if __name__ == "__main__":
+    unittest.main()
