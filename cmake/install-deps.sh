@@ -13,7 +13,9 @@ set -eu
 # libgrpc++-dev, protobuf-compiler-grpc: Doorman's gRPC protocol on the node (doorman::grpc);
 # golang-go, golang-google-grpc-dev, golang-goprotobuf-dev: a Go client of it, in the tests.
 # python3-grpcio, python3-protobuf, protobuf-compiler: a Python client of doorman-rls, in the tests.
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler"
+# python3-build, python3-wheel, python3-setuptools, mypy, python3-pytest, python3-pytest-asyncio:
+# the Python client's wheel, its type check and its tests.
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio"
 # `install-deps.sh fuzz`: also clang 16 and its libFuzzer/sanitizer runtimes (Debian 12's
 # clang 14 cannot compile the engine), for `make fuzz`.
 if [ "${1:-}" = fuzz ]; then

@@ -152,7 +152,8 @@ class Channel:
         self._next += 1
 
     def _backoff(self) -> float:
-        ceiling = min(self._maximum_backoff, self._initial_backoff * 2 ** min(self.failures, 20))
+        doubled = self._initial_backoff * 2.0 ** min(self.failures, 20)
+        ceiling = min(self._maximum_backoff, doubled)
         return max(self._retry_after, ceiling * self._rng.uniform(0.5, 1.0))
 
     def _fail(self, problem: str, move: bool) -> None:

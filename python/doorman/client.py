@@ -193,12 +193,12 @@ class Client:
         with self._lock:
             if self._closed.is_set():
                 raise ClientClosed("the client is closed")
-            r = self._resources.get(rid)
-            if r is not None:
-                if r.kind != kind:
-                    raise ValueError(f"resource_id: {rid!r} is already a {r.kind} resource")
-                r.handles += 1
-                return r
+            known = self._resources.get(rid)
+            if known is not None:
+                if known.kind != kind:
+                    raise ValueError(f"resource_id: {rid!r} is already a {known.kind} resource")
+                known.handles += 1
+                return known
             limiter: Union[RateLimiter, Gauge] = (
                 RateLimiter(0.0, o.burst) if kind == "rate" else Gauge(0.0)
             )
@@ -356,9 +356,10 @@ class Client:
             self.refreshes += 1
             interval = math.inf
             for g in grants:
-                r = self._resources.get(g.resource_id)
-                if r is None:
+                held = self._resources.get(g.resource_id)
+                if held is None:
                     continue
+                r = held
                 r.lease = g.lease
                 r.expiry = sent + g.lease.expires_in
                 if g.safe_capacity is not None:
