@@ -6,51 +6,64 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 UNLIMITED = -1.0
 
 
-@dataclass(frozen=True)
 class Acquired:
     """A `try_acquire` answer: true when admitted; else `retry_after` seconds until it could be
     (`math.inf` while the capacity is 0)."""
 
-    admitted: bool
-    retry_after: float = 0.0
+    __slots__ = ("admitted", "retry_after")
+
+    def __init__(self, admitted: bool, retry_after: float = 0.0) -> None:
+        self.admitted = admitted
+        self.retry_after = retry_after
 
     def __bool__(self) -> bool:
         return self.admitted
 
+    def __repr__(self) -> str:
+        return f"Acquired(admitted={self.admitted}, retry_after={self.retry_after})"
+
+
+ADMITTED = Acquired(True)  # every admission answers this one
+
 
 class RateLimiter:
     """At most `capacity` permits a second, with a burst of `burst` (0: max(1, 0.1 s of the
-    capacity)): the generic cell rate algorithm, one theoretical arrival time."""
+    capacity)): the generic cell rate algorithm, one theoretical arrival time. It also counts
+    the permits asked for (admitted or not), for the demand the client measures."""
 
     def __init__(self, capacity: float = 0.0, burst: float = 0.0) -> None:
         self._lock = threading.Lock()
         self._burst_option = burst
         self._capacity = 0.0
+        self._interval = math.inf  # seconds per permit
+        self._tolerance = 0.0  # the burst, in seconds
         self._tat = 0.0  # theoretical arrival time of the next permit
+        self.asked = 0.0  # permits asked for since `take_asked`
         self.set_capacity(capacity)
 
     @property
     def capacity(self) -> float:
         return self._capacity
 
-    def _burst(self) -> float:
-        if self._burst_option > 0:
-            return self._burst_option
-        return max(1.0, 0.1 * self._capacity)
-
     def set_capacity(self, capacity: float) -> None:
         with self._lock:
             self._capacity = capacity
             if capacity > 0:
+                burst = self._burst_option if self._burst_option > 0 else max(1.0, 0.1 * capacity)
+                self._interval = 1.0 / capacity
+                self._tolerance = burst * self._interval
                 # The next permit no later than a new burst allows.
-                now = time.monotonic()
-                self._tat = min(self._tat, now + (self._burst() - 1) / capacity)
+                self._tat = min(self._tat, time.monotonic() + self._tolerance - self._interval)
+
+    def take_asked(self) -> float:
+        with self._lock:
+            asked, self.asked = self.asked, 0.0
+            return asked
 
     def _decide(self, n: float, now: float, reserve: bool) -> tuple[bool, float]:
         """(admitted, wait): with `reserve`, the permits are taken and `wait` is how long until
@@ -60,26 +73,26 @@ class RateLimiter:
             return True, 0.0
         if c == 0:
             return False, math.inf
-        interval = 1.0 / c
-        tat = max(self._tat, now)
-        allowed_at = tat + n * interval - self._burst() * interval
-        if allowed_at <= now:
-            self._tat = tat + n * interval
-            return True, 0.0
-        if reserve:
-            self._tat = tat + n * interval
-            return True, allowed_at - now
+        tat = self._tat if self._tat > now else now
+        after = tat + n * self._interval
+        allowed_at = after - self._tolerance
+        if allowed_at <= now or reserve:
+            self._tat = after
+            return True, max(0.0, allowed_at - now)
         return False, allowed_at - now
 
     def try_acquire(self, n: float = 1) -> Acquired:
         with self._lock:
+            self.asked += n
             ok, wait = self._decide(n, time.monotonic(), False)
-        return Acquired(ok, wait)
+        return ADMITTED if ok else Acquired(False, wait)
 
-    def reserve(self, n: float = 1) -> float:
+    def reserve(self, n: float = 1, count: bool = True) -> float:
         """Takes `n` permits now and says how long until they are due (`math.inf`: capacity 0,
-        nothing taken)."""
+        nothing taken). `count`: as asked for (the first attempt of a wait)."""
         with self._lock:
+            if count:
+                self.asked += n
             ok, wait = self._decide(n, time.monotonic(), True)
         return wait if ok else math.inf
 
@@ -87,7 +100,7 @@ class RateLimiter:
         """Gives back a reservation that was not used."""
         with self._lock:
             if self._capacity > 0:
-                self._tat -= n / self._capacity
+                self._tat -= n * self._interval
 
 
 class Gauge:

@@ -120,12 +120,13 @@ class RateResource:
         assert isinstance(limiter, RateLimiter)
         client = h._client
         deadline = None if timeout is None else time.monotonic() + timeout
-        client._note(h._r, asked=n)
+        first = True
         with _Waiting(h) as waiting:
             while True:
                 if client.closed:
                     raise _sync.ClientClosed("the client is closed")
-                wait = limiter.reserve(n)
+                wait = limiter.reserve(n, count=first)  # asked for once
+                first = False
                 if math.isinf(wait):
                     client._held_back(h._r)
                     left = _left(deadline)

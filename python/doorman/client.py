@@ -95,7 +95,6 @@ class _Resource:
     server_safe: Optional[float] = None
     measured: float = 0.0
     started: bool = False  # the fast start was made
-    asked: float = 0.0  # rate: permits asked since the last sample
     peak: float = 0.0  # gauge: most in flight + waiting since the last sample
     throttled: bool = False  # a caller was delayed since the last sample
     samples: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
@@ -428,8 +427,8 @@ class Client:
                 if r.fixed_wants is not None:
                     continue
                 c = r.capacity(now)
-                if r.kind == "rate":
-                    value = r.asked / self.sample_interval
+                if isinstance(r.limiter, RateLimiter):
+                    value = r.limiter.take_asked() / self.sample_interval
                     if r.throttled:
                         value = max(value, max(c, 1.0) * self.throttled_headroom)
                 else:
@@ -444,7 +443,6 @@ class Client:
                 if r.started and (r.lease is None or r.lease.capacity == 0):
                     measured = max(measured, r.measured)  # the start wants until capacity comes
                 r.measured = min(measured, _wire.MAX_QUANTITY)
-                r.asked = 0.0
                 r.throttled = False
 
     def _held_back(self, r: _Resource) -> None:
@@ -458,9 +456,8 @@ class Client:
             self._ask_now = True
             self._changed.notify_all()
 
-    def _note(self, r: _Resource, asked: float = 0.0, throttled: bool = False) -> None:
+    def _note(self, r: _Resource, throttled: bool = False) -> None:
         with self._lock:
-            r.asked += asked
             r.throttled = r.throttled or throttled
             if isinstance(r.limiter, Gauge):
                 r.peak = max(r.peak, r.limiter.in_use + r.limiter.waiting)
@@ -509,15 +506,18 @@ class _Handle:
 class RateResource(_Handle):
     """A handle to a rate resource: `try_acquire(n)`, `wait(n)`."""
 
+    def __init__(self, client: Client, r: _Resource) -> None:
+        super().__init__(client, r)
+        assert isinstance(r.limiter, RateLimiter)
+        self._limiter: RateLimiter = r.limiter
+
     def try_acquire(self, n: float = 1) -> Acquired:
         """Admitted now, or refused with the seconds until it could be (`math.inf` while the
         capacity is 0). A refusal counts as demand."""
-        self._check()
-        limiter = self._r.limiter
-        assert isinstance(limiter, RateLimiter)
-        self._client._note(self._r, asked=n)
-        got = limiter.try_acquire(n)
-        if not got and limiter.capacity == 0:
+        if not self._open:
+            self._check()
+        got = self._limiter.try_acquire(n)
+        if not got.admitted and got.retry_after == math.inf:
             self._client._held_back(self._r)
         return got
 
@@ -525,14 +525,14 @@ class RateResource(_Handle):
         """Blocks until `n` permits are due; TimeoutError after `timeout` seconds (nothing
         consumed), ClientClosed if the client closes first."""
         self._check()
-        limiter = self._r.limiter
-        assert isinstance(limiter, RateLimiter)
+        limiter = self._limiter
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._client._note(self._r, asked=n)
+        first = True
         while True:
             if self._client.closed:
                 raise ClientClosed("the client is closed")
-            wait = limiter.reserve(n)
+            wait = limiter.reserve(n, count=first)  # asked for once, however long it waits
+            first = False
             if math.isinf(wait):
                 self._client._held_back(self._r)
                 left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
@@ -550,6 +550,7 @@ class RateResource(_Handle):
                 limiter.cancel(n)
                 raise ClientClosed("the client is closed")
             return
+
 
 class GaugeResource(_Handle):
     """A handle to a gauge resource: at most its capacity held at once."""
