@@ -30,6 +30,43 @@ def config(capacity: float, lease_length: int = 5, refresh_interval: int = 1,
     return {"resources": [r]}
 
 
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Etcd:
+    """A real etcd (Debian's etcd-server) on free ports of 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="doorman-py-etcd-")
+        self.endpoint = "127.0.0.1:%d" % free_port()
+        peer = "http://127.0.0.1:%d" % free_port()
+        client = "http://" + self.endpoint
+        self.log_path = os.path.join(self.dir, "etcd.log")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/etcd", "--name", "doorman-py", "--data-dir", self.dir + "/data",
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "doorman-py=" + peer],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while "ready to serve client requests" not in open(self.log_path).read():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("etcd did not start: " + open(self.log_path).read())
+            time.sleep(0.05)  # polling the log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
 class Node:
     """A doorman-node root on a free port of 127.0.0.1."""
 
@@ -82,6 +119,19 @@ class Node:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(10)
         self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL: gone at once, its election lease left to expire."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def is_master(self) -> bool:
+        try:
+            return bool(self.call("discovery", {})["result"]["mastership"]["is_master"])
+        except OSError:
+            return False
 
 
 class FakeServer:
@@ -153,3 +203,28 @@ def eventually(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-unt
             return True
         time.sleep(0.02)  # polling period
     return bool(predicate())
+
+
+class ClosingServer:
+    """Accepts every connection and closes it at once (as a node over its connection limit
+    does), counting them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            c.close()
+
+    def close(self) -> None:
+        self.sock.close()

@@ -19,7 +19,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
     sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
 
 import doorman  # noqa: E402
-from support import FakeServer, Node, config, eventually, free_port_refusing  # noqa: E402
+from support import Etcd, FakeServer, Node, config, eventually, free_port_refusing  # noqa: E402
 
 
 def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
@@ -125,6 +125,29 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(master.leases("api"), {c.client_id: 5})
         finally:
             follower.close()
+
+    def test_two_roots_electing_and_a_master_change(self) -> None:
+        if not os.path.exists("/usr/bin/etcd"):
+            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
+        etcd = Etcd()
+        try:
+            election = ("--etcd-endpoints", etcd.endpoint, "--election-key", "/doorman/py-test",
+                        "--election-ttl", "2")
+            first = self.node(config(100), *election)
+            self.assertTrue(eventually(first.is_master))
+            second = self.node(config(100), *election)
+            with fast(f"{second.address},{first.address}", call_timeout=1) as c:
+                api = c.rate("api", wants=10)
+                self.assertTrue(eventually(lambda: api.capacity == 10))
+                self.assertEqual(first.leases("api"), {c.client_id: 10})  # the master's
+                first.kill()  # the master dies; the other wins once its lease expires (2 s)
+                self.assertTrue(eventually(second.is_master, timeout=15))
+                # The client's refreshes go to the new master, which then holds its lease.
+                self.assertTrue(eventually(lambda: second.leases("api") == {c.client_id: 10},
+                                           timeout=15))
+                self.assertEqual(api.capacity, 10)
+        finally:
+            etcd.stop()
 
     def test_backoff_when_refused(self) -> None:
         refused = free_port_refusing()
