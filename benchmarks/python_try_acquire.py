@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python", "tests"))
 import doorman  # noqa: E402
+from support import free_port_refusing  # noqa: E402
 
 
 class LockBucket:
@@ -42,14 +43,6 @@ class LockBucket:
                 self.tokens -= n
                 return True
             return False
-
-
-def refusing_address() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    address = "127.0.0.1:%d" % s.getsockname()[1]
-    s.close()
-    return address
 
 
 def measure(acquire, calls: int, threads: int) -> float:  # type: ignore[no-untyped-def]
@@ -79,7 +72,7 @@ def main() -> int:
     p.add_argument("--json")
     a = p.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
-    client = doorman.Client(refusing_address(), log=None)
+    client = doorman.Client(free_port_refusing(), log=None)
     api = client.rate("bench", wants=1e9, safe_capacity=1e9, burst=1e9)
     if api.capacity != 1e9:
         print("the fallback capacity did not apply", file=sys.stderr)

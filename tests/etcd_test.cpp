@@ -15,16 +15,7 @@ namespace {
 class canned_http_peer {
  public:
   explicit canned_http_peer(std::vector<std::string> replies) : replies_(std::move(replies)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-    REQUIRE(::listen(fd_, 8) == 0);
-    socklen_t len = sizeof sa;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+    std::tie(fd_, address_) = listen_on_loopback();
     thread_ = std::thread([this] {
       for (const auto& reply : replies_) {
         const int c = ::accept(fd_, nullptr, nullptr);

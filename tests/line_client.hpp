@@ -18,6 +18,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,21 @@ namespace doorman_test {
 using json = nlohmann::json;
 using steady = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+
+// A listening TCP socket on a free port of 127.0.0.1, and its address ("127.0.0.1:PORT"), for
+// the tests' own peers.
+inline std::pair<int, std::string> listen_on_loopback(int backlog = 8) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  REQUIRE(::listen(fd, backlog) == 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  return {fd, "127.0.0.1:" + std::to_string(ntohs(sa.sin_port))};
+}
 
 // One JSON-RPC request line, newline included.
 inline std::string request_line(int id, const std::string& method, const json& params) {

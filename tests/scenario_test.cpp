@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include <doorman/client.hpp>
@@ -35,15 +36,8 @@ using doorman_examples::process;
 // counting them.
 class closing_server {
  public:
-  closing_server() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd_, 64) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  closing_server() {
+    std::tie(fd_, address_) = doorman_test::listen_on_loopback(64);
     thread_ = std::thread([this] {
       for (;;) {
         const int c = ::accept(fd_, nullptr, nullptr);
@@ -64,7 +58,7 @@ class closing_server {
   [[nodiscard]] int accepted() const { return accepted_.load(); }
 
  private:
-  int fd_;
+  int fd_ = -1;
   std::string address_;
   std::atomic<int> accepted_{0};
   std::thread thread_;

@@ -31,7 +31,17 @@ class Acquired:
 ADMITTED = Acquired(True)  # every admission answers this one
 
 
-class RateLimiter:
+class _Limiter:
+    """What both limiters share: the capacity they enforce now."""
+
+    _capacity = 0.0
+
+    @property
+    def capacity(self) -> float:
+        return self._capacity
+
+
+class RateLimiter(_Limiter):
     """At most `capacity` permits a second, with a burst of `burst` (0: max(1, 0.1 s of the
     capacity)): the generic cell rate algorithm, one theoretical arrival time. It also counts
     the permits asked for (admitted or not), for the demand the client measures."""
@@ -45,10 +55,6 @@ class RateLimiter:
         self._tat = 0.0  # theoretical arrival time of the next permit
         self.asked = 0.0  # permits asked for since `take_asked`
         self.set_capacity(capacity)
-
-    @property
-    def capacity(self) -> float:
-        return self._capacity
 
     def set_capacity(self, capacity: float) -> None:
         with self._lock:
@@ -103,7 +109,7 @@ class RateLimiter:
                 self._tat -= n * self._interval
 
 
-class Gauge:
+class Gauge(_Limiter):
     """At most `capacity` (rounded down) held at once; -1: unlimited."""
 
     def __init__(self, capacity: float = 0.0) -> None:
@@ -112,10 +118,6 @@ class Gauge:
         self.in_use = 0
         self.waiting = 0
         self.on_release: Optional[Callable[[], None]] = None  # after a slot is given back
-
-    @property
-    def capacity(self) -> float:
-        return self._capacity
 
     def set_capacity(self, capacity: float) -> None:
         with self._cond:

@@ -17,7 +17,6 @@ import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import client as _sync
-from ._limiters import Acquired, Gauge, RateLimiter
 
 # How long a waiter sleeps at most before it looks again (a wake-up is also sent by the client's
 # thread whenever the capacity changes, so this only bounds a lost one).
@@ -35,10 +34,10 @@ class Client:
         return self.sync.client_id
 
     def rate(self, resource_id: str, **options: Any) -> "RateResource":
-        return RateResource(self.sync.rate(resource_id, **options))
+        return RateResource(self.sync, self.sync._add(resource_id, "rate", options))
 
     def gauge(self, resource_id: str, **options: Any) -> "GaugeResource":
-        return GaugeResource(self.sync.gauge(resource_id, **options))
+        return GaugeResource(self.sync, self.sync._add(resource_id, "gauge", options))
 
     async def aclose(self) -> None:
         """`close()` off the event loop: ends every wait, releases within release_timeout."""
@@ -54,7 +53,7 @@ class Client:
 class _Waiting:
     """An asyncio waiter registered with a resource, woken by the client's thread."""
 
-    def __init__(self, handle: _sync._Handle) -> None:
+    def __init__(self, handle: "_sync._Handle") -> None:
         self._client = handle._client
         self._r = handle._r
         self.event = asyncio.Event()
@@ -96,28 +95,15 @@ def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else deadline - time.monotonic()
 
 
-class RateResource:
-    def __init__(self, handle: _sync.RateResource) -> None:
-        self.handle = handle
-
-    @property
-    def id(self) -> str:
-        return self.handle.id
-
-    @property
-    def capacity(self) -> float:
-        return self.handle.capacity
-
-    def try_acquire(self, n: float = 1) -> Acquired:
-        return self.handle.try_acquire(n)
+class RateResource(_sync._RateHandle):
+    """A rate resource's handle for asyncio: `try_acquire(n)`, `await wait(n)`."""
 
     async def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:
         """Until `n` permits are due. TimeoutError after `timeout` (nothing consumed);
         ClientClosed if the client closes first; cancelled, the reservation is given back."""
-        h = self.handle
+        h = self
         h._check()
-        limiter = h._r.limiter
-        assert isinstance(limiter, RateLimiter)
+        limiter = self._limiter
         client = h._client
         deadline = None if timeout is None else time.monotonic() + timeout
         first = True
@@ -151,38 +137,17 @@ class RateResource:
                     raise _sync.ClientClosed("the client is closed")
                 return
 
-    def close(self) -> None:
-        self.handle.close()
-
-
-class GaugeResource:
-    def __init__(self, handle: _sync.GaugeResource) -> None:
-        self.handle = handle
-
-    @property
-    def id(self) -> str:
-        return self.handle.id
-
-    @property
-    def capacity(self) -> float:
-        return self.handle.capacity
-
-    @property
-    def in_use(self) -> int:
-        return self.handle.in_use
-
-    def try_acquire(self) -> bool:
-        return self.handle.try_acquire()
+class GaugeResource(_sync._GaugeHandle):
+    """A gauge resource's handle for asyncio: `async with gauge.acquire(): ...`."""
 
     def acquire(self, timeout: Optional[float] = None) -> "_Slot":
         """`async with gauge.acquire(): ...` holds one slot for the block."""
         return _Slot(self, timeout)
 
     async def _take(self, timeout: Optional[float]) -> None:
-        h = self.handle
+        h = self
         h._check()
-        g = h._r.limiter
-        assert isinstance(g, Gauge)
+        g = self._gauge
         client = h._client
         deadline = None if timeout is None else time.monotonic() + timeout
         with _Waiting(h) as waiting:
@@ -202,13 +167,7 @@ class GaugeResource:
                 await waiting.changed(left)  # a cancellation here has taken nothing
 
     def _give_back(self) -> None:
-        h = self.handle
-        g = h._r.limiter
-        assert isinstance(g, Gauge)
-        g.release()  # wakes the other waiters
-
-    def close(self) -> None:
-        self.handle.close()
+        self._gauge.release()  # wakes the other waiters
 
 
 class _Slot:

@@ -176,19 +176,20 @@ class Client:
     def rate(self, resource_id: str, **options: Any) -> "RateResource":
         """At most the leased capacity of `resource_id` operations a second. `options` are
         those of `ResourceOptions` (`wants=None`: measured from use)."""
-        return RateResource(self, self._add(resource_id, "rate", ResourceOptions(**options)))
+        return RateResource(self, self._add(resource_id, "rate", options))
 
     def gauge(self, resource_id: str, **options: Any) -> "GaugeResource":
         """At most the leased capacity of `resource_id` in flight at once (`ResourceOptions`,
         without `burst`)."""
-        o = ResourceOptions(**options)
-        if o.burst:
-            raise ValueError("burst: only for a rate resource")
-        return GaugeResource(self, self._add(resource_id, "gauge", o))
+        return GaugeResource(self, self._add(resource_id, "gauge", options))
 
-    def _add(self, rid: str, kind: str, o: "ResourceOptions") -> _Resource:
+    def _add(self, rid: str, kind: str, options: dict[str, Any]) -> _Resource:
+        """The state of resource `rid` (new, or shared with the other handles to it)."""
         _wire.check_id(rid, "resource_id")
+        o = ResourceOptions(**options)
         o.check()
+        if o.burst and kind != "rate":
+            raise ValueError("burst: only for a rate resource")
         with self._lock:
             if self._closed.is_set():
                 raise ClientClosed("the client is closed")
@@ -503,8 +504,8 @@ class _Handle:
             raise ValueError(f"resource {self.id!r}: this handle is closed")
 
 
-class RateResource(_Handle):
-    """A handle to a rate resource: `try_acquire(n)`, `wait(n)`."""
+class _RateHandle(_Handle):
+    """What the synchronous and asyncio rate handles share: all but the wait."""
 
     def __init__(self, client: Client, r: _Resource) -> None:
         super().__init__(client, r)
@@ -520,6 +521,10 @@ class RateResource(_Handle):
         if not got.admitted and got.retry_after == math.inf:
             self._client._held_back(self._r)
         return got
+
+
+class RateResource(_RateHandle):
+    """A handle to a rate resource: `try_acquire(n)`, `wait(n)`."""
 
     def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:
         """Blocks until `n` permits are due; TimeoutError after `timeout` seconds (nothing
@@ -552,20 +557,22 @@ class RateResource(_Handle):
             return
 
 
-class GaugeResource(_Handle):
-    """A handle to a gauge resource: at most its capacity held at once."""
+class _GaugeHandle(_Handle):
+    """What the synchronous and asyncio gauge handles share: all but the acquire."""
+
+    def __init__(self, client: Client, r: _Resource) -> None:
+        super().__init__(client, r)
+        assert isinstance(r.limiter, Gauge)
+        self._gauge: Gauge = r.limiter
 
     @property
     def in_use(self) -> int:
-        g = self._r.limiter
-        assert isinstance(g, Gauge)
-        return g.in_use
+        return self._gauge.in_use
 
     def try_acquire(self) -> bool:
         """A slot now (then `release()` it), or False. A refusal counts as demand."""
         self._check()
-        g = self._r.limiter
-        assert isinstance(g, Gauge)
+        g = self._gauge
         ok = g.try_acquire()
         self._client._note(self._r)
         if not ok:
@@ -575,11 +582,18 @@ class GaugeResource(_Handle):
                 self._client._held_back(self._r)
         return ok
 
+    def release(self) -> None:
+        """Gives back a slot that `try_acquire` took."""
+        self._gauge.release()
+
+
+class GaugeResource(_GaugeHandle):
+    """A handle to a gauge resource: at most its capacity held at once."""
+
     def acquire(self, timeout: Optional[float] = None) -> "_Slot":
         """A slot, held until the `with` block ends: `with jobs.acquire(): ...`."""
         self._check()
-        g = self._r.limiter
-        assert isinstance(g, Gauge)
+        g = self._gauge
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._client.closed:
@@ -593,11 +607,6 @@ class GaugeResource(_Handle):
             if g.acquire(0.25 if left is None else min(0.25, left), self._client._closed):
                 self._client._note(self._r)
                 return _Slot(g)
-
-    def release(self) -> None:
-        g = self._r.limiter
-        assert isinstance(g, Gauge)
-        g.release()
 
 
 class _Slot:
