@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -95,10 +96,12 @@ class Node:
             time.sleep(0.02)  # polling the log
         raise RuntimeError(f"doorman-node did not start: {open(self.log_path).read()}")
 
-    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """One JSON-RPC call on a connection of its own."""
+    def call(self, method: str, params: dict[str, Any],
+             tls: Optional[ssl.SSLContext] = None) -> dict[str, Any]:
+        """One JSON-RPC call on a connection of its own (over TLS with `tls`)."""
         host, port = self.address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=5) as s:
+        raw = socket.create_connection((host, int(port)), timeout=5)
+        with (tls.wrap_socket(raw, server_hostname=host) if tls else raw) as s:
             s.sendall((json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
                                    "params": params}) + "\n").encode())
             data = b""

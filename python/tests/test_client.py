@@ -9,7 +9,9 @@ import contextlib
 import io
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -27,9 +29,19 @@ def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
                           demand_window=1.0, **kw)
 
 
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
 class ClientTest(unittest.TestCase):
     def setUp(self) -> None:
         self.nodes: list[Node] = []
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    def nodes_dir(self) -> str:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="doorman-py-test-")
+            self.addCleanup(self._dir.cleanup)
+        return self._dir.name
 
     def tearDown(self) -> None:
         for n in self.nodes:
@@ -148,6 +160,52 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(api.capacity, 10)
         finally:
             etcd.stop()
+
+    def test_mutual_tls_with_real_certificates(self) -> None:
+        certs = os.path.join(self.nodes_dir(), "certs")
+        subprocess.run(["sh", os.path.join(SOURCE, "examples", "make_certs.sh"), certs],
+                       check=True, capture_output=True)
+        at = lambda name: os.path.join(certs, name)  # noqa: E731
+        n = self.node(config(100), "--tls-cert", at("node.pem"), "--tls-key", at("node.key"),
+                      "--tls-ca", at("ca.pem"), "--tls-client-auth", "require")
+        # Its own identity's client ids only (no access file): spiffe://doorman.test/client/a#...
+        ctx = doorman.tls_context(at("ca.pem"), at("client-a.pem"), at("client-a.key"))
+        with fast(n.address, ssl_context=ctx, client_id="spiffe://doorman.test/client/a#py") as c:
+            api = c.rate("api", wants=5)
+            self.assertTrue(eventually(lambda: api.capacity == 5))
+        # A certificate of another CA gets nothing: the handshake fails.
+        lines: list[str] = []
+        rogue = doorman.tls_context(at("ca.pem"), at("rogue.pem"), at("rogue.key"))
+        with fast(n.address, ssl_context=rogue, log=lines.append, call_timeout=1) as c:
+            api = c.rate("api", wants=5)
+            self.assertTrue(eventually(lambda: len(lines) > 0))
+            self.assertFalse(api.leased)
+        # Nothing is held: the first client released on close, the rogue one got nothing. (Only
+        # `status` without a resource is open to every identity when there is no access file.)
+        st = n.call("status", {}, tls=ctx)["result"]
+        self.assertEqual(sum(r["sum_has"] for r in st["resources"]), 0, st)
+        with self.assertRaisesRegex(ValueError, "cert_file and key_file go together"):
+            doorman.tls_context(at("ca.pem"), at("client-a.pem"))
+
+    def test_released_at_interpreter_exit(self) -> None:
+        n = self.node(config(100))
+        script = (
+            "import sys, time, doorman\n"
+            f"c = doorman.Client({n.address!r}, release_timeout=0.5)\n"
+            "r = c.rate('x', wants=3)\n"
+            "deadline = time.monotonic() + 10\n"
+            "while r.capacity != 3 and time.monotonic() < deadline:\n"
+            "    time.sleep(0.02)  # polling the lease\n"
+            "print(r.capacity, flush=True)\n"  # and exit without close()
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        start = time.monotonic()
+        out = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True,
+                             env=env, timeout=30)
+        self.assertEqual(out.stdout.strip(), "3.0", out.stderr)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertEqual(n.leases("x"), {})  # released by the exit hook
 
     def test_backoff_when_refused(self) -> None:
         refused = free_port_refusing()
