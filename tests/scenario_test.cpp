@@ -64,6 +64,58 @@ class closing_server {
   std::thread thread_;
 };
 
+// A task that is not master: it answers every request line with the master's address.
+class redirecting_server {
+ public:
+  explicit redirecting_server(std::string master) : master_(std::move(master)) {
+    std::tie(fd_, address_) = doorman_test::listen_on_loopback();
+    thread_ = std::thread([this] {
+      for (;;) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;  // shut down
+        answer(c);
+        ::close(c);
+      }
+    });
+  }
+  redirecting_server(const redirecting_server&) = delete;
+  redirecting_server& operator=(const redirecting_server&) = delete;
+  ~redirecting_server() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  [[nodiscard]] const std::string& address() const { return address_; }
+
+ private:
+  // Answers the lines of one connection until the client closes it.
+  void answer(int c) const {
+    std::string in;
+    char chunk[4096];
+    for (;;) {
+      const auto n = ::recv(c, chunk, sizeof chunk, 0);
+      if (n <= 0) return;
+      in.append(chunk, static_cast<std::size_t>(n));
+      for (auto end = in.find('\n'); end != std::string::npos; end = in.find('\n')) {
+        const json request = json::parse(in.substr(0, end), nullptr, false);
+        in.erase(0, end + 1);
+        const json reply = {{"jsonrpc", "2.0"},
+                            {"id", request.is_object() ? request.value("id", json()) : json()},
+                            {"result",
+                             {{"mastership", {{"is_master", false}, {"master", master_}}},
+                              {"resources", json::array()}}}};
+        const std::string line = reply.dump() + "\n";
+        ::send(c, line.data(), line.size(), MSG_NOSIGNAL);
+      }
+    }
+  }
+
+  std::string master_;
+  int fd_ = -1;
+  std::string address_;
+  std::thread thread_;
+};
+
 // One scenario's world: its node, clients and resources.
 class scenario_run {
  public:
@@ -156,10 +208,14 @@ class scenario_run {
       std::this_thread::sleep_for(std::chrono::duration<double>(s["during"].get<double>()));
       CHECK(closing_->accepted() < s["connections_below"].get<int>());
       CHECK(closing_->accepted() > 0);
+    } else if (s.contains("redirecting_server")) {
+      follower_ = std::make_unique<redirecting_server>(node_at_);
     } else if (s.contains("client")) {
       doorman::client_options o;
-      o.addresses = {s.value("to", "") == "closing_server" && closing_ ? closing_->address()
-                                                                       : node_at_};
+      const std::string to = s.value("to", "");
+      o.addresses = {to == "closing_server" && closing_        ? closing_->address()
+                     : to == "redirecting_server" && follower_ ? follower_->address()
+                                                               : node_at_};
       const json opts = s.value("options", json::object());
       if (opts.contains("call_timeout")) o.call_timeout = doorman::seconds(opts["call_timeout"]);
       if (opts.contains("release_timeout"))
@@ -194,6 +250,7 @@ class scenario_run {
   std::unique_ptr<process> node_;
   std::string node_at_;
   std::unique_ptr<closing_server> closing_;
+  std::unique_ptr<redirecting_server> follower_;
   std::map<std::string, std::unique_ptr<doorman::client>> clients_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<doorman::rate_resource>> resources_;
 };
@@ -203,7 +260,7 @@ class scenario_run {
 TEST_CASE("client scenarios shared with the Python client", "[client][process][scenario]") {
   std::ifstream in(std::string(DOORMAN_SOURCE_DIR) + "/tests/client_scenarios.json");
   const json scenarios = json::parse(in)["scenarios"];
-  REQUIRE(scenarios.size() >= 6);
+  REQUIRE(scenarios.size() >= 7);
   for (const auto& sc : scenarios) {
     const std::string name = sc["name"];
     INFO(name);

@@ -17,7 +17,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
     sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
 
 import doorman  # noqa: E402
-from support import ClosingServer, Node, config, eventually  # noqa: E402
+from support import ClosingServer, FakeServer, Node, config, eventually  # noqa: E402
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "client_scenarios.json")
 
@@ -32,6 +32,7 @@ class Run:
         self.clients: dict[str, doorman.Client] = {}
         self.resources: dict[tuple[str, str], doorman.RateResource] = {}
         self.closing: ClosingServer | None = None
+        self.follower: FakeServer | None = None
 
     def close(self) -> None:
         for c in self.clients.values():
@@ -39,6 +40,8 @@ class Run:
         self.node.stop()
         if self.closing:
             self.closing.close()
+        if self.follower:
+            self.follower.close()
 
     def step(self, t: unittest.TestCase, s: dict[str, Any]) -> None:
         if "rate" in s:
@@ -81,9 +84,14 @@ class Run:
             time.sleep(s["during"])  # the measured span: what that much refusal costs
             t.assertLess(self.closing.accepted, s["connections_below"])
             t.assertGreater(self.closing.accepted, 0)
+        elif "redirecting_server" in s:
+            master = self.node.address
+            self.follower = FakeServer(lambda req: {"result": {
+                "mastership": {"is_master": False, "master": master}, "resources": []}})
         elif "client" in s:
-            to = (self.closing.address if self.closing and s.get("to") == "closing_server"
-                  else self.node.address)
+            servers = {"closing_server": self.closing, "redirecting_server": self.follower}
+            server = servers.get(s.get("to", ""))
+            to = server.address if server is not None else self.node.address
             self.clients[s["client"]] = doorman.Client(to, **s.get("options", {}))
         else:
             raise ValueError(f"unknown step {s}")
@@ -93,7 +101,7 @@ class ScenarioTest(unittest.TestCase):
     def test_every_scenario(self) -> None:
         with open(SCENARIOS) as f:
             scenarios = json.load(f)["scenarios"]
-        self.assertGreaterEqual(len(scenarios), 6)
+        self.assertGreaterEqual(len(scenarios), 7)
         for sc in scenarios:
             with self.subTest(sc["name"]):
                 run = Run(sc)
