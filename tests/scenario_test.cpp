@@ -13,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,89 +33,67 @@ namespace {
 using json = nlohmann::json;
 using doorman_examples::process;
 
-// Accepts every connection and closes it at once (as a node over its connection limit does),
-// counting them.
-class closing_server {
+// A peer of the tests on a free port of 127.0.0.1: each connection, one after the other, is
+// handed to `serve(fd)`, then closed.
+class loopback_peer {
  public:
-  closing_server() {
+  using serve_type = std::function<void(int)>;
+  explicit loopback_peer(serve_type serve) : serve_(std::move(serve)) {
     std::tie(fd_, address_) = doorman_test::listen_on_loopback(64);
     thread_ = std::thread([this] {
       for (;;) {
         const int c = ::accept(fd_, nullptr, nullptr);
         if (c < 0) return;  // shut down
-        ++accepted_;
+        serve_(c);
         ::close(c);
       }
     });
   }
-  closing_server(const closing_server&) = delete;
-  closing_server& operator=(const closing_server&) = delete;
-  ~closing_server() {
+  loopback_peer(const loopback_peer&) = delete;
+  loopback_peer& operator=(const loopback_peer&) = delete;
+  ~loopback_peer() {
     ::shutdown(fd_, SHUT_RDWR);
     ::close(fd_);
     thread_.join();
   }
   [[nodiscard]] const std::string& address() const { return address_; }
-  [[nodiscard]] int accepted() const { return accepted_.load(); }
 
  private:
+  serve_type serve_;
   int fd_ = -1;
   std::string address_;
-  std::atomic<int> accepted_{0};
   std::thread thread_;
 };
 
-// A task that is not master: it answers every request line with the master's address.
-class redirecting_server {
- public:
-  explicit redirecting_server(std::string master) : master_(std::move(master)) {
-    std::tie(fd_, address_) = doorman_test::listen_on_loopback();
-    thread_ = std::thread([this] {
-      for (;;) {
-        const int c = ::accept(fd_, nullptr, nullptr);
-        if (c < 0) return;  // shut down
-        answer(c);
-        ::close(c);
-      }
-    });
-  }
-  redirecting_server(const redirecting_server&) = delete;
-  redirecting_server& operator=(const redirecting_server&) = delete;
-  ~redirecting_server() {
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    thread_.join();
-  }
-  [[nodiscard]] const std::string& address() const { return address_; }
+// Accepts every connection and closes it at once (as a node over its connection limit does),
+// counting them.
+struct closing_server {
+  std::atomic<int> accepted{0};
+  loopback_peer peer{[this](int) { ++accepted; }};
+};
 
- private:
-  // Answers the lines of one connection until the client closes it.
-  void answer(int c) const {
-    std::string in;
-    char chunk[4096];
-    for (;;) {
-      const auto n = ::recv(c, chunk, sizeof chunk, 0);
-      if (n <= 0) return;
-      in.append(chunk, static_cast<std::size_t>(n));
-      for (auto end = in.find('\n'); end != std::string::npos; end = in.find('\n')) {
-        const json request = json::parse(in.substr(0, end), nullptr, false);
-        in.erase(0, end + 1);
-        const json reply = {{"jsonrpc", "2.0"},
-                            {"id", request.is_object() ? request.value("id", json()) : json()},
-                            {"result",
-                             {{"mastership", {{"is_master", false}, {"master", master_}}},
-                              {"resources", json::array()}}}};
-        const std::string line = reply.dump() + "\n";
-        ::send(c, line.data(), line.size(), MSG_NOSIGNAL);
-      }
+// A task that is not master: it answers every request line with the master's address, until
+// the client closes the connection.
+void redirect_to(const std::string& master, int c) {
+  std::string in;
+  char chunk[4096];
+  for (;;) {
+    const auto n = ::recv(c, chunk, sizeof chunk, 0);
+    if (n <= 0) return;
+    in.append(chunk, static_cast<std::size_t>(n));
+    for (auto end = in.find('\n'); end != std::string::npos; end = in.find('\n')) {
+      const json request = json::parse(in.substr(0, end), nullptr, false);
+      in.erase(0, end + 1);
+      const json reply = {{"jsonrpc", "2.0"},
+                          {"id", request.is_object() ? request.value("id", json()) : json()},
+                          {"result",
+                           {{"mastership", {{"is_master", false}, {"master", master}}},
+                            {"resources", json::array()}}}};
+      const std::string line = reply.dump() + "\n";
+      ::send(c, line.data(), line.size(), MSG_NOSIGNAL);
     }
   }
-
-  std::string master_;
-  int fd_ = -1;
-  std::string address_;
-  std::thread thread_;
-};
+}
 
 // One scenario's world: its node, clients and resources.
 class scenario_run {
@@ -206,14 +185,15 @@ class scenario_run {
       REQUIRE(closing_);
       // The measured span: what that much refusal costs.
       std::this_thread::sleep_for(std::chrono::duration<double>(s["during"].get<double>()));
-      CHECK(closing_->accepted() < s["connections_below"].get<int>());
-      CHECK(closing_->accepted() > 0);
+      CHECK(closing_->accepted.load() < s["connections_below"].get<int>());
+      CHECK(closing_->accepted.load() > 0);
     } else if (s.contains("redirecting_server")) {
-      follower_ = std::make_unique<redirecting_server>(node_at_);
+      follower_ =
+          std::make_unique<loopback_peer>([master = node_at_](int c) { redirect_to(master, c); });
     } else if (s.contains("client")) {
       doorman::client_options o;
       const std::string to = s.value("to", "");
-      o.addresses = {to == "closing_server" && closing_        ? closing_->address()
+      o.addresses = {to == "closing_server" && closing_        ? closing_->peer.address()
                      : to == "redirecting_server" && follower_ ? follower_->address()
                                                                : node_at_};
       const json opts = s.value("options", json::object());
@@ -250,7 +230,7 @@ class scenario_run {
   std::unique_ptr<process> node_;
   std::string node_at_;
   std::unique_ptr<closing_server> closing_;
-  std::unique_ptr<redirecting_server> follower_;
+  std::unique_ptr<loopback_peer> follower_;
   std::map<std::string, std::unique_ptr<doorman::client>> clients_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<doorman::rate_resource>> resources_;
 };
