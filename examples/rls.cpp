@@ -190,12 +190,7 @@ class lease_counts {
 // call: the root sees at most the limit plus one call per replica per key and window.
 class exact_counts {
  public:
-  struct item {
-    std::string key;
-    double hits;
-    double window;  // seconds
-  };
-  // The root's verdicts, in the items' order; or why there are none.
+  // The root's verdicts, in the counts' order; or why there are none.
   using done_type =
       std::function<void(std::optional<std::vector<doorman::hit_verdict>>, std::string)>;
 
@@ -246,15 +241,14 @@ class exact_counts {
     refused_[key] = until;
   }
 
-  // Asks the root to count `items`; `done` runs on this object's thread.
-  void count(std::vector<item> items, done_type done) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const auto& x : items)
-      list.push_back({{"resource_id", x.key}, {"hits", x.hits}, {"window", x.window}});
-    nlohmann::json params = {{"client_id", client_id_}, {"resources", std::move(list)}};
+  // Asks the root to count `counts` (a resource id is a request key); `done` runs on this
+  // object's thread.
+  void count(std::vector<doorman::hit_count> counts, done_type done) {
+    doorman::count_request request{client_id_, std::move(counts)};
+    nlohmann::json params = request;  // the wire form (doorman/protocol/codec.hpp)
     asio::co_spawn(
         io_,
-        [this, params = std::move(params), items = std::move(items),
+        [this, params = std::move(params), request = std::move(request),
          done = std::move(done)]() mutable -> asio::awaitable<void> {
           auto reply = co_await channel_.call("count_hits", std::move(params));
           if (!reply) {
@@ -266,7 +260,7 @@ class exact_counts {
             done(std::nullopt, "the root's count_hits answer: " + e->message);
             co_return;
           }
-          if (auto why = problem(answer, items)) {
+          if (auto why = problem(answer, request.resources)) {
             done(std::nullopt, "the root's count_hits answer: " + *why);
             co_return;
           }
@@ -288,20 +282,20 @@ class exact_counts {
 
   // What is wrong with the root's answer (it comes from outside), or nothing.
   static std::optional<std::string> problem(const doorman::count_response& a,
-                                            const std::vector<item>& items) {
+                                            const std::vector<doorman::hit_count>& asked) {
     if (!a.mastership.is_master) return "not from the master";
-    if (a.resources.size() != items.size()) {
-      return fmt::format("{} verdicts for {} counts", a.resources.size(), items.size());
+    if (a.resources.size() != asked.size()) {
+      return fmt::format("{} verdicts for {} counts", a.resources.size(), asked.size());
     }
-    for (std::size_t i = 0; i < items.size(); ++i) {
+    for (std::size_t i = 0; i < asked.size(); ++i) {
       const auto& v = a.resources[i];
       const auto at = [i](const char* f) { return fmt::format("resources[{}].{}", i, f); };
-      if (v.resource_id != items[i].key) return at("resource_id") + ": not the one asked";
+      if (v.resource_id != asked[i].resource_id) return at("resource_id") + ": not the one asked";
       for (const auto& [name, x] : {std::pair{"limit", v.limit}, {"remaining", v.remaining}}) {
         if (!(x >= 0 && x <= doorman::request_limits::max_quantity))
           return at(name) + ": must be between 0 and 1e15";
       }
-      if (!(v.reset >= 0 && v.reset <= items[i].window))
+      if (!(v.reset >= 0 && v.reset <= asked[i].window))
         return at("reset") + ": must be between 0 and the window";
     }
     return std::nullopt;
@@ -325,14 +319,15 @@ class rules_handler final : public doorman::rls::handler {
       : rules_(std::move(rules)), leases_(leases), exact_(exact) {}
 
   void check(const doorman::rls::check_request& r, done_type done) override {
+    // The descriptors the root counts: where each goes, under which rule, how many hits (the
+    // key comes back in the root's verdict, checked to be the one asked).
     struct waiting {
       std::size_t index;
       const doorman::rule_set::rule* rule;
-      std::string key;
       double hits;
     };
     std::vector<waiting> wait;
-    std::vector<exact_counts::item> items;
+    std::vector<doorman::hit_count> counts;
     std::shared_ptr<doorman::rule_set> rules;
     doorman::rls::check_outcome o;
     {
@@ -348,8 +343,8 @@ class rules_handler final : public doorman::rls::handler {
                 return rules->status_of(rule, key, hits, false, rule.requests_per_unit, 0, left,
                                         left);
               }
-              wait.push_back({i, &rule, key, hits});
-              items.push_back({key, hits, std::chrono::duration<double>(rule.unit).count()});
+              wait.push_back({i, &rule, hits});
+              counts.push_back({key, hits, std::chrono::duration<double>(rule.unit).count()});
               return doorman::descriptor_status{};  // the root's verdict replaces it
             }
             return leases_ ? leases_->count(*rules, rule, key, hits)
@@ -361,7 +356,7 @@ class rules_handler final : public doorman::rls::handler {
       return;
     }
     // The rules are held (a reload may swap them meanwhile): the rule pointers stay good.
-    exact_->count(std::move(items),
+    exact_->count(std::move(counts),
                   [this, rules, wait = std::move(wait), o = std::move(o), done = std::move(done)](
                       auto verdicts, std::string why) mutable {
                     if (!verdicts) {
@@ -376,10 +371,10 @@ class rules_handler final : public doorman::rls::handler {
                         const auto reset = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::duration<double>(v.reset));
                         o.statuses[wait[k].index] =
-                            rules->status_of(*wait[k].rule, wait[k].key, wait[k].hits, v.admitted,
+                            rules->status_of(*wait[k].rule, v.resource_id, wait[k].hits, v.admitted,
                                              v.limit, v.remaining, reset, reset);
                         if (!v.admitted && v.remaining <= 0)
-                          exact_->remember_refusal(wait[k].key, now + reset);
+                          exact_->remember_refusal(v.resource_id, now + reset);
                       }
                     }
                     done(std::move(o));

@@ -587,6 +587,20 @@ TEST_CASE("count_hits counts exactly in fixed windows of the capacity × the win
   CHECK(f.engine.hit_counters() == 0);
 }
 
+TEST_CASE("count_hits: a reload applies its capacity to the window under way",
+          "[core][engine][count]") {
+  fixture f(repo_for("FAIR_SHARE", 0.5));  // 30 a minute
+  auto count = [&](double hits) {
+    return f.engine.count_hits({"c", {{"res", hits, 60}}}, f.clock.now()).value().resources[0];
+  };
+  CHECK(count(30).remaining == 0);
+  f.engine.set_config(repo_for("FAIR_SHARE", 1));  // 60 a minute: 30 more in this window
+  const auto v = count(1);
+  CHECK(v.admitted);
+  CHECK(v.limit == 60);
+  CHECK(v.remaining == 29);
+}
+
 TEST_CASE("count_hits: bounds, non-masters, intermediates and a full table",
           "[core][engine][count]") {
   doorman::engine_options o;

@@ -67,24 +67,8 @@ class RateLimiter(_Limiter):
             asked, self.asked = self.asked, 0.0
             return asked
 
-    def _decide(self, n: float, now: float, reserve: bool) -> tuple[bool, float]:
-        """(admitted, wait): with `reserve`, the permits are taken and `wait` is how long until
-        they are due; else they are taken only when due now."""
-        c = self._capacity
-        if c < 0:
-            return True, 0.0
-        if c == 0:
-            return False, math.inf
-        tat = self._tat if self._tat > now else now
-        after = tat + n * self._interval
-        allowed_at = after - self._tolerance
-        if allowed_at <= now or reserve:
-            self._tat = after
-            return True, max(0.0, allowed_at - now)
-        return False, allowed_at - now
-
     def try_acquire(self, n: float = 1) -> Acquired:
-        # `_decide` without the reservation, written out: this is the hot path.
+        # Written out (no helper call): this is the hot path.
         with self._lock:
             self.asked += n
             c = self._capacity
@@ -107,8 +91,15 @@ class RateLimiter(_Limiter):
         with self._lock:
             if count:
                 self.asked += n
-            ok, wait = self._decide(n, time.monotonic(), True)
-        return wait if ok else math.inf
+            c = self._capacity
+            if c < 0:
+                return 0.0
+            if c == 0:
+                return math.inf
+            now = _monotonic()
+            tat = self._tat if self._tat > now else now
+            self._tat = tat + n * self._interval
+            return max(0.0, self._tat - self._tolerance - now)
 
     def cancel(self, n: float = 1) -> None:
         """Gives back a reservation that was not used."""

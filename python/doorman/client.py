@@ -166,7 +166,6 @@ class Client:
         self._failures = 0
         self._in_refresh = False  # a refresh call is in flight (close() cuts it short)
         self._rng = random.Random()
-        self.refreshes = 0  # answers adopted
         self._thread = threading.Thread(target=self._run, name="doorman-client", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -353,7 +352,6 @@ class Client:
             )
         with self._lock:
             self._failures = 0
-            self.refreshes += 1
             interval = math.inf
             for g in grants:
                 held = self._resources.get(g.resource_id)

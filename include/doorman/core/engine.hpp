@@ -128,6 +128,7 @@ class basic_engine {
   /// template again (new capacity, algorithm and lease parameters apply from the next decision).
   void set_config(resource_repository config) {
     config_ = std::move(config);
+    ++config_generation_;  // `count_hits` limits are looked up again
     for (auto& [id, r] : resources_)
       configure(r);
   }
@@ -401,38 +402,53 @@ class basic_engine {
     return out;
   }
 
-  // One resource's `count_hits` window: which one (its index on the clock), how long, how
-  // many hits it has admitted.
+  // One resource's `count_hits` window: which one (its index on the clock), how long, its
+  // limit (looked up once per window and configuration), how many hits it has admitted.
   struct hit_counter {
     std::int64_t index = 0;
     duration window{};
+    double limit = 0;
+    std::uint64_t config_generation = 0;
     double used = 0;
     [[nodiscard]] time_point end() const { return time_point((index + 1) * window); }
   };
+
+  [[nodiscard]] double count_limit(const hit_count& x) const {
+    // rate × window may land a hair under the integer it means (10 / 60 × 60)
+    return std::floor(config_.find(x.resource_id).capacity * x.window + 1e-6);
+  }
 
   [[nodiscard]] hit_verdict count_one(const hit_count& x, time_point now) {
     hit_verdict v;
     v.resource_id = x.resource_id;
     const auto window = std::max(to_duration<duration>(x.window), duration(1));
     const std::int64_t index = now.time_since_epoch() / window;
-    // rate × window may land a hair under the integer it means (10 / 60 × 60)
-    v.limit = std::floor(config_.find(x.resource_id).capacity * x.window + 1e-6);
-    v.reset = to_seconds(time_point((index + 1) * window) - now);
-    auto it = counters_.find(std::string_view(x.resource_id));
-    if (it == counters_.end()) {
-      if (counters_.size() >= options_.max_hit_counters) sweep_counters(now);
-      if (counters_.size() >= options_.max_hit_counters) {
-        v.remaining = 0;  // refused: no room to count it
-        return v;
-      }
-      it = counters_.emplace(x.resource_id, hit_counter{index, window, 0}).first;
+    hit_counter* c = counter_for(x.resource_id, now);
+    if (c == nullptr) {  // refused: no room to count it
+      v.limit = count_limit(x);
+      v.reset = to_seconds(time_point((index + 1) * window) - now);
+      return v;
     }
-    hit_counter& c = it->second;
-    if (c.index != index || c.window != window) c = {index, window, 0};
-    v.admitted = c.used + x.hits <= v.limit;
-    if (v.admitted) c.used += x.hits;
-    v.remaining = std::max(0.0, v.limit - c.used);
+    const bool same_window = c->index == index && c->window == window;
+    if (!same_window || c->config_generation != config_generation_) {
+      *c = {index, window, count_limit(x), config_generation_, same_window ? c->used : 0};
+    }
+    v.limit = c->limit;
+    v.reset = to_seconds(c->end() - now);
+    v.admitted = c->used + x.hits <= v.limit;
+    if (v.admitted) c->used += x.hits;
+    v.remaining = std::max(0.0, v.limit - c->used);
     return v;
+  }
+
+  // The counter of `id` (a new one has no window yet), or null when the table is full.
+  hit_counter* counter_for(const std::string& id, time_point now) {
+    if (const auto it = counters_.find(std::string_view(id)); it != counters_.end()) {
+      return &it->second;
+    }
+    if (counters_.size() >= options_.max_hit_counters) sweep_counters(now);
+    if (counters_.size() >= options_.max_hit_counters) return nullptr;
+    return &counters_.emplace(id, hit_counter{}).first->second;
   }
 
   // Forgets the counters whose window has ended (at most once per earliest window end).
@@ -809,7 +825,8 @@ class basic_engine {
   std::uint64_t resources_created_ = 0;
   std::uint64_t excess_released_ = 0;
   std::unordered_map<std::string, hit_counter, string_hash, std::equal_to<>> counters_;
-  time_point next_sweep_{};  // no counter's window ends before this
+  time_point next_sweep_{};              // no counter's window ends before this
+  std::uint64_t config_generation_ = 0;  // set_config calls so far
 };
 
 /// The engine on the steady clock.

@@ -514,6 +514,22 @@ std::optional<request_error> check_resource_ids(const Range& resources, IdOf id_
   return std::nullopt;
 }
 
+// What every request of resources checks: its caller's id (`id`, the field `id_name`), the
+// resources' ids (how many, each, unique), then `check_one(item, i)` for each item in order.
+template <class Items, class CheckOne>
+std::optional<request_error> check_items(std::string_view id, std::string_view id_name,
+                                         const Items& items, CheckOne check_one) {
+  if (auto e = check_id(id, id_name)) return e;
+  if (auto e = check_resource_ids(
+          items, [](const auto& x) -> std::string_view { return x.resource_id; }, ".resource_id")) {
+    return e;
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (auto e = check_one(items[i], i)) return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace detail
 
 /// What is wrong with a grant in a server's answer (`gets.capacity: must be ...`), or nothing:
@@ -594,66 +610,54 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const capacity_request& r) {
-  if (auto e = detail::check_id(r.client_id, "client_id")) return e;
-  if (auto e = detail::check_resource_ids(
-          r.resources, [](const resource_request& x) -> std::string_view { return x.resource_id; },
-          ".resource_id")) {
-    return e;
-  }
-  for (std::size_t i = 0; i < r.resources.size(); ++i) {
-    const auto& x = r.resources[i];
-    if (!detail::valid_quantity(x.wants)) {
-      return detail::invalid(detail::element("resources", i, ".wants"), detail::quantity_problem);
-    }
-    if (x.has) {
-      if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
-    }
-  }
-  return std::nullopt;
+  return detail::check_items(
+      r.client_id, "client_id", r.resources,
+      [](const resource_request& x, std::size_t i) -> std::optional<request_error> {
+        if (!detail::valid_quantity(x.wants)) {
+          return detail::invalid(detail::element("resources", i, ".wants"),
+                                 detail::quantity_problem);
+        }
+        if (x.has) return detail::check_lease(*x.has, "resources", i);
+        return std::nullopt;
+      });
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const server_capacity_request& r) {
-  if (auto e = detail::check_id(r.server_id, "server_id")) return e;
-  if (auto e = detail::check_resource_ids(
-          r.resources,
-          [](const server_resource_request& x) -> std::string_view { return x.resource_id; },
-          ".resource_id")) {
-    return e;
-  }
-  for (std::size_t i = 0; i < r.resources.size(); ++i) {
-    const auto& x = r.resources[i];
-    auto at = [i](std::string_view field) { return detail::element("resources", i, field); };
-    if (x.has) {
-      if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
-    }
-    if (!detail::valid_quantity(x.outstanding)) {
-      return detail::invalid(at(".outstanding"), detail::quantity_problem);
-    }
-    if (x.wants.empty()) return detail::invalid(at(".wants"), "must hold at least one band");
-    if (x.wants.size() > request_limits::max_bands) {
-      return detail::invalid(at(".wants"), "must hold at most 1000 bands");
-    }
-    for (std::size_t j = 0; j < x.wants.size(); ++j) {
-      const auto& b = x.wants[j];
-      auto band_at = [&](std::string_view field) {
-        return at(".wants[" + std::to_string(j) + "]" + std::string(field));
-      };
-      if (b.num_clients < 1 || b.num_clients > request_limits::max_num_clients) {
-        return detail::invalid(band_at(".num_clients"),
-                               "must be an integer between 1 and 1000000000");
-      }
-      if (!detail::valid_quantity(b.wants)) {
-        return detail::invalid(band_at(".wants"), detail::quantity_problem);
-      }
-    }
-    if (const auto dup = detail::first_duplicate(
-            x.wants.size(), [&](std::size_t k) { return x.wants[k].priority; })) {
-      return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
-                             "duplicates wants[" + std::to_string(dup->first) + "].priority");
-    }
-  }
-  return std::nullopt;
+  return detail::check_items(
+      r.server_id, "server_id", r.resources,
+      [](const server_resource_request& x, std::size_t i) -> std::optional<request_error> {
+        auto at = [i](std::string_view field) { return detail::element("resources", i, field); };
+        if (x.has) {
+          if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
+        }
+        if (!detail::valid_quantity(x.outstanding)) {
+          return detail::invalid(at(".outstanding"), detail::quantity_problem);
+        }
+        if (x.wants.empty()) return detail::invalid(at(".wants"), "must hold at least one band");
+        if (x.wants.size() > request_limits::max_bands) {
+          return detail::invalid(at(".wants"), "must hold at most 1000 bands");
+        }
+        for (std::size_t j = 0; j < x.wants.size(); ++j) {
+          const auto& b = x.wants[j];
+          auto band_at = [&](std::string_view field) {
+            return at(".wants[" + std::to_string(j) + "]" + std::string(field));
+          };
+          if (b.num_clients < 1 || b.num_clients > request_limits::max_num_clients) {
+            return detail::invalid(band_at(".num_clients"),
+                                   "must be an integer between 1 and 1000000000");
+          }
+          if (!detail::valid_quantity(b.wants)) {
+            return detail::invalid(band_at(".wants"), detail::quantity_problem);
+          }
+        }
+        if (const auto dup = detail::first_duplicate(
+                x.wants.size(), [&](std::size_t k) { return x.wants[k].priority; })) {
+          return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
+                                 "duplicates wants[" + std::to_string(dup->first) + "].priority");
+        }
+        return std::nullopt;
+      });
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.
@@ -665,25 +669,20 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
 
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const count_request& r) {
-  if (auto e = detail::check_id(r.client_id, "client_id")) return e;
-  if (auto e = detail::check_resource_ids(
-          r.resources, [](const hit_count& x) -> std::string_view { return x.resource_id; },
-          ".resource_id")) {
-    return e;
-  }
-  for (std::size_t i = 0; i < r.resources.size(); ++i) {
-    const auto& x = r.resources[i];
-    if (!(x.hits >= 0 && x.hits <= request_limits::max_hits)) {
-      return detail::invalid(detail::element("resources", i, ".hits"),
-                             "must be a number between 0 and 1e9");
-    }
-    if (!(x.window >= request_limits::min_window_seconds &&
-          x.window <= request_limits::max_window_seconds)) {
-      return detail::invalid(detail::element("resources", i, ".window"),
-                             "must be between 0.001 and 31622400 seconds (366 days)");
-    }
-  }
-  return std::nullopt;
+  return detail::check_items(r.client_id, "client_id", r.resources,
+                             [](const hit_count& x, std::size_t i) -> std::optional<request_error> {
+                               if (!(x.hits >= 0 && x.hits <= request_limits::max_hits)) {
+                                 return detail::invalid(detail::element("resources", i, ".hits"),
+                                                        "must be a number between 0 and 1e9");
+                               }
+                               if (!(x.window >= request_limits::min_window_seconds &&
+                                     x.window <= request_limits::max_window_seconds)) {
+                                 return detail::invalid(
+                                     detail::element("resources", i, ".window"),
+                                     "must be between 0.001 and 31622400 seconds (366 days)");
+                               }
+                               return std::nullopt;
+                             });
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.

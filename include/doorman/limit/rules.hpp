@@ -296,14 +296,14 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
   std::vector<descriptor_status> check_each(std::string_view domain,
                                             const std::vector<descriptor_check>& descriptors) {
     return check_each(domain, descriptors,
-                      [](const rule&, const std::string&,
-                         double) -> std::optional<descriptor_status> { return std::nullopt; });
+                      [](const rule&, const std::string&, double,
+                         std::size_t) -> std::optional<descriptor_status> { return std::nullopt; });
   }
 
-  /// As above, with the counting of a rule's keys handed to `count(rule, key, hits)` (or
-  /// `count(rule, key, hits, descriptor_index)`) first: it returns the descriptor's status (a
-  /// lease of the key's resource decided it, say), or nothing for the rule's own limiters to
-  /// count it. A descriptor's own `limit` is always counted here.
+  /// As above, with the counting of a rule's keys handed to `count(rule, key, hits,
+  /// descriptor_index)` first: it returns the descriptor's status (a lease of the key's
+  /// resource decided it, say), or nothing for the rule's own limiters to count it. A
+  /// descriptor's own `limit` is always counted here.
   template <class Count>
   std::vector<descriptor_status> check_each(std::string_view domain,
                                             const std::vector<descriptor_check>& descriptors,
@@ -330,13 +330,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
       } else if (found[i] && is_replaced(*found[i], found)) {
         out[i].replaced = true;
       } else if (found[i] && found[i]->requests_per_unit >= 0) {
-        std::optional<descriptor_status> counted;
-        if constexpr (std::is_invocable_v<Count&, const rule&, const std::string&, double,
-                                          std::size_t>) {
-          counted = count(*found[i], keys[i], c.hits, i);
-        } else {
-          counted = count(*found[i], keys[i], c.hits);
-        }
+        auto counted = count(*found[i], keys[i], c.hits, i);
         out[i] =
             counted ? std::move(*counted) : decide(*found[i], found[i]->limiters, keys[i], c.hits);
       }
