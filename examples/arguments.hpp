@@ -16,7 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "doorman/version.hpp"
+
 namespace doorman_examples {
+
+// `--version`'s line: the program's name (as it was called, without its directory) and the
+// project's version, e.g. "doorman-node 0.1.0".
+inline void print_version(const char* argv0) {
+  std::string name = argv0 != nullptr ? argv0 : "doorman";
+  if (const auto slash = name.rfind('/'); slash != std::string::npos) name.erase(0, slash + 1);
+  std::printf("%s %s\n", name.c_str(), DOORMAN_VERSION_STRING);
+}
 
 // A number as short as it can be written ("0.1", "86400", "inf").
 inline std::string shortest(double x) {
@@ -37,6 +47,8 @@ class arguments {
   }
   [[nodiscard]] const std::string& arg() const noexcept { return arg_; }
   [[nodiscard]] bool help() const noexcept { return arg_ == "--help" || arg_ == "-h"; }
+  [[nodiscard]] bool version() const noexcept { return arg_ == "--version"; }
+  void print_version() const { doorman_examples::print_version(argv_[0]); }
 
   // The value after the current flag (throws std::invalid_argument when there is none).
   std::string value() {
@@ -48,7 +60,8 @@ class arguments {
     throw std::invalid_argument("unknown option " + arg_ + " (see --help)");
   }
 
-  // Walks every argument: --help prints `usage` and returns false (the program then exits 0);
+  // Walks every argument: --help prints `usage` and --version the version, and return false
+  // (the program then exits 0);
   // any other flag goes to `on_flag(flag)`, which takes its value (`value`, `number`) and
   // returns whether it knew the flag. An unknown flag throws std::invalid_argument.
   template <class OnFlag>
@@ -56,6 +69,10 @@ class arguments {
     while (next()) {
       if (help()) {
         std::fputs(usage, stdout);
+        return false;
+      }
+      if (version()) {
+        print_version();
         return false;
       }
       if (!on_flag(arg_)) unknown();

@@ -72,7 +72,8 @@ constexpr const char* usage =
     "these CAs\n"
     "  --tls-cert FILE --tls-key FILE       this client's certificate (mutual TLS)\n"
     "  --tls-server-name NAME               the name the server's certificate must carry\n"
-    "                                       (default: the host of --server)\n";
+    "                                       (default: the host of --server)\n"
+    "  --version                            print the version and exit\n";
 
 struct options {
   std::vector<std::string> words;  // the command and its positional arguments

@@ -128,6 +128,7 @@ std::vector<flag> node_flags() {
        "error",
        "info"},
       {"help", nullptr, "print this help and exit", ""},
+      {"version", nullptr, "print the version and exit", ""},
   };
 }
 
@@ -381,6 +382,10 @@ int main(int argc, char** argv) {
     const auto v = doorman_examples::read_flags(argc, argv, table, "DOORMAN_");
     if (v.given("help")) {
       std::fputs((about + doorman_examples::flag_help(table)).c_str(), stdout);
+      return 0;
+    }
+    if (v.given("version")) {
+      doorman_examples::print_version(argv[0]);
       return 0;
     }
     doorman_examples::set_log_level(v.at("log-level"));

@@ -78,7 +78,8 @@ void usage() {
       "  --doorman           run without this project's changes to the protocol (the\n"
       "                      behaviour of Doorman's design), for comparison\n"
       "  --check             check the invariants at every decision (slower)\n"
-      "  --quiet             no progress lines\n");
+      "  --quiet             no progress lines\n"
+      "  --version           print the version and exit\n");
 }
 
 double number(const std::string& flag, const std::string& text) {
@@ -97,6 +98,9 @@ int main(int argc, char** argv) try {
   while (args.next()) {
     if (args.help()) {
       usage();
+      return 0;
+    } else if (args.version()) {
+      args.print_version();
       return 0;
     } else if (args.arg() == "--scenario") {
       const std::string v = args.value();

@@ -580,7 +580,7 @@ int main(int argc, char** argv) {
       "                   [--server HOST:PORT[,...]] [--max-keys N] [--headroom X]\n"
       "                   [--demand-window S] [--min-share F] [--exact-below N]\n"
       "                   [--exact-timeout S] [--print-root-config]\n"
-      "                   [--metrics-listen HOST:PORT]\n",
+      "                   [--metrics-listen HOST:PORT] [--version]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");
         if (o.print_root_config) {

@@ -7,3 +7,4 @@
 #include "doorman/core.hpp"
 #include "doorman/node.hpp"
 #include "doorman/protocol.hpp"
+#include "doorman/version.hpp"
