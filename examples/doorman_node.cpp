@@ -91,6 +91,10 @@ std::vector<flag> node_flags() {
        shortest(o.server.idle_timeout.count())},
       {"parent-timeout", "SECONDS", "deadline of one request to the parent",
        shortest(o.parent_timeout.count())},
+      {"drain-timeout", "SECONDS",
+       "on SIGTERM, how long the answers already computed may take to be written before their "
+       "connections are closed (docs/deployment.md)",
+       shortest(o.server.stop_grace.count())},
       {"tls-cert", "FILE",
        "PEM certificate chain of this node: serve the JSON-RPC port and the admin endpoint over "
        "TLS (docs/security.md)",
@@ -246,6 +250,7 @@ void read_options(const doorman_examples::flag_values& v, doorman::node_options&
   o.server.max_in_flight = static_cast<std::size_t>(v.number("max-in-flight", 1, 1e7));
   o.server.idle_timeout = doorman::seconds(v.number("idle-timeout", 0.1, 86400 * 7));
   o.parent_timeout = doorman::seconds(v.number("parent-timeout", 0.01, 3600));
+  o.server.stop_grace = doorman::seconds(v.number("drain-timeout", 0, 3600));
   read_security(v, o);
   o.config.parse = doorman_examples::parse_config_any;
   if (v.given("config")) {
@@ -277,9 +282,10 @@ struct grpc_front {
     if (node.options().advertise_grpc.empty()) node.advertise_grpc(at);
     doorman_examples::log_line(fmt::format("doorman.Capacity (gRPC) listening on {}", at));
   }
-  // Its calls in flight are answered on the node's strand, which runs meanwhile.
-  void stop() {
-    if (server) server->stop();
+  // Its calls in flight are answered on the node's strand, which runs meanwhile, for `grace`
+  // at most.
+  void stop(std::chrono::milliseconds grace) {
+    if (server) server->stop(grace);
   }
   // SIGHUP: the certificate files again (as the node's other ports read them).
   void reload_tls() {
@@ -295,7 +301,7 @@ struct grpc_front {
   void start(Node&, const std::string& listen) {
     if (!listen.empty()) throw std::runtime_error("--grpc-listen: this build has no gRPC");
   }
-  void stop() {}
+  void stop(std::chrono::milliseconds) {}
   void reload_tls() {}
 #endif
 };
@@ -330,7 +336,8 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
     doorman_examples::log_line(fmt::format("signal {}: stopping gracefully", signal));
     hup.cancel();  // with the node stopped, nothing else is left to run
     stopper = std::thread([&] {
-      grpc.stop();
+      grpc.stop(std::chrono::duration_cast<std::chrono::milliseconds>(
+          node.options().server.stop_grace));
       node.stop();
     });
   });

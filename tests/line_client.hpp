@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -86,6 +87,28 @@ class line_client {
       data.remove_prefix(static_cast<std::size_t>(n));
     }
     return true;
+  }
+
+  // Sends `chunk` again and again without reading until the peer stops taking it: no byte
+  // accepted for `quiet` (a server that stops reading once its answers cannot be written).
+  // False if the peer still takes data after `limit`, or fails.
+  bool flood_until_stalled(std::string_view chunk, std::chrono::milliseconds quiet,
+                           std::chrono::milliseconds limit = 20s) {
+    const auto deadline = steady::now() + limit;
+    std::size_t at = 0;
+    while (steady::now() < deadline) {
+      const auto n = ::send(fd_, chunk.data() + at, chunk.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        at = (at + static_cast<std::size_t>(n)) % chunk.size();
+        continue;
+      }
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+      pollfd p{fd_, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(quiet.count()));
+      if (ready == 0) return true;
+      if (ready < 0) return false;
+    }
+    return false;
   }
 
   // The next line, or nothing at the deadline or when the peer closed.

@@ -155,6 +155,46 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("doorman-node on SIGTERM: answers what it computed, within --drain-timeout",
+          "[net][process]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  const std::string dir = dir_template;
+  const std::string config = dir + "/resources.json";
+  std::ofstream(config) << fast_config(100);
+  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config,
+                "--drain-timeout", "1"},
+               dir + "/node.log");
+  const std::string address = listening_address(node);
+
+  // A peer that pipelines requests and never reads its answers, until the node stops reading
+  // it (half a second without a byte taken): its answers fill the socket buffers, and what
+  // the node computed for it cannot be written.
+  line_client stuck(address);
+  std::string flood;
+  for (int i = 0; i < 2000; ++i) {
+    flood += request_line(i, "get_capacity", capacity_params("stuck", "db", 1));
+  }
+  REQUIRE(stuck.flood_until_stalled(flood, 500ms));
+  // A peer that behaves: its answer is written before the node goes.
+  line_client polite(address);
+  REQUIRE(gets(polite.call("get_capacity", capacity_params("polite", "db", 5))) == 5);
+  CHECK(eventually([&] { return status_of(address, "db")["resources"][0]["clients"] == 2; }));
+
+  const auto stopped_at = steady::now();
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+  const double took = std::chrono::duration<double>(steady::now() - stopped_at).count();
+  std::printf("doorman-node stopped %.2f s after SIGTERM (--drain-timeout 1)\n", took);
+  // The stuck peer holds the node for the drain timeout, not longer (and not forever).
+  CHECK(took >= 0.9);
+  CHECK(took < 3.0);
+  CHECK(polite.closed_by_peer());
+  CHECK(node.log().find("closing 1 connection whose answers were not taken within 1 s") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
   const auto log = (std::filesystem::temp_directory_path() / "doorman-test-flags.log").string();
   const std::string node = DOORMAN_NODE_BINARY;

@@ -350,7 +350,11 @@ inline void server::stop() {
     stop_timer_.expires_after(
         to_duration<std::chrono::steady_clock::duration>(options_.stop_grace.count()));
     stop_timer_.async_wait([this](std::error_code e) {
-      if (!e) close_all();
+      if (e) return;
+      log(fmt::format("stopping: closing {} connection{} whose answers were not taken within {} s",
+                      sessions_.size(), sessions_.size() == 1 ? "" : "s",
+                      options_.stop_grace.count()));
+      close_all();
     });
   }
 }

@@ -52,6 +52,12 @@ struct etcd_election_options {
   std::vector<std::string> endpoints;   ///< `host:port` of the etcd members
   std::string key = "/doorman/master";  ///< one key per tree position
   seconds ttl{10};  ///< the lease's TTL (whole seconds; etcd's minimum is about 2)
+  /// How often a task that is not master reads the key between its renewal rounds, to
+  /// campaign as soon as the key is free (and to redirect to a new master as soon as one
+  /// holds it): a master that stops revokes its lease, which deletes the key, and a standby
+  /// takes over within this and a few round trips instead of a round period (ttl / 5). At most
+  /// the round period; 0: only the rounds.
+  seconds standby_poll{0.25};
   /// One line per notable event (won, lost, master changed, etcd unreachable). Null: silent.
   std::function<void(std::string_view)> log{};
   /// CA and client certificate for `https://` endpoints (docs/security.md).
@@ -154,6 +160,10 @@ class etcd_election {
 
   // One renewal and one claim. False when etcd could not be reached (retry soon).
   static DOORMAN_DECL asio::awaitable<bool> round(state& s);
+
+  // A standby's wait for its next round at `next`: reads the key every `standby_poll`, and
+  // returns early when it is free or held by another master than the one it knows.
+  static DOORMAN_DECL asio::awaitable<void> look_until(state& s, clock::time_point next);
 
   static void lease_gone(state& s) {
     s.lease = 0;

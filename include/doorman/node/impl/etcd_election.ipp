@@ -14,9 +14,14 @@ DOORMAN_DECL asio::awaitable<void> etcd_election::run(std::shared_ptr<state> s) 
   while (!s->stopping) {
     const bool ok = co_await round(*s);
     if (s->stopping) break;
-    s->timer.expires_at(s->term.next_round(clock::now(), ok));
-    std::error_code ec;
-    co_await s->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    const auto next = s->term.next_round(clock::now(), ok);
+    if (ok && !s->is_master) {
+      co_await look_until(*s, next);
+    } else {
+      s->timer.expires_at(next);
+      std::error_code ec;
+      co_await s->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
   }
   s->lost();
   if (s->lease != 0) {
@@ -24,6 +29,26 @@ DOORMAN_DECL asio::awaitable<void> etcd_election::run(std::shared_ptr<state> s) 
     s->log(
         r ? "etcd: lease revoked; another task can take over at once"
           : fmt::format("etcd: could not revoke the lease ({}); it expires by itself", r.message));
+  }
+}
+
+DOORMAN_DECL asio::awaitable<void> etcd_election::look_until(state& s, clock::time_point next) {
+  const auto poll = to_duration<clock::duration>(s.options.standby_poll.count());
+  while (!s.stopping) {
+    const auto now = clock::now();
+    const auto at = poll > clock::duration::zero() ? std::min(next, now + poll) : next;
+    s.timer.expires_at(at);
+    std::error_code ec;
+    co_await s.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (s.stopping || at >= next) co_return;
+    // A free key: campaign now. Another holder than the one known: a round now, to redirect
+    // to it. An error or the same holder: look again (the rounds go on).
+    const auto g = co_await s.etcd.get(s.options.key, clock::now() + poll);
+    if (!g) continue;
+    if (!g.value) co_return;
+    std::optional<std::string> holder;
+    if (g.value->value != s.advertise) holder = g.value->value;
+    if (holder != s.master) co_return;
   }
 }
 
