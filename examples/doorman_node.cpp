@@ -7,12 +7,15 @@
 //
 // Every flag can also come from the environment as DOORMAN_<FLAG> (upper case, '-' -> '_'),
 // e.g. DOORMAN_LISTEN=0.0.0.0:7700; a flag on the command line wins. SIGHUP reloads the
-// configuration (doorman::node::reload_config); SIGTERM and SIGINT stop gracefully (exit 0).
+// configuration (doorman::node::reload_config), the TLS files and the access file, and so does
+// a change of one of these files (--reload-interval); SIGTERM and SIGINT stop gracefully
+// (exit 0) within --drain-timeout.
 // Logs go to stderr.
 
 #include <doorman/node.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <asio.hpp>
 
 #include <cmath>
@@ -91,6 +94,10 @@ std::vector<flag> node_flags() {
        shortest(o.server.idle_timeout.count())},
       {"parent-timeout", "SECONDS", "deadline of one request to the parent",
        shortest(o.parent_timeout.count())},
+      {"reload-interval", "SECONDS",
+       "how often the files the node reads (--config, --access, the TLS files) are looked at; "
+       "one that changed, a symlink swap included, is read again as on SIGHUP; 0: only on SIGHUP",
+       "1"},
       {"drain-timeout", "SECONDS",
        "on SIGTERM, how long the answers already computed may take to be written before their "
        "connections are closed (docs/deployment.md)",
@@ -141,7 +148,8 @@ constexpr const char* about =
     "Serves one position of a doorman capacity tree over JSON-RPC on TCP (one JSON object\n"
     "per line). Every flag may also be given as the environment variable DOORMAN_<FLAG>\n"
     "(upper case, '-' as '_'); the command line wins. SIGHUP reloads --config, the TLS\n"
-    "certificates and --access; SIGTERM or SIGINT stops gracefully.\n\n";
+    "certificates and --access, as does a change of one of these files; SIGTERM or SIGINT\n"
+    "stops gracefully.\n\n";
 
 // The admin address by default: the listen host, its port + 80 (0 stays 0).
 std::string default_admin(const std::string& listen) {
@@ -316,14 +324,50 @@ void use_grpc_parent(doorman::node_options& o) {
 #endif
 }
 
+// Every `interval` (none when 0), the stamps of the files the node reads; `reload()` when one
+// changed (a Kubernetes ConfigMap or Secret swaps a symlink and sends no SIGHUP).
+class file_follower {
+ public:
+  file_follower(asio::io_context& io, std::vector<std::string> files, double interval,
+                std::function<void()> reload)
+      : timer_(io), watch_(std::move(files)), interval_(interval), reload_(std::move(reload)) {}
+
+  void start() {
+    if (interval_ <= 0 || watch_.size() == 0) return;
+    timer_.expires_after(doorman::to_duration<asio::steady_timer::duration>(interval_));
+    timer_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      if (const auto changed = watch_.changed(); !changed.empty()) {
+        doorman_examples::log_line(fmt::format("{} changed: reloading", fmt::join(changed, ", ")));
+        reload_();
+      }
+      start();
+    });
+  }
+  void stop() { timer_.cancel(); }
+
+ private:
+  asio::steady_timer timer_;
+  doorman::file_watch watch_;
+  double interval_;
+  std::function<void()> reload_;
+};
+
 template <class Node>
-int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
+int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
+          double reload_interval) {
   // The signals are caught before anything says "listening": a SIGTERM sent on that line
   // stops the node gracefully instead of killing it.
   asio::signal_set hup(io, SIGHUP);
   asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   grpc_front<Node> grpc;
   grpc.start(node, grpc_listen);
+  const auto reload = [&] {
+    node.reload_config();
+    node.reload_security();
+    grpc.reload_tls();
+  };
+  file_follower follower(io, node.options().files(), reload_interval, reload);
   node.start();
   std::thread stopper;
   if (!node.options().config.source.empty()) {
@@ -335,6 +379,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
     if (ec) return;
     doorman_examples::log_line(fmt::format("signal {}: stopping gracefully", signal));
     hup.cancel();  // with the node stopped, nothing else is left to run
+    follower.stop();
     stopper = std::thread([&] {
       grpc.stop(std::chrono::duration_cast<std::chrono::milliseconds>(
           node.options().server.stop_grace));
@@ -343,12 +388,11 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
   });
   std::function<void(std::error_code, int)> on_hup = [&](std::error_code ec, int) {
     if (ec) return;
-    node.reload_config();
-    node.reload_security();
-    grpc.reload_tls();
+    reload();
     hup.async_wait(on_hup);
   };
   hup.async_wait(on_hup);
+  follower.start();
   io.run();
   if (stopper.joinable()) stopper.join();
   doorman_examples::log_line("stopped");
@@ -359,6 +403,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen) {
 // failure to bind, 1.
 template <class Node, class... Election>
 int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::string& grpc_listen,
+                    double reload_interval,
                     Election&&... election) {
   std::optional<Node> node;
   try {
@@ -371,7 +416,7 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::s
     return 2;
   }
   try {
-    return serve(io, *node, grpc_listen);
+    return serve(io, *node, grpc_listen, reload_interval);
   } catch (const std::exception& e) {
     doorman_examples::log_line(fmt::format("fatal: {}", e.what()));
     return 1;
@@ -384,6 +429,7 @@ int main(int argc, char** argv) {
   doorman::node_options o;
   doorman::etcd_election_options election;
   std::string grpc_listen;
+  double reload_interval = 1;
   try {
     const auto table = node_flags();
     const auto v = doorman_examples::read_flags(argc, argv, table, "DOORMAN_");
@@ -399,6 +445,7 @@ int main(int argc, char** argv) {
     o.log = doorman_examples::log_line;
     doorman_examples::warn_unknown_environment(table, "DOORMAN_");
     read_options(v, o);
+    reload_interval = v.number("reload-interval", 0, 3600);
     if (v.given("grpc-listen")) {
       grpc_listen = v.at("grpc-listen");
       if (!doorman::net::parse_address(grpc_listen)) {
@@ -432,7 +479,9 @@ int main(int argc, char** argv) {
   }
 
   asio::io_context io;
-  if (election.endpoints.empty()) return build_and_serve<doorman::node>(io, o, grpc_listen);
+  if (election.endpoints.empty()) {
+    return build_and_serve<doorman::node>(io, o, grpc_listen, reload_interval);
+  }
   return build_and_serve<doorman::basic_node<doorman::etcd_election>>(
-      io, o, grpc_listen, doorman::etcd_election(io.get_executor(), election));
+      io, o, grpc_listen, reload_interval, doorman::etcd_election(io.get_executor(), election));
 }

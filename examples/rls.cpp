@@ -25,6 +25,7 @@
 #include <doorman/net/channel.hpp>
 #include <doorman/net/http_server.hpp>
 #include <doorman/node/admin.hpp>
+#include <doorman/node/file_watch.hpp>
 #include <doorman/protocol/codec.hpp>
 
 #include <fmt/format.h>
@@ -77,7 +78,8 @@ struct options {
 };
 
 // What the directory held when it was read: each file's name, size and change time.
-using directory_state = std::vector<std::tuple<std::string, std::uintmax_t, std::int64_t>>;
+// The stamps of the directory's files (a ConfigMap's symlink swap changes them).
+using directory_state = std::vector<std::pair<std::string, doorman::file_stamp>>;
 
 std::vector<std::filesystem::path> config_files(const std::string& dir) {
   std::vector<std::filesystem::path> out;
@@ -91,11 +93,8 @@ std::vector<std::filesystem::path> config_files(const std::string& dir) {
 
 directory_state state_of(const std::string& dir) {
   directory_state s;
-  std::error_code ec;
-  for (const auto& f : config_files(dir)) {
-    const auto t = std::filesystem::last_write_time(f, ec).time_since_epoch().count();
-    s.emplace_back(f.string(), std::filesystem::file_size(f, ec), static_cast<std::int64_t>(t));
-  }
+  for (const auto& f : config_files(dir))
+    s.emplace_back(f.string(), doorman::stamp_of(f.string()));
   return s;
 }
 

@@ -195,6 +195,91 @@ TEST_CASE("doorman-node on SIGTERM: answers what it computed, within --drain-tim
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+// A directory laid out as Kubernetes mounts a ConfigMap: `name` -> `..data/name`, `..data` ->
+// a directory of the version; `publish` swaps `..data` to a new version at once (a rename).
+struct configmap_dir {
+  explicit configmap_dir(std::filesystem::path d) : dir(std::move(d)) {}
+  void publish(const std::string& name, const std::string& text) {
+    const auto version = dir / ("..v" + std::to_string(++versions));
+    std::filesystem::create_directories(version);
+    std::ofstream(version / name) << text;
+    std::filesystem::create_directory_symlink(version.filename(), dir / "..data_tmp");
+    std::filesystem::rename(dir / "..data_tmp", dir / "..data");
+    if (!std::filesystem::is_symlink(dir / name)) {
+      std::filesystem::create_symlink(std::filesystem::path("..data") / name, dir / name);
+    }
+  }
+  std::filesystem::path dir;
+  int versions = 0;
+};
+
+}  // namespace
+
+TEST_CASE("file_watch: a rewrite, a symlink swap, a missing file", "[node]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  configmap_dir cm(dir_template);
+  cm.publish("config.yaml", "a: 1\n");
+  const std::string plain = cm.dir / "plain.json";
+  std::ofstream(plain) << "{}";
+  const std::string config = cm.dir / "config.yaml";
+  const std::string gone = cm.dir / "gone.pem";
+  doorman::file_watch watch({config, "", plain, gone});
+  CHECK(watch.size() == 3);
+  CHECK(watch.changed().empty());
+
+  cm.publish("config.yaml", "a: 2\n");  // same size, another file behind the same path
+  CHECK(watch.changed() == std::vector<std::string>{config});
+  CHECK(watch.changed().empty());
+
+  std::ofstream(plain) << "{\"a\": 1}";  // rewritten in place
+  std::ofstream(gone) << "pem";           // appears
+  CHECK(watch.changed() == std::vector<std::string>{plain, gone});
+  std::filesystem::remove(gone);  // disappears: for the reload to report, not a change
+  CHECK(watch.changed().empty());
+  std::filesystem::remove_all(cm.dir);
+}
+
+TEST_CASE("doorman-node follows its configuration through a ConfigMap's symlink swap",
+          "[net][process]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  configmap_dir cm(dir_template);
+  cm.publish("resources.json", fast_config(100));
+  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config",
+                (cm.dir / "resources.json").string(), "--reload-interval", "0.1"},
+               (cm.dir / "node.log").string());
+  const std::string address = listening_address(node);
+  CHECK(capacity_at(address, "db") == 100);
+
+  // A new version, no signal: read within the interval, as SIGHUP reads it.
+  cm.publish("resources.json", fast_config(60));
+  REQUIRE(node.wait_for("resources.json changed: reloading", 5s));
+  REQUIRE(node.wait_for("configuration reloaded", 5s));
+  CHECK(capacity_at(address, "db") == 60);
+
+  // A bad version: rejected once, naming the field; the good one stays.
+  cm.publish("resources.json", R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})");
+  const auto rejected = node.wait_for("rejected", 5s);
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(address, "db") == 60);
+
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+  const auto log = node.log();
+  std::size_t reloads = 0;
+  for (auto at = log.find("changed: reloading"); at != std::string::npos;
+       at = log.find("changed: reloading", at + 1)) {
+    ++reloads;
+  }
+  CHECK(reloads == 2);  // one per version, not one per look
+  std::filesystem::remove_all(cm.dir);
+}
+
 TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
   const auto log = (std::filesystem::temp_directory_path() / "doorman-test-flags.log").string();
   const std::string node = DOORMAN_NODE_BINARY;

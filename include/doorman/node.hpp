@@ -8,5 +8,6 @@
 #include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
 #include "doorman/node/etcd_election.hpp"
+#include "doorman/node/file_watch.hpp"
 #include "doorman/node/node.hpp"
 #include "doorman/node/status_page.hpp"

@@ -97,6 +97,20 @@ struct node_options {
   /// Distinct client ids one caller (an identity, else a connection) may hold on one resource
   /// at once; 0: no bound. Rules of an access file set their own (`max_client_ids`).
   std::size_t max_client_ids = 0;
+
+  /// The files the node reads and reads again on `reload_config` and `reload_security`: the
+  /// configuration (when a file), the access file and every certificate, key and CA file.
+  [[nodiscard]] std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    if (const auto c = config_location::parse(config.source); c.type == config_location::kind::file)
+      out.push_back(c.where);
+    out.push_back(access);
+    for (const net::tls_options* t : {&tls, &parent_tls, &config.etcd_tls}) {
+      out.insert(out.end(), {t->cert_file, t->key_file, t->ca_file});
+    }
+    std::erase_if(out, [](const std::string& f) { return f.empty(); });
+    return out;
+  }
 };
 
 /// The placeholder configuration of an intermediate without one: every resource has capacity 0
