@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= true
 
-.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean
+.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -41,6 +41,17 @@ sim: deps
 ## Build and run the test suite (Debug, warnings as errors).
 test: deps
 	$(call preset_tests,dev)
+
+## Debian packages doorman and doorman-dev in build/release/packages (docs/deployment.md).
+package: deps
+	@sh cmake/install-deps.sh package
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS)
+	@cd build/release && cpack -G DEB
+
+## Install the packages, check them as an operator would, remove them (root; CI runs it).
+package-check: package
+	@sh deploy/debian/check_package.sh
 
 ## The test suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan: deps

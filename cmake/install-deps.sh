@@ -15,7 +15,18 @@ set -eu
 # python3-grpcio, python3-protobuf, protobuf-compiler: a Python client of doorman-rls, in the tests.
 # python3-build, python3-wheel, python3-setuptools, mypy, python3-pytest, python3-pytest-asyncio:
 # the Python client's wheel, its type check and its tests.
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio"
+# python3-yaml: the check of the Kubernetes kit (deploy/kubernetes/check_kit.py).
+packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio python3-yaml"
+# kubectl (Debian's kubernetes-client unless one is there): the Kubernetes kit (deploy/) is
+# rendered with `kubectl kustomize` and checked against doorman-node.
+if ! command -v kubectl >/dev/null 2>&1; then
+  packages="$packages kubernetes-client"
+fi
+# `install-deps.sh package`: what `make package` and its check need: dpkg-shlibdeps (dpkg-dev)
+# for the package's dependencies, systemd-analyze (systemd) to verify the unit.
+if [ "${1:-}" = package ]; then
+  packages="$packages dpkg-dev systemd adduser"
+fi
 # `install-deps.sh fuzz`: also clang 16 and its libFuzzer/sanitizer runtimes (Debian 12's
 # clang 14 cannot compile the engine), for `make fuzz`.
 if [ "${1:-}" = fuzz ]; then

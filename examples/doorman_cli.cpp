@@ -334,7 +334,8 @@ int config(const options& o) {
     if (o.words[1] == "convert") {
       fmt::print("{}\n", repo.to_json().dump(2));
     } else {
-      fmt::print("{}: ok ({} templates)\n", path, repo.templates().size());
+      const auto n = repo.templates().size();
+      fmt::print("{}: ok ({} template{})\n", path, n, n == 1 ? "" : "s");
     }
   } catch (const std::exception& e) {
     throw failure(fmt::format("{}: {}", path, e.what()));

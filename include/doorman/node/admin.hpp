@@ -26,11 +26,12 @@
 #include "doorman/core/config.hpp"
 #include "doorman/core/messages.hpp"
 #include "doorman/protocol/dispatch.hpp"
+#include "doorman/version.hpp"
 
 namespace doorman {
 
 /// The version the admin endpoint reports in `doorman_build_info` and on the status page.
-inline constexpr std::string_view version = "0.2.0";
+inline constexpr std::string_view version = DOORMAN_VERSION_STRING;
 
 /// A cumulative latency histogram with fixed bucket bounds (seconds).
 struct latency_histogram {
