@@ -271,43 +271,6 @@ TEST_CASE("admin routes: health and readiness to anyone, the rest as access allo
   CHECK(asked.back() == "/status/resources/other");
 }
 
-// The metric families a scrape names ("# TYPE name kind").
-std::set<std::string> metric_families(const std::string& exposition) {
-  std::set<std::string> out;
-  std::istringstream in(exposition);
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("# TYPE ")) out.insert(line.substr(7, line.find(' ', 7) - 7));
-  }
-  return out;
-}
-
-TEST_CASE("deploy/prometheus: every metric the rules use is one a root or intermediate exports",
-          "[admin][net][docs]") {
-  running_node<> root(fast_config(100), with_admin());
-  doorman::node_options o = with_admin();
-  o.parents = {root.address()};
-  running_node<> mid("", o);
-  line_client a(mid.address());
-  CHECK(eventually([&] { return gets(a.call("get_capacity", capacity_params("a", "db", 5))) == 5; }));
-  auto exported = metric_families(http_get(root.node().admin_address(), "/metrics").body);
-  exported.merge(metric_families(http_get(mid.node().admin_address(), "/metrics").body));
-  REQUIRE(exported.contains("doorman_parent_consecutive_failures"));
-
-  const auto rules = read_text(fs::path(DOORMAN_SOURCE_DIR) / "deploy" / "prometheus" /
-                               "doorman.rules.yml");
-  // Names of exported series; a recorded one (with a ':') is the rules' own.
-  const std::regex name(R"(\b(doorman_[a-z_]+)\b(?!:))");
-  std::size_t used = 0;
-  for (auto it = std::sregex_iterator(rules.begin(), rules.end(), name);
-       it != std::sregex_iterator(); ++it) {
-    const std::string metric = (*it)[1];
-    INFO(metric);
-    CHECK(exported.contains(metric));
-    ++used;
-  }
-  CHECK(used >= 10);
-}
-
 TEST_CASE("admin endpoint: health, readiness, metrics and status of a live root", "[admin][net]") {
   running_node<> root(fast_config(100), with_admin());
   const std::string admin = root.node().admin_address();
@@ -1112,6 +1075,43 @@ std::map<std::string, std::string> node_md_flags() {
 }
 
 }  // namespace
+
+// The metric families a scrape names ("# TYPE name kind").
+std::set<std::string> metric_families(const std::string& exposition) {
+  std::set<std::string> out;
+  std::istringstream in(exposition);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("# TYPE ")) out.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  return out;
+}
+
+TEST_CASE("deploy/prometheus: every metric the rules use is one a root or intermediate exports",
+          "[admin][net][docs]") {
+  running_node<> root(fast_config(100), with_admin());
+  doorman::node_options o = with_admin();
+  o.parents = {root.address()};
+  running_node<> mid("", o);
+  line_client a(mid.address());
+  CHECK(eventually([&] { return gets(a.call("get_capacity", capacity_params("a", "db", 5))) == 5; }));
+  auto exported = metric_families(http_get(root.node().admin_address(), "/metrics").body);
+  exported.merge(metric_families(http_get(mid.node().admin_address(), "/metrics").body));
+  REQUIRE(exported.contains("doorman_parent_consecutive_failures"));
+
+  const auto rules = read_text(fs::path(DOORMAN_SOURCE_DIR) / "deploy" / "prometheus" /
+                               "doorman.rules.yml");
+  // Names of exported series; a recorded one (with a ':') is the rules' own.
+  const std::regex name(R"(\b(doorman_[a-z_]+)\b(?!:))");
+  std::size_t used = 0;
+  for (auto it = std::sregex_iterator(rules.begin(), rules.end(), name);
+       it != std::sregex_iterator(); ++it) {
+    const std::string metric = (*it)[1];
+    INFO(metric);
+    CHECK(exported.contains(metric));
+    ++used;
+  }
+  CHECK(used >= 10);
+}
 
 TEST_CASE("docs: node.md's flag table is doorman-node --help", "[docs]") {
   const auto help = run_command(std::string(DOORMAN_NODE_BINARY) + " --help").second;
