@@ -381,8 +381,8 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
     hup.cancel();  // with the node stopped, nothing else is left to run
     follower.stop();
     stopper = std::thread([&] {
-      grpc.stop(std::chrono::duration_cast<std::chrono::milliseconds>(
-          node.options().server.stop_grace));
+      grpc.stop(
+          std::chrono::duration_cast<std::chrono::milliseconds>(node.options().server.stop_grace));
       node.stop();
     });
   });
@@ -403,8 +403,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
 // failure to bind, 1.
 template <class Node, class... Election>
 int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::string& grpc_listen,
-                    double reload_interval,
-                    Election&&... election) {
+                    double reload_interval, Election&&... election) {
   std::optional<Node> node;
   try {
     node.emplace(io.get_executor(), std::move(o), std::forward<Election>(election)...);

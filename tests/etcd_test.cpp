@@ -393,8 +393,9 @@ TEST_CASE("etcd election: a master stopped by SIGTERM hands over in a fraction o
   // The stopping master revokes its lease; a standby looks at the key every 250 ms and
   // campaigns when it is free: a quarter of a second and a few round trips, not the TTL.
   CHECK(root.nodes[first]->wait_exit() == 0);
-  INFO("the old master's log:\n" << root.nodes[first]->log() << "the new master's log:\n"
-                                  << root.nodes[*second]->log());
+  INFO("the old master's log:\n"
+       << root.nodes[first]->log() << "the new master's log:\n"
+       << root.nodes[*second]->log());
   CHECK(takeover < 1.0);
   CHECK_THAT(root.nodes[first]->log(), Catch::Contains("etcd: lease revoked"));
 }

@@ -162,9 +162,9 @@ TEST_CASE("doorman-node on SIGTERM: answers what it computed, within --drain-tim
   const std::string dir = dir_template;
   const std::string config = dir + "/resources.json";
   std::ofstream(config) << fast_config(100);
-  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config,
-                "--drain-timeout", "1"},
-               dir + "/node.log");
+  process node(
+      {DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--config", config, "--drain-timeout", "1"},
+      dir + "/node.log");
   const std::string address = listening_address(node);
 
   // A peer that pipelines requests and never reads its answers, until the node stops reading
@@ -235,7 +235,7 @@ TEST_CASE("file_watch: a rewrite, a symlink swap, a missing file", "[node]") {
   CHECK(watch.changed().empty());
 
   std::ofstream(plain) << "{\"a\": 1}";  // rewritten in place
-  std::ofstream(gone) << "pem";           // appears
+  std::ofstream(gone) << "pem";          // appears
   CHECK(watch.changed() == std::vector<std::string>{plain, gone});
   std::filesystem::remove(gone);  // disappears: for the reload to report, not a change
   CHECK(watch.changed().empty());

@@ -1093,13 +1093,14 @@ TEST_CASE("deploy/prometheus: every metric the rules use is one a root or interm
   o.parents = {root.address()};
   running_node<> mid("", o);
   line_client a(mid.address());
-  CHECK(eventually([&] { return gets(a.call("get_capacity", capacity_params("a", "db", 5))) == 5; }));
+  CHECK(
+      eventually([&] { return gets(a.call("get_capacity", capacity_params("a", "db", 5))) == 5; }));
   auto exported = metric_families(http_get(root.node().admin_address(), "/metrics").body);
   exported.merge(metric_families(http_get(mid.node().admin_address(), "/metrics").body));
   REQUIRE(exported.contains("doorman_parent_consecutive_failures"));
 
-  const auto rules = read_text(fs::path(DOORMAN_SOURCE_DIR) / "deploy" / "prometheus" /
-                               "doorman.rules.yml");
+  const auto rules =
+      read_text(fs::path(DOORMAN_SOURCE_DIR) / "deploy" / "prometheus" / "doorman.rules.yml");
   // Names of exported series; a recorded one (with a ':') is the rules' own.
   const std::regex name(R"(\b(doorman_[a-z_]+)\b(?!:))");
   std::size_t used = 0;
