@@ -575,12 +575,8 @@ TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missin
   CHECK(eventually(
       [&] { return gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60; }));
 
-  etcd.put("/doorman/cfg", R"({"resources": [{"identifier_glob": "*", "capacity": -5,
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})");
-  const auto rejected = node.wait_for("rejected", 5s);
-  REQUIRE(rejected);
-  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
-  CHECK(capacity_at(address, "db") == 60);
+  check_bad_config_kept(node, address, 60,
+                        [&](const std::string& text) { etcd.put("/doorman/cfg", text); });
   CHECK(gets(a.call("get_capacity", capacity_params("a", "db", 150))) == 60);
 
   node.signal(SIGTERM);

@@ -226,4 +226,17 @@ inline double capacity_at(const std::string& address, const std::string& resourc
   return status_of(address, resource).at("resources").at(0).at("capacity").get<double>();
 }
 
+// `publish(text)` puts a configuration with a negative capacity where the node `p` (a
+// process) reads it and makes it look; the node must reject it, naming the field, and keep
+// serving "db" with capacity `kept`.
+template <class Process, class Publish>
+void check_bad_config_kept(Process& p, const std::string& address, double kept, Publish publish) {
+  publish(R"({"resources": [{"identifier_glob": "*", "capacity": -5,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4}}]})");
+  const auto rejected = p.wait_for("rejected", 5s);
+  REQUIRE(rejected);
+  CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity"));
+  CHECK(capacity_at(address, "db") == kept);
+}
+
 }  // namespace doorman_test
