@@ -381,6 +381,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
     hup.cancel();  // with the node stopped, nothing else is left to run
     follower.stop();
     stopper = std::thread([&] {
+      node.resign();  // another task takes over while this one drains
       grpc.stop(
           std::chrono::duration_cast<std::chrono::milliseconds>(node.options().server.stop_grace));
       node.stop();

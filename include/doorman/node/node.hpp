@@ -237,6 +237,14 @@ class basic_node {
     });
   }
 
+  /// Gives mastership up at once (thread-safe): the election stops, and an etcd election
+  /// revokes its lease so that another task takes over; the node answers on, as a task that
+  /// knows no master, until `stop()`. `stop()` does it first too; a program with other doors
+  /// to drain before `stop()` (the gRPC door) calls it before draining them.
+  void resign() {
+    asio::post(strand_, [this] { election_.stop(); });
+  }
+
   /// Graceful stop (thread-safe): stops accepting and reading, writes the answers already
   /// computed, stops the upstream loop, the election, the configuration poll and the admin
   /// endpoint. `io.run()` returns once done.
