@@ -101,6 +101,42 @@ TEST_CASE("base64 and HTTP answer parsing", "[net][etcd]") {
         doorman::errc::bad_answer);
 }
 
+TEST_CASE("etcd watch answers read as they stream in", "[net][etcd]") {
+  using doorman::net::etcd_decode::watch_progress;
+  using state = doorman::net::etcd_decode::watch_state;
+  const std::string head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string created = R"({"result":{"created":true}})"
+                              "\n";
+  const std::string deleted = R"({"result":{"events":[{"type":"DELETE","kv":{}}]}})"
+                              "\n";
+  const auto chunk = [](const std::string& data) {
+    return fmt::format("{:x}\r\n{}\r\n", data.size(), data);
+  };
+  CHECK(watch_progress("HTTP/1.1 200 OK\r\nTransfer-") == state::waiting);
+  CHECK(watch_progress(std::string(20000, 'x')) == state::refused);  // a head without an end
+  CHECK(watch_progress("HTTP/1.1 503 X\r\n\r\n") == state::refused);
+  CHECK(watch_progress(head + chunk(created)) == state::waiting);
+  const std::string both = head + chunk(created) + chunk(deleted);
+  CHECK(watch_progress(both) == state::changed);
+  for (std::size_t cut = head.size(); cut < both.size() - 2; ++cut) {  // a read at every byte
+    INFO(cut);
+    CHECK(watch_progress(both.substr(0, cut)) == state::waiting);
+  }
+  CHECK(watch_progress(head + chunk(created + deleted)) == state::changed);  // one chunk, 2 lines
+  CHECK(watch_progress("HTTP/1.1 200 OK\r\n\r\n" + created + deleted) == state::changed);
+  CHECK(watch_progress(head + chunk(R"({"result":{"canceled":true}})"
+                                    "\n")) == state::changed);
+  CHECK(watch_progress(head + chunk(R"({"result":{"compact_revision":"12"}})"
+                                    "\n")) == state::changed);
+  CHECK(watch_progress(head + chunk(R"({"result":{"events":[]}})"
+                                    "\n")) == state::waiting);
+  CHECK(watch_progress(head + chunk("[1]\n")) == state::refused);
+  CHECK(watch_progress(head + chunk(R"({"error":{"message":"boom"}})"
+                                    "\n")) == state::refused);
+  CHECK(watch_progress(head + "zz\r\n") == state::refused);
+  CHECK(watch_progress(head + "fffffffff\r\n") == state::refused);  // a chunk over 16 MiB
+}
+
 TEST_CASE("the etcd client survives hostile answers with an error each, within its deadline",
           "[net][etcd]") {
   using doorman::net::etcd_client;
@@ -151,6 +187,32 @@ TEST_CASE("the etcd client survives hostile answers with an error each, within i
     CHECK(silent.error == doorman::errc::unreachable);  // the one endpoint failed
     CHECK_THAT(silent.message, Catch::Contains("no answer before"));
     CHECK(steady::now() - start < 3s);  // the 2 s deadline, not the peer, ended it
+  }
+  SECTION("a watch: a change ends it; a refusal, garbage or a stream without one is an error") {
+    const std::string chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    const auto chunk = [](const std::string& data) {
+      return fmt::format("{:x}\r\n{}\r\n", data.size(), data);
+    };
+    const std::string created = R"({"result":{"header":{"revision":"7"},"created":true}})"
+                                "\n";
+    canned_http_peer peer({chunked + chunk(created) +
+                               chunk(R"({"result":{"events":[{"type":"DELETE"}]}})"
+                                     "\n"),
+                           http_reply(400, R"({"error": "bad", "message": "bad", "code": 3})"),
+                           chunked + chunk(created) + "0\r\n\r\n", chunked + chunk("nope\n"), ""});
+    const auto watch = [](etcd_client& e, steady::time_point d) { return e.watch("/k", 8, d); };
+    const auto changed = run_etcd({peer.address()}, watch);
+    REQUIRE(changed);
+    CHECK(changed.value);
+    CHECK_THAT(run_etcd({peer.address()}, watch).message, Catch::Contains("not a watch answer"));
+    CHECK_THAT(run_etcd({peer.address()}, watch).message,
+               Catch::Contains("the stream ended without a change"));
+    CHECK_THAT(run_etcd({peer.address()}, watch).message, Catch::Contains("not a watch answer"));
+    const auto start = steady::now();
+    const auto quiet = run_etcd({peer.address()}, watch);  // a peer that never answers
+    CHECK(quiet);
+    CHECK_FALSE(quiet.value);  // no change before the deadline
+    CHECK(steady::now() - start < 3s);
   }
   SECTION("a failing endpoint hands over to the next") {
     canned_http_peer bad({http_reply(503, R"({"message": "unavailable"})")});
@@ -390,8 +452,8 @@ TEST_CASE("etcd election: a master stopped by SIGTERM hands over in a fraction o
                      std::chrono::seconds(ttl)));
   const double takeover = std::chrono::duration<double>(steady::now() - stopped_at).count();
   std::printf("etcd hand-over: a new master %.2f s after the SIGTERM (TTL %d s)\n", takeover, ttl);
-  // The stopping master revokes its lease; a standby looks at the key every 250 ms and
-  // campaigns when it is free: a quarter of a second and a few round trips, not the TTL.
+  // The stopping master revokes its lease; a standby watching the key campaigns when it is
+  // free: a few round trips, not the TTL (nor a round period, ttl / 5).
   CHECK(root.nodes[first]->wait_exit() == 0);
   INFO("the old master's log:\n"
        << root.nodes[first]->log() << "the new master's log:\n"
@@ -583,6 +645,35 @@ TEST_CASE("etcd:KEY configuration: changes applied, a bad one rejected, a missin
   CHECK(node.wait_exit() == 0);
 }
 #endif
+
+TEST_CASE("the etcd client watches a key of a real etcd: a change ends the wait at once",
+          "[net][etcd]") {
+  etcd_server etcd;
+  asio::io_context io;
+  doorman::net::etcd_client client(io.get_executor(), {etcd.endpoint()});
+  std::thread changer;
+  const auto outcome = run_coroutine_test(io, [&]() -> asio::awaitable<std::string> {
+    const auto c = co_await client.put_if_absent("/w", "a", 0, steady::now() + 3s);
+    if (!c || c.value.revision <= 0) co_return "claim: " + c.message;
+    // Nothing changes: the wait lasts to its deadline and says so.
+    auto start = steady::now();
+    const auto quiet = co_await client.watch("/w", c.value.revision + 1, start + 300ms);
+    if (!quiet || quiet.value || steady::now() - start < 250ms) co_return "quiet: " + quiet.message;
+    // A change made once the watch is under way ends it long before its deadline.
+    start = steady::now();
+    const auto moved = co_await client.watch(
+        "/w", c.value.revision + 1, start + 10s,
+        [&](std::function<void()>) { changer = std::thread([&] { etcd.put("/w", "b"); }); });
+    if (!moved || !moved.value) co_return "moved: " + moved.message;
+    if (steady::now() - start > 5s) co_return "moved late";
+    // A change before the watch began is seen too (it starts from the claim's revision).
+    const auto replayed = co_await client.watch("/w", c.value.revision + 1, steady::now() + 10s);
+    if (!replayed || !replayed.value) co_return "replayed: " + replayed.message;
+    co_return "ok";
+  });
+  if (changer.joinable()) changer.join();
+  CHECK(outcome == "ok");
+}
 
 TEST_CASE("the etcd client speaks TLS to https:// endpoints, with a client certificate",
           "[etcd][tls]") {

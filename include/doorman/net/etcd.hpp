@@ -15,6 +15,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -168,6 +169,9 @@ struct etcd_lease {
 struct etcd_claim {
   bool created = false;
   etcd_kv holder;  ///< the key as it is after the request (ours when created)
+  /// The store's revision the answer reflects (0 when not given): a watch from the next one
+  /// sees every later change of the key.
+  std::int64_t revision = 0;
 };
 
 /// Reading etcd's answers, apart from the I/O so that each can be tested (and fuzzed) on its
@@ -274,12 +278,12 @@ struct gateway_answer {
   if (!a.is_object()) return detail::etcd_bad_answer<etcd_claim>("kv/txn: answer is not an object");
   const auto succeeded = a.find("succeeded");  // omitted when false
   r.value.created = succeeded != a.end() && succeeded->is_boolean() && succeeded->get<bool>();
+  const auto h = a.find("header");
+  r.value.revision = h != a.end() ? integer(*h, "revision").value_or(0) : std::int64_t{0};
   if (r.value.created) {
     r.value.holder.value = std::move(value);
     r.value.holder.lease = lease;
-    const auto h = a.find("header");
-    r.value.holder.mod_revision =
-        h != a.end() ? integer(*h, "revision").value_or(0) : std::int64_t{0};
+    r.value.holder.mod_revision = r.value.revision;
     return r;
   }
   // The failure branch's range: responses[0].response_range.kvs[0].
@@ -296,6 +300,66 @@ struct gateway_answer {
         "kv/txn: the key vanished between compare and range");
   }
   return r;
+}
+
+/// How far the streamed answer of a `watch` has come.
+enum class watch_state {
+  waiting,  ///< nothing yet: read on
+  changed,  ///< the key changed (or the watch was cancelled or compacted: look again)
+  refused,  ///< not a watch answer: a status other than 200, an error, a line that is not JSON
+};
+
+/// Reads a `watch` answer as it streams in (`raw`: every byte so far, head included): the
+/// gateway answers 200 with chunks holding one JSON message a line, `{"result": {"created":
+/// true}}` first, then a message per change with `events`. A head over 16 KiB is refused.
+[[nodiscard]] inline watch_state watch_progress(std::string_view raw) {
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string_view::npos) {
+    return raw.size() > 16384 ? watch_state::refused : watch_state::waiting;
+  }
+  if (!raw.starts_with("HTTP/1.") || raw.size() < 12 || raw.substr(8, 4) != " 200") {
+    return watch_state::refused;
+  }
+  std::string head(raw.substr(0, head_end));
+  std::transform(head.begin(), head.end(), head.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::string_view rest = raw.substr(head_end + 4);
+  std::string body;
+  if (head.find("\r\ntransfer-encoding: chunked") == std::string::npos) {
+    body = std::string(rest);
+  } else {
+    for (;;) {  // the complete chunks so far
+      const auto eol = rest.find("\r\n");
+      if (eol == std::string_view::npos) break;
+      std::size_t size = 0;
+      const auto [end, ec] = std::from_chars(rest.data(), rest.data() + eol, size, 16);
+      if (ec != std::errc{} || end == rest.data() || size > (std::size_t{1} << 24)) {
+        return watch_state::refused;
+      }
+      if (size == 0 || rest.size() < eol + 2 + size + 2) break;
+      body.append(rest.substr(eol + 2, size));
+      rest.remove_prefix(eol + 2 + size + 2);
+    }
+  }
+  for (std::size_t start = 0, nl; (nl = body.find('\n', start)) != std::string::npos;
+       start = nl + 1) {
+    const auto line = std::string_view(body).substr(start, nl - start);
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    const auto res = j.is_object() ? j.find("result") : j.end();
+    if (j.is_discarded() || !j.is_object() || j.contains("error") || res == j.end() ||
+        !res->is_object()) {
+      return watch_state::refused;
+    }
+    const auto events = res->find("events");
+    const auto canceled = res->find("canceled");
+    if ((events != res->end() && events->is_array() && !events->empty()) ||
+        (canceled != res->end() && canceled->is_boolean() && canceled->get<bool>()) ||
+        integer(*res, "compact_revision").value_or(0) > 0) {
+      return watch_state::changed;
+    }
+  }
+  return watch_state::waiting;
 }
 
 }  // namespace etcd_decode
@@ -370,6 +434,14 @@ class etcd_client {
                                                                       std::string value,
                                                                       std::int64_t lease,
                                                                       clock::time_point deadline);
+
+  /// Waits for a change of `key` at or after revision `from` (a watch, on the endpoint that
+  /// answered last): true once there is one, false when `deadline` comes first, an error when
+  /// the endpoint cannot be reached or does not answer as a watch. `on_open` gets a function
+  /// that ends the wait at once (as a failure), for a caller that stops.
+  DOORMAN_DECL asio::awaitable<etcd_result<bool>> watch(
+      std::string key, std::int64_t from, clock::time_point deadline,
+      std::function<void(std::function<void()>)> on_open = {});
 
   /// The key's value, or nothing when it does not exist.
   DOORMAN_DECL asio::awaitable<etcd_result<std::optional<etcd_kv>>> get(std::string key,

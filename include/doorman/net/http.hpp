@@ -14,6 +14,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -108,13 +109,23 @@ inline http_response parse_http_response(std::string_view raw) {
 
 }  // namespace detail
 
+/// For an answer that streams (etcd's watch): `stop_when(raw)` is asked after each read with
+/// every byte read so far (status line and headers included) and ends the exchange when it
+/// says so; `on_open(close)` gets, once connected, a function that closes the connection (any
+/// thread of the executor), for a caller that must be able to end a long read early.
+struct http_stream_hooks {
+  std::function<bool(std::string_view raw)> stop_when{};
+  std::function<void(std::function<void()> close)> on_open{};
+};
+
 /// POSTs `body` (JSON) to `http://address/path` (`https://` with `tls`, checking that the
 /// server's certificate names the address's host); the answer, or an error at `deadline`, when
-/// the peer is unreachable, or when the answer exceeds `max_bytes`.
+/// the peer is unreachable, or when the answer exceeds `max_bytes`. With `hooks.stop_when`
+/// saying stop: an answer with status 0, no error and no body (the caller read what it needed).
 DOORMAN_DECL asio::awaitable<http_response> http_post(
     asio::any_io_executor executor, std::string address, std::string path, std::string body,
     std::chrono::steady_clock::time_point deadline, std::size_t max_bytes = std::size_t{1} << 20,
-    ssl_context_ptr tls = {});
+    ssl_context_ptr tls = {}, http_stream_hooks hooks = {});
 
 }  // namespace doorman::net
 

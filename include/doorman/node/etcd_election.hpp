@@ -52,11 +52,13 @@ struct etcd_election_options {
   std::vector<std::string> endpoints;   ///< `host:port` of the etcd members
   std::string key = "/doorman/master";  ///< one key per tree position
   seconds ttl{10};  ///< the lease's TTL (whole seconds; etcd's minimum is about 2)
-  /// How often a task that is not master reads the key between its renewal rounds, to
-  /// campaign as soon as the key is free (and to redirect to a new master as soon as one
-  /// holds it): a master that stops revokes its lease, which deletes the key, and a standby
-  /// takes over within this and a few round trips instead of a round period (ttl / 5). At most
-  /// the round period; 0: only the rounds.
+  /// Whether a task that is not master watches the key between its renewal rounds, to
+  /// campaign as soon as it is free (and to redirect to a new master as soon as one holds it):
+  /// a master that stops revokes its lease, which deletes the key, and a standby takes over
+  /// within a few round trips instead of a round period (ttl / 5).
+  bool watch = true;
+  /// Without a watch (off, or failing), how often a standby reads the key between its rounds
+  /// instead, to the same end. At most the round period; 0: only the rounds.
   seconds standby_poll{0.25};
   /// One line per notable event (won, lost, master changed, etcd unreachable). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -99,6 +101,7 @@ class etcd_election {
     asio::post(state_->strand, [s = state_] {
       s->stopping = true;
       s->timer.cancel();
+      if (s->end_watch) s->end_watch();
     });
   }
 
@@ -128,6 +131,9 @@ class etcd_election {
     std::optional<std::string> master;
     bool reported = false;
     std::string last_error;
+    std::int64_t revision = 0;        // of the last claim's answer: a standby watches after it
+    std::function<void()> end_watch;  // ends the standby's watch in progress
+    bool watch_failed = false;        // logged once until a watch works again
 
     void log(const std::string& s) const {
       if (options.log) options.log(s);
@@ -161,8 +167,9 @@ class etcd_election {
   // One renewal and one claim. False when etcd could not be reached (retry soon).
   static DOORMAN_DECL asio::awaitable<bool> round(state& s);
 
-  // A standby's wait for its next round at `next`: reads the key every `standby_poll`, and
-  // returns early when it is free or held by another master than the one it knows.
+  // A standby's wait for its next round at `next`: watches the key (or, when that fails, reads
+  // it every `standby_poll`), and returns early when it changes: free, or held by another
+  // master than the one it knows.
   static DOORMAN_DECL asio::awaitable<void> look_until(state& s, clock::time_point next);
 
   static void lease_gone(state& s) {

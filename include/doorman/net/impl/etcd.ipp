@@ -96,6 +96,38 @@ DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_absent
   co_return etcd_decode::claim(a.value, std::move(value), lease);
 }
 
+DOORMAN_DECL asio::awaitable<etcd_result<bool>> etcd_client::watch(
+    std::string key, std::int64_t from, clock::time_point deadline,
+    std::function<void(std::function<void()>)> on_open) {
+  etcd_result<bool> r;
+  const nlohmann::json body = {
+      {"create_request", {{"key", base64_encode(key)}, {"start_revision", std::to_string(from)}}}};
+  auto state = etcd_decode::watch_state::waiting;
+  http_stream_hooks hooks;
+  hooks.stop_when = [&state](std::string_view raw) {
+    state = etcd_decode::watch_progress(raw);
+    return state != etcd_decode::watch_state::waiting;
+  };
+  hooks.on_open = std::move(on_open);
+  const std::string endpoint = endpoints_[current_];
+  const ssl_context_ptr tls = tls_ ? tls_->current() : nullptr;
+  auto answer = co_await http_post(executor_, endpoint, "/v3/watch", body.dump(), deadline,
+                                   std::size_t{1} << 20, tls, std::move(hooks));
+  if (state == etcd_decode::watch_state::changed) {
+    r.value = true;
+  } else if (answer.error == errc::timed_out) {
+    r.value = false;  // no change before the deadline
+  } else {
+    r.error = answer.error ? answer.error : make_error_code(errc::bad_answer);
+    r.message = fmt::format("watch at {}: {}", endpoint,
+                            answer.error ? answer.message
+                            : state == etcd_decode::watch_state::refused
+                                ? "not a watch answer"
+                                : "the stream ended without a change");
+  }
+  co_return r;
+}
+
 DOORMAN_DECL asio::awaitable<etcd_result<std::optional<etcd_kv>>> etcd_client::get(
     std::string key, clock::time_point deadline) {
   etcd_result<std::optional<etcd_kv>> r;

@@ -11,7 +11,8 @@ namespace doorman::net {
 
 DOORMAN_DECL asio::awaitable<http_response> http_post(
     asio::any_io_executor executor, std::string address, std::string path, std::string body,
-    std::chrono::steady_clock::time_point deadline, std::size_t max_bytes, ssl_context_ptr tls) {
+    std::chrono::steady_clock::time_point deadline, std::size_t max_bytes, ssl_context_ptr tls,
+    http_stream_hooks hooks) {
   http_response r;
   const auto a = parse_address(address);
   if (!a) {
@@ -29,6 +30,11 @@ DOORMAN_DECL asio::awaitable<http_response> http_post(
                                  asio::redirect_error(asio::use_awaitable, ec));
   }
   if (!ec && !guard.expired()) co_await socket->handshake(tls_side::client, a->host, ec);
+  if (!ec && !guard.expired() && hooks.on_open) {
+    hooks.on_open([weak = std::weak_ptr<stream>(socket)] {
+      if (auto s = weak.lock()) s->close();
+    });
+  }
   std::string raw;
   if (!ec && !guard.expired()) {
     const std::string request = fmt::format(
@@ -46,6 +52,10 @@ DOORMAN_DECL asio::awaitable<http_response> http_post(
     if (raw.size() > max_bytes) {
       co_return detail::http_failure(errc::bad_answer,
                                      fmt::format("answer longer than {} bytes", max_bytes));
+    }
+    if (n > 0 && hooks.stop_when && hooks.stop_when(raw)) {
+      socket->close();
+      co_return r;  // status 0, no error: the caller has what it needed
     }
   }
   socket->close();

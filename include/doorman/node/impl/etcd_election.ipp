@@ -33,6 +33,22 @@ DOORMAN_DECL asio::awaitable<void> etcd_election::run(std::shared_ptr<state> s) 
 }
 
 DOORMAN_DECL asio::awaitable<void> etcd_election::look_until(state& s, clock::time_point next) {
+  if (s.options.watch && s.revision > 0) {
+    const auto w = co_await s.etcd.watch(s.options.key, s.revision + 1, next,
+                                         [&s](std::function<void()> end) { s.end_watch = end; });
+    s.end_watch = nullptr;
+    if (w) {  // a change: a round now; none before `next`: the round is due
+      if (s.watch_failed) s.log("etcd: watching " + s.options.key + " again");
+      s.watch_failed = false;
+      co_return;
+    }
+    if (s.stopping) co_return;
+    if (!s.watch_failed) {
+      s.log(fmt::format("warning: etcd: cannot watch {} ({}); reading it every {} s instead",
+                        s.options.key, w.message, s.options.standby_poll.count()));
+      s.watch_failed = true;
+    }
+  }
   const auto poll = to_duration<clock::duration>(s.options.standby_poll.count());
   while (!s.stopping) {
     const auto now = clock::now();
@@ -82,6 +98,7 @@ DOORMAN_DECL asio::awaitable<bool> etcd_election::round(state& s) {
     s.log("etcd: reachable again");
     s.last_error.clear();
   }
+  s.revision = c.value.revision;
   const auto& holder = c.value.holder;
   if (holder.lease == s.lease) {
     // The key is held by our lease, granted or renewed by a message sent at `sent`.
