@@ -107,6 +107,17 @@ inline http_response parse_http_response(std::string_view raw) {
   return r;
 }
 
+// The answer once the exchange ended: `expired` at the deadline, else the socket's last error
+// (the peer's close is how the answer ends), else what `raw` holds.
+inline http_response http_outcome(bool expired, std::error_code ec, std::string_view raw) {
+#ifdef DOORMAN_TLS
+  if (ec == asio::ssl::error::stream_truncated) ec = asio::error::eof;  // no close_notify
+#endif
+  if (expired) return http_failure(errc::timed_out, "no answer before the deadline");
+  if (ec && ec != asio::error::eof) return http_failure(ec, ec.message());
+  return parse_http_response(raw);
+}
+
 }  // namespace detail
 
 /// For an answer that streams (etcd's watch): `stop_when(raw)` is asked after each read with

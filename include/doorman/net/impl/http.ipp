@@ -13,7 +13,6 @@ DOORMAN_DECL asio::awaitable<http_response> http_post(
     asio::any_io_executor executor, std::string address, std::string path, std::string body,
     std::chrono::steady_clock::time_point deadline, std::size_t max_bytes, ssl_context_ptr tls,
     http_stream_hooks hooks) {
-  http_response r;
   const auto a = parse_address(address);
   if (!a) {
     co_return detail::http_failure(std::make_error_code(std::errc::invalid_argument),
@@ -55,21 +54,11 @@ DOORMAN_DECL asio::awaitable<http_response> http_post(
     }
     if (n > 0 && hooks.stop_when && hooks.stop_when(raw)) {
       socket->close();
-      co_return r;  // status 0, no error: the caller has what it needed
+      co_return http_response{};  // status 0, no error: the caller has what it needed
     }
   }
   socket->close();
-#ifdef DOORMAN_TLS
-  if (ec == asio::ssl::error::stream_truncated) ec = asio::error::eof;  // no close_notify
-#endif
-  if (guard.expired()) {
-    r = detail::http_failure(errc::timed_out, "no answer before the deadline");
-  } else if (ec && ec != asio::error::eof) {
-    r = detail::http_failure(ec, ec.message());
-  } else {
-    r = detail::parse_http_response(raw);
-  }
-  co_return r;
+  co_return detail::http_outcome(guard.expired(), ec, raw);
 }
 
 }  // namespace doorman::net
