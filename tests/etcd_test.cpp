@@ -662,8 +662,8 @@ TEST_CASE("the etcd client watches a key of a real etcd: a change ends the wait 
     // A change made (on this thread, by another client) once the watch is under way ends it
     // long before its deadline.
     start = steady::now();
-    const auto moved = co_await client.watch(
-        "/w", c.value.revision + 1, start + 10s, [&](std::function<void()>) {
+    const auto moved =
+        co_await client.watch("/w", c.value.revision + 1, start + 10s, [&](std::function<void()>) {
           asio::co_spawn(io, writer.put("/w", "b", steady::now() + 5s), asio::detached);
         });
     if (!moved || !moved.value) co_return "moved: " + moved.message;
