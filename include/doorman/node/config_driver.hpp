@@ -84,8 +84,9 @@ class basic_config_driver {
     try {
       engine_.set_config(read_config_file(options_, location_.where));
       metrics_.count_reload(true);
-      log(fmt::format("configuration reloaded from {}: {} templates", location_.where,
-                      engine_.config().templates().size()));
+      const auto n = engine_.config().templates().size();
+      log(fmt::format("configuration reloaded from {}: {} template{}", location_.where, n,
+                      n == 1 ? "" : "s"));
     } catch (const std::exception& e) {
       metrics_.count_reload(false);
       log(fmt::format("warning: configuration {} rejected, keeping the old one: {}",
