@@ -1,9 +1,18 @@
 // doorman_bench_load: a loopback load generator against a real doorman-node pinned to one core.
 //
 //   doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds 5]
-//                      [--connections 4] [--window 32] [--clients 1000,10000,100000,1000000]
+//                      [--shape real|pipelined] [--connections N] [--window N] [--no-floor]
+//                      [--clients 1000,10000,100000,1000000]
 //                      [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR] [--grpc]
 //                      [--json FILE]
+//
+// Two shapes of load. `real` (the default): what a fleet brings, one connection per client
+// process with one request in flight on each (--connections 1000, --window 1), and beside the
+// node, in the same run, the floor: doorman_bench_floor, a bare line server on the same core
+// that only finds each request's client id and writes a fixed answer of the same size, under
+// the same load (--no-floor leaves it out). `pipelined`: a few connections with many requests
+// in flight on each (--connections 4, --window 32), which measures the node's decisions more
+// than the kernel.
 //
 // For each client count N: starts `taskset -c 0 doorman-node` (minimum refresh interval 0, so
 // every request runs the algorithm; capacity 30 N, about 60% of what the clients want, so every
@@ -37,6 +46,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -87,9 +98,12 @@ using doorman_bench::resident_bytes;
 struct options {
   std::string node_binary;
   std::string baseline_binary;
+  std::string floor_binary;
   double seconds = 5;
-  int connections = 4;
-  int window = 32;
+  std::string shape = "real";
+  int connections = 0;  // 0: the shape's (1000 real, 4 pipelined)
+  int window = 0;       // 0: the shape's (1 real, 32 pipelined)
+  bool floor = true;    // with the real shape
   std::vector<long> clients = {1000, 10000, 100000, 1000000};
   std::string algorithm = "FAIR_SHARE";
   std::string json_file;
@@ -98,7 +112,7 @@ struct options {
 };
 
 struct result {
-  std::string build;  // "baseline" or "node"
+  std::string build;  // "baseline", "node" or "floor"
   long clients = 0;
   bool tls = false;
   bool grpc = false;  // through the gRPC door (Doorman's protocol), else JSON-RPC
@@ -107,6 +121,7 @@ struct result {
   double cpu_share = 0;            // the node's CPU time over the measured wall time
   double p50_us = 0, p99_us = 0, p999_us = 0;
   double rss_bytes_per_client = 0;
+  double rss_bytes_per_connection = 0;  // open and idle, before the first request
   long errors = 0;
 };
 
@@ -335,18 +350,28 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
     }
     if (!c.out.empty()) send_all(c, c.out);
   };
-  for (auto& c : conns)
+  // epoll: with thousands of connections, a wake-up costs what is ready, not what is open.
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) throw std::runtime_error("epoll_create1 failed");
+  long pending = 0;
+  for (std::size_t i = 0; i < conns.size(); ++i) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = i;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, conns[i].fd, &e);
+  }
+  for (auto& c : conns) {
     top_up(c, clock_type::now());
-  std::vector<pollfd> fds(conns.size());
+    pending += static_cast<long>(c.sent.size());
+  }
+  std::vector<epoll_event> ready(1024);
   char chunk[1 << 16];
-  for (;;) {
-    bool pending = false;
-    for (std::size_t i = 0; i < conns.size(); ++i) {
-      fds[i] = {conns[i].fd, POLLIN, 0};
-      pending = pending || !conns[i].sent.empty();
+  while (pending > 0) {
+    const int woken = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()), 5000);
+    if (woken <= 0) {
+      ::close(ep);
+      throw std::runtime_error("no answer in 5 s");
     }
-    if (!pending) break;
-    if (::poll(fds.data(), fds.size(), 5000) <= 0) throw std::runtime_error("no answer in 5 s");
     const auto now = clock_type::now();
     if (!registering && open && now >= until) {
       open = false;  // the deadline: what is still in flight does not count
@@ -354,9 +379,9 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
       r.elapsed = std::chrono::duration<double>(now - t0).count();
       break;
     }
-    for (std::size_t i = 0; i < conns.size(); ++i) {
-      if (!(fds[i].revents & POLLIN)) continue;
-      connection& c = conns[i];
+    for (int k = 0; k < woken; ++k) {
+      connection& c = conns[ready[static_cast<std::size_t>(k)].data.u64];
+      pending -= static_cast<long>(c.sent.size());
       const auto n = receive(c, chunk, sizeof chunk);
       if (n <= 0) throw std::runtime_error("connection closed by the node");
       c.in.append(chunk, static_cast<std::size_t>(n));
@@ -379,8 +404,10 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
       }
       c.in.erase(0, start);
       top_up(c, now);
+      pending += static_cast<long>(c.sent.size());
     }
   }
+  ::close(ep);
   if (registering) r.elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
   return r;
 }
@@ -497,9 +524,10 @@ clock_type::time_point measure_until(const options& o) {
 }
 
 // The load over JSON-RPC lines: registration, then the measured run.
+// `rss_connected`: the server's resident memory once every connection is open (none used).
 std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std::string& address,
                                                      const std::string& build, long clients,
-                                                     bool tls, pid_t node) {
+                                                     bool tls, pid_t node, double& rss_connected) {
   std::vector<connection> conns(static_cast<std::size_t>(o.connections));
 #ifdef DOORMAN_TLS
   std::optional<tls_client> secure;
@@ -511,6 +539,22 @@ std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std
     if (secure) c.ssl = secure->wrap(c.fd);
 #endif
   }
+  // One discovery call on each (no client state): the server has then accepted and read every
+  // connection, and holds what an idle connection costs it.
+  const std::string hello = R"({"jsonrpc":"2.0","id":0,"method":"discovery","params":{}})"
+                            "\n";
+  for (auto& c : conns)
+    send_all(c, hello);
+  char buffer[4096];
+  for (auto& c : conns) {
+    while (c.in.find('\n') == std::string::npos) {
+      const auto n = receive(c, buffer, sizeof buffer);
+      if (n <= 0) throw std::runtime_error("connection closed by the server");
+      c.in.append(buffer, static_cast<std::size_t>(n));
+    }
+    c.in.clear();
+  }
+  rss_connected = resident_bytes(node);
   // Over mutual TLS the node has no access file: its default policy lets the generator (client-a)
   // use the client ids it owns, spiffe://doorman.test/client/a#NAME.
   population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
@@ -545,7 +589,9 @@ std::pair<drive_result, drive_result> drive_grpc(const options& o, const std::st
 
 result run_one(const options& o, const std::string& build, long clients,
                const std::filesystem::path& dir, bool tls, bool grpc) {
-  const std::string& binary = build == "baseline" ? o.baseline_binary : o.node_binary;
+  const std::string& binary = build == "baseline" ? o.baseline_binary
+                              : build == "floor"  ? o.floor_binary
+                                                  : o.node_binary;
   const auto config = dir / "resources.json";
   std::ofstream(config) << fmt::format(
       R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
@@ -563,7 +609,10 @@ result run_one(const options& o, const std::string& build, long clients,
                                    "--config",
                                    config.string(),
                                    "--minimum-refresh-interval",
-                                   "0"};
+                                   "0",
+                                   "--max-connections",
+                                   std::to_string(o.connections + 16)};
+  if (build == "floor") args = {"/usr/bin/taskset", "-c", "0", binary, "--listen", "127.0.0.1:0"};
   if (tls) {
     for (const auto& a :
          {"--tls-cert", "/node.pem", "--tls-key", "/node.key", "--tls-ca", "/ca.pem"}) {
@@ -582,8 +631,10 @@ result run_one(const options& o, const std::string& build, long clients,
   if (!address || (grpc && !grpc_line))
     throw std::runtime_error("the node did not start: " + node.log());
   const double rss0 = resident_bytes(node.pid());
-  auto [reg, m] = grpc ? drive_grpc(o, *grpc_line, build, clients, node.pid())
-                       : drive_json_rpc(o, *address, build, clients, tls, node.pid());
+  double rss_connected = rss0;
+  auto [reg, m] = grpc
+                      ? drive_grpc(o, *grpc_line, build, clients, node.pid())
+                      : drive_json_rpc(o, *address, build, clients, tls, node.pid(), rss_connected);
   const double rss1 = resident_bytes(node.pid());
   node.signal(SIGTERM);
   node.wait_exit();
@@ -601,40 +652,55 @@ result run_one(const options& o, const std::string& build, long clients,
   r.p99_us = percentile(m.latencies_us, 0.99);
   r.p999_us = percentile(m.latencies_us, 0.999);
   r.rss_bytes_per_client = (rss1 - rss0) / static_cast<double>(clients);
+  r.rss_bytes_per_connection = (rss_connected - rss0) / o.connections;
   r.errors = m.errors + reg.errors;
   return r;
 }
 
+// The server's CPU per answer over the floor's, for the same clients, link and door; 0 when
+// the run has no floor.
+double over_floor(const std::vector<result>& results, const result& r) {
+  for (const auto& f : results) {
+    if (f.build == "floor" && f.clients == r.clients && f.tls == r.tls && f.grpc == r.grpc &&
+        f.cpu_us_per_decision > 0) {
+      return r.cpu_us_per_decision / f.cpu_us_per_decision;
+    }
+  }
+  return 0;
+}
+
 void report(const options& o, const std::vector<result>& results) {
-  fmt::print("{}, {} connections x {} in flight, {} s per run\n\n", o.algorithm, o.connections,
-             o.window, o.seconds);
+  fmt::print("{}, {} shape: {} connections x {} in flight, {} s per run\n\n", o.algorithm, o.shape,
+             o.connections, o.window, o.seconds);
   fmt::print(
-      "| build | clients | door | link | decisions/s | node CPU µs/decision | node CPU | p50 | p99 "
-      "| "
-      "p99.9 | RSS bytes/client | errors |\n");
-  fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| build | clients | door | link | decisions/s | server CPU µs/decision | x floor | server "
+      "CPU | p50 | p99 | p99.9 | RSS bytes/client | RSS bytes/connection | errors |\n");
+  fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = fmt::format(
-      R"({{"algorithm": "{}", "connections": {}, "window": {}, "seconds": {}, "runs": [)",
-      o.algorithm, o.connections, o.window, o.seconds);
+      R"({{"algorithm": "{}", "shape": "{}", "connections": {}, "window": {}, "seconds": {}, )"
+      R"("runs": [)",
+      o.algorithm, o.shape, o.connections, o.window, o.seconds);
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     const char* link = r.tls ? "mutual TLS" : "plaintext";
+    const double ratio = over_floor(results, r);
     fmt::print(
-        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms | "
-        "{:.0f} "
-        "| {} |\n",
+        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms "
+        "| {:.0f} | {:.0f} | {} |\n",
         r.build, r.clients, r.grpc ? "gRPC" : "JSON-RPC", link, r.decisions_per_s,
-        r.cpu_us_per_decision, r.cpu_share * 100, r.p50_us / 1000, r.p99_us / 1000,
-        r.p999_us / 1000, r.rss_bytes_per_client, r.errors);
+        r.cpu_us_per_decision, ratio > 0 ? fmt::format("{:.2f}", ratio) : "—", r.cpu_share * 100,
+        r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.rss_bytes_per_client,
+        r.rss_bytes_per_connection, r.errors);
     json += fmt::format(
         "{}{{\"build\": \"{}\", \"clients\": {}, \"door\": \"{}\", \"tls\": {}, "
         "\"decisions_per_s\": {:.1f}, "
-        "\"cpu_us_per_decision\": {:.3f}, \"cpu_share\": {:.3f}, \"p50_us\": {:.1f}, "
-        "\"p99_us\": {:.1f}, \"p999_us\": {:.1f}, \"rss_bytes_per_client\": {:.1f}, "
+        "\"cpu_us_per_decision\": {:.3f}, \"over_floor\": {:.3f}, \"cpu_share\": {:.3f}, "
+        "\"p50_us\": {:.1f}, \"p99_us\": {:.1f}, \"p999_us\": {:.1f}, "
+        "\"rss_bytes_per_client\": {:.1f}, \"rss_bytes_per_connection\": {:.1f}, "
         "\"errors\": {}}}",
         i ? ", " : "", r.build, r.clients, r.grpc ? "grpc" : "json-rpc", r.tls, r.decisions_per_s,
-        r.cpu_us_per_decision, r.cpu_share, r.p50_us, r.p99_us, r.p999_us, r.rss_bytes_per_client,
-        r.errors);
+        r.cpu_us_per_decision, ratio, r.cpu_share, r.p50_us, r.p99_us, r.p999_us,
+        r.rss_bytes_per_client, r.rss_bytes_per_connection, r.errors);
   }
   json += "]}\n";
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;
@@ -647,6 +713,13 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--node-binary", [&](arguments& a) { o.node_binary = a.value(); }},
       {"--baseline-binary", [&](arguments& a) { o.baseline_binary = a.value(); }},
       {"--seconds", [&](arguments& a) { o.seconds = a.number(0.001, 86400); }},
+      {"--shape",
+       [&](arguments& a) {
+         o.shape = a.value();
+         if (o.shape != "real" && o.shape != "pipelined")
+           throw std::invalid_argument("--shape: must be real or pipelined");
+       }},
+      {"--no-floor", [&](arguments&) { o.floor = false; }},
       {"--connections",
        [&](arguments& a) { o.connections = static_cast<int>(a.number(1, 20000)); }},
       {"--window", [&](arguments& a) { o.window = static_cast<int>(a.number(1, 1e6)); }},
@@ -682,7 +755,21 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
 }
 
 // Runs the load at each client count, node and baseline side by side, and reports.
-int run(const options& o) {
+int run(options o) {
+  const bool real = o.shape == "real";
+  if (o.connections == 0) o.connections = real ? 1000 : 4;
+  if (o.window == 0) o.window = real ? 1 : 32;
+  const bool floor = real && o.floor;
+  // A descriptor per connection, here and in the server (which inherits the limit).
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  if (static_cast<rlim_t>(o.connections) + 64 > files.rlim_cur) {
+    throw std::invalid_argument(fmt::format("--connections {}: this process may open {} files",
+                                            o.connections,
+                                            static_cast<unsigned long long>(files.rlim_cur)));
+  }
   // The generator on core 1; the node gets core 0 through taskset.
   doorman_bench::pin_to_core(1);
 
@@ -694,6 +781,7 @@ int run(const options& o) {
   for (const long n : o.clients) {
     for (const bool tls : {false, true}) {
       if (tls && o.tls_dir.empty()) continue;
+      if (floor && !tls) results.push_back(run_one(o, "floor", n, dir, false, false));
       if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls, false));
       results.push_back(run_one(o, "node", n, dir, tls, false));
     }
@@ -713,9 +801,11 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   options o;
   o.node_binary = DOORMAN_NODE_BINARY;
+  o.floor_binary = DOORMAN_FLOOR_BINARY;
   return doorman_examples::run_program(
       argc, argv, "doorman_bench_load",
       "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"
+      "                          [--shape real|pipelined] [--no-floor]\n"
       "                          [--connections N] [--window N] [--clients N,N,...]\n"
       "                          [--algorithm FAIR_SHARE|PROPORTIONAL_SHARE] [--tls DIR]\n"
       "                          [--grpc] [--json FILE]\n",
