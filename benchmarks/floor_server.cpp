@@ -9,8 +9,8 @@
 // JSON parsing, no decision, no lease: what any server of this traffic pays in the kernel and
 // the event loop. Says "listening on HOST:PORT" on stderr; stops on SIGTERM.
 
-#include <asio.hpp>
 #include <fmt/format.h>
+#include <asio.hpp>
 
 #include <csignal>
 #include <cstdint>
@@ -75,8 +75,8 @@ class floor_server {
     char chunk[1 << 16];
     for (;;) {
       std::error_code ec;
-      const auto n = co_await socket.async_read_some(
-          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+      const auto n = co_await socket.async_read_some(asio::buffer(chunk),
+                                                     asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
       in.append(chunk, n);
       std::size_t start = 0;
@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
         floor_server server(io, {asio::ip::make_address(listen.substr(0, colon)),
                                  static_cast<std::uint16_t>(std::stoi(listen.substr(colon + 1)))});
         asio::signal_set stop(io, SIGTERM, SIGINT);
-        stop.async_wait([&](std::error_code, int) { server.stop(); io.stop(); });
+        stop.async_wait([&](std::error_code, int) {
+          server.stop();
+          io.stop();
+        });
         asio::co_spawn(io, server.accept(), asio::detached);
         fmt::print(stderr, "listening on {}:{}\n", listen.substr(0, colon), server.port());
         std::fflush(stderr);

@@ -23,7 +23,9 @@
 // `has`. Only answers read before the deadline count.
 //
 // Reported per run: decisions/s; the node's CPU time per decision and its share of one core
-// (from /proc/<pid>/stat over the measured seconds); latency percentiles (request written ->
+// (from /proc/<pid>/stat over the measured seconds); its system calls per decision (where
+// /usr/bin/perf may count them: `perf stat -e raw_syscalls:sys_enter -p PID`, over the
+// registration and the measured seconds); latency percentiles (request written ->
 // answer read); and the node's resident memory per client (VmRSS after the run minus before
 // registration, over N).
 //
@@ -122,6 +124,7 @@ struct result {
   double p50_us = 0, p99_us = 0, p999_us = 0;
   double rss_bytes_per_client = 0;
   double rss_bytes_per_connection = 0;  // open and idle, before the first request
+  double syscalls_per_decision = -1;    // -1: not counted (no perf, or not allowed)
   long errors = 0;
 };
 
@@ -329,6 +332,37 @@ struct drive_result {
   double elapsed = 0;
 };
 
+// The system calls a process makes, counted by `perf stat` (the raw_syscalls:sys_enter
+// tracepoint) from construction to `stop`; nothing where perf is missing or not allowed.
+class syscall_counter {
+ public:
+  syscall_counter(pid_t pid, const std::filesystem::path& log) {
+    if (!std::filesystem::exists("/usr/bin/perf")) return;
+    perf_.emplace(std::vector<std::string>{"/usr/bin/perf", "stat", "-x", ",", "-e",
+                                           "raw_syscalls:sys_enter", "-p", std::to_string(pid)},
+                  log.string());
+  }
+
+  // The count, or nothing.
+  std::optional<double> stop() {
+    if (!perf_) return std::nullopt;
+    perf_->signal(SIGINT);
+    perf_->wait_exit();
+    // A line "COUNT,,raw_syscalls:sys_enter,...": COUNT is "<not counted>" when refused.
+    std::istringstream in(perf_->log());
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("raw_syscalls:sys_enter") == std::string::npos) continue;
+      double count = 0;
+      const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), count);
+      if (ec == std::errc() && end != line.data() && *end == ',') return count;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::optional<doorman_examples::process> perf_;
+};
+
 // Keeps `window` requests in flight on every connection until `until` (`registering`: sends
 // one request for each client in turn instead, and waits for every answer).
 drive_result drive(std::vector<connection>& conns, population& people, long clients, int window,
@@ -525,9 +559,12 @@ clock_type::time_point measure_until(const options& o) {
 
 // The load over JSON-RPC lines: registration, then the measured run.
 // `rss_connected`: the server's resident memory once every connection is open (none used).
+// `syscalls`: the server's system calls from registration to the deadline, when counted.
 std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std::string& address,
                                                      const std::string& build, long clients,
-                                                     bool tls, pid_t node, double& rss_connected) {
+                                                     bool tls, pid_t node, double& rss_connected,
+                                                     const std::filesystem::path& perf_log,
+                                                     std::optional<double>& syscalls) {
   std::vector<connection> conns(static_cast<std::size_t>(o.connections));
 #ifdef DOORMAN_TLS
   std::optional<tls_client> secure;
@@ -559,9 +596,13 @@ std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std
   // use the client ids it owns, spiffe://doorman.test/client/a#NAME.
   population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
   fmt::print(stderr, "  {} {} clients{}: registering...", build, clients, tls ? " over TLS" : "");
+  // Counted over registration too (the same traffic): perf takes a moment to attach, which
+  // then misses a smaller share of the calls.
+  syscall_counter counter(node, perf_log);
   auto reg = drive(conns, people, clients, o.window, {}, true, node);
   fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
   auto m = drive(conns, people, clients, o.window, measure_until(o), false, node);
+  syscalls = counter.stop();
   fmt::print(stderr, " done\n");
   for (auto& c : conns)
     close_connection(c);
@@ -632,9 +673,11 @@ result run_one(const options& o, const std::string& build, long clients,
     throw std::runtime_error("the node did not start: " + node.log());
   const double rss0 = resident_bytes(node.pid());
   double rss_connected = rss0;
-  auto [reg, m] = grpc
-                      ? drive_grpc(o, *grpc_line, build, clients, node.pid())
-                      : drive_json_rpc(o, *address, build, clients, tls, node.pid(), rss_connected);
+  std::optional<double> syscalls;
+  auto [reg, m] =
+      grpc ? drive_grpc(o, *grpc_line, build, clients, node.pid())
+           : drive_json_rpc(o, *address, build, clients, tls, node.pid(), rss_connected,
+                            dir / fmt::format("perf-{}-{}.log", build, clients), syscalls);
   const double rss1 = resident_bytes(node.pid());
   node.signal(SIGTERM);
   node.wait_exit();
@@ -653,6 +696,8 @@ result run_one(const options& o, const std::string& build, long clients,
   r.p999_us = percentile(m.latencies_us, 0.999);
   r.rss_bytes_per_client = (rss1 - rss0) / static_cast<double>(clients);
   r.rss_bytes_per_connection = (rss_connected - rss0) / o.connections;
+  const auto all = static_cast<double>(reg.latencies_us.size()) + decisions;
+  if (syscalls && all > 0) r.syscalls_per_decision = *syscalls / all;
   r.errors = m.errors + reg.errors;
   return r;
 }
@@ -674,8 +719,9 @@ void report(const options& o, const std::vector<result>& results) {
              o.connections, o.window, o.seconds);
   fmt::print(
       "| build | clients | door | link | decisions/s | server CPU µs/decision | x floor | server "
-      "CPU | p50 | p99 | p99.9 | RSS bytes/client | RSS bytes/connection | errors |\n");
-  fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "CPU | syscalls/decision | p50 | p99 | p99.9 | RSS bytes/client | RSS bytes/connection | "
+      "errors |\n");
+  fmt::print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = fmt::format(
       R"({{"algorithm": "{}", "shape": "{}", "connections": {}, "window": {}, "seconds": {}, )"
       R"("runs": [)",
@@ -685,22 +731,24 @@ void report(const options& o, const std::vector<result>& results) {
     const char* link = r.tls ? "mutual TLS" : "plaintext";
     const double ratio = over_floor(results, r);
     fmt::print(
-        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {} | {:.0f}% | {:.2f} ms | {:.2f} ms | {:.2f} ms "
-        "| {:.0f} | {:.0f} | {} |\n",
+        "| {} | {} | {} | {} | {:.0f} | {:.2f} | {} | {:.0f}% | {} | {:.2f} ms | {:.2f} ms | "
+        "{:.2f} ms | {:.0f} | {:.0f} | {} |\n",
         r.build, r.clients, r.grpc ? "gRPC" : "JSON-RPC", link, r.decisions_per_s,
         r.cpu_us_per_decision, ratio > 0 ? fmt::format("{:.2f}", ratio) : "—", r.cpu_share * 100,
+        r.syscalls_per_decision >= 0 ? fmt::format("{:.2f}", r.syscalls_per_decision) : "—",
         r.p50_us / 1000, r.p99_us / 1000, r.p999_us / 1000, r.rss_bytes_per_client,
         r.rss_bytes_per_connection, r.errors);
     json += fmt::format(
         "{}{{\"build\": \"{}\", \"clients\": {}, \"door\": \"{}\", \"tls\": {}, "
         "\"decisions_per_s\": {:.1f}, "
         "\"cpu_us_per_decision\": {:.3f}, \"over_floor\": {:.3f}, \"cpu_share\": {:.3f}, "
+        "\"syscalls_per_decision\": {:.3f}, "
         "\"p50_us\": {:.1f}, \"p99_us\": {:.1f}, \"p999_us\": {:.1f}, "
         "\"rss_bytes_per_client\": {:.1f}, \"rss_bytes_per_connection\": {:.1f}, "
         "\"errors\": {}}}",
         i ? ", " : "", r.build, r.clients, r.grpc ? "grpc" : "json-rpc", r.tls, r.decisions_per_s,
-        r.cpu_us_per_decision, ratio, r.cpu_share, r.p50_us, r.p99_us, r.p999_us,
-        r.rss_bytes_per_client, r.rss_bytes_per_connection, r.errors);
+        r.cpu_us_per_decision, ratio, r.cpu_share, r.syscalls_per_decision, r.p50_us, r.p99_us,
+        r.p999_us, r.rss_bytes_per_client, r.rss_bytes_per_connection, r.errors);
   }
   json += "]}\n";
   if (!o.json_file.empty()) std::ofstream(o.json_file) << json;

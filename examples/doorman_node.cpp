@@ -478,7 +478,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  asio::io_context io;
+  // One thread runs the node (the gRPC layer's threads post to it).
+  asio::io_context io(1);
+  o.single_threaded = true;
   if (election.endpoints.empty()) {
     return build_and_serve<doorman::node>(io, o, grpc_listen, reload_interval);
   }

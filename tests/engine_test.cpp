@@ -160,6 +160,46 @@ TEST_CASE("the share index empties, refills and keeps exact sums", "[core][index
   }
 }
 
+TEST_CASE("the share index moves demands out of a leaf until it empties", "[core][index]") {
+  // An update walks to the old and the new place together. When taking the demand out empties
+  // its leaf, the tree changes under the new place's path, which must then be walked again.
+  doorman::share_index idx;
+  std::vector<std::pair<doorman::share_index::handle, reference_client>> live;
+  for (int i = 0; i < 200; ++i) {  // several leaves, ratios 1..200
+    const reference_client c{static_cast<double>(i + 1), 1};
+    live.emplace_back(idx.insert(c.wants, c.subclients), c);
+  }
+  auto check = [&] {
+    double total = 0;
+    doorman::demand_sums below;
+    for (const auto& [h, c] : live) {
+      total += c.wants;
+      if (c.wants / c.subclients < 150) {
+        below.wants += c.wants;
+        below.subclients += c.subclients;
+      }
+    }
+    REQUIRE(idx.totals().wants == Approx(total));
+    REQUIRE(idx.below(150).wants == Approx(below.wants));
+    REQUIRE(idx.below(150).subclients == Approx(below.subclients));
+  };
+  // The smallest demands, one by one, go past the largest: the first leaves empty in turn.
+  for (int i = 0; i < 120; ++i) {
+    auto& [h, c] = live[static_cast<std::size_t>(i)];
+    c = {1000.0 + i, 2};
+    idx.update(h, c.wants, c.subclients);
+    check();
+  }
+  // And back, into the place the emptied leaves left.
+  for (int i = 0; i < 120; ++i) {
+    auto& [h, c] = live[static_cast<std::size_t>(i)];
+    c = {0.5 + i / 1000.0, 1};
+    idx.update(h, c.wants, c.subclients);
+    check();
+  }
+  REQUIRE(idx.size() == 200);
+}
+
 // ---- algorithms through the engine ------------------------------------------------------------
 
 TEST_CASE("worked allocation vectors", "[core][algorithm]") {

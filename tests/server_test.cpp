@@ -52,6 +52,36 @@ TEST_CASE("pipelined requests are all answered, matched by id, notifications are
   CHECK_FALSE(c.read_line(200ms));  // nothing more: the notifications got no answer
 }
 
+TEST_CASE("answers a peer does not read at once are written whole and in order when it does",
+          "[net][node]") {
+  // The node hands answers straight to the socket; what the socket cannot take (a peer that
+  // pipelines without reading) is left to a writer. Fill the socket, then read everything.
+  running_node root(fast_config(1000));
+  line_client c(root.address());
+  std::string chunk;
+  for (int i = 0; i < 100; ++i)
+    chunk += request_line(i, "get_capacity", capacity_params("c" + std::to_string(i), "db", 1));
+  REQUIRE(c.flood_until_stalled(chunk, 300ms));  // the node stopped reading: its writes stalled
+  int answers = 0;
+  while (const auto line = c.read_line(2s)) {
+    const json j = json::parse(*line);
+    REQUIRE(j.contains("result"));
+    REQUIRE(j["id"] == answers % 100);  // every answer whole, none lost or reordered
+    ++answers;
+  }
+  CHECK(answers > 1000);  // more than the node's in-flight limit: it read again as answers left
+}
+
+TEST_CASE("a single-threaded node works on its executor, without a strand", "[net][node]") {
+  doorman::node_options o;
+  o.single_threaded = true;  // running_node runs its io_context on one thread
+  running_node root(fast_config(100), o);
+  line_client c(root.address());
+  CHECK(gets(c.call("get_capacity", capacity_params("a", "db", 30))) == 30);
+  root.node().reload(doorman::engine::parse_config(fast_config(10)));  // posted from this thread
+  CHECK(gets(c.call("get_capacity", capacity_params("a", "db", 30))) <= 10);  // applied, in order
+}
+
 // ---- hostile peers ----------------------------------------------------------------------
 
 TEST_CASE("hostile peers get errors or are cut off, a good client keeps being answered",

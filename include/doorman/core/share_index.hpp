@@ -9,6 +9,7 @@
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -101,16 +102,26 @@ class share_index {
   /// Changes the demand behind `h`, which is updated to name it.
   void update(handle& h, double wants, double subclients) {
     assert(subclients > 0);
+    const entry e{wants, subclients, h.id};
+    const key to = key_of(e);
     if (height_ > 1) {
-      // Walk to where the demand will go first: that walk prefetches the leaf, whose cache
-      // misses then overlap with those of the removal below.
-      path_type path;
-      std::uint32_t leaf = 0;
-      (void)descend({wants / subclients, h.id}, path, leaf);
+      // Both walks at once, a level at a time: the cache misses of the two paths, and of the
+      // two leaves, overlap instead of following one another.
+      path_type from_path;
+      path_type to_path;
+      std::uint32_t from_leaf = 0;
+      std::uint32_t to_leaf = 0;
+      const std::uint32_t depth = descend_both(h, to, from_path, to_path, from_leaf, to_leaf);
+      if (remove_at(h, from_path, depth, from_leaf)) {
+        add_at(e, to, to_path, depth, to_leaf);
+      } else {
+        add(e);  // the removal dropped a node: walk again
+      }
+    } else {
+      remove(h);
+      add(e);
     }
-    remove(h);
-    add({wants, subclients, h.id});
-    h.ratio = wants / subclients;
+    h.ratio = to.ratio;
   }
 
   /// Removes the demand behind `h`.
@@ -147,9 +158,9 @@ class share_index {
       node = n.children[i];
     }
     const leaf_node& l = leaves_[node];
-    for (std::uint32_t i = 0; i < l.count && l.items[i].ratio() < ratio; ++i) {
-      acc.wants += l.items[i].wants;
-      acc.subclients += l.items[i].subclients;
+    for (std::uint32_t i = 0; i < l.count && l.ratios[i] < ratio; ++i) {
+      acc.wants += l.sums[i].wants;
+      acc.subclients += l.sums[i].subclients;
     }
     return acc;
   }
@@ -183,9 +194,9 @@ class share_index {
     const leaf_node& l = leaves_[node];
     demand_sums run = through;
     for (std::uint32_t i = 0; i < l.count; ++i) {
-      run.wants += l.items[i].wants;
-      run.subclients += l.items[i].subclients;
-      if (!satisfied(run, l.items[i].ratio())) break;
+      run.wants += l.sums[i].wants;
+      run.subclients += l.sums[i].subclients;
+      if (!satisfied(run, l.ratios[i])) break;
       through = run;
       found = true;
     }
@@ -196,23 +207,55 @@ class share_index {
   }
 
  private:
-  static constexpr std::uint32_t leaf_capacity = 64;
+  static constexpr std::uint32_t leaf_capacity = 32;
   static constexpr std::uint32_t fanout = 16;
   static constexpr std::uint32_t max_height = 32;
   static constexpr std::uint32_t exact_every = 64;
 
-  // 24 bytes: the ratio is derived (the same division every time, so the order is stable).
   struct entry {
     double wants;
     double subclients;
     std::uint32_t id;
-    [[nodiscard]] double ratio() const noexcept { return wants / subclients; }
   };
   using key = handle;
 
+  // Keys apart from the demands: finding a position reads the ratios only (a binary search
+  // over 4 of the leaf's cache lines), and a change moves only the entries after it.
   struct leaf_node {
     std::uint32_t count = 0;
-    std::array<entry, leaf_capacity> items;
+    std::array<double, leaf_capacity> ratios;      // wants / subclients, computed once
+    std::array<std::uint32_t, leaf_capacity> ids;  // with the ratio, the key
+    std::array<demand_sums, leaf_capacity> sums;   // (wants, subclients)
+    [[nodiscard]] key key_at(std::uint32_t i) const noexcept { return {ratios[i], ids[i]}; }
+    // The first position whose key is not before k.
+    [[nodiscard]] std::uint32_t lower_bound(const key& k) const noexcept {
+      std::uint32_t lo = 0;
+      std::uint32_t n = count;
+      while (n > 0) {
+        const std::uint32_t half = n / 2;
+        const std::uint32_t mid = lo + half;
+        if (before(key_at(mid), k)) {
+          lo = mid + 1;
+          n -= half + 1;
+        } else {
+          n = half;
+        }
+      }
+      return lo;
+    }
+    // Moves entries [from, count) by `by` places (+1: up, to make room; -1: down, to close).
+    void shift(std::uint32_t from, int by) noexcept {
+      const std::uint32_t n = count - from;
+      const std::uint32_t to = by > 0 ? from + 1 : from - 1;
+      std::memmove(&ratios[to], &ratios[from], n * sizeof(double));
+      std::memmove(&ids[to], &ids[from], n * sizeof(std::uint32_t));
+      std::memmove(&sums[to], &sums[from], n * sizeof(demand_sums));
+    }
+    void set(std::uint32_t i, const key& k, const demand_sums& d) noexcept {
+      ratios[i] = k.ratio;
+      ids[i] = k.id;
+      sums[i] = d;
+    }
   };
   // Ratios apart from ids, so that choosing a child scans one or two cache lines.
   struct inner_node {
@@ -233,6 +276,10 @@ class share_index {
       sums[to] = sums[from];
     }
   };
+  // What a walk reads of a node before it knows which entry it wants: the keys (and, in an
+  // inner node, the children), not the sums. Only these lines are prefetched.
+  static constexpr std::size_t keys_of_leaf = offsetof(leaf_node, sums);
+  static constexpr std::size_t keys_of_inner = offsetof(inner_node, sums);
   struct step {
     std::uint32_t node;
     std::uint32_t slot;
@@ -243,7 +290,7 @@ class share_index {
   static bool before(const key& a, const key& b) noexcept {
     return a.ratio < b.ratio || (a.ratio == b.ratio && a.id < b.id);
   }
-  static key key_of(const entry& e) noexcept { return {e.ratio(), e.id}; }
+  static key key_of(const entry& e) noexcept { return {e.wants / e.subclients, e.id}; }
 
   // The child of inner node n that holds (or would hold) key k.
   static std::uint32_t child_for(const inner_node& n, const key& k) noexcept {
@@ -266,12 +313,38 @@ class share_index {
       // Ask for all of the next node's lines at once: its misses then overlap instead of
       // following one another (count, then the entry it points to, ...).
       if (level == 2) {
-        prefetch(&leaves_[node], sizeof(leaf_node));
+        prefetch(&leaves_[node], keys_of_leaf);
       } else {
-        prefetch(&inners_[node], sizeof(inner_node));
+        prefetch(&inners_[node], keys_of_inner);
       }
     }
     leaf = node;
+    return depth;
+  }
+
+  // As descend, for two keys together (their paths have the same length).
+  std::uint32_t descend_both(const key& a, const key& b, path_type& path_a, path_type& path_b,
+                             std::uint32_t& leaf_a, std::uint32_t& leaf_b) const noexcept {
+    std::uint32_t depth = 0;
+    std::uint32_t node_a = root_;
+    std::uint32_t node_b = root_;
+    for (std::uint32_t level = height_; level > 1; --level) {
+      const std::uint32_t i = child_for(inners_[node_a], a);
+      const std::uint32_t j = child_for(inners_[node_b], b);
+      path_a[depth] = {node_a, i};
+      path_b[depth++] = {node_b, j};
+      node_a = inners_[node_a].children[i];
+      node_b = inners_[node_b].children[j];
+      if (level == 2) {
+        prefetch(&leaves_[node_a], keys_of_leaf);
+        if (node_b != node_a) prefetch(&leaves_[node_b], keys_of_leaf);
+      } else {
+        prefetch(&inners_[node_a], keys_of_inner);
+        if (node_b != node_a) prefetch(&inners_[node_b], keys_of_inner);
+      }
+    }
+    leaf_a = node_a;
+    leaf_b = node_b;
     return depth;
   }
 
@@ -283,8 +356,8 @@ class share_index {
     if (level == 1) {
       const leaf_node& l = leaves_[node];
       for (std::uint32_t i = 0; i < l.count; ++i) {
-        s.wants += l.items[i].wants;
-        s.subclients += l.items[i].subclients;
+        s.wants += l.sums[i].wants;
+        s.subclients += l.sums[i].subclients;
       }
     } else {
       const inner_node& n = inners_[node];
@@ -296,7 +369,7 @@ class share_index {
     return s;
   }
   [[nodiscard]] key largest_of(std::uint32_t node, std::uint32_t level) const noexcept {
-    if (level == 1) return key_of(leaves_[node].items[leaves_[node].count - 1]);
+    if (level == 1) return leaves_[node].key_at(leaves_[node].count - 1);
     return inners_[node].key_at(inners_[node].count - 1);
   }
 
@@ -357,7 +430,7 @@ class share_index {
   void add(const entry& e) {
     if (height_ == 0) {
       root_ = allocate(leaves_, free_leaves_);
-      leaves_[root_].items[0] = e;
+      leaves_[root_].set(0, key_of(e), {e.wants, e.subclients});
       leaves_[root_].count = 1;
       height_ = 1;
       set_total({e.wants, e.subclients});
@@ -367,11 +440,16 @@ class share_index {
     path_type path;
     std::uint32_t leaf = 0;
     const std::uint32_t depth = descend(k, path, leaf);
+    add_at(e, k, path, depth, leaf);
+  }
+
+  // Adds e (whose key is k) to `leaf`, reached by path[0..depth).
+  void add_at(const entry& e, const key& k, const path_type& path, std::uint32_t depth,
+              std::uint32_t leaf) {
     leaf_node& l = leaves_[leaf];
-    std::uint32_t pos = l.count;  // a leaf is never full here: it splits on filling up
-    for (; pos > 0 && before(k, key_of(l.items[pos - 1])); --pos)
-      l.items[pos] = l.items[pos - 1];
-    l.items[pos] = e;
+    const std::uint32_t pos = l.lower_bound(k);  // a leaf is never full here: it splits on filling
+    l.shift(pos, +1);
+    l.set(pos, k, {e.wants, e.subclients});
     const bool new_largest = pos == l.count;
     if (++l.count < leaf_capacity) {
       propagate(path, depth, leaf, {e.wants, e.subclients}, new_largest, k);
@@ -382,8 +460,10 @@ class share_index {
     leaf_node& full = leaves_[leaf];  // allocate may have moved the pool
     leaf_node& u = leaves_[upper];
     const std::uint32_t half = full.count / 2;
-    std::copy(full.items.begin() + half, full.items.begin() + full.count, u.items.begin());
     u.count = full.count - half;
+    std::copy_n(&full.ratios[half], u.count, &u.ratios[0]);
+    std::copy_n(&full.ids[half], u.count, &u.ids[0]);
+    std::copy_n(&full.sums[half], u.count, &u.sums[0]);
     full.count = half;
     insert_child(path, depth, leaf, upper, 1);
   }
@@ -443,23 +523,25 @@ class share_index {
 
   void remove(const key& k) {
     assert(height_ > 0);
-    path_type path;
+    path_type path{};  // (only the first `depth` steps are read)
     std::uint32_t leaf = 0;
-    std::uint32_t depth = descend(k, path, leaf);
+    const std::uint32_t depth = descend(k, path, leaf);
+    (void)remove_at(k, path, depth, leaf);
+  }
+
+  // Removes k from `leaf`, reached by path[0..depth). False when that dropped a node (the
+  // leaf was left empty): other paths taken before are then no longer valid.
+  bool remove_at(const key& k, const path_type& path, std::uint32_t depth, std::uint32_t leaf) {
     leaf_node& l = leaves_[leaf];
-    std::uint32_t pos = 0;
-    while (pos < l.count && before(key_of(l.items[pos]), k))
-      ++pos;
-    assert(pos < l.count && l.items[pos].id == k.id);
-    const demand_sums delta{-l.items[pos].wants, -l.items[pos].subclients};
-    for (std::uint32_t i = pos + 1; i < l.count; ++i)
-      l.items[i - 1] = l.items[i];
+    const std::uint32_t pos = l.lower_bound(k);
+    assert(pos < l.count && l.ids[pos] == k.id);
+    const demand_sums delta{-l.sums[pos].wants, -l.sums[pos].subclients};
+    l.shift(pos + 1, -1);
     --l.count;
     if (l.count > 0) {
       const bool was_largest = pos == l.count;
-      propagate(path, depth, leaf, delta, was_largest,
-                was_largest ? key_of(l.items[l.count - 1]) : key{});
-      return;
+      propagate(path, depth, leaf, delta, was_largest, was_largest ? l.key_at(l.count - 1) : key{});
+      return true;
     }
     // An empty leaf leaves its parent; an inner node left empty leaves its own parent.
     free_leaves_.push_back(leaf);
@@ -474,7 +556,7 @@ class share_index {
     if (depth == 0) {  // the tree is empty
       height_ = 0;
       set_total({});
-      return;
+      return false;
     }
     // A node was dropped (rare): exact sums on the way up.
     recompute_above(path, depth - 1, path[depth - 1].node);
@@ -484,6 +566,7 @@ class share_index {
       root_ = inners_[root_].children[0];
       --height_;
     }
+    return false;
   }
 
   std::vector<leaf_node> leaves_;

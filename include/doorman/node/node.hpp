@@ -3,7 +3,8 @@
 /// \file
 /// A server process's composition (docs/node.md): the engine, the JSON-RPC server, the upstream
 /// loop of an intermediate (its parent's leases become its capacity), the election and config
-/// reload. Everything of a node runs on one strand, so the engine is touched by one strand only.
+/// reload. Everything of a node runs on one strand (or on the one thread of `single_threaded`), so
+/// the engine is touched from one place only.
 ///
 ///     asio::io_context io;
 ///     doorman::node root(io.get_executor(), config, {.listen = "127.0.0.1:7700"});
@@ -63,6 +64,11 @@ struct node_options {
   /// The node's id in `status` and at its parent; default: the advertised address.
   std::string id;
   net::server_options server;
+  /// Whether one thread only runs the executor given to the node (an io_context whose `run`
+  /// one thread calls, as in doorman-node). The node then works on that executor directly, not
+  /// on a strand of it, which saves a hand-off on every completion of its I/O. Calls that post
+  /// to the node from other threads (`stop`, `reload_config`, the gRPC layer) stay safe.
+  bool single_threaded = false;
   /// `is_root` is set from `parents`.
   engine_options engine;
   /// `server_id` defaults to `id`; `decay_factor` follows `engine.decay_factor`.
@@ -341,7 +347,8 @@ class basic_node {
  private:
   basic_node(asio::any_io_executor executor, loaded_config config, node_options options,
              Election election)
-      : strand_(asio::make_strand(executor)),
+      : strand_(options.single_threaded ? executor
+                                        : asio::any_io_executor(asio::make_strand(executor))),
         options_(prepare(std::move(options))),
         engine_(std::move(config.config), options_.engine),
         access_(read_access(options_), options_.max_client_ids,
@@ -612,7 +619,7 @@ class basic_node {
     });
   }
 
-  asio::strand<asio::any_io_executor> strand_;
+  asio::any_io_executor strand_;  // a strand of the executor, or itself (`single_threaded`)
   node_options options_;
   engine_type engine_;
   access_control access_;  // before server_: a closing connection tells it

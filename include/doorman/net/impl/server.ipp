@@ -122,6 +122,9 @@ DOORMAN_DECL void server::session::start() {
         clock::now() + to_duration<clock::duration>(owner_.options_.handshake_timeout.count());
   } else {
     touch();
+    // flush() writes plaintext answers straight away and must not block doing it.
+    std::error_code ec;
+    stream_.socket().non_blocking(true, ec);
   }
   asio::co_spawn(executor_, read_loop(shared_from_this()), asio::detached);
   asio::co_spawn(executor_, watchdog(shared_from_this()), asio::detached);
@@ -129,6 +132,22 @@ DOORMAN_DECL void server::session::start() {
 
 DOORMAN_DECL void server::session::flush() {
   if (closed_ || writing_) return;
+  if (!out_.empty() && !peer_.secure) {
+    // Plaintext: hand the answers to the kernel now, in one call (a non-blocking send that
+    // nearly always takes them all); a coroutine writes only what it leaves.
+    std::error_code ec;
+    const std::size_t n = stream_.socket().write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      close();
+      return;
+    }
+    if (n == out_.size()) {
+      out_.clear();
+      queued_ = 0;
+    } else {
+      out_.erase(0, n);
+    }
+  }
   if (out_.empty()) {
     if (stopping_) close();
     return;
