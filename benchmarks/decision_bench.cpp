@@ -127,6 +127,32 @@ void fair_share_scan(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// The share index alone: the update of one demand and the water level after it, with the same
+// drifting wants as the decisions above, and no engine, lookup or lease around them. What the
+// decision costs beyond this is mostly the client's lookup.
+void share_index_update(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  doorman::share_index index;
+  std::mt19937_64 rng{1};
+  std::uniform_real_distribution<double> initial(1, 100);
+  std::uniform_real_distribution<double> drift(0.95, 1.05);
+  std::vector<double> wants;
+  std::vector<doorman::share_index::handle> handles;
+  for (std::size_t i = 0; i < n; ++i) {
+    wants.push_back(initial(rng));
+    handles.push_back(index.insert(wants.back(), 1));
+  }
+  const double capacity = 30.0 * static_cast<double>(n);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    wants[next] = std::clamp(wants[next] * drift(rng), 1.0, 100.0);
+    index.update(handles[next], wants[next], 1);
+    benchmark::DoNotOptimize(index.water_level(capacity));
+    next = (next + 1) % n;
+  }
+  state.counters["clients"] = static_cast<double>(n);
+}
+
 void fair_share(benchmark::State& state) {
   decision(state, "FAIR_SHARE");
 }
@@ -156,6 +182,7 @@ void status_page(benchmark::State& state) {
 
 BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
+BENCHMARK(share_index_update)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(fair_share_scan)->RangeMultiplier(10)->Range(1'000, 100'000)->MinTime(0.5);
 BENCHMARK(status_page)
     ->RangeMultiplier(10)

@@ -62,14 +62,15 @@ class compensated_sum {
 /// sums of all demands below a ratio (PROPORTIONAL_SHARE), and the water level of a weighted
 /// max-min fair split (FAIR_SHARE).
 ///
-/// A B+-tree: leaves hold up to 64 demands in order (1.5 KiB); inner nodes hold up to 16
+/// A B+-tree: leaves hold up to 64 demands in order, their keys (ratio, id) apart from their
+/// sums, so that finding a place is a binary search over the ratios; inner nodes hold up to 16
 /// children with each child's largest key and subtree sums. A change walks one path from the
-/// root (O(log n)), moves entries inside one leaf, and adds the change to the sums on the path:
-/// one cache line per level, so the cost at a million demands is close to the two leaves'
-/// cache misses (the upper levels stay in cache). Every 64th change recomputes its path from
-/// the children instead, so rounding cannot accumulate. Nodes are never merged: a node is
-/// dropped only when empty, which keeps deletion simple and the height bounded by the largest
-/// size the index ever had.
+/// root (O(log n)), moves the entries after it inside one leaf, and adds the change to the sums
+/// on the path. An update walks the old and the new place together, prefetching the keys of
+/// each next node, so the two leaves' cache misses overlap. Every 64th change recomputes its
+/// path from the children instead, so rounding cannot accumulate. Nodes are never merged: a
+/// node is dropped only when empty, which keeps deletion simple and the height bounded by the
+/// largest size the index ever had.
 /// Deterministic: the same operations always give the same state.
 ///
 ///     doorman::share_index idx;
@@ -207,7 +208,7 @@ class share_index {
   }
 
  private:
-  static constexpr std::uint32_t leaf_capacity = 32;
+  static constexpr std::uint32_t leaf_capacity = 64;
   static constexpr std::uint32_t fanout = 16;
   static constexpr std::uint32_t max_height = 32;
   static constexpr std::uint32_t exact_every = 64;
