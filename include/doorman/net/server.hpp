@@ -36,6 +36,7 @@
 #include "doorman/core/log_throttle.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/address.hpp"
+#include "doorman/net/connection_counts.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/listener.hpp"
 #include "doorman/net/tls.hpp"
@@ -186,17 +187,22 @@ class server {
   /// Open connections.
   [[nodiscard]] std::size_t connections() const noexcept { return sessions_.size(); }
 
+  /// What it counted of its connections since the start.
+  [[nodiscard]] const connection_counts& counts() const noexcept { return counts_; }
+
   /// Connections refused because `max_connections` was reached, since the start.
-  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
+  [[nodiscard]] std::uint64_t refused() const noexcept { return counts_.refused; }
 
   /// Connections accepted (and not refused), since the start.
-  [[nodiscard]] std::size_t accepted() const noexcept { return accepted_; }
+  [[nodiscard]] std::uint64_t accepted() const noexcept { return counts_.accepted; }
 
   /// Connections closed for `idle_timeout`, since the start.
-  [[nodiscard]] std::size_t closed_idle() const noexcept { return closed_idle_; }
+  [[nodiscard]] std::uint64_t closed_idle() const noexcept { return counts_.closed_idle; }
 
   /// TLS handshakes that failed or timed out, since the start.
-  [[nodiscard]] std::size_t failed_handshakes() const noexcept { return failed_handshakes_; }
+  [[nodiscard]] std::uint64_t failed_handshakes() const noexcept {
+    return counts_.failed_handshakes;
+  }
 
   [[nodiscard]] const server_options& options() const noexcept { return options_; }
 
@@ -229,10 +235,7 @@ class server {
   log_throttle<std::chrono::steady_clock::time_point> idle_log_{seconds(10)};
   log_throttle<std::chrono::steady_clock::time_point> too_long_log_{seconds(10)};
   log_throttle<std::chrono::steady_clock::time_point> refused_log_{seconds(10)};
-  std::size_t refused_ = 0;
-  std::size_t accepted_ = 0;
-  std::size_t closed_idle_ = 0;
-  std::size_t failed_handshakes_ = 0;
+  connection_counts counts_;
   std::uint64_t connections_made_ = 0;
   bool stopping_ = false;
 };
@@ -369,11 +372,11 @@ inline void server::close_all() {
 
 inline void server::on_accept(asio::ip::tcp::socket socket) {
   if (sessions_.size() >= options_.max_connections) {
-    ++refused_;
+    ++counts_.refused;
     warn(refused_log_,
          fmt::format("warning: refusing connections beyond max_connections ({}), e.g. from {} "
                      "({} refused so far)",
-                     options_.max_connections, detail::peer_of(socket), refused_));
+                     options_.max_connections, detail::peer_of(socket), counts_.refused));
     // The hint tells clients of this library when to come back (their backoff's floor).
     auto refusal =
         make_error(nullptr, rpc_code::server_error, "too many connections; try again later");
@@ -385,7 +388,7 @@ inline void server::on_accept(asio::ip::tcp::socket socket) {
   socket.set_option(asio::ip::tcp::no_delay(true), ec);
   const ssl_context_ptr tls = listener_.tls();  // named: see etcd.hpp
   auto s = std::make_shared<session>(*this, std::move(socket), tls);
-  ++accepted_;
+  ++counts_.accepted;
   sessions_.insert(s);
   s->start();
 }

@@ -25,6 +25,7 @@
 
 #include "doorman/core/config.hpp"
 #include "doorman/core/messages.hpp"
+#include "doorman/net/connection_counts.hpp"
 #include "doorman/protocol/dispatch.hpp"
 #include "doorman/version.hpp"
 
@@ -121,10 +122,7 @@ struct admin_snapshot {
   bool started = false;
   double uptime = 0;  ///< seconds since `start`
   std::size_t connections_open = 0;
-  std::uint64_t connections_accepted = 0;
-  std::uint64_t connections_refused = 0;
-  std::uint64_t connections_closed_idle = 0;
-  std::uint64_t tls_handshakes_failed = 0;
+  net::connection_counts connections;  ///< of the JSON-RPC server
   bool has_parent = false;
   int parent_failures = 0;                     ///< consecutive
   std::optional<double> since_parent_success;  ///< seconds; none before the first
@@ -244,17 +242,18 @@ inline void render_connections(prom_writer& w, const admin_snapshot& s) {
   w.family("doorman_connections_open", "gauge", "JSON-RPC connections open now.");
   w.sample("doorman_connections_open", "", static_cast<double>(s.connections_open));
   w.family("doorman_connections_accepted_total", "counter", "JSON-RPC connections accepted.");
-  w.sample("doorman_connections_accepted_total", "", static_cast<double>(s.connections_accepted));
+  w.sample("doorman_connections_accepted_total", "", static_cast<double>(s.connections.accepted));
   w.family("doorman_connections_refused_total", "counter",
            "JSON-RPC connections refused for max_connections.");
-  w.sample("doorman_connections_refused_total", "", static_cast<double>(s.connections_refused));
+  w.sample("doorman_connections_refused_total", "", static_cast<double>(s.connections.refused));
   w.family("doorman_connections_closed_idle_total", "counter",
            "JSON-RPC connections closed for idle_timeout.");
   w.sample("doorman_connections_closed_idle_total", "",
-           static_cast<double>(s.connections_closed_idle));
+           static_cast<double>(s.connections.closed_idle));
   w.family("doorman_tls_handshakes_failed_total", "counter",
            "TLS handshakes on the JSON-RPC port that failed or timed out.");
-  w.sample("doorman_tls_handshakes_failed_total", "", static_cast<double>(s.tls_handshakes_failed));
+  w.sample("doorman_tls_handshakes_failed_total", "",
+           static_cast<double>(s.connections.failed_handshakes));
 }
 
 inline void render_resources(prom_writer& w, const admin_snapshot& s) {

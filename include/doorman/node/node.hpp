@@ -579,10 +579,7 @@ class basic_node {
     s.started = started_at_ != clock::time_point{};
     s.uptime = s.started ? std::chrono::duration<double>(now - started_at_).count() : 0;
     s.connections_open = server_.connections();
-    s.connections_accepted = server_.accepted();
-    s.connections_refused = server_.refused();
-    s.connections_closed_idle = server_.closed_idle();
-    s.tls_handshakes_failed = server_.failed_handshakes();
+    s.connections = server_.counts();
     s.has_parent = !options_.parents.empty();
     if (parent_) {
       s.parent_failures = parent_->failures();

@@ -16,7 +16,7 @@ DOORMAN_DECL asio::awaitable<bool> server::session::handshake(std::shared_ptr<se
   co_await self->stream_.handshake(tls_side::server, {}, ec);
   if (self->closed_) co_return false;
   if (ec) {
-    ++self->owner_.failed_handshakes_;
+    ++self->owner_.counts_.failed_handshakes;
     self->owner_.warn(self->owner_.handshake_log_,
                       fmt::format("warning: TLS handshake with {} failed: {}", self->peer_.address,
                                   self->stream_.failure(ec)));
@@ -102,12 +102,12 @@ DOORMAN_DECL asio::awaitable<void> server::session::watchdog(std::shared_ptr<ses
     if (self->closed_) co_return;
     if (clock::now() >= self->deadline_) {
       if (self->peer_.secure && !self->handshaken_) {
-        ++self->owner_.failed_handshakes_;
+        ++self->owner_.counts_.failed_handshakes;
         self->owner_.warn(
             self->owner_.handshake_log_,
             fmt::format("warning: TLS handshake with {} timed out; closing", self->peer_.address));
       } else {
-        ++self->owner_.closed_idle_;
+        ++self->owner_.counts_.closed_idle;
         self->owner_.warn(self->owner_.idle_log_,
                           fmt::format("closing an idle connection from {}", self->peer_.address));
       }
