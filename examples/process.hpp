@@ -25,12 +25,15 @@ namespace doorman_examples {
 
 class process {
  public:
-  /// Starts `args[0]` with `args`, its stderr appended to `log_path`.
+  /// Starts `args[0]` with `args`, its stderr and stdout appended to `log_path`. Nothing of the
+  /// parent's output is inherited: a child left running by a parent that crashed (and so never
+  /// killed it) holds no pipe that a test runner waits on.
   process(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND,
                                      0644);
+    posix_spawn_file_actions_adddup2(&actions, 2, 1);
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());
