@@ -1,9 +1,10 @@
 // Cost of one allocation decision as the number of clients of one resource grows.
 //
 // n clients of one resource refresh in turn, each every 16 virtual seconds (the manual clock
-// advances 16 s / n per decision), with wants drifting by up to ±5% each time. Capacity is
-// scarce (about 60% of total wants), so the algorithm has real work on every call. Learning mode
-// is off; the minimum refresh interval (5 s) never short-cuts a decision here.
+// advances 16 s / n per decision), with wants drifting each time (drift.hpp). Capacity is
+// scarce (about 60% of total wants), so the algorithm has real work on every call: the
+// `contended` counter is the share of timed decisions that granted less than was asked. Learning
+// mode is off; the minimum refresh interval (5 s) never short-cuts a decision here.
 //
 //   build/release/benchmarks/doorman_bench_decision
 //       --benchmark_out=decision.json --benchmark_out_format=json
@@ -13,7 +14,10 @@
 #include <doorman/core.hpp>
 #include <doorman/node/status_page.hpp>
 
+#include "drift.hpp"
+
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,6 +36,7 @@ struct workload {
   std::vector<double> wants;
   std::mt19937_64 rng{1};
   std::size_t next = 0;
+  std::size_t contended = 0;  // decisions that granted less than was asked
   doorman::capacity_request request;
 
   workload(std::string k, std::size_t n) : kind(std::move(k)), clients(n) {
@@ -42,10 +47,9 @@ struct workload {
                      "learning_mode_duration": 0}}]})");
     engine = std::make_unique<engine_t>(std::move(repo));
     engine->set_mastership(true, std::nullopt, clock.now());
-    std::uniform_real_distribution<double> initial(1, 100);
     for (std::size_t i = 0; i < n; ++i) {
       ids.push_back("client-" + std::to_string(i));
-      wants.push_back(initial(rng));
+      wants.push_back(doorman_bench::initial_wants(rng));
     }
     request.resources.push_back({"resource", 0, 0, std::nullopt});
     for (std::size_t i = 0; i < n; ++i)
@@ -56,13 +60,14 @@ struct workload {
   double decide() {
     const std::size_t i = next;
     next = (next + 1) % clients;
-    std::uniform_real_distribution<double> drift(0.95, 1.05);
-    wants[i] = std::clamp(wants[i] * drift(rng), 1.0, 100.0);
+    wants[i] = doorman_bench::drift_wants(wants[i], rng);
     request.client_id = ids[i];
     request.resources[0].wants = wants[i];
     auto r = engine->get_capacity(request, clock.now());
     clock.advance(std::chrono::nanoseconds(16'000'000'000LL / static_cast<long long>(clients)));
-    return r.value().resources[0].gets.capacity;
+    const double gets = r.value().resources[0].gets.capacity;
+    contended += gets < wants[i] ? 1 : 0;
+    return gets;
   }
 };
 
@@ -79,9 +84,12 @@ workload& workload_for(const std::string& kind, std::size_t n) {
 
 void decision(benchmark::State& state, const std::string& kind) {
   auto& w = workload_for(kind, static_cast<std::size_t>(state.range(0)));
+  w.contended = 0;
   for (auto _ : state)
     benchmark::DoNotOptimize(w.decide());
   state.counters["clients"] = static_cast<double>(state.range(0));
+  state.counters["contended"] = static_cast<double>(w.contended) /
+                                static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
   state.counters["decisions_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -92,16 +100,14 @@ void decision(benchmark::State& state, const std::string& kind) {
 void fair_share_scan(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   std::mt19937_64 rng(1);
-  std::uniform_real_distribution<double> initial(1, 100);
-  std::uniform_real_distribution<double> drift(0.95, 1.05);
   std::vector<double> wants(n);
   for (auto& w : wants)
-    w = initial(rng);
+    w = doorman_bench::initial_wants(rng);
   std::vector<char> satisfied(n);
   const double capacity = 30.0 * static_cast<double>(n);
   std::size_t next = 0;
   for (auto _ : state) {
-    wants[next] = std::clamp(wants[next] * drift(rng), 1.0, 100.0);
+    wants[next] = doorman_bench::drift_wants(wants[next], rng);
     std::fill(satisfied.begin(), satisfied.end(), 0);
     double left = capacity;
     double level = 0;
@@ -134,23 +140,26 @@ void share_index_update(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   doorman::share_index index;
   std::mt19937_64 rng{1};
-  std::uniform_real_distribution<double> initial(1, 100);
-  std::uniform_real_distribution<double> drift(0.95, 1.05);
   std::vector<double> wants;
   std::vector<doorman::share_index::handle> handles;
   for (std::size_t i = 0; i < n; ++i) {
-    wants.push_back(initial(rng));
+    wants.push_back(doorman_bench::initial_wants(rng));
     handles.push_back(index.insert(wants.back(), 1));
   }
   const double capacity = 30.0 * static_cast<double>(n);
   std::size_t next = 0;
+  std::int64_t contended = 0;  // updates after which the capacity was short of total wants
   for (auto _ : state) {
-    wants[next] = std::clamp(wants[next] * drift(rng), 1.0, 100.0);
+    wants[next] = doorman_bench::drift_wants(wants[next], rng);
     index.update(handles[next], wants[next], 1);
-    benchmark::DoNotOptimize(index.water_level(capacity));
+    const double level = index.water_level(capacity);
+    contended += std::isfinite(level) ? 1 : 0;
+    benchmark::DoNotOptimize(level);
     next = (next + 1) % n;
   }
   state.counters["clients"] = static_cast<double>(n);
+  state.counters["contended"] = static_cast<double>(contended) /
+                                static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
 }
 
 void fair_share(benchmark::State& state) {

@@ -19,8 +19,8 @@
 // decision is contended), pins itself to core 1, and registers the N client ids, one request
 // each. Then, for --seconds, it keeps --window get_capacity requests in flight on each of
 // --connections connections, as N clients would: a random client that has no request in flight
-// asks again, its wants drifted by up to ±5% (between 1 and 100), sending the lease it holds as
-// `has`. Only answers read before the deadline count.
+// asks again, its wants drifted (drift.hpp: by up to ±2.5, between 1 and 100), sending the lease it
+// holds as `has`. Only answers read before the deadline count.
 //
 // Reported per run: decisions/s; the node's CPU time per decision and its share of one core
 // (from /proc/<pid>/stat over the measured seconds); its system calls per decision (where
@@ -87,6 +87,7 @@
 #endif
 
 #include "arguments.hpp"
+#include "drift.hpp"
 #include "proc_stats.hpp"
 #include "process.hpp"
 
@@ -227,9 +228,8 @@ class population {
   // so that the node's default policy lets it use them).
   explicit population(long n, std::string prefix = "client-")
       : clients_(static_cast<std::size_t>(n)), prefix_(std::move(prefix)) {
-    std::uniform_real_distribution<double> initial(1, 100);
     for (auto& c : clients_)
-      c.wants = initial(rng_);
+      c.wants = doorman_bench::initial_wants(rng_);
   }
 
   // Whether some client has no request in flight.
@@ -255,8 +255,7 @@ class population {
   };
   request next(std::uint32_t i, clock_type::time_point now) {
     auto& c = clients_[i];
-    std::uniform_real_distribution<double> drift(0.95, 1.05);
-    c.wants = std::clamp(c.wants * drift(rng_), 1.0, 100.0);
+    c.wants = doorman_bench::drift_wants(c.wants, rng_);
     c.in_flight = true;
     ++in_flight_;
     request r{i, c.wants, std::nullopt, 0};

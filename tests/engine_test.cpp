@@ -3,6 +3,10 @@
 
 #include "core_support.hpp"
 
+#include "../benchmarks/drift.hpp"
+
+#include <numeric>
+
 using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
 namespace {
@@ -73,6 +77,31 @@ std::vector<double> brute_proportional(const std::vector<reference_client>& cs, 
 }  // namespace
 
 // ---- share index --------------------------------------------------------------------------
+
+TEST_CASE("the benchmarks' drifting wants stay spread over [1, 100], so capacity stays short",
+          "[core][index]") {
+  // doorman_bench_decision and doorman_bench_load give each client 30 of capacity, about 60% of
+  // what the clients want, so that every decision is contended. That holds only while the
+  // drift keeps the wants' mean near 50.5 however many refreshes a run makes (a multiplicative
+  // drift brought them to the floor within a few thousand).
+  std::mt19937_64 rng(3);
+  std::vector<double> wants(1000);
+  for (auto& w : wants)
+    w = doorman_bench::initial_wants(rng);
+  for (int refresh = 0; refresh < 20000; ++refresh) {
+    for (auto& w : wants) {
+      w = doorman_bench::drift_wants(w, rng);
+      REQUIRE(w >= doorman_bench::min_wants);
+      REQUIRE(w <= doorman_bench::max_wants);
+    }
+  }
+  const double mean = std::accumulate(wants.begin(), wants.end(), 0.0) / 1000;
+  CHECK(mean > 45);
+  CHECK(mean < 56);
+  CHECK(30 / mean < 0.7);  // capacity short of total wants
+  const auto low = std::count_if(wants.begin(), wants.end(), [](double w) { return w < 10; });
+  CHECK(low < 150);  // about 9% of a uniform spread
+}
 
 TEST_CASE("the share index agrees with brute force under random updates", "[core][index]") {
   std::mt19937_64 rng(42);
