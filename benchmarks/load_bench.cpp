@@ -840,6 +840,13 @@ int run(options o) {
   }
   std::filesystem::remove_all(dir);
   report(o, results);
+  long errors = 0;
+  for (const auto& r : results)
+    errors += r.errors;
+  if (errors > 0) {
+    fmt::print(stderr, "doorman_bench_load: {} requests failed (the errors column)\n", errors);
+    return 1;
+  }
   return 0;
 }
 
