@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= true
 
-.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check uring
+.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -52,15 +52,6 @@ package: deps
 ## Install the packages, check them as an operator would, remove them (root; CI runs it).
 package-check: package
 	@sh deploy/debian/check_package.sh
-
-## The release build on asio's io_uring backend (liburing; docs/node.md): the main job, the tree demo and a short load on it.
-uring: deps
-	@sh cmake/install-deps.sh uring
-	@cmake --preset uring >/dev/null
-	@cmake --build --preset uring -j $(JOBS) --target doorman-client-demo doorman-tree-demo doorman_bench_load
-	@./build/uring/examples/doorman-client-demo --duration 10
-	@./build/uring/examples/doorman-tree-demo --duration 6
-	@./build/uring/benchmarks/doorman_bench_load --connections 200 --clients 1000 --seconds 1
 
 ## The test suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan: deps

@@ -32,10 +32,6 @@ fi
 if [ "${1:-}" = fuzz ]; then
   packages="$packages clang-16 libclang-rt-16-dev"
 fi
-# `install-deps.sh uring`: liburing, for the io_uring build (`make uring`, docs/node.md).
-if [ "${1:-}" = uring ]; then
-  packages="$packages liburing-dev"
-fi
 # `install-deps.sh lint`: the style checks' tools, for `make lint`.
 if [ "${1:-}" = lint ]; then
   packages="$packages clang-format universal-ctags"
