@@ -69,6 +69,61 @@ TEST_CASE("line framing: lines across reads, one limit, each byte scanned once",
   }
 }
 
+TEST_CASE("line framing: reads fill a buffer sized to what the peer sends", "[net][framing]") {
+  using doorman::net::line_buffer;
+  line_buffer in(1 << 20);
+  // As a read would: copy into the room offered, then commit.
+  auto read = [&](std::string_view bytes) {
+    const auto room = in.prepare();
+    REQUIRE(room.size() >= std::min(bytes.size(), line_buffer::first_read));
+    const std::size_t n = std::min(bytes.size(), room.size());
+    std::memcpy(room.data(), bytes.data(), n);
+    in.commit(n);
+    return n;
+  };
+  // Short requests, one at a time: the first offer is never outgrown.
+  for (int i = 0; i < 100; ++i) {
+    read("{\"id\":1}\n");
+    CHECK(in.next_line() == std::optional<std::string_view>("{\"id\":1}"));
+    in.compact();
+  }
+  CHECK(in.capacity() == line_buffer::first_read);
+  CHECK(in.lines() == 100);
+
+  // A pipelining peer fills every offer: the offers double, up to 16 KiB.
+  const std::string line(99, 'x');
+  std::string stream;
+  while (stream.size() < 200000)
+    stream += line + "\n";
+  std::size_t taken = 0;
+  std::size_t largest = 0;
+  std::size_t lines = 0;
+  while (taken < stream.size()) {
+    const std::size_t n = read(std::string_view(stream).substr(taken));
+    largest = std::max(largest, n);
+    taken += n;
+    while (const auto got = in.next_line()) {
+      REQUIRE(*got == line);  // whole lines, in order, across reads
+      ++lines;
+    }
+    in.compact();
+  }
+  CHECK(lines == stream.size() / 100);
+  CHECK(largest >= line_buffer::largest_read);
+  CHECK(largest < 2 * line_buffer::largest_read);
+  CHECK(in.capacity() <= 4 * line_buffer::largest_read);
+
+  // One long message grows the buffer past 64 KiB; once handled, the memory goes back.
+  const std::string long_line(300000, 'y');
+  in.append(long_line + "\n");
+  CHECK(in.capacity() > 4 * line_buffer::largest_read);
+  CHECK(in.next_line()->size() == long_line.size());
+  in.compact();
+  CHECK(in.capacity() == 0);
+  read("after\n");
+  CHECK(in.next_line() == std::optional<std::string_view>("after"));
+}
+
 TEST_CASE("errors are error_codes of one category, with messages", "[net][errors]") {
   const std::error_code e = doorman::errc::too_many_redirects;
   CHECK(e.category().name() == std::string("doorman"));

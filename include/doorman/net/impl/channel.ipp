@@ -203,7 +203,6 @@ DOORMAN_DECL asio::awaitable<void> channel::read_loop(std::shared_ptr<channel*> 
                                                       std::shared_ptr<connection_state> s,
                                                       std::size_t limit) {
   line_buffer in(limit);
-  std::array<char, 16384> chunk;
   std::string problem;
   // Nothing below throws on what a peer sends; should anything else throw, the connection
   // is dropped (its calls fail and reconnect) rather than left open with no reader.
@@ -211,12 +210,12 @@ DOORMAN_DECL asio::awaitable<void> channel::read_loop(std::shared_ptr<channel*> 
     while (s->open) {
       std::error_code ec;
       const std::size_t n = co_await s->stream.async_read_some(
-          asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+          in.prepare(), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         problem = ec.message();
         break;
       }
-      in.append(std::string_view(chunk.data(), n));
+      in.commit(n);
       while (const auto line = in.next_line()) {
         auto answer = nlohmann::json::parse(line->begin(), line->end(), nullptr, false);
         if (!answer.is_object()) continue;

@@ -32,7 +32,6 @@ DOORMAN_DECL asio::awaitable<bool> server::session::handshake(std::shared_ptr<se
 DOORMAN_DECL asio::awaitable<void> server::session::read_loop(std::shared_ptr<session> self) {
   if (!co_await handshake(self)) co_return;
   line_buffer in(self->owner_.options_.max_message_bytes);
-  std::array<char, 16384> chunk;
   while (!self->closed_ && !self->stopping_) {
     // Answer every complete line already read, a batch at a time.
     const std::size_t answered = in.lines();
@@ -62,14 +61,14 @@ DOORMAN_DECL asio::awaitable<void> server::session::read_loop(std::shared_ptr<se
 
     std::error_code ec;
     const std::size_t n = co_await self->stream_.async_read_some(
-        asio::buffer(chunk), asio::redirect_error(asio::use_awaitable, ec));
+        in.prepare(), asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
       // The peer closed (or the socket was closed): write what is left, then close.
       self->stopping_ = true;
       self->flush();
       co_return;
     }
-    in.append(std::string_view(chunk.data(), n));
+    in.commit(n);
   }
 }
 
