@@ -33,8 +33,8 @@ namespace doorman::net {
 /// Reads go straight into the buffer (`prepare`, then `commit`), which is sized to what the
 /// peer sends: the first read is offered 512 bytes, and each read that fills what it was offered
 /// doubles the next offer, up to 16 KiB. So a connection that sends one short request at a time
-/// holds about a kilobyte, and a pipelining one reads 16 KiB at a time. A buffer grown past
-/// 64 KiB by a long message is given back once that message is handled.
+/// holds 512 bytes, and a pipelining one reads 16 KiB at a time. A buffer grown past 64 KiB by
+/// a long message is given back once that message is handled.
 class line_buffer {
  public:
   static constexpr std::size_t first_read = 512;
