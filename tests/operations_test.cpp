@@ -561,9 +561,11 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
     WARN("chromium is not installed (Debian package chromium); skipped");
     return;
   }
+  // The lease must outlive Chromium's start, which took over 3 s on a busy CI machine (the
+  // page then showed no resource): 300 s.
   running_node<> root(R"({"resources": [{"identifier_glob": "*", "capacity": 100,
     "description": "the default",
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4,
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 0.4,
                   "learning_mode_duration": 0}}]})",
                       with_admin());
   line_client a(root.address());
