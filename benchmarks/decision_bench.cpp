@@ -82,14 +82,19 @@ workload& workload_for(const std::string& kind, std::size_t n) {
   return *current;
 }
 
+// `count` of the timed iterations, as a share of them.
+double share_of_iterations(std::int64_t count, const benchmark::State& state) {
+  return static_cast<double>(count) /
+         static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
+}
+
 void decision(benchmark::State& state, const std::string& kind) {
   auto& w = workload_for(kind, static_cast<std::size_t>(state.range(0)));
   w.contended = 0;
   for (auto _ : state)
     benchmark::DoNotOptimize(w.decide());
   state.counters["clients"] = static_cast<double>(state.range(0));
-  state.counters["contended"] = static_cast<double>(w.contended) /
-                                static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
+  state.counters["contended"] = share_of_iterations(static_cast<std::int64_t>(w.contended), state);
   state.counters["decisions_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -158,8 +163,7 @@ void share_index_update(benchmark::State& state) {
     next = (next + 1) % n;
   }
   state.counters["clients"] = static_cast<double>(n);
-  state.counters["contended"] = static_cast<double>(contended) /
-                                static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
+  state.counters["contended"] = share_of_iterations(contended, state);
 }
 
 void fair_share(benchmark::State& state) {

@@ -88,13 +88,17 @@ TEST_CASE("the benchmarks' drifting wants stay spread over [1, 100], so capacity
   std::vector<double> wants(1000);
   for (auto& w : wants)
     w = doorman_bench::initial_wants(rng);
-  for (int refresh = 0; refresh < 20000; ++refresh) {
+  double lowest = doorman_bench::max_wants;
+  double highest = doorman_bench::min_wants;
+  for (int refresh = 0; refresh < 5000; ++refresh) {  // the old drift: mean < 30 after ~1 300
     for (auto& w : wants) {
       w = doorman_bench::drift_wants(w, rng);
-      REQUIRE(w >= doorman_bench::min_wants);
-      REQUIRE(w <= doorman_bench::max_wants);
+      lowest = std::min(lowest, w);
+      highest = std::max(highest, w);
     }
   }
+  CHECK(lowest >= doorman_bench::min_wants);
+  CHECK(highest <= doorman_bench::max_wants);
   const double mean = std::accumulate(wants.begin(), wants.end(), 0.0) / 1000;
   CHECK(mean > 45);
   CHECK(mean < 56);

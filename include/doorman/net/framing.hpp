@@ -13,6 +13,7 @@
 ///     in.compact();  // before reading more
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -42,17 +43,17 @@ class line_buffer {
 
   explicit line_buffer(std::size_t limit) noexcept : limit_(limit) {}
 
-  /// Room at the end for the next read to fill (at least the current offer); then `commit`.
+  /// Room at the end for the next read to fill: the current offer; then `commit`.
   [[nodiscard]] asio::mutable_buffer prepare() {
     reserve(size_ + read_size_);
-    return {data_.get() + size_, capacity_ - size_};
+    return {data_.get() + size_, read_size_};
   }
 
-  /// Adds the `n` bytes the last read put in the room `prepare` gave.
+  /// Adds the `n` bytes (at most the offer) the last read put in the room `prepare` gave.
   void commit(std::size_t n) noexcept {
-    const std::size_t offered = capacity_ - size_;
-    size_ += std::min(n, offered);
-    if (n >= offered && read_size_ < largest_read) read_size_ *= 2;
+    assert(n <= read_size_);
+    size_ += n;
+    if (n == read_size_ && read_size_ < largest_read) read_size_ *= 2;
   }
 
   /// Adds bytes read elsewhere.
@@ -118,7 +119,7 @@ class line_buffer {
   std::unique_ptr<char[]> data_;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
-  std::size_t read_size_ = first_read;  // what the next read is offered at least
+  std::size_t read_size_ = first_read;  // what the next read is offered
   std::size_t start_ = 0;               // where the next line starts
   std::size_t scanned_ = 0;             // bytes known to hold no newline
   std::size_t lines_ = 0;
