@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
@@ -63,16 +64,17 @@ class compensated_sum {
 /// sums of all demands below a ratio (PROPORTIONAL_SHARE), and the water level of a weighted
 /// max-min fair split (FAIR_SHARE).
 ///
-/// A B+-tree: leaves hold up to 64 demands in order, their keys (ratio, id) apart from their
-/// sums, so that finding a place is a binary search over the ratios; inner nodes hold up to 16
+/// A B+-tree: leaves hold up to 64 demands, each in a slot it keeps while it stays there, with
+/// a byte per demand listing the slots in order; their keys (ratio, id) lie apart from their
+/// sums, so that finding a place is a binary search over the ratios. Inner nodes hold up to 16
 /// children with each child's largest key and subtree sums. A change walks one path from the
-/// root (O(log n)), moves the entries after it inside one leaf, and adds the change to the sums
-/// on the path. An update walks the old and the new place together, prefetching the keys of
-/// each next node, so the two leaves' cache misses overlap. Every 64th change recomputes its
-/// path from the children instead, so rounding cannot accumulate. Nodes are never merged: a
-/// node is dropped only when empty, which keeps deletion simple and the height bounded by the
-/// largest size the index ever had.
-/// Deterministic: the same operations always give the same state.
+/// root (O(log n)), writes one slot of a leaf and moves the order bytes after it (one cache
+/// line), and adds the change to the sums on the path. An update walks the old and the new place
+/// together, prefetching the keys of each next node, so the two leaves' cache misses overlap. Every
+/// 64th change recomputes its path from the children instead, so rounding cannot accumulate. Nodes
+/// are never merged: a node is dropped only when empty, which keeps deletion simple and the height
+/// bounded by the largest size the index ever had. Deterministic: the same operations always give
+/// the same state.
 ///
 ///     doorman::share_index idx;
 ///     idx.insert(1000, 6); idx.insert(500, 4); idx.insert(200, 2);
@@ -160,9 +162,9 @@ class share_index {
       node = n.children[i];
     }
     const leaf_node& l = leaves_[node];
-    for (std::uint32_t i = 0; i < l.count && l.ratios[i] < ratio; ++i) {
-      acc.wants += l.sums[i].wants;
-      acc.subclients += l.sums[i].subclients;
+    for (std::uint32_t i = 0; i < l.count && l.ratios[l.order[i]] < ratio; ++i) {
+      acc.wants += l.sums_in_order(i).wants;
+      acc.subclients += l.sums_in_order(i).subclients;
     }
     return acc;
   }
@@ -196,9 +198,9 @@ class share_index {
     const leaf_node& l = leaves_[node];
     demand_sums run = through;
     for (std::uint32_t i = 0; i < l.count; ++i) {
-      run.wants += l.sums[i].wants;
-      run.subclients += l.sums[i].subclients;
-      if (!satisfied(run, l.ratios[i])) break;
+      run.wants += l.sums_in_order(i).wants;
+      run.subclients += l.sums_in_order(i).subclients;
+      if (!satisfied(run, l.ratios[l.order[i]])) break;
       through = run;
       found = true;
     }
@@ -221,33 +223,55 @@ class share_index {
   };
   using key = handle;
 
-  // Keys apart from the demands: finding a position reads the ratios only (a binary search
-  // touches 6 of their 8 cache lines), and a change moves only the entries after it.
-  struct leaf_node {
+  // Entries stay in the slot where they were added; `order` lists the slots in key order. A
+  // change moves one byte per entry after it (one cache line), not the entries, so it writes
+  // only the lines of the slot it changes. Keys apart from the demands: finding a position
+  // reads the order and the ratios (a binary search touches 6 of their 8 lines); the ids are
+  // read only to break a tie of ratios.
+  struct alignas(64) leaf_node {
+    std::array<std::uint8_t, leaf_capacity> order;  // slots, in key order; [0, count) in use
     std::uint32_t count = 0;
+    std::uint64_t used = 0;                        // bit s: slot s holds an entry
     std::array<double, leaf_capacity> ratios;      // wants / subclients, computed once
-    std::array<std::uint32_t, leaf_capacity> ids;  // with the ratio, the key
     std::array<demand_sums, leaf_capacity> sums;   // (wants, subclients)
-    [[nodiscard]] key key_at(std::uint32_t i) const noexcept { return {ratios[i], ids[i]}; }
+    std::array<std::uint32_t, leaf_capacity> ids;  // with the ratio, the key
+    [[nodiscard]] key key_at(std::uint32_t slot) const noexcept {
+      return {ratios[slot], ids[slot]};
+    }
+    // The key at position i of the order.
+    [[nodiscard]] key key_in_order(std::uint32_t i) const noexcept { return key_at(order[i]); }
+    [[nodiscard]] const demand_sums& sums_in_order(std::uint32_t i) const noexcept {
+      return sums[order[i]];
+    }
     // The first position whose key is not before k.
     [[nodiscard]] std::uint32_t lower_bound(const key& k) const noexcept {
-      return *std::ranges::partition_point(std::views::iota(std::uint32_t{0}, count),
-                                           [&](std::uint32_t i) { return before(key_at(i), k); });
+      return *std::ranges::partition_point(
+          std::views::iota(std::uint32_t{0}, count),
+          [&](std::uint32_t i) { return before(key_in_order(i), k); });
     }
-    // Moves entries [from, count) by `by` places (+1: up, to make room; -1: down, to close).
-    void shift(std::uint32_t from, int by) noexcept {
-      const std::uint32_t n = count - from;
-      const std::uint32_t to = by > 0 ? from + 1 : from - 1;
-      std::memmove(&ratios[to], &ratios[from], n * sizeof(double));
-      std::memmove(&ids[to], &ids[from], n * sizeof(std::uint32_t));
-      std::memmove(&sums[to], &sums[from], n * sizeof(demand_sums));
+    // Puts (k, d) at position i of the order, in a free slot (the leaf is not full).
+    void insert_at(std::uint32_t i, const key& k, const demand_sums& d) noexcept {
+      const auto slot = static_cast<std::uint32_t>(std::countr_one(used));
+      ratios[slot] = k.ratio;
+      ids[slot] = k.id;
+      sums[slot] = d;
+      mark(slot, true);
+      std::memmove(&order[i + 1], &order[i], count - i);
+      order[i] = static_cast<std::uint8_t>(slot);
+      ++count;
     }
-    void set(std::uint32_t i, const key& k, const demand_sums& d) noexcept {
-      ratios[i] = k.ratio;
-      ids[i] = k.id;
-      sums[i] = d;
+    void mark(std::uint32_t slot, bool in_use) noexcept {
+      const std::uint64_t bit = std::uint64_t{1} << slot;
+      used = in_use ? used | bit : used & ~bit;
+    }
+    // Takes position i out of the order and frees its slot.
+    void erase_at(std::uint32_t i) noexcept {
+      mark(order[i], false);
+      std::memmove(&order[i], &order[i + 1], count - i - 1);
+      --count;
     }
   };
+  static_assert(leaf_capacity <= 64, "a leaf's slots are the bits of one 64-bit word");
   // Ratios apart from ids, so that choosing a child scans one or two cache lines.
   struct inner_node {
     std::uint32_t count = 0;
@@ -269,7 +293,7 @@ class share_index {
   };
   // What a walk reads of a node before it knows which entry it wants: the keys (and, in an
   // inner node, the children), not the sums. Only these lines are prefetched.
-  static constexpr std::size_t keys_of_leaf = offsetof(leaf_node, sums);
+  static constexpr std::size_t keys_of_leaf = offsetof(leaf_node, sums);  // order and ratios
   static constexpr std::size_t keys_of_inner = offsetof(inner_node, sums);
   struct step {
     std::uint32_t node;
@@ -347,8 +371,8 @@ class share_index {
     if (level == 1) {
       const leaf_node& l = leaves_[node];
       for (std::uint32_t i = 0; i < l.count; ++i) {
-        s.wants += l.sums[i].wants;
-        s.subclients += l.sums[i].subclients;
+        s.wants += l.sums_in_order(i).wants;
+        s.subclients += l.sums_in_order(i).subclients;
       }
     } else {
       const inner_node& n = inners_[node];
@@ -360,7 +384,7 @@ class share_index {
     return s;
   }
   [[nodiscard]] key largest_of(std::uint32_t node, std::uint32_t level) const noexcept {
-    if (level == 1) return leaves_[node].key_at(leaves_[node].count - 1);
+    if (level == 1) return leaves_[node].key_in_order(leaves_[node].count - 1);
     return inners_[node].key_at(inners_[node].count - 1);
   }
 
@@ -369,7 +393,7 @@ class share_index {
     if (!free.empty()) {
       const std::uint32_t i = free.back();
       free.pop_back();
-      pool[i].count = 0;
+      pool[i] = Node{};
       return i;
     }
     pool.emplace_back();
@@ -421,8 +445,7 @@ class share_index {
   void add(const entry& e) {
     if (height_ == 0) {
       root_ = allocate(leaves_, free_leaves_);
-      leaves_[root_].set(0, key_of(e), {e.wants, e.subclients});
-      leaves_[root_].count = 1;
+      leaves_[root_].insert_at(0, key_of(e), {e.wants, e.subclients});
       height_ = 1;
       set_total({e.wants, e.subclients});
       return;
@@ -439,10 +462,9 @@ class share_index {
               std::uint32_t leaf) {
     leaf_node& l = leaves_[leaf];
     const std::uint32_t pos = l.lower_bound(k);  // a leaf is never full here: it splits on filling
-    l.shift(pos, +1);
-    l.set(pos, k, {e.wants, e.subclients});
     const bool new_largest = pos == l.count;
-    if (++l.count < leaf_capacity) {
+    l.insert_at(pos, k, {e.wants, e.subclients});
+    if (l.count < leaf_capacity) {
       propagate(path, depth, leaf, {e.wants, e.subclients}, new_largest, k);
       return;
     }
@@ -451,10 +473,11 @@ class share_index {
     leaf_node& full = leaves_[leaf];  // allocate may have moved the pool
     leaf_node& u = leaves_[upper];
     const std::uint32_t half = full.count / 2;
-    u.count = full.count - half;
-    std::copy_n(&full.ratios[half], u.count, &u.ratios[0]);
-    std::copy_n(&full.ids[half], u.count, &u.ids[0]);
-    std::copy_n(&full.sums[half], u.count, &u.sums[0]);
+    for (std::uint32_t i = half; i < full.count; ++i) {
+      const std::uint32_t slot = full.order[i];
+      u.insert_at(i - half, full.key_at(slot), full.sums[slot]);
+      full.mark(slot, false);
+    }
     full.count = half;
     insert_child(path, depth, leaf, upper, 1);
   }
@@ -525,13 +548,14 @@ class share_index {
   bool remove_at(const key& k, const path_type& path, std::uint32_t depth, std::uint32_t leaf) {
     leaf_node& l = leaves_[leaf];
     const std::uint32_t pos = l.lower_bound(k);
-    assert(pos < l.count && l.ids[pos] == k.id);
-    const demand_sums delta{-l.sums[pos].wants, -l.sums[pos].subclients};
-    l.shift(pos + 1, -1);
-    --l.count;
+    assert(pos < l.count && l.ids[l.order[pos]] == k.id);
+    const demand_sums& old = l.sums_in_order(pos);
+    const demand_sums delta{-old.wants, -old.subclients};
+    l.erase_at(pos);
     if (l.count > 0) {
       const bool was_largest = pos == l.count;
-      propagate(path, depth, leaf, delta, was_largest, was_largest ? l.key_at(l.count - 1) : key{});
+      propagate(path, depth, leaf, delta, was_largest,
+                was_largest ? l.key_in_order(l.count - 1) : key{});
       return true;
     }
     // An empty leaf leaves its parent; an inner node left empty leaves its own parent.
