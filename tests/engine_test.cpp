@@ -233,6 +233,57 @@ TEST_CASE("the share index moves demands out of a leaf until it empties", "[core
   REQUIRE(idx.size() == 200);
 }
 
+TEST_CASE("the share index keeps demands of equal ratio apart, across leaves", "[core][index]") {
+  // Five ratios for 2 000 demands: each ratio spans several leaves, so every place is found
+  // among equal ratios by the id, and every removal must find its own demand among them.
+  std::mt19937_64 rng(11);
+  const double wants_of[] = {10, 20, 30};
+  auto draw = [&] {
+    return reference_client{wants_of[rng() % 3], static_cast<double>(1 + rng() % 2)};
+  };
+  doorman::share_index idx;
+  std::vector<std::pair<doorman::share_index::handle, reference_client>> live;
+  for (int i = 0; i < 2000; ++i) {
+    const reference_client c = draw();
+    live.emplace_back(idx.insert(c.wants, c.subclients), c);
+  }
+  for (int step = 0; step < 1500; ++step) {
+    auto& [h, c] = live[rng() % live.size()];
+    if (step % 5 == 0) {  // out and back in: the freed slot and id are reused
+      idx.erase(h);
+      c = draw();
+      h = idx.insert(c.wants, c.subclients);
+    } else {
+      c = draw();
+      idx.update(h, c.wants, c.subclients);
+    }
+    if (step % 10 != 0) continue;
+    std::vector<reference_client> cs;
+    double total = 0;
+    for (const auto& entry : live) {
+      cs.push_back(entry.second);
+      total += entry.second.wants;
+    }
+    for (const double ratio : {5.0, 10.0, 15.0, 20.0, 30.0, 31.0}) {
+      doorman::demand_sums below;
+      for (const auto& x : cs) {
+        if (x.wants / x.subclients < ratio) {
+          below.wants += x.wants;
+          below.subclients += x.subclients;
+        }
+      }
+      REQUIRE(idx.below(ratio).wants == Approx(below.wants));
+      REQUIRE(idx.below(ratio).subclients == Approx(below.subclients));
+    }
+    const double capacity = total * 0.5;
+    const double level = idx.water_level(capacity);
+    const auto ref = brute_fair(cs, capacity);
+    for (std::size_t i = 0; i < cs.size(); ++i)
+      REQUIRE(std::min(cs[i].wants, level * cs[i].subclients) == Approx(ref[i]).margin(1e-9));
+  }
+  REQUIRE(idx.size() == 2000);
+}
+
 // ---- algorithms through the engine ------------------------------------------------------------
 
 TEST_CASE("worked allocation vectors", "[core][algorithm]") {
