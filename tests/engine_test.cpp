@@ -704,11 +704,54 @@ TEST_CASE("count_hits counts exactly in fixed windows of the capacity × the win
   CHECK(v.admitted);
   CHECK(v.remaining == 29);
   CHECK(v.reset == Approx(60));
-  CHECK(count("res1", 0.5, 1).limit == 0);  // another window length starts afresh: 0.5 × 1 s
+  CHECK(count("res1", 0.5, 1).limit == 0);  // another window length: its own limit, 0.5 × 1 s
   CHECK(f.engine.hit_counters() == 3);
   f.clock.advance(61s);
   f.engine.expire(f.clock.now());  // every window has ended
   CHECK(f.engine.hit_counters() == 0);
+}
+
+TEST_CASE("count_hits: another window length never restarts a count under way",
+          "[core][engine][count]") {
+  fixture f(repo_for("FAIR_SHARE", 1));  // 60 a minute, 61 in 61 s
+  f.clock.advance(10s);
+  auto count = [&](double hits, double window) {
+    return f.engine.count_hits({"c", {{"res", hits, window}}}, f.clock.now()).value().resources[0];
+  };
+  // Alternating the length asked for, as fast as one can: the hits of the window under way
+  // stay counted, so a second admits one window's limit, not a limit per call.
+  double admitted = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (count(1, i % 2 == 0 ? 60 : 61).admitted) ++admitted;
+    f.clock.advance(1ms);
+  }
+  CHECK(admitted <= 61);
+  CHECK(admitted >= 60);
+  // Once the window it was counted in has ended, the count starts afresh.
+  f.clock.advance(61s);
+  const auto v = count(1, 60);
+  CHECK(v.admitted);
+  CHECK(v.remaining == 59);
+}
+
+TEST_CASE("count_hits: the table keeps being swept once it was empty", "[core][engine][count]") {
+  doorman::engine_options o;
+  o.max_hit_counters = 2;
+  fixture f(repo_for("FAIR_SHARE", 1), o);
+  auto admitted = [&](const std::string& id) {
+    return f.engine.count_hits({"c", {{id, 1, 10}}}, f.clock.now()).value().resources[0].admitted;
+  };
+  f.engine.expire(f.clock.now());  // a sweep of the empty table
+  // Many windows later, a new resource still finds room as soon as an old one's window ended.
+  for (int i = 0; i < 50; ++i) {
+    INFO("round " << i);
+    CHECK(admitted("res_a" + std::to_string(i)));
+    CHECK(admitted("res_b" + std::to_string(i)));
+    CHECK_FALSE(admitted("res_full" + std::to_string(i)));  // two windows are live
+    f.clock.advance(10s);
+    if (i % 7 == 0) f.engine.expire(f.clock.now());  // sweeps that empty it, now and then
+  }
+  CHECK(f.engine.hit_counters() <= 2);
 }
 
 TEST_CASE("count_hits: a reload applies its capacity to the window under way",

@@ -315,8 +315,9 @@ class basic_engine {
   /// `count_hits`: counts each listed resource's hits in its current fixed window, exactly:
   /// admitted when they fit in what the window has left of the limit (the resource's capacity
   /// × the window, rounded down), else refused whole. Windows are multiples of their length on
-  /// this engine's clock; a count with another window length than the resource's last starts
-  /// it afresh. Only a root counts (an intermediate holds a share, not the limit); a non-master
+  /// this engine's clock; a count with another window length than the resource's last keeps
+  /// the hits counted in the window under way (a count restarts only when its window ends).
+  /// Only a root counts (an intermediate holds a share, not the limit); a non-master
   /// answers with its mastership alone. A new master counts from zero.
   [[nodiscard]] result<count_response> count_hits(const count_request& req, time_point now) {
     if (!options_.is_root) {
@@ -431,7 +432,11 @@ class basic_engine {
     }
     const bool same_window = c->index == index && c->window == window;
     if (!same_window || c->config_generation != config_generation_) {
-      *c = {index, window, count_limit(x), config_generation_, same_window ? c->used : 0};
+      // Another length keeps the hits of the window under way: asking with another length
+      // never resets a count. It starts afresh only once the window it was counted in ended.
+      const bool live = now < c->end();
+      *c = {index, window, count_limit(x), config_generation_, same_window || live ? c->used : 0};
+      next_sweep_ = std::min(next_sweep_, c->end());
     }
     v.limit = c->limit;
     v.reset = to_seconds(c->end() - now);
