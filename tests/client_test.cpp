@@ -535,6 +535,47 @@ TEST_CASE("stopping or destroying a client ends its pending waits", "[client][ne
   CHECK(sync_gauge.get() == asio::error::operation_aborted);
 }
 
+TEST_CASE("closed is closed: a stopped client's handles admit nothing", "[client][net][lifecycle]") {
+  running_node root(fast_config(1000));
+  doorman::client cl(fast_client(root.address()));
+  // The optimistic fallback would admit the wants once the lease runs out: a stop must not.
+  doorman::rate_resource r(cl, "api", {.wants = 100, .mode = doorman::fallback::optimistic});
+  doorman::gauge_resource g(cl, "jobs", {.wants = 4, .mode = doorman::fallback::optimistic});
+  REQUIRE(eventually([&] { return r.leased() && g.leased(); }));
+  REQUIRE(r.try_acquire());
+  REQUIRE(g.try_acquire());
+  g.release();
+  cl.stop();  // admits nothing from the moment it returns
+  const auto refused = r.try_acquire();
+  CHECK_FALSE(refused);
+  CHECK(refused.retry_after == doorman::any_rate_limiter::duration::max());
+  CHECK_FALSE(g.try_acquire());
+  // A handle made after the stop is closed as well.
+  doorman::rate_resource late(cl, "late", {.wants = 1, .mode = doorman::fallback::optimistic});
+  CHECK_FALSE(late.try_acquire());
+  std::error_code ec;
+  late.wait(1, ec);
+  CHECK(ec == asio::error::operation_aborted);
+}
+
+TEST_CASE("a rate resource refuses a number of permits that is negative or not finite",
+          "[client][net]") {
+  running_node root(fast_config(1000));
+  doorman::client cl(fast_client(root.address()));
+  doorman::rate_resource r(cl, "api", {.wants = 100, .mode = doorman::fallback::optimistic});
+  REQUIRE(eventually([&] { return r.leased(); }));
+  for (const double n : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    INFO(n);
+    CHECK_FALSE(r.try_acquire(n));
+    std::error_code ec;
+    r.wait(n, ec);
+    CHECK(ec == std::errc::invalid_argument);
+    CHECK(r.async_wait(n, asio::use_future).wait_for(5s) == std::future_status::ready);
+  }
+  CHECK_THROWS_WITH(r.wait(-1), "rate resource api: n: must be a finite number >= 0");
+  CHECK(r.limiter().attempted() < 1e6);  // never counted as demand
+}
+
 TEST_CASE("async_stop completes once the leases are released", "[client][net][lifecycle]") {
   running_node root(fast_config(10));
   doorman::client cl(fast_client(root.address()));

@@ -124,15 +124,79 @@ TEST_CASE("rate limiter reports when a refused request would be admitted", "[lim
   CHECK_FALSE(lim.try_acquire());
   clock.advance(1ms);
   CHECK(lim.try_acquire());
-  SECTION("a request larger than the burst is never admitted at once") {
-    clock.advance(10s);
-    const auto big = lim.try_acquire(3);
-    CHECK_FALSE(big);
-    CHECK(big.retry_after == manual_clock::duration::max());
-    CHECK(lim.try_acquire(2));
+  SECTION("a request larger than the burst is admitted when the burst is whole, in debt") {
+    const auto early = lim.try_acquire(3);  // the burst is not whole yet: 200 ms until it is
+    CHECK_FALSE(early);
+    CHECK(early.retry_after == 200ms);
+    clock.advance(200ms);
+    CHECK(lim.try_acquire(3));  // 3 permits against a burst of 2: one borrowed
+    const auto next = lim.try_acquire();
+    CHECK_FALSE(next);
+    CHECK(next.retry_after == 200ms);  // the debt (100 ms), then one permit (100 ms)
+    clock.advance(200ms);
+    CHECK(lim.try_acquire());
+  }
+  SECTION("negative and non-finite requests are refused, and not counted") {
+    const double before = lim.attempted();
+    for (const double n : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+      const auto refused = lim.try_acquire(n);
+      CHECK_FALSE(refused);
+      CHECK(refused.retry_after == manual_clock::duration::max());
+      CHECK(lim.reserve(n) == manual_clock::time_point::max());
+      CHECK_FALSE(lim.wait(n, std::stop_token{}));
+    }
+    CHECK(lim.attempted() == before);
   }
   CHECK(lim.throttled() >= 2);
   CHECK(lim.attempted() >= 4);
+}
+
+TEST_CASE("rate limiter: calls of any cost are admitted when due, and within rate x W + burst "
+          "plus one call over any window",
+          "[limit]") {
+  manual_clock clock;
+  const double rate = 10;
+  const double burst = GENERATE(1.0, 3.0);
+  test_limiter lim({.rate = rate, .burst = burst}, clock_ref{&clock});
+  std::mt19937 random(11);
+  struct admission {
+    manual_clock::time_point at;
+    double n;
+  };
+  std::vector<admission> admitted;
+  double largest = 0;
+  while (clock.now().time_since_epoch() < 60s) {
+    // Costs from 0.5 to 8 permits, some above the burst; each caller tries until admitted,
+    // as often as it likes: the refusal's retry_after is when it is admitted, exactly.
+    const double n = 0.5 + static_cast<double>(random() % 16) * 0.5;
+    largest = std::max(largest, n);
+    auto r = lim.try_acquire(n);
+    if (!r) {
+      REQUIRE(r.retry_after != manual_clock::duration::max());
+      clock.advance(r.retry_after - 1ns);
+      REQUIRE_FALSE(lim.try_acquire(n));
+      clock.advance(1ns);
+      r = lim.try_acquire(n);
+      REQUIRE(r);
+    }
+    admitted.push_back({clock.now(), n});
+    clock.advance(std::chrono::microseconds(random() % 300'000));
+  }
+  // Waiting for a reservation agrees: a call above the burst on an idle limiter is due at once.
+  clock.advance(10s);
+  CHECK(lim.reserve(burst + 4) == clock.now());
+  for (const auto w : {0ms, 100ms, 1000ms, 10000ms}) {
+    for (std::size_t i = 0; i < admitted.size(); ++i) {
+      double sum = 0;
+      for (std::size_t j = i; j < admitted.size() && admitted[j].at - admitted[i].at <= w; ++j)
+        sum += admitted[j].n;
+      REQUIRE(sum <= rate * doorman::to_seconds(w) + burst + largest + 1e-6);
+    }
+  }
+  double total = 0;
+  for (const auto& a : admitted)
+    total += a.n;
+  CHECK(total >= rate * 60 * 0.9);  // and the rate is used, not lost to large calls
 }
 
 TEST_CASE("rate limiter: -1 is unlimited, 0 is blocked, and changes apply at once", "[limit]") {
@@ -185,8 +249,8 @@ TEST_CASE("rate limiter reservations are served in order", "[limit]") {
   const auto t0 = clock.now();
   CHECK(lim.reserve() == t0);
   CHECK(lim.reserve() == t0 + 100ms);
-  CHECK(lim.reserve(5) == t0 + 600ms);
-  CHECK(lim.reserve() == t0 + 700ms);
+  CHECK(lim.reserve(5) == t0 + 200ms);  // due when the burst is whole; it borrows the rest
+  CHECK(lim.reserve() == t0 + 700ms);   // after the debt
   CHECK_FALSE(lim.try_acquire());  // the reservations are ahead of it
   clock.advance(700ms);
   CHECK_FALSE(lim.try_acquire());

@@ -153,7 +153,8 @@ class scenario_run {
       CHECK(ok);
     } else if (s.contains("try_acquire")) {
       const json& a = s["try_acquire"];
-      const auto got = resources_.at({a["client"], a["resource"]})->try_acquire();
+      const auto got =
+          resources_.at({a["client"], a["resource"]})->try_acquire(a.value("n", 1.0));
       CHECK(bool(got) == s["admitted"].get<bool>());
       if (s.value("retry_after_infinite", false)) {
         CHECK(got.retry_after == decltype(got.retry_after)::max());
@@ -163,6 +164,8 @@ class scenario_run {
         CHECK(seconds <= s["retry_after_at_most"].get<double>());
         CHECK(seconds > 0);
       }
+    } else if (s.contains("stop")) {
+      clients_.at(s["stop"])->stop();  // its handles stay: they must admit nothing now
     } else if (s.contains("stop_node")) {
       stop_node();
     } else if (s.contains("close")) {

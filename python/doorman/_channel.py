@@ -40,6 +40,15 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _valid_address(address: str) -> bool:
+    """Whether a server's `master` is one this channel can dial (hostile until checked)."""
+    try:
+        parse_address(address)
+    except ValueError:
+        return False
+    return len(address) <= 261  # a host name of at most 255 bytes, a colon, a port
+
+
 class Channel:
     def __init__(
         self,
@@ -137,7 +146,7 @@ class Channel:
             if redirects > MAX_REDIRECTS:
                 raise CallError("too_many_redirects", "too many mastership redirects")
             self.close()
-            if m.master:
+            if m.master and _valid_address(m.master):
                 self._current = m.master  # where the non-master says the master is
             else:
                 self._advance()
@@ -187,7 +196,7 @@ class Channel:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._server_name or host)
-        except (OSError, ssl.SSLError) as e:
+        except (OSError, ssl.SSLError, ValueError) as e:  # ValueError: an undialable host name
             self._fail(f"cannot connect to {self._current}: {e}", move=True)
             raise CallError("unreachable", f"cannot connect to {self._current}: {e}") from None
         self._sock = sock
@@ -238,7 +247,10 @@ class Channel:
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_ANSWER_BYTES:
                 raise OSError("an answer longer than 1 MiB")
-            self._sock.settimeout(max(0.001, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            if left <= 0:  # a peer trickling bytes without a newline ends at the deadline too
+                raise socket.timeout("deadline passed")
+            self._sock.settimeout(left)
             chunk = self._sock.recv(65536)
             if not chunk:
                 raise OSError("closed by the server")
@@ -249,8 +261,8 @@ class Channel:
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:
             answer = json.loads(line)
-        except ValueError:
-            raise OSError("an answer that is not JSON") from None
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
+            raise OSError("an answer that is not JSON (or nested too deep)") from None
         if not isinstance(answer, dict):
             raise OSError("an answer that is not an object")
         return answer

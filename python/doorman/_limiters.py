@@ -27,10 +27,22 @@ REFUSED_AT_ZERO = Acquired(False, math.inf)  # every refusal while the capacity 
 _monotonic = time.monotonic
 
 
+def check_permits(n: object) -> float:
+    """`n` as a number of permits, or ValueError/TypeError naming `n`: a finite number >= 0
+    (what the C++ limiters' `valid_permits` admits)."""
+    if not isinstance(n, (int, float)):
+        raise TypeError(f"n: must be a number of permits, not {type(n).__name__}")
+    if not 0 <= n < math.inf:
+        raise ValueError(f"n: must be a finite number >= 0, not {n!r}")
+    return float(n)
+
+
 class _Limiter:
-    """What both limiters share: the capacity they enforce now."""
+    """What both limiters share: the capacity they enforce now, and closing (once closed, the
+    capacity stays 0 whatever is set: a closed client admits nothing)."""
 
     _capacity = 0.0
+    _closed = False
 
     @property
     def capacity(self) -> float:
@@ -39,8 +51,10 @@ class _Limiter:
 
 class RateLimiter(_Limiter):
     """At most `capacity` permits a second, with a burst of `burst` (0: max(1, 0.1 s of the
-    capacity)): the generic cell rate algorithm, one theoretical arrival time. It also counts
-    the permits asked for (admitted or not), for the demand the client measures."""
+    capacity)): the generic cell rate algorithm, one theoretical arrival time. A call of any
+    cost is admitted when due: one above the burst once the burst is whole, leaving the limiter
+    in debt (as the C++ limiter does). It also counts the permits asked for (admitted or not),
+    for the demand the client measures."""
 
     def __init__(self, capacity: float = 0.0, burst: float = 0.0) -> None:
         self._lock = threading.Lock()
@@ -54,6 +68,8 @@ class RateLimiter(_Limiter):
 
     def set_capacity(self, capacity: float) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._capacity = capacity
             if capacity > 0:
                 burst = self._burst_option if self._burst_option > 0 else max(1.0, 0.1 * capacity)
@@ -62,13 +78,22 @@ class RateLimiter(_Limiter):
                 # The next permit no later than a new burst allows.
                 self._tat = min(self._tat, time.monotonic() + self._tolerance - self._interval)
 
+    def close(self) -> None:
+        """Admits nothing from now on (capacity 0 for good)."""
+        with self._lock:
+            self._closed = True
+            self._capacity = 0.0
+            self._interval = math.inf
+
     def take_asked(self) -> float:
         with self._lock:
             asked, self.asked = self.asked, 0.0
             return asked
 
     def try_acquire(self, n: float = 1) -> Acquired:
-        # Written out (no helper call): this is the hot path.
+        # Written out (no helper call): this is the hot path; n = 1 needs no check.
+        if n != 1:
+            check_permits(n)
         with self._lock:
             self.asked += n
             c = self._capacity
@@ -83,11 +108,18 @@ class RateLimiter(_Limiter):
             if allowed_at <= now:
                 self._tat = after
                 return ADMITTED
+            if after - tat > self._tolerance:  # above the burst: due once the burst is whole
+                if tat <= now:
+                    self._tat = after
+                    return ADMITTED
+                allowed_at = tat
         return Acquired(False, allowed_at - now)
 
     def reserve(self, n: float = 1, count: bool = True) -> float:
         """Takes `n` permits now and says how long until they are due (`math.inf`: capacity 0,
-        nothing taken). `count`: as asked for (the first attempt of a wait)."""
+        nothing taken), when `try_acquire` would admit them. `count`: as asked for (the first
+        attempt of a wait)."""
+        check_permits(n)
         with self._lock:
             if count:
                 self.asked += n
@@ -98,8 +130,9 @@ class RateLimiter(_Limiter):
                 return math.inf
             now = _monotonic()
             tat = self._tat if self._tat > now else now
-            self._tat = tat + n * self._interval
-            return max(0.0, self._tat - self._tolerance - now)
+            span = n * self._interval
+            self._tat = tat + span
+            return max(0.0, tat + min(span, self._tolerance) - self._tolerance - now)
 
     def cancel(self, n: float = 1) -> None:
         """Gives back a reservation that was not used."""
@@ -120,7 +153,16 @@ class Gauge(_Limiter):
 
     def set_capacity(self, capacity: float) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._capacity = capacity
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Admits nothing from now on (capacity 0 for good); waiters look again."""
+        with self._cond:
+            self._closed = True
+            self._capacity = 0.0
             self._cond.notify_all()
 
     def _room(self) -> bool:

@@ -54,7 +54,10 @@ def request_line(request_id: int, method: str, params: dict[str, Any]) -> bytes:
 def _number(v: Any, low: float, high: float) -> Optional[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer too large for a float
+        return None
     return x if math.isfinite(x) and low <= x <= high else None
 
 

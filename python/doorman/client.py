@@ -236,6 +236,8 @@ class Client:
             if self._closed.is_set():
                 return
             self._closed.set()
+            for r in self._resources.values():
+                r.limiter.close()  # closed is closed: no handle admits from now on
             if self._in_refresh:
                 self._channel.interrupt()  # a hung or gone server is not waited for
             self._changed.notify_all()
@@ -268,7 +270,10 @@ class Client:
             if released:
                 self._release(released, time.monotonic() + self.release_timeout)
             if self._due(time.monotonic()):
-                self._refresh()
+                try:
+                    self._refresh()
+                except Exception as e:  # a defect, not the server's fault: told, and retried
+                    self._failed(time.monotonic(), f"unexpected {type(e).__name__}: {e}")
             with self._lock:
                 now = time.monotonic()
                 for r in self._resources.values():
@@ -280,6 +285,7 @@ class Client:
             ids = list(self._resources) + self._released
             self._released = []
         if ids:
+            self._channel.resume()  # a refresh cut short by close() does not stop the release
             self._release(ids, time.monotonic() + self.release_timeout)
         self._channel.close()
 

@@ -139,7 +139,7 @@ class Node:
 
 class FakeServer:
     """Accepts on a free port; `answer(request)` gives the answer object for each request line
-    (None: never answers)."""
+    (None: never answers; bytes: sent as they are, for answers no encoder would write)."""
 
     def __init__(self, answer) -> None:  # type: ignore[no-untyped-def]
         self.sock = socket.socket()
@@ -178,7 +178,12 @@ class FakeServer:
                 req = json.loads(line)
                 self.requests.append(req)
                 a = self.answer(req)
-                if a is not None:
+                if isinstance(a, bytes):
+                    try:
+                        c.sendall(a)
+                    except OSError:
+                        return
+                elif a is not None:
                     c.sendall((json.dumps({"jsonrpc": "2.0", "id": req["id"], **a}) + "\n")
                               .encode())
 

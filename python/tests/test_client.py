@@ -228,8 +228,87 @@ class ClientTest(unittest.TestCase):
             start = time.monotonic()
             c.close()
             self.assertLess(time.monotonic() - start, 0.3 + 0.5)
+            # The cut refresh does not stop the release: it is sent, on a new connection.
+            self.assertIn("release_capacity", [r["method"] for r in hung.requests])
         finally:
             hung.close()
+
+    def test_hostile_answers_never_stop_the_refresh_loop(self) -> None:
+        # Each of these once killed the client's thread: it never asked again and close()
+        # released nothing. Now each is a failed call; the next answer is adopted.
+        def line(req_id: int, result: str) -> bytes:
+            return b'{"jsonrpc":"2.0","id":%d,"result":%s}\n' % (req_id, result.encode())
+
+        grant = ('{"mastership":{"is_master":true},"resources":[{"resource_id":"api",'
+                 '"gets":{"capacity":%s,"expires_in":%s,"refresh_interval":%s}}]}')
+        hostile = [
+            lambda i: line(i, '{"resources":' + "[" * 100000 + "]" * 100000 + "}"),
+            lambda i: line(i, grant % ("1" + "0" * 400, "10", "1")),
+            lambda i: line(i, grant % ("5", "1" + "0" * 400, "1")),
+            lambda i: line(i, grant % ("5", "10", "1" + "0" * 400)),
+            lambda i: line(i, '{"mastership":{"is_master":false,"master":"not an address"}}'),
+            lambda i: line(i, '{"mastership":{"is_master":false,"master":"%s:7700"}}'
+                           % ("\u00e9" * 300)),
+        ]
+        calls = []
+
+        def answer(req):  # type: ignore[no-untyped-def]
+            if req["method"] != "get_capacity":
+                return {"result": {"mastership": {"is_master": True}}}
+            calls.append(req)
+            if len(calls) <= len(hostile):
+                return hostile[len(calls) - 1](req["id"])
+            return line(req["id"], grant % ("5", "10", "1"))
+
+        server = FakeServer(answer)
+        try:
+            log: list[str] = []
+            c = fast(server.address, call_timeout=1, log=log.append)
+            api = c.rate("api", wants=5)
+            self.assertTrue(eventually(lambda: api.capacity == 5, 30), log)
+            self.assertGreater(len(calls), len(hostile))
+            c.close()
+            self.assertIn("release_capacity", [r["method"] for r in server.requests])
+        finally:
+            server.close()
+
+    def test_close_is_bounded_when_the_server_trickles_bytes(self) -> None:
+        # The release is answered with bytes and never a newline, more often than any read
+        # times out: only the call's deadline ends it.
+        dripping: list[object] = []
+
+        def answer(req):  # type: ignore[no-untyped-def]
+            if req["method"] == "release_capacity":
+                dripping.append(req)
+                return None
+            return {"result": {"mastership": {"is_master": True}, "resources": [
+                {"resource_id": "api",
+                 "gets": {"capacity": 1, "expires_in": 10, "refresh_interval": 5}}]}}
+
+        server = FakeServer(answer)
+        stop = threading.Event()
+
+        def drip() -> None:
+            while not stop.wait(0.0005):
+                if dripping:
+                    for conn in list(server._conns):
+                        try:
+                            conn.sendall(b" " * 100)
+                        except OSError:
+                            pass
+
+        threading.Thread(target=drip, daemon=True).start()
+        try:
+            c = doorman.Client(server.address, release_timeout=0.3, call_timeout=1)
+            api = c.rate("api", wants=1)
+            self.assertTrue(eventually(lambda: api.leased))
+            start = time.monotonic()
+            c.close()
+            self.assertLess(time.monotonic() - start, 0.3 + 0.5)
+            self.assertEqual(len(dripping), 1)
+        finally:
+            stop.set()
+            server.close()
 
     def test_close_ends_waits(self) -> None:
         n = self.node(config(0))  # nothing to grant: waits block

@@ -60,13 +60,15 @@ class Run:
             t.assertTrue(ok, f"{e}: capacity {r.capacity}, leased {r.leased}")
         elif "try_acquire" in s:
             a = s["try_acquire"]
-            got = self.resources[(a["client"], a["resource"])].try_acquire()
+            got = self.resources[(a["client"], a["resource"])].try_acquire(a.get("n", 1))
             t.assertEqual(bool(got), s["admitted"])
             if s.get("retry_after_infinite"):
                 t.assertEqual(got.retry_after, math.inf)
             if "retry_after_at_most" in s:
                 t.assertLessEqual(got.retry_after, s["retry_after_at_most"])
                 t.assertGreater(got.retry_after, 0)
+        elif "stop" in s:
+            self.clients[s["stop"]].close()  # its handles stay: they must admit nothing now
         elif "stop_node" in s:
             self.node.stop()
         elif "close" in s:

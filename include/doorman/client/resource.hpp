@@ -152,10 +152,16 @@ class rate_resource : public detail::resource_handle {
       : resource_handle(c, id, detail::resource_kind::rate, o) {}
 
   /// Takes `n` permits if available now (lock-free); else says how long until they would be
-  /// (`duration::max()` while the capacity is 0).
+  /// (`duration::max()` while the capacity is 0). `n` above the burst is admitted when due
+  /// (with `gcra`, the default: once the burst is whole; the limiter then runs in debt). Never
+  /// admits once the client is stopped, nor an `n` that is negative or not finite (both
+  /// refused with `duration::max()`).
   acquire_result try_acquire(double n = 1) noexcept {
+    if (entry_->is_closed()) [[unlikely]]
+      return {false, any_rate_limiter::duration::max()};
     auto r = entry_->rate.try_acquire(n);
-    if (!r && r.retry_after == any_rate_limiter::duration::max()) entry_->held_back();
+    if (!r && r.retry_after == any_rate_limiter::duration::max() && valid_permits(n))
+      entry_->held_back();
     return r;
   }
 
@@ -169,13 +175,20 @@ class rate_resource : public detail::resource_handle {
     std::error_code ec;
     wait(n, ec);
     if (ec == asio::error::operation_aborted) throw detail::stopped_error();
+    if (ec == std::errc::invalid_argument)
+      throw std::invalid_argument("rate resource " + id() + ": n: must be a finite number >= 0");
     if (ec)
       throw std::system_error(
           ec, "rate resource " + id() + ": cannot wait for " + std::to_string(n) + " permits");
   }
 
-  /// As above, reporting the error in `ec` instead.
+  /// As above, reporting the error in `ec` instead (`std::errc::invalid_argument` when `n` is
+  /// negative or not finite; `wait(n)` throws `std::invalid_argument` naming `n` then).
   void wait(double n, std::error_code& ec) {
+    if (!valid_permits(n)) {
+      ec = std::make_error_code(std::errc::invalid_argument);
+      return;
+    }
     entry_->held_back();  // (when the capacity is 0)
     const auto stop = entry_->stop_source.get_token();
     if (entry_->rate.wait(n, stop)) {
@@ -188,8 +201,9 @@ class rate_resource : public detail::resource_handle {
   /// Waits asynchronously for `n` permits, through any asio completion token, completing
   /// `void(std::error_code)`: success once admitted, `asio::error::operation_aborted` when
   /// cancelled (the handler's cancellation slot: terminal, partial or total) or when the client
-  /// stops, `asio::error::no_buffer_space` as `wait` says. A cancelled wait consumes no permit.
-  /// The handler runs on its associated executor.
+  /// stops, `asio::error::no_buffer_space` as `wait` says, `std::errc::invalid_argument` for
+  /// an `n` that is negative or not finite. A cancelled wait consumes no permit. The handler
+  /// runs on its associated executor.
   template <class CompletionToken>
   auto async_wait(double n, CompletionToken&& token) {
     return detail::async_pending(entry_, n, std::forward<CompletionToken>(token));
@@ -233,8 +247,10 @@ class gauge_resource : public detail::resource_handle {
   gauge_resource(client& c, std::string_view id, const resource_options& o = {})
       : resource_handle(c, id, detail::resource_kind::gauge, o) {}
 
-  /// Takes a slot if one is free now (lock-free).
+  /// Takes a slot if one is free now (lock-free); never once the client is stopped.
   [[nodiscard]] bool try_acquire() noexcept {
+    if (entry_->is_closed()) [[unlikely]]
+      return false;
     if (entry_->gauge.try_acquire()) return true;
     entry_->held_back();  // (when the capacity is 0)
     return false;
@@ -251,6 +267,10 @@ class gauge_resource : public detail::resource_handle {
 
   /// As above, reporting the stop in `ec` instead.
   void acquire_blocking(std::error_code& ec) {
+    if (entry_->is_closed()) {
+      ec = asio::error::operation_aborted;
+      return;
+    }
     entry_->held_back();  // (when the capacity is 0)
     ec = entry_->gauge.acquire(entry_->stop_source.get_token())
              ? std::error_code()

@@ -25,8 +25,9 @@ struct basic_acquire_result {
   bool admitted = false;
   /// When refused: how long until the same request would be admitted (for a `Retry-After`);
   /// with `coarse_clock`, possibly overstated by up to its resolution (never understated).
-  /// `Duration::max()` when the limiter is blocked (rate 0), or when the request is larger than
-  /// the limiter ever admits at once.
+  /// `Duration::max()` when the limiter is blocked (rate 0), when `n` is not a number of
+  /// permits (`valid_permits`), or, for the algorithms that cannot borrow (the windows), when
+  /// the request is larger than they ever admit at once.
   Duration retry_after{};
 
   explicit operator bool() const noexcept { return admitted; }
@@ -39,6 +40,12 @@ struct limit_status {
   double remaining = 0;              ///< permits that would be admitted now
   std::chrono::nanoseconds reset{};  ///< until `remaining` is back to `limit`, if unused
 };
+
+/// Whether `n` is a number of permits a limiter takes: finite and not negative. Anything else
+/// is refused, never admitted and never counted as demand.
+[[nodiscard]] constexpr bool valid_permits(double n) noexcept {
+  return n >= 0 && n <= std::numeric_limits<double>::max();
+}
 
 namespace detail {
 

@@ -12,8 +12,11 @@
 /// The algorithm is GCRA (the generic cell rate algorithm, a token bucket kept as one number):
 /// the state is the theoretical arrival time `tat` of the next permit, one 64-bit atomic
 /// updated by compare-and-swap. A request for n permits at `now` is admitted when
-/// `max(tat, now) + n·T − now <= burst·T` (T = 1/rate), and moves `tat` to `max(tat, now) + n·T`.
-/// Consequences: over any window of length W at most `rate·W + burst` permits are admitted;
+/// `max(tat, now) + min(n, burst)·T − now <= burst·T` (T = 1/rate), and moves `tat` to
+/// `max(tat, now) + n·T`: a request larger than the burst is admitted once the burst is whole
+/// and leaves it in debt (it borrows from its future), so a call of any cost is admitted when
+/// due. Consequences: over any window of length W at most `rate·W + burst` permits are
+/// admitted, plus the excess of one call larger than the burst;
 /// an idle limiter holds at most `burst` permits (never more, whatever the rate was); unused
 /// permits are not lost at a second's boundary, as Doorman's Go limiter loses them.
 ///
@@ -73,8 +76,11 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   basic_rate_limiter(const basic_rate_limiter&) = delete;
   basic_rate_limiter& operator=(const basic_rate_limiter&) = delete;
 
-  /// Takes `n` permits if they are available now; never blocks. Thread-safe, lock-free.
+  /// Takes `n` permits if they are available now; never blocks. Thread-safe, lock-free. `n`
+  /// above the burst is admitted once the burst is whole, and later calls wait out the debt;
+  /// an `n` that is negative or not finite is refused (`duration::max()`), and not counted.
   acquire_result try_acquire(double n = 1) noexcept {
+    if (!valid_permits(n)) return {false, duration::max()};
     this->count_attempt(n);
     const double interval = interval_.load(std::memory_order_relaxed);
     if (interval == 0) return {true, {}};
@@ -84,6 +90,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
     const std::int64_t increment = increment_for(n, interval);
+    const std::int64_t due = std::min(increment, tolerance);  // a larger call borrows the rest
     // The cheap clock first: it lags real time, so deciding with it never admits too early.
     // Only a refusal that the lag could explain is decided again on the precise clock.
     // The latest precise reading any thread took is a lower bound of the time too, and often a
@@ -92,26 +99,30 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     bool precise = !has_precise_clock;
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
     for (;;) {
-      const std::int64_t next = std::max(tat, now) + increment;
-      if (next - now > tolerance) {
-        if (!precise && next - now - tolerance <= lag_) {
+      const std::int64_t base = std::max(tat, now);
+      const std::int64_t late = base + due - now - tolerance;  // > 0: not due yet
+      if (late > 0) {
+        if (!precise && late <= lag_) {
           now = ticks(precise_now());
           seen_.store(now, std::memory_order_relaxed);
           precise = true;
           continue;
         }
         this->count_refusal();
-        if (n > burst_.load(std::memory_order_relaxed)) return {false, duration::max()};
-        return {false, from_ticks(next - now - tolerance)};
+        return {false, from_ticks(late)};
       }
-      if (tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed)) return {true, {}};
+      if (tat_.compare_exchange_weak(tat, base + increment, std::memory_order_relaxed))
+        return {true, {}};
     }
   }
 
   /// Reserves `n` permits and returns the time at which the caller may use them (now or
-  /// later): reservations are served in the order they are made. `time_point::max()` when
-  /// blocked (rate 0): nothing is reserved then. (`wait` and asynchronous waits build on it.)
+  /// later): reservations are served in the order they are made, and one larger than the
+  /// burst is due when `try_acquire` would admit it. `time_point::max()` when blocked (rate 0)
+  /// or when `n` is not a number of permits: nothing is reserved then. (`wait` and
+  /// asynchronous waits build on it.)
   time_point reserve(double n = 1) noexcept {
+    if (!valid_permits(n)) return time_point::max();
     this->count_attempt(n);
     return reserve_uncounted(n);
   }
@@ -124,7 +135,8 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
 
   /// `wait` that gives up when `stop` is requested: whether the permits were admitted. A
   /// caller stopped while its reservation was still ahead gives it back
-  /// (`cancel_reservation`), so a stopped wait consumes nothing.
+  /// (`cancel_reservation`), so a stopped wait consumes nothing. False at once when `n` is not
+  /// a number of permits (`valid_permits`).
   bool wait(double n, std::stop_token stop) {
     return wait_until_admitted(n, stop) != time_point::max();
   }
@@ -238,14 +250,15 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
     const std::int64_t increment = increment_for(n, interval);
+    const std::int64_t due = std::min(increment, tolerance);  // as try_acquire admits it
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
-    std::int64_t next = 0;
+    std::int64_t base = 0;
     do {
-      next = std::max(tat, now) + increment;
-    } while (!tat_.compare_exchange_weak(tat, next, std::memory_order_relaxed));
-    if (next - tolerance > now) {
+      base = std::max(tat, now);
+    } while (!tat_.compare_exchange_weak(tat, base + increment, std::memory_order_relaxed));
+    if (base + due - tolerance > now) {
       this->count_delay();
-      return from_tick_point(next - tolerance);
+      return from_tick_point(base + due - tolerance);
     }
     return from_tick_point(now);
   }
@@ -254,6 +267,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   // `stop` was requested first (then nothing is consumed: a reservation still ahead is given
   // back, unless its time came meanwhile).
   time_point wait_until_admitted(double n, const std::stop_token& stop) {
+    if (!valid_permits(n)) return time_point::max();
     this->count_attempt(n);
     for (;;) {
       if (stop.stop_requested()) return time_point::max();

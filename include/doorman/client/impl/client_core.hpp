@@ -104,6 +104,13 @@ class client_core {
   [[nodiscard]] asio::any_io_executor executor() const { return strand_; }
 
   void stop() {
+    {
+      // Closed is closed at once: no handle admits once stop() returns.
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+      for (auto& [id, e] : registry_)
+        e->close();
+    }
     asio::post(strand_, [this] {
       if (stopping_) return;
       stopping_ = true;
@@ -147,6 +154,7 @@ class client_core {
     slot = std::make_shared<resource_entry>(strand_, std::string(id), kind, opts, estimate, local);
     slot->handles = 1;
     slot->wants = opts.wants;
+    if (closed_) slot->close();  // a handle made after stop() admits nothing either
     slot->on_held_back = [this, e = slot.get()] {
       asio::post(strand_, [this, entry = e->shared_from_this()] {
         if (stopping_ || active_.count(entry->id) == 0) return;
@@ -394,7 +402,8 @@ class client_core {
   net::refresh_driver<requester> driver_;
   std::thread thread_;
 
-  std::mutex mutex_;  // guards registry_ and the entries' handle counts
+  std::mutex mutex_;  // guards registry_, the entries' handle counts and closed_
+  bool closed_ = false;  // stop() was called
   std::map<std::string, std::shared_ptr<resource_entry>, std::less<>> registry_;
 
   // Touched only on the strand.

@@ -55,6 +55,7 @@ inline asio::awaitable<std::error_code> retry_wait(resource_entry& e, double n, 
 // A rate's wait: a reservation, slept on (given back when cancelled before its time).
 inline asio::awaitable<std::error_code> rate_wait(std::shared_ptr<resource_entry> e, double n,
                                                   std::shared_ptr<pending_wait> w) {
+  if (!valid_permits(n)) co_return std::make_error_code(std::errc::invalid_argument);
   listed_wait listed(*e, *w);
   if (!e->rate.reserves()) co_return co_await retry_wait(*e, n, *w, listed);
   for (;;) {

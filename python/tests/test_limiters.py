@@ -1,0 +1,115 @@
+"""The local limiters on a manual clock: calls of any cost admitted when due, the bound over any
+window, bad numbers of permits refused naming `n`, and closed limiters that admit nothing.
+The same rules as the C++ limiter's (tests/limit_test.cpp)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import unittest
+from typing import Iterator
+from contextlib import contextmanager
+
+sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the wheel)
+    sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
+
+from doorman import _limiters  # noqa: E402
+from doorman._limiters import Gauge, RateLimiter  # noqa: E402
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextmanager
+def manual_clock() -> Iterator[ManualClock]:
+    clock = ManualClock()
+    saved_fast, saved_time = _limiters._monotonic, _limiters.time.monotonic
+    _limiters._monotonic = clock
+    _limiters.time.monotonic = clock  # type: ignore[assignment]
+    try:
+        yield clock
+    finally:
+        _limiters._monotonic = saved_fast
+        _limiters.time.monotonic = saved_time  # type: ignore[assignment]
+
+
+class RateLimiterTest(unittest.TestCase):
+    def test_a_call_above_the_burst_is_admitted_when_the_burst_is_whole(self) -> None:
+        with manual_clock() as clock:
+            lim = RateLimiter(10, burst=2)
+            self.assertTrue(lim.try_acquire(1))
+            early = lim.try_acquire(3)  # the burst is not whole: 0.1 s until it is
+            self.assertFalse(early)
+            self.assertAlmostEqual(early.retry_after, 0.1)
+            clock.now += 0.1
+            self.assertTrue(lim.try_acquire(3))  # one permit borrowed
+            after = lim.try_acquire(1)
+            self.assertAlmostEqual(after.retry_after, 0.2)  # the debt, then one permit
+            self.assertAlmostEqual(lim.reserve(1), 0.2)  # a wait is due at the same time
+
+    def test_any_cost_within_rate_times_window_plus_burst_plus_one_call(self) -> None:
+        rate = 10.0
+        for burst in (1.0, 3.0):
+            with manual_clock() as clock, self.subTest(burst=burst):
+                lim = RateLimiter(rate, burst=burst)
+                rng = random.Random(11)
+                admitted: list[tuple[float, float]] = []
+                start = clock.now
+                largest = 0.0
+                while clock.now - start < 60:
+                    n = 0.5 + rng.randrange(16) * 0.5
+                    largest = max(largest, n)
+                    got = lim.try_acquire(n)
+                    if not got:
+                        self.assertNotEqual(got.retry_after, math.inf)
+                        clock.now += got.retry_after * (1 - 1e-9) - 1e-9
+                        self.assertFalse(lim.try_acquire(n))
+                        clock.now += got.retry_after * 1e-9 + 2e-9
+                        self.assertTrue(lim.try_acquire(n))
+                    admitted.append((clock.now, n))
+                    clock.now += rng.random() * 0.3
+                for w in (0.0, 0.1, 1.0, 10.0):
+                    for i, (t, _) in enumerate(admitted):
+                        total = sum(n for u, n in admitted[i:] if u - t <= w)
+                        self.assertLessEqual(total, rate * w + burst + largest + 1e-6)
+                self.assertGreaterEqual(sum(n for _, n in admitted), rate * 60 * 0.9)
+
+    def test_bad_numbers_of_permits_name_n(self) -> None:
+        lim = RateLimiter(10)
+        for bad in (-1, math.nan, math.inf, -math.inf):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ValueError, r"^n: must be a finite number >= 0"):
+                    lim.try_acquire(bad)
+                with self.assertRaisesRegex(ValueError, r"^n: "):
+                    lim.reserve(bad)
+        for wrong in ("2", None, [1]):
+            with self.subTest(wrong=wrong):
+                with self.assertRaisesRegex(TypeError, r"^n: must be a number of permits"):
+                    lim.try_acquire(wrong)  # type: ignore[arg-type]
+        self.assertEqual(lim.asked, 0)  # never counted as demand
+
+    def test_a_closed_limiter_admits_nothing_whatever_is_set(self) -> None:
+        lim = RateLimiter(-1)
+        self.assertTrue(lim.try_acquire())
+        lim.close()
+        lim.set_capacity(100)
+        self.assertEqual(lim.capacity, 0)
+        got = lim.try_acquire()
+        self.assertFalse(got)
+        self.assertEqual(got.retry_after, math.inf)
+        g = Gauge(-1)
+        g.close()
+        g.set_capacity(5)
+        self.assertFalse(g.try_acquire())
+
+
+if __name__ == "__main__":
+    unittest.main()
