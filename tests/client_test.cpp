@@ -535,7 +535,8 @@ TEST_CASE("stopping or destroying a client ends its pending waits", "[client][ne
   CHECK(sync_gauge.get() == asio::error::operation_aborted);
 }
 
-TEST_CASE("closed is closed: a stopped client's handles admit nothing", "[client][net][lifecycle]") {
+TEST_CASE("closed is closed: a stopped client's handles admit nothing",
+          "[client][net][lifecycle]") {
   running_node root(fast_config(1000));
   doorman::client cl(fast_client(root.address()));
   // The optimistic fallback would admit the wants once the lease runs out: a stop must not.

@@ -151,9 +151,10 @@ TEST_CASE("rate limiter reports when a refused request would be admitted", "[lim
   CHECK(lim.attempted() >= 4);
 }
 
-TEST_CASE("rate limiter: calls of any cost are admitted when due, and within rate x W + burst "
-          "plus one call over any window",
-          "[limit]") {
+TEST_CASE(
+    "rate limiter: calls of any cost are admitted when due, and within rate x W + burst "
+    "plus one call over any window",
+    "[limit]") {
   manual_clock clock;
   const double rate = 10;
   const double burst = GENERATE(1.0, 3.0);
@@ -251,7 +252,7 @@ TEST_CASE("rate limiter reservations are served in order", "[limit]") {
   CHECK(lim.reserve() == t0 + 100ms);
   CHECK(lim.reserve(5) == t0 + 200ms);  // due when the burst is whole; it borrows the rest
   CHECK(lim.reserve() == t0 + 700ms);   // after the debt
-  CHECK_FALSE(lim.try_acquire());  // the reservations are ahead of it
+  CHECK_FALSE(lim.try_acquire());       // the reservations are ahead of it
   clock.advance(700ms);
   CHECK_FALSE(lim.try_acquire());
   clock.advance(100ms);

@@ -153,8 +153,7 @@ class scenario_run {
       CHECK(ok);
     } else if (s.contains("try_acquire")) {
       const json& a = s["try_acquire"];
-      const auto got =
-          resources_.at({a["client"], a["resource"]})->try_acquire(a.value("n", 1.0));
+      const auto got = resources_.at({a["client"], a["resource"]})->try_acquire(a.value("n", 1.0));
       CHECK(bool(got) == s["admitted"].get<bool>());
       if (s.value("retry_after_infinite", false)) {
         CHECK(got.retry_after == decltype(got.retry_after)::max());

@@ -402,7 +402,7 @@ class client_core {
   net::refresh_driver<requester> driver_;
   std::thread thread_;
 
-  std::mutex mutex_;  // guards registry_, the entries' handle counts and closed_
+  std::mutex mutex_;     // guards registry_, the entries' handle counts and closed_
   bool closed_ = false;  // stop() was called
   std::map<std::string, std::shared_ptr<resource_entry>, std::less<>> registry_;
 
