@@ -104,7 +104,7 @@ def side_by_side(a: argparse.Namespace) -> int:
                             ns.setdefault((version, row["threads"]), []).append(row["ns_per_call"])
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr)
     rows = []
-    print(f"| version | threads | median ns per call | range |\n|---|---:|---:|---:|")
+    print("| version | threads | median ns per call | range |\n|---|---:|---:|---:|")
     for (version, t), xs in sorted(ns.items(), key=lambda kv: (kv[0][1], kv[0][0] == "new")):
         label = a.baseline if version == "old" else "working tree"
         rows.append({"version": label, "threads": t, "median": statistics.median(xs),

@@ -40,15 +40,6 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _valid_address(address: str) -> bool:
-    """Whether a server's `master` is one this channel can dial (hostile until checked)."""
-    try:
-        parse_address(address)
-    except ValueError:
-        return False
-    return len(address) <= 261  # a host name of at most 255 bytes, a colon, a port
-
-
 class Channel:
     def __init__(
         self,
@@ -146,8 +137,10 @@ class Channel:
             if redirects > MAX_REDIRECTS:
                 raise CallError("too_many_redirects", "too many mastership redirects")
             self.close()
-            if m.master and _valid_address(m.master):
-                self._current = m.master  # where the non-master says the master is
+            if m.master:
+                # where the non-master says the master is (one it cannot say, or that cannot
+                # be dialled, is a failed connect: the next address)
+                self._current = m.master
             else:
                 self._advance()
                 self._connect_at = time.monotonic() + self._backoff()
@@ -188,15 +181,15 @@ class Channel:
             )
         if now < self._connect_at and self._interrupted.wait(self._connect_at - now):
             self._check_interrupted()
-        host, port = parse_address(self._current)
         self.connects += 1
         timeout = max(0.001, min(self._connect_timeout, deadline - time.monotonic()))
         try:
+            host, port = parse_address(self._current)  # a master named by a server: hostile
             sock = socket.create_connection((host, port), timeout=timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._server_name or host)
-        except (OSError, ssl.SSLError, ValueError) as e:  # ValueError: an undialable host name
+        except (OSError, ssl.SSLError, ValueError) as e:  # ValueError: not host:port, or no name
             self._fail(f"cannot connect to {self._current}: {e}", move=True)
             raise CallError("unreachable", f"cannot connect to {self._current}: {e}") from None
         self._sock = sock

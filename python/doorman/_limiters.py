@@ -27,14 +27,13 @@ REFUSED_AT_ZERO = Acquired(False, math.inf)  # every refusal while the capacity 
 _monotonic = time.monotonic
 
 
-def check_permits(n: object) -> float:
-    """`n` as a number of permits, or ValueError/TypeError naming `n`: a finite number >= 0
-    (what the C++ limiters' `valid_permits` admits)."""
+def check_permits(n: object) -> None:
+    """ValueError/TypeError naming `n` unless it is a finite number >= 0 (what the C++
+    limiters' `valid_permits` admits)."""
     if not isinstance(n, (int, float)):
         raise TypeError(f"n: must be a number of permits, not {type(n).__name__}")
     if not 0 <= n < math.inf:
         raise ValueError(f"n: must be a finite number >= 0, not {n!r}")
-    return float(n)
 
 
 class _Limiter:
@@ -83,7 +82,6 @@ class RateLimiter(_Limiter):
         with self._lock:
             self._closed = True
             self._capacity = 0.0
-            self._interval = math.inf
 
     def take_asked(self) -> float:
         with self._lock:

@@ -106,12 +106,10 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   std::atomic<double> capacity{0};
   std::atomic<double> wants{0};
   std::atomic<bool> leased{false};
-  // Set, once and for good, when the client is stopped (by `stop()` itself, before it
-  // returns): the handles admit nothing from then on, whatever the limiter still holds.
-  std::atomic<bool> closed{false};
   const asio::any_io_executor strand;  // the client's
-  // Requested when the client stops or the last handle goes: every wait, synchronous or
-  // asynchronous, pending or later, ends with `operation_aborted`.
+  // Requested when the client stops (by `stop()` itself, before it returns) or the last handle
+  // goes: the handles admit nothing from then on, whatever the limiter still holds, and every
+  // wait, synchronous or asynchronous, pending or later, ends with `operation_aborted`.
   std::stop_source stop_source;
   std::atomic<int> gauge_waiters{0};      // asynchronous acquires pending (read by releases)
   std::atomic<bool> holding_back{false};  // told the client (`held_back`) since capacity was 0
@@ -127,20 +125,12 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   std::unordered_set<pending_wait*> waits;  // the asynchronous ones
 
   [[nodiscard]] bool stopped() const noexcept { return stop_source.stop_requested(); }
-  [[nodiscard]] bool is_closed() const noexcept { return closed.load(std::memory_order_relaxed); }
-
-  // Closes the handles (any thread): nothing is admitted from now on, and every synchronous
-  // wait ends; the strand ends the asynchronous ones (`stop`).
-  void close() noexcept {
-    closed.store(true);
-    stop_source.request_stop();
-  }
 
   // A caller is held back by a capacity of 0: with measured wants, the client asks for the
   // start wants (fast start; `client_state::hold_back`). Once per stretch at 0; lock-free
   // until then.
   void held_back() noexcept {
-    if (!estimate || capacity.load(std::memory_order_relaxed) != 0 || is_closed()) return;
+    if (!estimate || capacity.load(std::memory_order_relaxed) != 0 || stopped()) return;
     if (holding_back.exchange(true)) return;
     try {
       on_held_back();
@@ -152,7 +142,8 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   // The capacity changed or a slot was freed: the blocked waits look again (on the strand).
   DOORMAN_DECL void wake();
 
-  // Ends every wait (on the strand).
+  // Ends every wait (on the strand; `stop_source.request_stop()` alone, on any thread, ends
+  // the admissions and the synchronous waits).
   DOORMAN_DECL void stop();
 };
 

@@ -157,7 +157,7 @@ class rate_resource : public detail::resource_handle {
   /// admits once the client is stopped, nor an `n` that is negative or not finite (both
   /// refused with `duration::max()`).
   acquire_result try_acquire(double n = 1) noexcept {
-    if (entry_->is_closed()) [[unlikely]]
+    if (entry_->stopped()) [[unlikely]]
       return {false, any_rate_limiter::duration::max()};
     auto r = entry_->rate.try_acquire(n);
     if (!r && r.retry_after == any_rate_limiter::duration::max() && valid_permits(n))
@@ -249,7 +249,7 @@ class gauge_resource : public detail::resource_handle {
 
   /// Takes a slot if one is free now (lock-free); never once the client is stopped.
   [[nodiscard]] bool try_acquire() noexcept {
-    if (entry_->is_closed()) [[unlikely]]
+    if (entry_->stopped()) [[unlikely]]
       return false;
     if (entry_->gauge.try_acquire()) return true;
     entry_->held_back();  // (when the capacity is 0)
@@ -267,7 +267,7 @@ class gauge_resource : public detail::resource_handle {
 
   /// As above, reporting the stop in `ec` instead.
   void acquire_blocking(std::error_code& ec) {
-    if (entry_->is_closed()) {
+    if (entry_->stopped()) {
       ec = asio::error::operation_aborted;
       return;
     }

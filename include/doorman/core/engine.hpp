@@ -28,10 +28,12 @@
 #include "doorman/core/algorithm.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/error.hpp"
+#include "doorman/core/hit_counts.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/lease_store.hpp"
 #include "doorman/core/log_throttle.hpp"
 #include "doorman/core/messages.hpp"
+#include "doorman/core/string_hash.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman {
@@ -325,12 +327,14 @@ class basic_engine {
                            "resources: counted only at the root (this node has a parent)",
                            "resources"};
     }
-    return answer_each<count_response>(req, now,
-                                       [&](const hit_count& x) { return count_one(x, now); });
+    return answer_each<count_response>(req, now, [&](const hit_count& x) {
+      return counts_.count(
+          x, now, [&] { return count_limit(x); }, config_generation_);
+    });
   }
 
   /// `count_hits` counters held now.
-  [[nodiscard]] std::size_t hit_counters() const noexcept { return counters_.size(); }
+  [[nodiscard]] std::size_t hit_counters() const noexcept { return counts_.size(); }
 
   /// `discovery`: who is master at `now` (fenced first, as every call).
   [[nodiscard]] discovery_response discovery(time_point now) {
@@ -365,7 +369,7 @@ class basic_engine {
   /// Removes expired leases of every resource, and resources left with no state. O(resources +
   /// expired leases); the decision path only expires the resource it touches.
   void expire(time_point now) {
-    sweep_counters(now);
+    counts_.sweep(now);
     for (auto it = resources_.begin(); it != resources_.end();) {
       resource& r = it->second;
       r.store.expire(now);
@@ -403,69 +407,9 @@ class basic_engine {
     return out;
   }
 
-  // One resource's `count_hits` window: which one (its index on the clock), how long, its
-  // limit (looked up once per window and configuration), how many hits it has admitted.
-  struct hit_counter {
-    std::int64_t index = 0;
-    duration window{};
-    double limit = 0;
-    std::uint64_t config_generation = 0;
-    double used = 0;
-    [[nodiscard]] time_point end() const { return time_point((index + 1) * window); }
-  };
-
   [[nodiscard]] double count_limit(const hit_count& x) const {
     // rate × window may land a hair under the integer it means (10 / 60 × 60)
     return std::floor(config_.find(x.resource_id).capacity * x.window + 1e-6);
-  }
-
-  [[nodiscard]] hit_verdict count_one(const hit_count& x, time_point now) {
-    hit_verdict v;
-    v.resource_id = x.resource_id;
-    const auto window = std::max(to_duration<duration>(x.window), duration(1));
-    const std::int64_t index = now.time_since_epoch() / window;
-    hit_counter* c = counter_for(x.resource_id, now);
-    if (c == nullptr) {  // refused: no room to count it
-      v.limit = count_limit(x);
-      v.reset = to_seconds(time_point((index + 1) * window) - now);
-      return v;
-    }
-    const bool same_window = c->index == index && c->window == window;
-    if (!same_window || c->config_generation != config_generation_) {
-      // Another length keeps the hits of the window under way: asking with another length
-      // never resets a count. It starts afresh only once the window it was counted in ended.
-      const bool live = now < c->end();
-      *c = {index, window, count_limit(x), config_generation_, same_window || live ? c->used : 0};
-      next_sweep_ = std::min(next_sweep_, c->end());
-    }
-    v.limit = c->limit;
-    v.reset = to_seconds(c->end() - now);
-    v.admitted = c->used + x.hits <= v.limit;
-    if (v.admitted) c->used += x.hits;
-    v.remaining = std::max(0.0, v.limit - c->used);
-    return v;
-  }
-
-  // The counter of `id` (a new one has no window yet), or null when the table is full.
-  hit_counter* counter_for(const std::string& id, time_point now) {
-    if (const auto it = counters_.find(std::string_view(id)); it != counters_.end()) {
-      return &it->second;
-    }
-    if (counters_.size() >= options_.max_hit_counters) sweep_counters(now);
-    if (counters_.size() >= options_.max_hit_counters) return nullptr;
-    return &counters_.emplace(id, hit_counter{}).first->second;
-  }
-
-  // Forgets the counters whose window has ended (at most once per earliest window end).
-  void sweep_counters(time_point now) {
-    if (now < next_sweep_) return;
-    next_sweep_ = time_point::max();
-    std::erase_if(counters_, [&](const auto& e) {
-      const time_point end = e.second.end();
-      if (end <= now) return true;
-      next_sweep_ = std::min(next_sweep_, end);
-      return false;
-    });
   }
 
   struct resource {
@@ -820,17 +764,10 @@ class basic_engine {
   time_point valid_until_ = time_point::max();  // the term's end (fencing)
   std::uint64_t fenced_ = 0;
   mutable log_throttle<time_point> unknown_lease_log_{seconds(10)};
-  struct string_hash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept {
-      return std::hash<std::string_view>{}(s);
-    }
-  };
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
   std::uint64_t excess_released_ = 0;
-  std::unordered_map<std::string, hit_counter, string_hash, std::equal_to<>> counters_;
-  time_point next_sweep_{};              // no counter's window ends before this
+  hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
 };
 

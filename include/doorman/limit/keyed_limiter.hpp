@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "doorman/core/string_hash.hpp"
 #include "doorman/limit/limiter_base.hpp"
 
 namespace doorman {
@@ -157,16 +158,10 @@ class keyed_limiter {
   static constexpr std::size_t per_key_overhead =
       sizeof(entry) + 2 * sizeof(void*) + 4 * sizeof(void*) + 16;
 
-  struct transparent_hash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view k) const noexcept {
-      return std::hash<std::string_view>{}(k);
-    }
-  };
   struct shard {
     mutable std::mutex mutex;
     std::list<entry> lru;  // most recently used first
-    std::unordered_map<std::string_view, typename std::list<entry>::iterator, transparent_hash,
+    std::unordered_map<std::string_view, typename std::list<entry>::iterator, string_hash,
                        std::equal_to<>>
         index;  // views of the keys in `lru`
   };

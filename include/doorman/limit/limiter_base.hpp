@@ -26,7 +26,7 @@ struct basic_acquire_result {
   /// When refused: how long until the same request would be admitted (for a `Retry-After`);
   /// with `coarse_clock`, possibly overstated by up to its resolution (never understated).
   /// `Duration::max()` when the limiter is blocked (rate 0), when `n` is not a number of
-  /// permits (`valid_permits`), or, for the algorithms that cannot borrow (the windows), when
+  /// permits (`valid_permits`), or, for the algorithms that cannot borrow (all but GCRA), when
   /// the request is larger than they ever admit at once.
   Duration retry_after{};
 

@@ -109,7 +109,7 @@ class client_core {
       std::lock_guard lock(mutex_);
       closed_ = true;
       for (auto& [id, e] : registry_)
-        e->close();
+        e->stop_source.request_stop();
     }
     asio::post(strand_, [this] {
       if (stopping_) return;
@@ -154,7 +154,7 @@ class client_core {
     slot = std::make_shared<resource_entry>(strand_, std::string(id), kind, opts, estimate, local);
     slot->handles = 1;
     slot->wants = opts.wants;
-    if (closed_) slot->close();  // a handle made after stop() admits nothing either
+    if (closed_) slot->stop_source.request_stop();  // made after stop(): admits nothing
     slot->on_held_back = [this, e = slot.get()] {
       asio::post(strand_, [this, entry = e->shared_from_this()] {
         if (stopping_ || active_.count(entry->id) == 0) return;
