@@ -8,15 +8,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
 #include <catch2/catch.hpp>
 
 #include <doorman/net/etcd.hpp>
@@ -60,6 +68,80 @@ class loopback_socket {
 inline int free_port() {
   return loopback_socket(false).port();
 }
+
+// A TCP link to `target` that the test can cut and heal, as a network does: while cut, no
+// byte moves either way (connections stay open, the kernel's buffers fill, new connections are
+// accepted and carry nothing); after the heal, what waited flows on.
+class link_proxy {
+ public:
+  // `target`: 127.0.0.1:PORT.
+  explicit link_proxy(const std::string& target)
+      : target_port_(target.substr(target.rfind(':') + 1)) {
+    acceptor_.open(asio::ip::tcp::v4());
+    acceptor_.bind({asio::ip::make_address_v4("127.0.0.1"), 0});
+    acceptor_.listen();
+    asio::co_spawn(io_, accept(), asio::detached);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  link_proxy(const link_proxy&) = delete;
+  link_proxy& operator=(const link_proxy&) = delete;
+  ~link_proxy() {
+    io_.stop();
+    thread_.join();
+  }
+
+  [[nodiscard]] std::string address() const {
+    return "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+  }
+  void cut() { cut_ = true; }
+  void heal() { cut_ = false; }
+
+ private:
+  using tcp = asio::ip::tcp;
+
+  asio::awaitable<void> accept() {
+    for (;;) {
+      auto in = std::make_shared<tcp::socket>(co_await acceptor_.async_accept(asio::use_awaitable));
+      auto out = std::make_shared<tcp::socket>(io_);
+      std::error_code ec;
+      out->connect({asio::ip::make_address_v4("127.0.0.1"),
+                    static_cast<unsigned short>(std::stoi(target_port_))},
+                   ec);
+      if (ec) continue;
+      asio::co_spawn(io_, pump(in, out), asio::detached);
+      asio::co_spawn(io_, pump(out, in), asio::detached);
+    }
+  }
+
+  asio::awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to) {
+    std::array<char, 16384> buf{};
+    asio::steady_timer t(io_);
+    try {
+      for (;;) {
+        while (cut_) {  // polled: the test cuts and heals from its own thread
+          t.expires_after(std::chrono::milliseconds(10));
+          co_await t.async_wait(asio::use_awaitable);
+        }
+        const std::size_t n =
+            co_await from->async_read_some(asio::buffer(buf), asio::use_awaitable);
+        while (cut_) {  // read just before the cut: held until the heal
+          t.expires_after(std::chrono::milliseconds(10));
+          co_await t.async_wait(asio::use_awaitable);
+        }
+        co_await asio::async_write(*to, asio::buffer(buf.data(), n), asio::use_awaitable);
+      }
+    } catch (const std::exception&) {
+      std::error_code ignored;
+      to->shutdown(tcp::socket::shutdown_send, ignored);
+    }
+  }
+
+  std::string target_port_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_{io_};
+  std::atomic<bool> cut_{false};
+  std::thread thread_;
+};
 
 inline std::string find_etcd() {
   const char* path = std::getenv("PATH");

@@ -247,8 +247,9 @@ std::optional<json> discover(const std::string& address) {
 // Several doorman-node tasks of one position, electing through `etcd` on `key`; `args` adds
 // the position's own flags (--config, --parent, --id).
 struct position {
+  // `endpoints`: each task's way to etcd (default: etcd's own endpoint).
   position(etcd_server& etcd, const std::string& key, int tasks, int ttl,
-           const std::vector<std::string>& args) {
+           const std::vector<std::string>& args, const std::vector<std::string>& endpoints = {}) {
     for (int i = 0; i < tasks; ++i) {
       const std::string log =
           etcd.dir() + "/" + key.substr(key.rfind('/') + 1) + "-task" + std::to_string(i) + ".log";
@@ -257,7 +258,7 @@ struct position {
                                     "--listen",
                                     "127.0.0.1:0",
                                     "--etcd-endpoints",
-                                    etcd.endpoint(),
+                                    endpoints.empty() ? etcd.endpoint() : endpoints.at(i),
                                     "--election-key",
                                     key,
                                     "--election-ttl",
@@ -311,17 +312,19 @@ struct position {
 };
 
 // The root position's tasks, with the configuration `config_text` in a file.
-position root_position(etcd_server& etcd, const std::string& config_text, int tasks, int ttl) {
+position root_position(etcd_server& etcd, const std::string& config_text, int tasks, int ttl,
+                       const std::vector<std::string>& endpoints = {}) {
   const std::string config = etcd.dir() + "/resources.json";
   std::ofstream(config) << config_text;
-  return position(etcd, "/doorman/test/root", tasks, ttl, {"--config", config});
+  return position(etcd, "/doorman/test/root", tasks, ttl, {"--config", config}, endpoints);
 }
 
-// Lease 5 s, refresh 0.4 s, learning mode as long as a lease.
-std::string ha_config(double capacity) {
+// Lease 5 s (or `lease`), refresh 0.4 s, learning mode as long as a lease.
+std::string ha_config(double capacity, int lease = 5) {
+  const std::string l = std::to_string(lease);
   return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +
-         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5, "refresh_interval": 0.4,
-         "learning_mode_duration": 5}}]})";
+         R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": )" + l +
+         R"(, "refresh_interval": 0.4, "learning_mode_duration": )" + l + "}}]}";
 }
 
 doorman::client_options ha_client(std::vector<std::string> addresses) {
@@ -519,12 +522,14 @@ TEST_CASE(
     "[net][etcd]") {
   etcd_server etcd;
   constexpr int ttl = 2;
-  position root = root_position(etcd, ha_config(100), 2, ttl);
+  // Leases by the documented rule: 1.5 x TTL + refresh interval + call timeout + 1 s = 5.4 s.
+  position root = root_position(etcd, ha_config(100, 6), 2, ttl);
   const std::size_t first = root.elected();
   const std::size_t other = 1 - first;
   tree_below tree(root);  // its intermediate's calls time out after 1 s (running_node)
   auto& a = tree.a;
   auto mid_capacity = [&] { return tree.mid_capacity(); };
+  bool a_leased_throughout = true;  // a client of the roots, by the rule: never without
 
   // A connection opened before the pause; its request waits in the paused process's socket.
   line_client queued(root.addresses[first]);
@@ -536,6 +541,7 @@ TEST_CASE(
   // The other task wins once the paused one's lease has expired at etcd.
   REQUIRE(eventually(
       [&] {
+        a_leased_throughout = a_leased_throughout && a.leased();
         const auto m = discover(root.addresses[other]);
         return m && m->value("is_master", false);
       },
@@ -545,8 +551,13 @@ TEST_CASE(
   // paused: both are known there within a call timeout and a refresh interval or so.
   const auto elected_at = steady::now();
   const std::string new_master = root.addresses[other];
-  REQUIRE(
-      eventually([&] { return status_of(new_master, "db")["resources"][0]["clients"] == 2; }, 10s));
+  REQUIRE(eventually(
+      [&] {
+        a_leased_throughout = a_leased_throughout && a.leased();
+        return status_of(new_master, "db")["resources"][0]["clients"] == 2;
+      },
+      10s));
+  CHECK(a_leased_throughout);
   const double moved = std::chrono::duration<double>(steady::now() - elected_at).count();
   CHECK(eventually([&] { return a.leased() && mid_capacity() > 0; }, 10s));
   std::printf("pause: a new master %.2f s after SIGSTOP (TTL %d s); the tree moved %.2f s later\n",
@@ -565,6 +576,55 @@ TEST_CASE(
   CHECK(root.nodes[first]->wait_for("stepping down before answering", 5s));
   // And the position settles on the new master.
   CHECK(eventually([&] { return root.master() == other; }, 10s));
+}
+
+TEST_CASE(
+    "etcd election: a master cut from etcd steps down, and the tree leaves it for the new master",
+    "[net][etcd]") {
+  // The chaos trial's fault: only the master's link to etcd is cut (its clients still reach
+  // it), for 10 s. It steps down at the end of its term and answers that it knows no master;
+  // the client and the intermediate must find the task that wins, not wait for the heal.
+  etcd_server etcd;
+  constexpr int ttl = 2;
+  link_proxy link0(etcd.endpoint()), link1(etcd.endpoint());
+  position root = root_position(etcd, ha_config(100), 2, ttl, {link0.address(), link1.address()});
+  const std::size_t first = root.elected();
+  tree_below tree(root);
+  auto& a = tree.a;
+
+  (first == 0 ? link0 : link1).cut();
+  const auto cut_at = steady::now();
+  double worst = 0;
+  double a_gap = 0, mid_gap = 0;  // the longest time without a lease
+  std::optional<steady::time_point> a_lost, mid_lost;
+  const auto gap = [](std::optional<steady::time_point>& lost, bool held, double& longest) {
+    if (!held && !lost) lost = steady::now();
+    if (held && lost) {
+      longest = std::max(longest, std::chrono::duration<double>(steady::now() - *lost).count());
+      lost.reset();
+    }
+  };
+  while (steady::now() < cut_at + 10s) {
+    const double m = tree.mid_capacity().get<double>();
+    worst = std::max(worst, a.capacity() + m);
+    gap(a_lost, a.leased(), a_gap);
+    gap(mid_lost, m > 0, mid_gap);
+    std::this_thread::sleep_for(20ms);  // sampling period
+  }
+  gap(a_lost, true, a_gap);
+  gap(mid_lost, true, mid_gap);
+  const auto other = discover(root.addresses[1 - first]);  // the cut task knows no master
+  std::printf("etcd cut: longest time without a lease %.2f s (client), %.2f s (intermediate)\n",
+              a_gap, mid_gap);
+  INFO("the cut master's log:\n" << root.nodes[first]->log());
+  CHECK(root.nodes[first]->wait_for("stepping down", 1s));
+  CHECK((other && other->value("is_master", false)));  // elected while the cut lasts
+  CHECK(worst <= 100 + 1e-9);
+  // At most a call timeout (1 s) and a refresh interval (0.4 s), plus the test's polls.
+  CHECK(a_gap <= 1 + 0.4 + 0.2);
+  CHECK(mid_gap <= 1 + 0.4 + 0.2);
+  (first == 0 ? link0 : link1).heal();
+  CHECK(eventually([&] { return root.master() == 1 - first; }, 10s));
 }
 
 TEST_CASE("etcd election: a short etcd outage keeps the master, a long one steps it down",

@@ -260,6 +260,14 @@ TEST_CASE("grpc: ReleaseCapacity gives a lease back, GetServerCapacity counts su
   ::doorman::ReleaseCapacityResponse released;
   REQUIRE(n.stub->ReleaseCapacity(n.context().get(), rel, &released).ok());
   CHECK_FALSE(released.has_mastership());
+  // Padded as Doorman's Go client pads, with a duplicate: the error names the proto's index.
+  ::doorman::ReleaseCapacityRequest padded;
+  padded.set_client_id("c1");
+  for (const char* id : {"", "", "api", "api"})
+    padded.add_resource_id(id);
+  const auto refused = n.stub->ReleaseCapacity(n.context().get(), padded, &released);
+  CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(refused.error_message(), Catch::StartsWith("resource_id[3]: duplicate"));
 
   // A server child with 3 clients at one priority: FAIR_SHARE counts them.
   ::doorman::GetServerCapacityRequest sr;
@@ -291,11 +299,28 @@ TEST_CASE("grpc mapping: leases round down to whole seconds, never past the real
   CHECK(l.refresh_interval() == 16);
   doorman::grpc_door::to_proto({10, 0, 5}, 1000.0, l);  // expired
   CHECK(l.expiry_time() == 1000);
-  CHECK(l.refresh_interval() == 1);
+  CHECK(l.refresh_interval() == 0);  // ask again at once
   const auto back = doorman::grpc_door::from_proto(l, 999.5);
   CHECK(back.expires_in == 0.5);
   CHECK(doorman::grpc_door::proto_path("params.resources[3].has.expires_in: must be") ==
         "resource[3].has.expiry_time: must be");
+  // The client counts the interval from when the answer came: it never ends after the expiry.
+  for (const double now : {1000.0, 1000.1, 1000.5, 1000.9, 1000.99}) {
+    for (const double expires_in : {0.5, 1.2, 2.9, 3.0, 5.0, 30.0}) {
+      doorman::grpc_door::to_proto({10, expires_in, 5}, now, l);
+      INFO("now " << now << ", expires_in " << expires_in);
+      const auto expiry = static_cast<double>(l.expiry_time());
+      if (expiry >= now) {
+        CHECK(now + static_cast<double>(l.refresh_interval()) <= expiry);
+      } else {
+        CHECK(l.refresh_interval() == 0);  // gone in whole seconds already: at once
+      }
+      CHECK(static_cast<double>(l.expiry_time()) <= now + expires_in);
+    }
+  }
+  doorman::grpc_door::to_proto({10, 2.9, 5}, 1000.9, l);  // 2.1 s to 1003: 2 (was 3, past it)
+  CHECK(l.expiry_time() == 1003);
+  CHECK(l.refresh_interval() == 2);
 }
 
 TEST_CASE("grpc calls are counted by method, outcome and door", "[grpc][process]") {
@@ -539,7 +564,14 @@ TEST_CASE("grpc mapping: a release padded with empty ids, as Doorman's Go client
   r.add_resource_id("");
   r.add_resource_id("api");
   r.add_resource_id("db");
-  const auto q = doorman::grpc_door::from_proto(r);
+  std::vector<std::size_t> kept;
+  const auto q = doorman::grpc_door::from_proto(r, &kept);
   CHECK(q.client_id == "c1");
   CHECK(q.resources == std::vector<std::string>{"api", "db"});
+  CHECK(kept == std::vector<std::size_t>{2, 3});
+  // An error names the proto's index, not the index after the empty ids were dropped.
+  CHECK(doorman::grpc_door::proto_path("params.resources[1]: duplicate", "resource_id", kept) ==
+        "resource_id[3]: duplicate");
+  CHECK(doorman::grpc_door::proto_path("params.resources[7]: x", "resource_id", kept) ==
+        "resource_id[7]: x");  // out of the map: left as it is
 }

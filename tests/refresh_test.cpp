@@ -4,8 +4,21 @@
 
 using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
-TEST_CASE("retries come within half the time left on a lease", "[core][upstream][client]") {
+TEST_CASE("retries come, and calls end, within half the time left on a lease",
+          "[core][upstream][client]") {
   manual_clock clock;
+  const doorman::seconds configured(5);
+  // The call timeout: the configured one, but a call to a hung peer ends while half the
+  // lease is left, so that the next address is asked before the lease runs out.
+  const auto check_timeout = [&](doorman::seconds t, manual_clock::time_point expiry) {
+    if (clock.now() >= expiry) {
+      CHECK(t.count() == configured.count());  // no lease left to protect
+    } else {
+      const double half = doorman::to_seconds(expiry - clock.now()) / 2;
+      CHECK(t.count() <= std::max(half, 0.25) + 1e-9);
+      CHECK(t.count() == Approx(std::min(5.0, std::max(half, 0.25))));
+    }
+  };
   SECTION("upstream") {
     engine_t parent(repo_for("FAIR_SHARE", 100));
     parent.set_mastership(true, "root", clock.now());
@@ -15,6 +28,7 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
     node.set_mastership(true, "node", clock.now());
     (void)node.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
     upstream_t up({.server_id = "node"});
+    CHECK(up.call_timeout(clock.now(), configured).count() == 5);  // no lease yet
     auto req = up.make_request(node, clock.now());
     auto resp = parent.get_server_capacity(req, clock.now());
     REQUIRE(resp);
@@ -22,6 +36,7 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
     const auto expiry = node.parent_lease("res")->expiry;
     for (int i = 0; i < 8; ++i) {  // the backoff alone would reach 15 s
       clock.set(up.next_request(node));
+      check_timeout(up.call_timeout(clock.now(), configured), expiry);
       (void)up.make_request(node, clock.now());
       up.on_reply(doorman::errc::timed_out, clock.now());
       if (clock.now() < expiry) {
@@ -33,6 +48,7 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
   SECTION("client state") {
     doorman::basic_client_state<manual_clock> state({.client_id = "c"});
     state.add("res", {.wants = 10});
+    CHECK(state.call_timeout(clock.now(), configured).count() == 5);  // no lease yet
     (void)state.make_request(clock.now());
     doorman::capacity_response resp;
     resp.mastership = {true, "root"};
@@ -41,6 +57,7 @@ TEST_CASE("retries come within half the time left on a lease", "[core][upstream]
     const auto expiry = clock.now() + 20s;
     for (int i = 0; i < 8; ++i) {
       clock.set(state.next_request());
+      check_timeout(state.call_timeout(clock.now(), configured), expiry);
       (void)state.make_request(clock.now());
       state.on_reply(doorman::errc::timed_out, clock.now());
       if (clock.now() < expiry) {
@@ -216,11 +233,26 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
     CHECK(f.current() == "a:1");
     CHECK(f.addresses().size() == 3);
   }
-  SECTION("a non-master that names no master counts as a failure, and is kept") {
-    const std::string alive = f.current();
+  SECTION("a non-master that names no master is kept when the others hung") {
+    const std::string standby = f.current();
     f.no_master(t0 + 60s);
     CHECK(f.failures() == 2);
-    CHECK(f.current() == alive);                // it answered: it may be the next master
+    CHECK(f.current() == standby);              // the other hung: this one may be the next master
     CHECK(f.connect_at() >= t0 + 60s + 500ms);  // the round's backoff all the same
+  }
+  SECTION("a non-master that names no master is left for one that has not failed otherwise") {
+    f.answered();
+    const std::string cut = f.current();
+    f.no_master(t0 + 60s);
+    CHECK(f.current() != cut);  // it may be cut from the election while another is master
+    f.no_master(t0 + 61s);
+    CHECK(f.current() == cut);  // both know none: asked in turn, backing off per round
+    f.failed(t0 + 62s, doorman::failure::unreachable);
+    CHECK(f.current() != cut);
+    f.no_master(t0 + 63s);
+    CHECK(f.current() != cut);  // the unreachable one is not tried again for it
+    f.answered();
+    f.no_master(t0 + 64s);
+    CHECK(f.current() == cut);  // an answer forgets what failed
   }
 }

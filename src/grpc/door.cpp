@@ -20,10 +20,11 @@ namespace {
 
 // A refusal as gRPC says it: a request that breaks a bound names its field.
 grpc::Status status_of(rpc_code code, const std::string& message,
-                       std::string_view list = "resource") {
+                       std::string_view list = "resource",
+                       const std::vector<std::size_t>& indices = {}) {
   switch (code) {
     case rpc_code::invalid_params:
-      return {grpc::StatusCode::INVALID_ARGUMENT, proto_path(message, list)};
+      return {grpc::StatusCode::INVALID_ARGUMENT, proto_path(message, list, indices)};
     case rpc_code::forbidden:
       return {grpc::StatusCode::PERMISSION_DENIED, message};
     default:
@@ -88,9 +89,12 @@ class service final : public ::doorman::Capacity::CallbackService {
   grpc::ServerUnaryReactor* ReleaseCapacity(grpc::CallbackServerContext* ctx,
                                             const ::doorman::ReleaseCapacityRequest* in,
                                             ::doorman::ReleaseCapacityResponse* out) override {
-    return serve<release_response>(ctx, out, "resource_id", [&](auto done) {
-      h_.release_capacity(from_proto(*in), caller_of(*ctx), done);
-    });
+    std::vector<std::size_t> kept;  // the proto's index of each id kept, for the errors
+    release_request r = from_proto(*in, &kept);
+    return serve<release_response>(
+        ctx, out, "resource_id",
+        [&](auto done) { h_.release_capacity(std::move(r), caller_of(*ctx), done); },
+        std::move(kept));
   }
 
  private:
@@ -98,10 +102,11 @@ class service final : public ::doorman::Capacity::CallbackService {
   // into `out` (or refuses, naming the field of `list`) and finishes the call.
   template <class Answer, class Out, class Start>
   static grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, Out* out,
-                                         std::string_view list, Start start) {
+                                         std::string_view list, Start start,
+                                         std::vector<std::size_t> indices = {}) {
     auto* reactor = ctx->DefaultReactor();
-    start(reply<Answer>([reactor, out, list](call_result<Answer> r) {
-      if (!r) return reactor->Finish(status_of(r.code(), r.message(), list));
+    start(reply<Answer>([reactor, out, list, indices = std::move(indices)](call_result<Answer> r) {
+      if (!r) return reactor->Finish(status_of(r.code(), r.message(), list, indices));
       if constexpr (requires { to_proto(r.value(), 0.0, *out); }) {
         to_proto(r.value(), unix_now(), *out);  // leases: absolute on Doorman's wire
       } else {

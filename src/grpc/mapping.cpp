@@ -3,6 +3,7 @@
 #include "mapping.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <string_view>
@@ -20,9 +21,12 @@ lease_info from_proto(const ::doorman::Lease& l, double now_unix) {
 }
 
 void to_proto(const lease_info& l, double now_unix, ::doorman::Lease& out) {
+  // Whole seconds on Doorman's wire: the expiry rounds down (never past the real lease), and
+  // the refresh interval, counted by the client from when the answer came, never ends after
+  // that expiry: 0 when less than a second is left (ask again at once).
   const double expiry = std::floor(now_unix + std::max(0.0, l.expires_in));
-  const double left = std::max(0.0, expiry - std::floor(now_unix));
-  const double refresh = std::clamp(std::floor(l.refresh_interval), 1.0, std::max(1.0, left));
+  const double left = std::floor(std::max(0.0, expiry - now_unix));
+  const double refresh = std::min(std::max(1.0, std::floor(l.refresh_interval)), left);
   out.set_expiry_time(static_cast<std::int64_t>(expiry));
   out.set_refresh_interval(static_cast<std::int64_t>(refresh));
   out.set_capacity(l.capacity);
@@ -64,10 +68,14 @@ server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r,
                              })};
 }
 
-release_request from_proto(const ::doorman::ReleaseCapacityRequest& r) {
+release_request from_proto(const ::doorman::ReleaseCapacityRequest& r,
+                           std::vector<std::size_t>* kept) {
   release_request out{r.client_id(), {}};
-  for (const auto& id : r.resource_id())
-    if (!id.empty()) out.resources.push_back(id);  // Doorman's client pads with empty ids
+  for (int i = 0; i < r.resource_id_size(); ++i) {
+    if (r.resource_id(i).empty()) continue;  // Doorman's client pads with empty ids
+    out.resources.push_back(r.resource_id(i));
+    if (kept) kept->push_back(static_cast<std::size_t>(i));
+  }
   return out;
 }
 
@@ -170,7 +178,18 @@ server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& 
   return out;
 }
 
-std::string proto_path(std::string message, std::string_view list) {
+std::string proto_path(std::string message, std::string_view list,
+                       const std::vector<std::size_t>& indices) {
+  if (const auto at = message.find("resources["); at != std::string::npos && !indices.empty()) {
+    const auto from = at + std::string_view("resources[").size();
+    const auto end = message.find(']', from);
+    std::size_t i = 0;
+    const auto [p, ec] = std::from_chars(message.data() + from, message.data() + end, i);
+    if (end != std::string::npos && ec == std::errc() && p == message.data() + end &&
+        i < indices.size()) {
+      message.replace(from, end - from, std::to_string(indices[i]));
+    }
+  }
   const std::pair<std::string_view, std::string> renames[] = {
       {"params.", ""}, {"resources[", std::string(list) + "["}, {".expires_in", ".expiry_time"}};
   for (const auto& [from, to] : renames) {

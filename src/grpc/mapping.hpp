@@ -5,9 +5,11 @@
 // call is decided at, in Unix seconds), nothing is validated here beyond what the wire form
 // needs; the engine validates the requests it is given, as for every door.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <doorman/core/messages.hpp>
 
@@ -31,8 +33,9 @@ capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_u
 server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r, double now_unix);
 // Empty resource ids are dropped: Doorman's Go client sends one per resource before the real
 // ids when it closes (it appends to a slice made with that length), and would retry a refusal
-// forever.
-release_request from_proto(const ::doorman::ReleaseCapacityRequest& r);
+// forever. `kept`, when given, receives the proto's index of each id kept, for `proto_path`.
+release_request from_proto(const ::doorman::ReleaseCapacityRequest& r,
+                           std::vector<std::size_t>* kept = nullptr);
 
 // A non-master's answer carries `mastership` (naming the master when known); a master's
 // leaves it out, which Doorman's clients read as "this is the master".
@@ -53,7 +56,9 @@ server_capacity_response from_proto(const ::doorman::GetServerCapacityResponse& 
 
 // A field path of doorman's JSON requests ("params.resources[0].wants") as the proto names it
 // ("resource[0].wants"; `list` is the request's repeated field, "resource_id" for a release),
-// for INVALID_ARGUMENT messages.
-std::string proto_path(std::string message, std::string_view list = "resource");
+// for INVALID_ARGUMENT messages. `indices`: the proto's index of each entry of doorman's list,
+// when some were dropped (a release's empty ids); none: the same.
+std::string proto_path(std::string message, std::string_view list = "resource",
+                       const std::vector<std::size_t>& indices = {});
 
 }  // namespace doorman::grpc_door

@@ -269,6 +269,12 @@ class basic_client_state {
     return schedule_.failed(now, earliest_expiry(now));
   }
 
+  /// How long the request sent at `now` may wait for its answer: `configured`, bounded by
+  /// half the time left on the earliest lease held (`refresh_schedule::call_timeout`).
+  [[nodiscard]] seconds call_timeout(time_point now, seconds configured) const noexcept {
+    return refresh_schedule<time_point>::call_timeout(now, earliest_expiry(now), configured);
+  }
+
   /// Grants of the server's answers that were ignored as invalid, since the start.
   [[nodiscard]] std::uint64_t invalid_grants() const noexcept { return invalid_grants_; }
 

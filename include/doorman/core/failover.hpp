@@ -79,20 +79,36 @@ class failover {
   void answered() noexcept {
     failures_ = 0;
     retry_floor_ = duration::zero();
+    dead_.assign(dead_.size(), false);
   }
 
   /// The connection (or the attempt) failed at `now`: move to the next address, after a
   /// backoff once a whole round has failed. `retry_after`: a delay the peer asked for (a
   /// floor for the next attempt at any address, and for every later failure's wait until an
-  /// answer comes: a call that times out just after connecting must not undo it). A
-  /// non-master that knows no master (`failure::no_master`) answered, so it is alive and may
-  /// well be the next master: it is kept (an address that hung is not tried again for it),
-  /// with the same wait.
+  /// answer comes: a call that times out just after connecting must not undo it).
+  ///
+  /// A non-master that knows no master (`failure::no_master`) is alive but of no use now: it
+  /// may be cut from the election while another address already is the master, or a standby
+  /// while an election is under way. It is left for the next address that has not failed
+  /// otherwise since the last answer (hung, refused, unreachable): so a tree leaves a master cut
+  /// from etcd, yet does not go back to a paused master from the standby that will replace
+  /// it. When every other address has failed otherwise, it is kept.
   void failed(time_point now, failure why, seconds retry_after = seconds(0)) {
     last_ = why;
     ++failures_;
-    if (why != failure::no_master) current_ = (current_ + 1) % addresses_.size();
     const std::size_t n = addresses_.size();
+    dead_.resize(n);
+    if (why != failure::no_master) {
+      dead_[current_] = true;
+      current_ = (current_ + 1) % n;
+    } else {
+      for (std::size_t k = 1; k < n; ++k) {
+        if (!dead_[(current_ + k) % n]) {
+          current_ = (current_ + k) % n;
+          break;
+        }
+      }
+    }
     duration wait = duration::zero();
     if (failures_ % n == 0) {
       const auto rounds = std::min<std::size_t>(failures_ / n, 31);
@@ -129,6 +145,7 @@ class failover {
   failure last_ = failure::unreachable;
   time_point connect_at_{};
   duration retry_floor_{};  // the longest retry delay asked for since the last answer
+  std::vector<bool> dead_;  // per address: failed other than no_master since the last answer
   jittered_backoff backoff_;
 };
 

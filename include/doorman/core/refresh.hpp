@@ -113,6 +113,17 @@ class refresh_schedule {
     return failures_ == 1 && answered_ ? refresh_event::lost : refresh_event::none;
   }
 
+  /// How long a request sent at `now` may wait for its answer: `configured`, but no more than
+  /// half the time left until `earliest_expiry` (of the leases held), so that a peer that
+  /// hangs is given up in time to ask the next address before a lease runs out; never less
+  /// than a quarter second (or `configured`, when that is less).
+  [[nodiscard]] static seconds call_timeout(time_point now, time_point earliest_expiry,
+                                            seconds configured) noexcept {
+    if (earliest_expiry <= now || earliest_expiry == time_point::max()) return configured;
+    const double half = to_seconds(earliest_expiry - now) / 2;
+    return seconds(std::min(configured.count(), std::max(half, 0.25)));
+  }
+
   /// Makes the next request due at `now`, ahead of the floor and of the interval the last
   /// answer set (once: the next answer sets the schedule again). Nothing while a request is in
   /// flight (its answer sets the schedule) or after failures (the backoff stands).

@@ -186,6 +186,12 @@ class basic_upstream {
     return schedule_.answered(now, interval);
   }
 
+  /// How long the request sent at `now` may wait for its answer: `configured`, bounded by
+  /// half the time left on the earliest lease held (`refresh_schedule::call_timeout`).
+  [[nodiscard]] seconds call_timeout(time_point now, seconds configured) const noexcept {
+    return refresh_schedule<time_point>::call_timeout(now, earliest_expiry_, configured);
+  }
+
   /// The request failed (`error` says why): retry after an exponential backoff with jitter
   /// (uniform in [½, 1] of the step), but within half the time left on the earliest lease
   /// held, so that a parent back in time is reached before a lease runs out. Leases already

@@ -122,9 +122,10 @@ class basic_parent_link {
     }
 
     net::outgoing_call request(clock::time_point now) const {
+      const seconds timeout = link.upstream_.call_timeout(now, link.options_.timeout);
       auto r = link.upstream_.make_request(link.engine_, now);
       link.asked_ = r.resources.size();
-      return {"get_server_capacity", nlohmann::json(r)};
+      return {"get_server_capacity", nlohmann::json(r), timeout};
     }
 
     asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {

@@ -114,6 +114,7 @@ struct exchange {
   std::uint32_t request_number = 0;
   std::uint32_t in_flight = 0;  ///< the request number awaited, 0 for none
   time_point sent{};
+  duration timeout{};            ///< of the request in flight (bounded by the leases held)
   std::uint64_t epoch_seen = 0;  ///< the master epoch of the job it asked last
   failure why = failure::hung;   ///< how the request in flight fails, if it does
   /// Which task of the job to ask, and when (with `simulation_options::tasks` > 1).
@@ -142,7 +143,8 @@ struct job {
   time_point wake_at = time_point::max();  ///< of the wake-up pending
   std::size_t master_task = 0;             ///< the task that is master (when `engine`)
   time_point elected_at{};                 ///< the master's election (it renews every poll)
-  // Faults (`pause_master`, `hang_master`, `cut_clients`, `cut_parent`, `refuse`):
+  // Faults (`pause_master`, `hang_master`, `cut_election`, `cut_clients`, `cut_parent`,
+  // `refuse`):
   std::unique_ptr<engine_type> stopped;  ///< a paused or hung master's engine, fenced
   std::size_t stopped_task = 0;
   bool hung = false;
@@ -150,6 +152,8 @@ struct job {
   std::vector<queued_request> queued;
   time_point refusing_until{};
   time_point clients_cut_until{};     ///< the links from its clients
+  std::size_t election_cut_task = 0;  ///< the task cut from the election store (`cut_election`)
+  time_point election_cut_until{};    ///< until then
   time_point parent_cut_until{};      ///< the link to its parent
   std::uint64_t in_flight_epoch = 0;  ///< this job's epoch when the request went out
   server_capacity_request request;
@@ -301,6 +305,38 @@ class simulation {
   /// The job's master hangs for good: it accepts requests and answers none, and renews nothing;
   /// another task wins once its election lease has run out.
   void hang_master(std::size_t index) { stop_master(index, true); }
+
+  /// The job's master loses the election store (etcd) for `for_seconds`, and only that: it
+  /// still answers its clients. Its renewals fail, so it steps down when its term ends and
+  /// from then on answers that it knows no master until the link heals; another task wins a
+  /// poll after the election lease has run out at the store. A cut that heals within the term
+  /// changes nothing.
+  void cut_election(std::size_t index, double for_seconds) {
+    job& j = jobs_.at(index);
+    if (!j.engine) return;
+    j.election_cut_task = j.master_task;
+    j.election_cut_until = now() + to_duration<duration>(std::max(0.0, for_seconds));
+    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
+    const duration period = term.period();
+    term.confirmed(j.elected_at + ((now() - j.elected_at) / period) * period);
+    const time_point key_expires = term.valid_until() + term.margin();
+    const std::uint64_t epoch = j.epoch;
+    at(seconds_of(term.valid_until()), [this, index, epoch] {
+      job& k = jobs_[index];
+      if (k.epoch != epoch || now() >= k.election_cut_until) return;  // healed in time
+      k.engine.reset();                                               // steps down
+      k.upstream.reset();
+      ++k.epoch;
+      k.up.in_flight = 0;
+      ++k.up.wake_generation;
+    });
+    at(seconds_of(key_expires + period), [this, index, epoch] {
+      job& k = jobs_[index];
+      if (k.engine || k.epoch != epoch + 1) return;
+      k.master_task = (k.election_cut_task + 1) % std::max<std::size_t>(options_.tasks, 1);
+      elect(index);
+    });
+  }
 
   /// Every message between the job and its clients is lost for `for_seconds`.
   void cut_clients(std::size_t index, double for_seconds) {
@@ -577,8 +613,6 @@ class simulation {
     return to_duration<duration>(d);
   }
 
-  duration timeout() const noexcept { return to_duration<duration>(options_.network.timeout); }
-
   // A caller that knew an older master went there first and was redirected (or refused): one
   // more round trip. `seen` is the master epoch the caller last talked to.
   duration redirect_cost(std::uint64_t& seen, std::uint64_t epoch) const noexcept {
@@ -590,11 +624,11 @@ class simulation {
 
   // Sends an answer back to a caller that sent its request at `sent`: it arrives after the
   // network's delay (plus `extra`), unless it is lost or comes after the caller gave up.
-  void answer(time_point sent, duration extra, kind arrives, kind gives_up, std::size_t who,
+  void answer(const exchange& x, duration extra, kind arrives, kind gives_up, std::size_t who,
               std::uint32_t number, bool cut = false) {
     const time_point back = now() + extra + one_way();
-    if (lost() || cut || back > sent + timeout()) {
-      schedule(sent + timeout(), gives_up, who, number);
+    if (lost() || cut || back > x.sent + x.timeout) {
+      schedule(x.sent + x.timeout, gives_up, who, number);
     } else {
       schedule(back, arrives, who, number);
     }
@@ -732,6 +766,9 @@ class simulation {
     [[nodiscard]] std::size_t asks() const { return me().job; }
     [[nodiscard]] const std::string& name() const { return me().name; }
     void woke() const {}
+    [[nodiscard]] seconds call_timeout() const {
+      return me().state->call_timeout(s.now(), seconds(s.options_.network.timeout));
+    }
     void make_request() const {
       client& c = me();
       if (c.wants_changed) {  // handed over with the request (see set_wants)
@@ -777,6 +814,9 @@ class simulation {
     [[nodiscard]] std::size_t asks() const { return *me().parent; }
     [[nodiscard]] const std::string& name() const { return me().name; }
     void woke() const { me().wake_at = time_point::max(); }
+    [[nodiscard]] seconds call_timeout() const {
+      return me().upstream->call_timeout(s.now(), seconds(s.options_.network.timeout));
+    }
     void make_request() const {
       job& j = me();
       j.request = j.upstream->make_request(*j.engine, s.now());
@@ -832,11 +872,12 @@ class simulation {
       side.wake_at(x.route->connect_at());
       return;
     }
+    x.timeout = to_duration<duration>(side.call_timeout().count());
     side.make_request();
     x.sent = now();
     x.in_flight = ++x.request_number;
     if (lost() || side.link_cut()) {
-      schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+      schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
     } else {
       schedule(now() + one_way(), Side::arrives, side.index, x.in_flight);
     }
@@ -854,7 +895,7 @@ class simulation {
       return;
     }
     if (!j.engine) {  // nobody answers
-      schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+      schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
       return;
     }
     decide_and_answer(side, target, redirect_cost(x.epoch_seen, j.epoch));
@@ -872,8 +913,7 @@ class simulation {
     }
     check_after(j, side.name(), before);
     after_decision(target);
-    answer(x.sent, extra, Side::answered, Side::timed_out, side.index, x.in_flight,
-           side.link_cut());
+    answer(x, extra, Side::answered, Side::timed_out, side.index, x.in_flight, side.link_cut());
   }
 
   // ---- tasks and faults ----
@@ -891,6 +931,10 @@ class simulation {
     const bool master = j.engine && task == j.master_task;
     const bool stopped = j.stopped && task == j.stopped_task;
     if (!master && !stopped) {
+      // A task cut from the election store knows no master, whoever holds the key.
+      if (task == j.election_cut_task && now() < j.election_cut_until) {
+        return fail_soon(side, failure::no_master);
+      }
       std::optional<std::size_t> holder;
       if (j.engine) holder = j.master_task;
       if (!j.engine && j.stopped && now() < j.key_expires) holder = j.stopped_task;
@@ -901,7 +945,7 @@ class simulation {
     }
     if (j.engine && task == j.master_task) return decide_and_answer(side, target, extra);
     // The stopped master: the caller waits in vain, unless it resumes in time.
-    schedule(x.sent + timeout(), Side::timed_out, side.index, x.in_flight);
+    schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
     if (j.hung) return;
     queued_request q;
     q.from_node = std::is_same_v<Side, node_side>;
@@ -971,15 +1015,15 @@ class simulation {
       auto r = engine.get_server_capacity(std::get<server_capacity_request>(q.request), now());
       if (!r || n.up.in_flight != q.number) return;
       n.response = std::move(r).value();
-      answer(n.up.sent, duration::zero(), kind::node_answer, kind::node_timeout, q.who, q.number,
+      answer(n.up, duration::zero(), kind::node_answer, kind::node_timeout, q.who, q.number,
              now() < n.parent_cut_until);
     } else {
       client& c = clients_[q.who];
       auto r = engine.get_capacity(std::get<capacity_request>(q.request), now());
       if (!r || !c.active || c.up.in_flight != q.number) return;
       c.response = std::move(r).value();
-      answer(c.up.sent, duration::zero(), kind::client_answer, kind::client_timeout, q.who,
-             q.number, now() < jobs_[c.job].clients_cut_until);
+      answer(c.up, duration::zero(), kind::client_answer, kind::client_timeout, q.who, q.number,
+             now() < jobs_[c.job].clients_cut_until);
     }
   }
 

@@ -359,7 +359,8 @@ class client_core {
   net::outgoing_call next_call(clock::time_point now) {
     releasing_ = std::exchange(releases_, {});
     if (!releasing_.empty()) return {"release_capacity", release_params(releasing_)};
-    return {"get_capacity", nlohmann::json(state_.make_request(now))};
+    const seconds timeout = state_.call_timeout(now, options_.call_timeout);
+    return {"get_capacity", nlohmann::json(state_.make_request(now)), timeout};
   }
 
   nlohmann::json release_params(std::vector<std::string> ids) const {
