@@ -155,7 +155,8 @@ TEST_CASE("a channel reports why it failed, not the attempt its own deadline cut
 TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][channel][fault]") {
   using clock = std::chrono::steady_clock;
   // Calls one after another for `span`, as a refresh loop or a retrying CLI would.
-  const auto hammer = [](const std::string& address, std::chrono::milliseconds span) {
+  std::string said;  // the first failed call's message
+  const auto hammer = [&said](const std::string& address, std::chrono::milliseconds span) {
     asio::io_context io;
     doorman::net::channel ch(io.get_executor(),
                              {.addresses = {address}, .call_timeout = doorman::seconds(0.5)});
@@ -164,6 +165,7 @@ TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][
     while (clock::now() < until) {
       const auto r = run_coroutine_test(io, [&] { return ch.call("discovery", json::object()); });
       CHECK_FALSE(r);
+      if (said.empty()) said = r.message;
       ++calls;
     }
     return calls;
@@ -187,6 +189,9 @@ TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][
     INFO("connections in 2 s: " << refused);
     CHECK(refused >= 2);
     CHECK(refused <= 4);  // one per 0.8 s at most
+    // The refusal is said as the node said it, not as an end of file.
+    CHECK_THAT(said, Catch::Contains("refused (-32000 too many connections; try again later; "
+                                     "retry after 0.8 s)"));
   }
 }
 

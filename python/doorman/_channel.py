@@ -22,6 +22,23 @@ MAX_ANSWER_BYTES = 1 << 20
 MAX_REDIRECTS = 4
 
 
+
+def refusal_text(err: Any, retry_after: float) -> str:
+    """A node's refusal as the C++ channel says it: ``refused (-32000 too many connections; try
+    again later; retry after 1 s)``. The peer's message is untrusted: cut to 200 characters of
+    printable ASCII."""
+    parts = []
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        parts.append(str(code))
+    message = err.get("message") if isinstance(err, dict) else None
+    if isinstance(message, str):
+        parts.append("".join(c if " " <= c < "\x7f" else "?" for c in message[:200]))
+    text = " ".join(parts)
+    if retry_after > 0:
+        text += f"; retry after {retry_after:g} s"
+    return f"refused ({text})"
+
 class CallError(Exception):
     """A call that got no result: `kind` is one of unreachable, timed_out, error_answer,
     bad_answer, no_master, too_many_redirects."""
@@ -74,6 +91,7 @@ class Channel:
         self._round_failures = 0  # of the current round of addresses
         self._connect_at = 0.0  # monotonic: no connection attempt before
         self._retry_after = 0.0  # a refusal's retry hint, until some node answers
+        self._problem = ""  # the last failure's, for the error of a call that gives up
         self.connects = 0  # connection attempts made
         self._interrupted = threading.Event()
 
@@ -163,6 +181,7 @@ class Channel:
         self.close()
         self.failures += 1
         self._round_failures += 1
+        self._problem = problem
         if self._log:
             self._log(f"warning: {problem}")
         if move:
@@ -177,6 +196,9 @@ class Channel:
             raise CallError(
                 "unreachable",
                 f"no task of the position answered; backing off after {self.failures} "
+                f"failures in a row (last problem: {self._problem})"
+                if self._problem
+                else f"no task of the position answered; backing off after {self.failures} "
                 "failures in a row",
             )
         if now < self._connect_at and self._interrupted.wait(self._connect_at - now):
@@ -266,5 +288,4 @@ class Channel:
         hint = data.get("retry_after") if isinstance(data, dict) else None
         if isinstance(hint, (int, float)) and not isinstance(hint, bool) and 0 < hint <= 300:
             self._retry_after = float(hint)
-        message = err.get("message") if isinstance(err, dict) else None
-        raise OSError(f"refused: {message}" if isinstance(message, str) else "refused")
+        raise OSError(refusal_text(err, self._retry_after))

@@ -9,6 +9,7 @@ import contextlib
 import io
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -217,6 +218,26 @@ class ClientTest(unittest.TestCase):
         # a handful of attempts, not thousands.
         self.assertGreater(attempts, 1)
         self.assertLess(attempts, 20)
+
+    def test_a_refusal_is_said_as_the_node_said_it(self) -> None:
+        # A node over --max-connections answers -32000 with retry_after, then closes: the
+        # client's log says so, not "connection lost".
+        n = Node(config(10), "--max-connections", "1")
+        host, port = n.address.rsplit(":", 1)
+        holder = socket.create_connection((host, int(port)))  # the one connection allowed
+        try:
+            holder.sendall(b'{"jsonrpc":"2.0","id":1,"method":"discovery","params":{}}\n')
+            holder.recv(4096)  # answered: it holds the slot
+            lines: list[str] = []
+            with doorman.Client(n.address, log=lines.append, call_timeout=0.5) as c:
+                c.rate("api", wants=1)
+                self.assertTrue(eventually(lambda: any("refresh failed" in x for x in lines)))
+            said = next(x for x in lines if "refresh failed" in x)
+            self.assertIn("refused (-32000 too many connections; try again later; "
+                          "retry after 1 s)", said)
+        finally:
+            holder.close()
+            n.stop()
 
     def test_close_is_bounded_when_the_server_hangs(self) -> None:
         hung = FakeServer(lambda req: None)  # accepts, never answers

@@ -200,6 +200,7 @@ class channel final : public call_channel {
     bool writing = false;
     bool answered = false;   // an answer came on this connection
     seconds retry_after{0};  // a refusal's retry hint (an error answer with id null)
+    std::string refusal;     // that refusal, as it reads (its code, message and retry hint)
   };
 
   static call_reply fail(std::error_code e, std::string message) {
@@ -307,6 +308,25 @@ class channel final : public call_channel {
     if (r == d->end() || !r->is_number()) return seconds(0);
     const double v = r->get<double>();
     return seconds(v > 0 && v <= 300 ? v : 0);
+  }
+
+  // A refusal as the log and the failed calls say it: `refused (-32000 too many connections;
+  // try again later; retry after 1 s)`. The peer's message is untrusted: cut to 200 bytes of
+  // printable ASCII.
+  static std::string refusal_text(const nlohmann::json& answer, seconds retry_after) {
+    std::string out = "refused (";
+    const auto e = answer.find("error");
+    if (e != answer.end() && e->is_object()) {
+      if (const auto c = e->find("code"); c != e->end() && c->is_number_integer()) {
+        out += std::to_string(c->get<std::int64_t>()) + " ";
+      }
+      if (const auto m = e->find("message"); m != e->end() && m->is_string()) {
+        for (const char ch : m->get_ref<const std::string&>().substr(0, 200))
+          out += ch >= 0x20 && ch < 0x7f ? ch : '?';
+      }
+    }
+    if (retry_after.count() > 0) out += fmt::format("; retry after {:g} s", retry_after.count());
+    return out + ")";
   }
 
   asio::any_io_executor executor_;

@@ -220,7 +220,10 @@ DOORMAN_DECL asio::awaitable<void> channel::read_loop(std::shared_ptr<channel*> 
         auto answer = nlohmann::json::parse(line->begin(), line->end(), nullptr, false);
         if (!answer.is_object()) continue;
         const auto id = answer.find("id");
-        if (id != answer.end() && id->is_null()) s->retry_after = retry_hint(answer);
+        if (id != answer.end() && id->is_null()) {
+          s->retry_after = retry_hint(answer);
+          s->refusal = refusal_text(answer, s->retry_after);
+        }
         if (id == answer.end() || !id->is_number_integer()) continue;
         answered(alive, *s);
         const auto it = s->pending.find(id->get<std::int64_t>());
@@ -246,8 +249,10 @@ DOORMAN_DECL asio::awaitable<void> channel::read_loop(std::shared_ptr<channel*> 
                         : s->retry_after.count() > 0 ? failure::refused
                                                      : failure::closed;
     self->abandon(why,
-                  fmt::format("connection to {} {}: {}", self->current(),
-                              s->answered ? "lost" : "closed before any answer", problem),
+                  !s->answered && !s->refusal.empty()
+                      ? fmt::format("connection to {} {}", self->current(), s->refusal)
+                      : fmt::format("connection to {} {}: {}", self->current(),
+                                    s->answered ? "lost" : "closed before any answer", problem),
                   s->retry_after);
   }
 }
