@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= true
 
-.PHONY: demo tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check
+.PHONY: demo demo-deps tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -20,20 +20,24 @@ endef
 deps:
 	@sh cmake/install-deps.sh
 
+# What the demos build and run: a compiler, cmake and the four header libraries, no test tools.
+demo-deps:
+	@sh cmake/install-deps.sh demo
+
 ## Run the main job: a local capacity tree (root + 2 intermediates) with worker processes.
-demo: deps
+demo: demo-deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-client-demo
 	@./build/release/examples/doorman-client-demo
 
 ## The protocol-level tree demo: the same tree with six scripted JSON-RPC clients.
-tree-demo: deps
+tree-demo: demo-deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-tree-demo
 	@./build/release/examples/doorman-tree-demo
 
 # Doorman's convergence scenarios on the simulator: charts and CSVs in build/sim/.
-sim: deps
+sim: demo-deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-sim
 	@./build/release/examples/doorman-sim --scenario all --out build/sim

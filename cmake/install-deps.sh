@@ -2,6 +2,8 @@
 # Installs doorman's build and test dependencies on Debian/Ubuntu when any is missing.
 # Quick (a dpkg query, no network) when everything is already present.
 # Runs apt-get as root, or through sudo otherwise.
+# `install-deps.sh demo`: only what building and running the demos needs (make demo,
+# make tree-demo, make sim); no argument: everything the tests and benchmarks need too.
 set -eu
 
 # etcd-server: the high-availability tests start a real etcd (its service need not run).
@@ -16,11 +18,15 @@ set -eu
 # python3-build, python3-wheel, python3-setuptools, mypy, python3-pytest, python3-pytest-asyncio:
 # the Python client's wheel, its type check and its tests.
 # python3-yaml: the check of the Kubernetes kit (deploy/kubernetes/check_kit.py).
-packages="cmake g++ make ccache libasio-dev nlohmann-json3-dev catch2 libfmt-dev libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio python3-yaml"
+build="cmake g++ make ccache libasio-dev nlohmann-json3-dev libfmt-dev"
+packages="$build catch2 libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio python3-yaml"
 # kubectl (Debian's kubernetes-client unless one is there): the Kubernetes kit (deploy/) is
 # rendered with `kubectl kustomize` and checked against doorman-node.
 if ! command -v kubectl >/dev/null 2>&1; then
   packages="$packages kubernetes-client"
+fi
+if [ "${1:-}" = demo ]; then
+  packages="$build"
 fi
 # `install-deps.sh package`: what `make package` and its check need: dpkg-shlibdeps (dpkg-dev)
 # for the package's dependencies, systemd-analyze (systemd) to verify the unit.

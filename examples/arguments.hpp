@@ -112,6 +112,12 @@ inline double arguments::number(double lo, double hi) {
   return parse_number(flag, value(), lo, hi);
 }
 
+// The program's name in its log lines ("doorman-node" unless `run_program` says otherwise).
+inline std::string& program_name() {
+  static std::string name = "doorman-node";
+  return name;
+}
+
 // One flag a program takes: its name, and what reads its value from the arguments.
 struct flag_action {
   std::string name;
@@ -125,6 +131,7 @@ struct flag_action {
 template <class Body>
 int run_program(int argc, char** argv, const char* program, const char* usage,
                 const std::vector<flag_action>& flags, Body body) {
+  program_name() = program;  // for the log lines (flags.hpp's log_line)
   try {
     arguments args(argc, argv);
     const bool go = args.parse(usage, [&](const std::string& name) {

@@ -14,6 +14,7 @@
 #include <doorman/net/address.hpp>
 
 #include "arguments.hpp"
+#include "flags.hpp"
 
 namespace doorman_examples {
 
@@ -36,7 +37,7 @@ struct client_flags {
   [[nodiscard]] doorman::client_options client_options() const {
     doorman::client_options o;
     o.addresses = doorman::net::split_list(server);
-    o.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
+    o.log = [](std::string_view line) { log_line(line); };
     return o;
   }
 };

@@ -19,6 +19,8 @@
 
 #include <doorman/sim.hpp>
 
+#include <unistd.h>
+
 #include "arguments.hpp"
 
 #if defined(__linux__) && defined(__GLIBC__)
@@ -158,10 +160,20 @@ int main(int argc, char** argv) try {
     const auto& info = doorman::sim::find_scenario(n);
     const double duration = options.duration > 0 ? options.duration : info.duration;
     if (!quiet) {
-      options.progress = [&](double f) {
-        std::fprintf(stderr, "\rscenario %d: %3.0f%% (%.0f of %.0f s simulated)", n, 100 * f,
-                     f * duration, duration);
-        if (f >= 1) std::fputc('\n', stderr);
+      // On a terminal, one line rewritten in place; elsewhere (a log, a pipe, CI), a whole
+      // line at each quarter, so no file fills with carriage returns.
+      const bool terminal = ::isatty(STDERR_FILENO) != 0;
+      int quarter = 0;
+      options.progress = [n, duration, terminal, quarter](double f) mutable {
+        if (terminal) {
+          std::fprintf(stderr, "\rscenario %d: %3.0f%% (%.0f of %.0f s simulated)", n, 100 * f,
+                       f * duration, duration);
+          if (f >= 1) std::fputc('\n', stderr);
+        } else if (f * 4 >= quarter + 1) {
+          quarter = static_cast<int>(f * 4);
+          std::fprintf(stderr, "scenario %d: %3.0f%% (%.0f of %.0f s simulated)\n", n, 100 * f,
+                       f * duration, duration);
+        }
       };
     }
     const auto start = std::chrono::steady_clock::now();

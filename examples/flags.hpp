@@ -81,8 +81,9 @@ inline void log_line(std::string_view message) {
   const auto now = std::chrono::system_clock::now();
   const auto ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  fmt::print(stderr, "{:%Y-%m-%dT%H:%M:%S}.{:03}Z doorman-node[{}]: {}\n",
-             std::chrono::floor<std::chrono::seconds>(now), ms, ::getpid(), message);
+  fmt::print(stderr, "{:%Y-%m-%dT%H:%M:%S}.{:03}Z {}[{}]: {}\n",
+             std::chrono::floor<std::chrono::seconds>(now), ms, program_name(), ::getpid(),
+             message);
 }
 
 inline std::string env_name(std::string_view prefix, std::string_view flag_name) {

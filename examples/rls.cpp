@@ -83,7 +83,10 @@ using directory_state = std::vector<std::pair<std::string, doorman::file_stamp>>
 
 std::vector<std::filesystem::path> config_files(const std::string& dir) {
   std::vector<std::filesystem::path> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+  std::error_code ec;
+  const std::filesystem::directory_iterator files(dir, ec);
+  if (ec) throw std::invalid_argument(fmt::format("--config {}: {}", dir, ec.message()));
+  for (const auto& e : files) {
     const auto ext = e.path().extension();
     if (e.is_regular_file() && (ext == ".yaml" || ext == ".yml")) out.push_back(e.path());
   }

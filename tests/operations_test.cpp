@@ -209,6 +209,17 @@ TEST_CASE("status pages escape what clients and the configuration wrote", "[admi
   CHECK_THAT(page, Catch::Contains("&lt;node&gt;"));
 }
 
+TEST_CASE("the status page says uptime as people read it", "[admin]") {
+  CHECK(doorman::detail::duration_text(18.2584) == "18 s");
+  CHECK(doorman::detail::duration_text(185) == "3 min 5 s");
+  CHECK(doorman::detail::duration_text(2 * 3600 + 14 * 60 + 9) == "2 h 14 min");
+  CHECK(doorman::detail::duration_text(3 * 86400 + 4 * 3600 + 59) == "3 d 4 h");
+  doorman::admin_snapshot s;
+  s.started = true;
+  s.uptime = 18.2584;
+  CHECK_THAT(doorman::render_status(s), Catch::Contains(">18 s<"));
+}
+
 // ---- a node serving them ------------------------------------------------------------------
 
 namespace {

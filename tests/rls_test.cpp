@@ -15,6 +15,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -169,6 +171,17 @@ TEST_CASE("rls: unlimited, wildcards, replaces, shadow mode and a descriptor's o
   own.mutable_descriptors(0)->mutable_limit()->set_unit(::envoy::type::v3::MINUTE);
   CHECK(s.ask(own).overall_code() == pb::RateLimitResponse::OK);
   CHECK(s.ask(own).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  // A week (7: past Envoy's enum, but envoyproxy/ratelimit's response unit WEEK), as
+  // ratelimit answers it: counted per week, and said as WEEK.
+  auto weekly = request({{{"tenant", "t2"}}});
+  weekly.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(2);
+  weekly.mutable_descriptors(0)->mutable_limit()->set_unit(
+      static_cast<::envoy::type::v3::RateLimitUnit>(7));
+  const auto week = s.ask(weekly);
+  REQUIRE(week.statuses_size() == 1);
+  CHECK(week.overall_code() == pb::RateLimitResponse::OK);
+  CHECK(week.statuses(0).current_limit().unit() == pb::RateLimitResponse::RateLimit::WEEK);
+  CHECK(week.statuses(0).limit_remaining() == 1);
 }
 
 TEST_CASE("rls: response headers as envoyproxy/ratelimit adds them", "[rls][process]") {
@@ -234,6 +247,24 @@ TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process
   CHECK(rls.handles(SIGTERM));
   rls.signal(SIGTERM);
   CHECK(rls.wait_exit() == 0);
+  // Its log lines name it, each with a time stamp, as the node's do.
+  std::istringstream lines(rls.log());
+  int seen = 0;
+  for (std::string line; std::getline(lines, line); ++seen) {
+    INFO(line);
+    CHECK(std::regex_search(line, std::regex(R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z )"
+                                             R"(doorman-rls\[\d+\]: )")));
+  }
+  CHECK(seen >= 3);
+}
+
+TEST_CASE("rls: a configuration directory that is not there is said so, exit 2", "[rls][process]") {
+  process rls({DOORMAN_RLS_BINARY, "--listen", "127.0.0.1:0", "--config", "/nonexistent-dir"},
+              (std::filesystem::temp_directory_path() /
+               ("doorman-rls-missing-" + std::to_string(::getpid()) + ".log"))
+                  .string());
+  CHECK(rls.wait_exit() == 2);
+  CHECK(rls.log() == "doorman-rls: --config /nonexistent-dir: No such file or directory\n");
 }
 
 namespace {

@@ -28,8 +28,10 @@ std::optional<request_error> text(const std::string& s, const std::string& path,
 }
 
 // Envoy's units (envoy.type.v3.RateLimitUnit) and their seconds (a month is 30 days, a year
-// 365, as envoyproxy/ratelimit counts them).
-constexpr std::array<std::int64_t, 7> unit_seconds{0, 1, 60, 3600, 86400, 2592000, 31536000};
+// 365, as envoyproxy/ratelimit counts them), and 7, a week: Envoy's enum stops at YEAR, but
+// envoyproxy/ratelimit reads the number as its own response unit, where 7 is WEEK.
+constexpr std::array<std::int64_t, 8> unit_seconds{0,     1,       60,       3600,
+                                                   86400, 2592000, 31536000, 604800};
 
 std::optional<request_error> descriptor_of(
     const ::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor& d, double request_hits,
@@ -52,7 +54,8 @@ std::optional<request_error> descriptor_of(
   if (d.has_limit()) {
     const auto unit = static_cast<std::size_t>(d.limit().unit());
     if (unit == 0 || unit >= unit_seconds.size())
-      return bad(path + ".limit.unit", "must be one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR");
+      return bad(path + ".limit.unit",
+                 "must be one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR, or 7 (a week)");
     out.limit = limit_override{static_cast<double>(d.limit().requests_per_unit()),
                                std::chrono::seconds(unit_seconds[unit])};
   }

@@ -7,6 +7,7 @@
 /// read the same in a browser, `curl` and a test; and `route_admin`, which answers every path
 /// of the endpoint from a node's state.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
@@ -46,6 +47,15 @@ inline std::string url_segment(std::string_view s) {
 
 inline std::string num(double v) {
   return fmt::format("{:.6g}", v);
+}
+
+// A duration as people read it: "18 s", "3 min 5 s", "2 h 14 min", "3 d 4 h".
+inline std::string duration_text(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds));
+  if (s < 60) return fmt::format("{} s", s);
+  if (s < 3600) return fmt::format("{} min {} s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{} h {} min", s / 3600, s % 3600 / 60);
+  return fmt::format("{} d {} h", s / 86400, s % 86400 / 3600);
 }
 
 // One cell of a table row: HTML already escaped, and the cell's attributes.
@@ -111,7 +121,7 @@ inline std::string identity_table(const admin_snapshot& s) {
                        : s.has_parent           ? std::string("(none: adopted from the parent)")
                                                 : std::string("(given in code)"));
   row("ready", ready ? "yes (" + why + ")" : "no (" + why + ")");
-  row("uptime", num(s.uptime) + " s");
+  row("uptime", duration_text(s.uptime));
   row("connections", std::to_string(s.connections_open));
   row("version", std::string(version));
   return out + "</table>\n";
