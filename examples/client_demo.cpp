@@ -117,17 +117,14 @@ class lease_sum {
                      [](const auto& a, const auto& b) { return a.t < b.t; });
   }
 
-  // The sum at `t`.
-  [[nodiscard]] double at(std::int64_t t) const {
+  // Each worker's lease at `t` (a worker with no change by then is absent).
+  [[nodiscard]] std::map<std::size_t, double> held_at(std::int64_t t) const {
     std::map<std::size_t, double> held;
     for (const auto& c : changes_) {
       if (c.t > t) break;
       held[c.worker] = c.capacity;
     }
-    double sum = 0;
-    for (const auto& [w, capacity] : held)
-      sum += capacity;
-    return sum;
+    return held;
   }
 
   struct peak {
@@ -180,10 +177,15 @@ int run(double duration, double capacity, const std::filesystem::path& bin) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
 
-  fmt::print("each cell: wants / lease / ops run in the last second\n");
+  // Every cell, header and data, is this wide after its '|'.
+  constexpr int cell = 18;
+  fmt::print("each cell: wants / lease at the second's end / ops run in the last second\n");
   fmt::print("  t  ");
-  for (const auto& w : workers)
-    fmt::print("| {} ({:>3.0f}/s {})   ", w.name, w.demand, w.mid == 0 ? "left " : "right");
+  for (const auto& w : workers) {
+    fmt::print("|{:<{}}",
+               fmt::format(" {} ({:>3.0f}/s {})", w.name, w.demand, w.mid == 0 ? "left" : "right"),
+               cell);
+  }
   fmt::print("| total lease  total ops\n");
 
   const auto t0 = steady::now();
@@ -217,16 +219,24 @@ int run(double duration, double capacity, const std::filesystem::path& bin) {
     }
     std::this_thread::sleep_until(t0 + std::chrono::seconds(second));
     std::string row = fmt::format("{:>3}s ", second);
-    const double total_lease =
-        changes().at((t0 + std::chrono::seconds(second)).time_since_epoch().count());
+    // The leases as they stood at the second's end, from every worker's lease changes: the
+    // cells and their total are the same numbers.
+    const auto held =
+        changes().held_at((t0 + std::chrono::seconds(second)).time_since_epoch().count());
+    double total_lease = 0;
     double total_ops = 0;
-    for (const auto& w : workers) {
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      const auto& w = workers[i];
       const auto s = w.proc ? last_status(*w.proc) : std::nullopt;
       if (!s) {
-        row += "|                   ";
+        row += fmt::format("|{:{}}", "", cell);
         continue;
       }
-      row += fmt::format("| {:>4.0f} {:>5.1f} {:>4.0f}  ", s->wants, s->capacity, s->ops);
+      const auto h = held.find(i);
+      const double lease = h == held.end() ? 0.0 : h->second;
+      total_lease += lease;
+      row += fmt::format("|{:<{}}",
+                         fmt::format(" {:>4.0f} {:>5.1f} {:>4.0f}", s->wants, lease, s->ops), cell);
       total_ops += s->ops;
       // The worker's operations in a second stay within what its lease admitted over that
       // second (the capacity integrated over it, a cut inside it included, plus the burst);

@@ -336,13 +336,14 @@ class Client:
                         "refresh_interval": r.lease.refresh_interval,
                     }
                 items.append(item)
-        sent = time.monotonic()
+            sent = time.monotonic()
+            timeout = self._call_timeout(sent)
         self._last_sent = sent
         try:
             result = self._channel.call(
                 "get_capacity",
                 {"client_id": self.client_id, "resources": items},
-                sent + self.call_timeout,
+                sent + timeout,
             )
         except CallError as e:
             self._failed(sent, str(e))
@@ -379,6 +380,15 @@ class Client:
                 min(sent + interval, soonest_expiry),
             )
             self._changed.notify_all()
+
+    def _call_timeout(self, now: float) -> float:
+        """The refresh call's timeout: call_timeout, but at most half the time the earliest
+        lease held has left (never under 0.25 s), so that a hung server is left while there is
+        time to ask the next address (as the C++ client's refresh_schedule::call_timeout)."""
+        left = [r.expiry - now for r in self._resources.values() if r.lease and r.expiry > now]
+        if not left:
+            return self.call_timeout
+        return min(self.call_timeout, max(0.25, min(left) / 2))
 
     def _failed(self, sent: float, why: str) -> None:
         """Backs off: 0.5 s × 2^n, at most 15 s, jittered in [1/2, 1]; but within half the time

@@ -239,6 +239,30 @@ class ClientTest(unittest.TestCase):
             holder.close()
             n.stop()
 
+    def test_a_refresh_to_a_hung_server_ends_within_half_the_lease_left(self) -> None:
+        # Granted a 4 s lease, then the server hangs: with call_timeout 5 s the second refresh
+        # would wait past the lease; bounded by half the lease left, the client asks again
+        # (the next address, in a real tree) well before the lease runs out.
+        times: list[float] = []
+
+        def answer(req):  # type: ignore[no-untyped-def]
+            times.append(time.monotonic())
+            if len(times) > 1:
+                return None  # hung from the second request on
+            return {"jsonrpc": "2.0", "id": req["id"], "result": {
+                "resources": [{"resource_id": "api", "gets": {
+                    "capacity": 5, "expires_in": 4, "refresh_interval": 1}}],
+                "mastership": {"is_master": True}}}
+
+        hung = FakeServer(answer)
+        try:
+            with doorman.Client(hung.address, call_timeout=5, minimum_refresh_interval=0.1) as c:
+                c.rate("api", wants=5)
+                self.assertTrue(eventually(lambda: len(times) >= 3, timeout=6))
+            self.assertLess(times[2] - times[0], 4)  # asked twice more within the lease
+        finally:
+            hung.close()
+
     def test_close_is_bounded_when_the_server_hangs(self) -> None:
         hung = FakeServer(lambda req: None)  # accepts, never answers
         try:
@@ -363,7 +387,7 @@ class ClientTest(unittest.TestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(code, docs, "exec"), {})  # noqa: S102: the docs' own example
-        # The first try_acquire may come before the first lease: admitted then, or not.
+        self.assertIn("admitted", out.getvalue())  # wait() blocks until the permit is due
         self.assertIn("one of at most 2 jobs in flight", out.getvalue())
         self.assertEqual(n.leases("api"), {})
         self.assertEqual(n.leases("jobs"), {})

@@ -388,7 +388,8 @@ class client_core {
                       channel_.current(), resp.resources.size()));
     } else if (reply.error && state_.failures() == 1) {  // lost, or never reached
       log(fmt::format(
-          "warning: client {}: refresh failed ({}); leases run out, then the fallbacks apply",
+          "warning: client {}: refresh failed ({}); retrying, the leases held stay until they "
+          "expire",
           options_.client_id, reply.message));
     }
   }
