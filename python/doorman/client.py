@@ -94,6 +94,7 @@ class _Resource:
     expiry: float = 0.0  # monotonic
     server_safe: Optional[float] = None
     measured: float = 0.0
+    held: bool = False  # a caller was held back by capacity 0 (the fast start is due)
     started: bool = False  # the fast start was made
     peak: float = 0.0  # gauge: most in flight + waiting since the last sample
     throttled: bool = False  # a caller was delayed since the last sample
@@ -379,6 +380,10 @@ class Client:
                 sent + self.minimum_refresh_interval,
                 min(sent + interval, soonest_expiry),
             )
+            # Resources held back before this answer: their start wants are known now.
+            for r in self._resources.values():
+                if r.held and not r.started and r.server_safe is not None:
+                    self._start(r)
             self._changed.notify_all()
 
     def _call_timeout(self, now: float) -> float:
@@ -461,15 +466,23 @@ class Client:
                 r.throttled = False
 
     def _held_back(self, r: _Resource) -> None:
-        """A caller was held back by capacity 0: the fast start, once per resource."""
+        """A caller was held back by capacity 0: the fast start, once per resource, with the
+        server's safe capacity as the start wants; before the server's first answer (which
+        tells it), the start waits for that answer (as the C++ client_state's `start`)."""
         with self._lock:
             if r.fixed_wants is not None or r.started or self._closed.is_set():
                 return
-            r.started = True
-            safe = r.server_safe
-            r.measured = safe if safe is not None and safe >= 1 else 1.0
-            self._ask_now = True
-            self._changed.notify_all()
+            r.held = True
+            if r.server_safe is not None:
+                self._start(r)
+
+    def _start(self, r: _Resource) -> None:
+        """The fast start (the lock held): wants rise to the start wants, asked for at once."""
+        safe = r.server_safe
+        r.started = True
+        r.measured = max(r.measured, min(safe, _wire.MAX_QUANTITY) if safe and safe >= 1 else 1.0)
+        self._ask_now = True
+        self._changed.notify_all()
 
     def _note(self, r: _Resource, throttled: bool = False) -> None:
         with self._lock:

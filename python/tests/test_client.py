@@ -84,6 +84,36 @@ class ClientTest(unittest.TestCase):
             self.assertLess(api.wants, 60)
             self.assertGreater(api.wants, 5)
 
+    def test_fast_start_when_used_before_the_first_answer(self) -> None:
+        # The first answer is slow: the resource is used (and held back by 0) before it comes.
+        # Its start wants (the server's safe capacity) must go out as soon as that answer tells
+        # them, as the C++ client does, not 1 permit/s for a whole refresh interval.
+        asked: list[float] = []
+
+        def answer(req):  # type: ignore[no-untyped-def]
+            if req["method"] != "get_capacity":
+                return {"jsonrpc": "2.0", "id": req["id"], "result": {}}
+            wants = req["params"]["resources"][0]["wants"]
+            asked.append(wants)
+            if len(asked) == 1:
+                time.sleep(0.5)  # the slow first answer
+            return {"jsonrpc": "2.0", "id": req["id"], "result": {
+                "resources": [{"resource_id": "api", "safe_capacity": 100, "gets": {
+                    "capacity": min(wants, 100) if len(asked) > 1 else 0,
+                    "expires_in": 60, "refresh_interval": 16}}],
+                "mastership": {"is_master": True}}}
+
+        server = FakeServer(answer)
+        try:
+            with doorman.Client(server.address, minimum_refresh_interval=0.1) as c:
+                api = c.rate("api")  # measured
+                got = api.try_acquire()  # before the first answer: held back
+                self.assertFalse(got)
+                self.assertTrue(eventually(lambda: api.capacity >= 90, timeout=3),
+                                (asked, api.capacity))
+        finally:
+            server.close()
+
     def test_release_on_close_and_on_the_last_handle(self) -> None:
         n = self.node(config(100))
         c = fast(n.address)
