@@ -978,7 +978,7 @@ TEST_CASE("rules: ratelimit's fields are checked, naming the field", "[limit][ru
              Catch::Contains("one of second, minute, hour, day, week, month, year"));
 }
 
-TEST_CASE("rules: distinct descriptors never share a count, each value is cut, not the key",
+TEST_CASE("rules: distinct descriptors never share a count, however long their values",
           "[limit][rules]") {
   manual_clock clock;
   auto rules = test_rules::parse(nlohmann::json::parse(R"({"domain": "d", "descriptors": [
@@ -1004,11 +1004,22 @@ TEST_CASE("rules: distinct descriptors never share a count, each value is cut, n
   CHECK(rules.check("d", pair(long_a, "1")).code == rule_code::ok);
   CHECK(rules.check("d", pair(long_a, "2")).code == rule_code::ok);
   CHECK(rules.check("d", pair(long_a, "2")).code == rule_code::refused);
-  // Each value counts by its first 256 bytes (documented): these two share their count.
+  // Values that differ past byte 256 count apart (the key holds a hash of a long value).
   const std::string cut(256, 'c');
   CHECK(rules.check("d", pair(cut + "1", "z")).code == rule_code::ok);
+  CHECK(rules.check("d", pair(cut + "2", "z")).code == rule_code::ok);
   CHECK(rules.check("d", pair(cut + "2", "z")).code == rule_code::refused);
   CHECK(rules.check("d", pair(cut.substr(1) + "1", "z")).code == rule_code::ok);
+  CHECK(rules.check("d", pair(cut + "1", "z")).key.size() == 1 + 3 + 256 + 17 + 4);
+  // So do descriptors' own limits of domains that differ past byte 256.
+  const doorman::limit_override one{1, std::chrono::seconds(60)};
+  const std::string domain(300, 'd');
+  const auto own = [&](const std::string& dom) {
+    return rules.check_each(dom, {doorman::descriptor_check{{{"k", "v"}}, 1, one}})[0].code;
+  };
+  CHECK(own(domain + "1") == rule_code::ok);
+  CHECK(own(domain + "2") == rule_code::ok);
+  CHECK(own(domain + "2") == rule_code::refused);
   // A short key is a resource id that the rule's template matches.
   const auto t = rules.resource_templates();
   REQUIRE(t.size() == 1);

@@ -25,8 +25,9 @@
 ///
 /// Each rule is a template (`resource_templates()`): its limit applies per distinct request
 /// key, `<domain>/<key>=<value>/...` with the entries of the rule's path, each key and value
-/// cut to its first 256 bytes and escaped (`append_escaped`: `/`, `=`, `%`, glob bytes and
-/// bytes outside printable ASCII as `%XX`), so distinct descriptors never share a count. The
+/// escaped (`append_escaped`: `/`, `=`, `%`, glob bytes and bytes outside printable ASCII as
+/// `%XX`), one longer than 256 bytes cut there and followed by `~` and a hash of the whole, so
+/// distinct descriptors never share a count. The
 /// keys are held by a `keyed_limiter` (bounded memory) of the domain's `algorithm`: one of the
 /// window algorithms of the set's list, `sliding_window` (6 sub-windows) by default, or
 /// `fixed_window` or `sliding_log`; a user's own window algorithm joins the list with
@@ -642,14 +643,28 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     }
   }
 
-  // Extends a request key with `/<key>=<value>`, each escaped (`append_escaped`, `=` too), so
-  // distinct descriptor tuples give distinct keys. A request's values come from outside: the
-  // first 256 bytes of each count (values sharing them share a limit), whatever the others.
+  // Extends a request key with `/<key>=<value>`, each a piece (`append_piece`), so distinct
+  // descriptor tuples give distinct keys.
   static void append_entry(std::string& key, std::string_view k, std::string_view value) {
     key += '/';
-    append_escaped(key, k.substr(0, rule_limits::max_key_bytes), "=");
+    append_piece(key, k);
     key += '=';
-    append_escaped(key, value.substr(0, rule_limits::max_key_bytes), "=");
+    append_piece(key, value);
+  }
+
+  // One piece of a request key, from outside: escaped (`append_escaped`, `=` too) whole when
+  // at most 256 bytes; a longer one by its first 256 bytes and `~` with the 16 hex digits of
+  // a 64-bit FNV-1a hash of the whole, so pieces that differ past byte 256 count apart while a
+  // key stays bounded (no piece of at most 256 bytes can read the same: it would be longer).
+  static void append_piece(std::string& key, std::string_view piece) {
+    append_escaped(key, piece.substr(0, rule_limits::max_key_bytes), "=");
+    if (piece.size() <= rule_limits::max_key_bytes) return;
+    std::uint64_t h = 0xcbf2'9ce4'8422'2325;
+    for (const char c : piece)
+      h = (h ^ static_cast<unsigned char>(c)) * 0x0000'0100'0000'01b3;
+    key += '~';
+    for (int shift = 60; shift >= 0; shift -= 4)
+      key += "0123456789abcdef"[(h >> shift) & 0xf];
   }
 
   // Counts `n` hits of `key` against `r` (with `limiters`, the rule's or an override's).
@@ -741,7 +756,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     r.unit = c.limit->unit;
     r.name = std::move(name);
     std::string key;
-    append_escaped(key, domain.substr(0, rule_limits::max_key_bytes), "=");
+    append_piece(key, domain);  // a request's domain: up to 1024 bytes
     for (const auto& e : c.entries)
       append_entry(key, e.key, e.value);
     const std::tuple<double, std::int64_t, std::size_t> id{r.requests_per_unit, r.unit.count(),
