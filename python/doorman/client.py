@@ -390,10 +390,10 @@ class Client:
         """The refresh call's timeout: call_timeout, but at most half the time the earliest
         lease held has left (never under 0.25 s), so that a hung server is left while there is
         time to ask the next address (as the C++ client's refresh_schedule::call_timeout)."""
-        left = [r.expiry - now for r in self._resources.values() if r.lease and r.expiry > now]
-        if not left:
+        expiries = self._expiries(now)
+        if not expiries:
             return self.call_timeout
-        return min(self.call_timeout, max(0.25, min(left) / 2))
+        return min(self.call_timeout, max(0.25, (min(expiries) - now) / 2))
 
     def _failed(self, sent: float, why: str) -> None:
         """Backs off: 0.5 s × 2^n, at most 15 s, jittered in [1/2, 1]; but within half the time
@@ -402,9 +402,9 @@ class Client:
             self._failures += 1
             delay = min(15.0, 0.5 * 2 ** min(self._failures - 1, 10)) * self._rng.uniform(0.5, 1)
             now = time.monotonic()
-            left = [r.expiry - now for r in self._resources.values() if r.lease and r.expiry > now]
-            if left:
-                delay = min(delay, max(0.05, min(left) / 2))
+            expiries = self._expiries(now)
+            if expiries:
+                delay = min(delay, max(0.05, (min(expiries) - now) / 2))
             delay = min(delay, self._last_interval)
             self._next_refresh = now + delay
         if self._log:

@@ -316,9 +316,8 @@ class simulation {
     if (!j.engine) return;
     j.election_cut_task = j.master_task;
     j.election_cut_until = now() + to_duration<duration>(std::max(0.0, for_seconds));
-    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
+    const election_term<time_point> term = current_term(j);
     const duration period = term.period();
-    term.confirmed(j.elected_at + ((now() - j.elected_at) / period) * period);
     const time_point key_expires = term.valid_until() + term.margin();
     const std::uint64_t epoch = j.epoch;
     at(seconds_of(term.valid_until()), [this, index, epoch] {
@@ -622,8 +621,9 @@ class simulation {
     return knew_another ? 2 * to_duration<duration>(options_.network.latency) : duration::zero();
   }
 
-  // Sends an answer back to a caller that sent its request at `sent`: it arrives after the
-  // network's delay (plus `extra`), unless it is lost or comes after the caller gave up.
+  // Sends an answer back to the caller of exchange `x`: it arrives after the network's delay
+  // (plus `extra`), unless it is lost or comes after the caller gave up (`x.timeout` after
+  // it sent the request).
   void answer(const exchange& x, duration extra, kind arrives, kind gives_up, std::size_t who,
               std::uint32_t number, bool cut = false) {
     const time_point back = now() + extra + one_way();
@@ -963,15 +963,21 @@ class simulation {
     schedule(now() + one_way(), Side::timed_out, side.index, x.in_flight);
   }
 
+  // The master's term as it stands now: it renewed every poll since it was elected, so it runs
+  // from the latest renewal before now.
+  [[nodiscard]] election_term<time_point> current_term(const job& j) const {
+    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
+    const duration period = term.period();
+    term.confirmed(j.elected_at + ((now() - j.elected_at) / period) * period);
+    return term;
+  }
+
   // Stops the job's master (paused or hung): its engine is kept aside, fenced by its term.
   bool stop_master(std::size_t index, bool hang) {
     job& j = jobs_.at(index);
     if (!j.engine) return false;
-    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
-    // It renewed every poll since it was elected: the latest renewal before now.
+    const election_term<time_point> term = current_term(j);
     const duration period = term.period();
-    const auto polls = (now() - j.elected_at) / period;
-    term.confirmed(j.elected_at + polls * period);
     if (options_.fencing) j.engine->set_valid_until(term.valid_until());
     j.stopped = std::move(j.engine);
     j.stopped_task = j.master_task;
