@@ -1,12 +1,12 @@
 """doorman: a client of a doorman capacity tree (docs/python.md). Standard library only."""
 
+from ._core import ResourceOptions
 from ._limiters import Acquired
 from .client import (
     Client,
     ClientClosed,
     GaugeResource,
     RateResource,
-    ResourceOptions,
     tls_context,
 )
 

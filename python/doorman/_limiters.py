@@ -1,5 +1,7 @@
 """The local limiters that enforce a lease: a GCRA rate limiter and a concurrency gauge, each
-behind one lock (thread-safe), on the monotonic clock. A capacity of -1 is unlimited."""
+behind one lock (thread-safe). The rate limiter is the C++ `basic_rate_limiter` step for step:
+its state counts integer nanoseconds of the clock it is given (`time.monotonic_ns` unless a test
+gives another), so both decide alike to the nanosecond. A capacity of -1 is unlimited."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 from typing import Callable, NamedTuple, Optional
 
 UNLIMITED = -1.0
+NEVER = 2**63 - 1  # no time: blocked
+_START = -(2**62)  # a tat long past
 
 
 class Acquired(NamedTuple):
@@ -24,7 +28,6 @@ class Acquired(NamedTuple):
 
 ADMITTED = Acquired(True)  # every admission answers this one
 REFUSED_AT_ZERO = Acquired(False, math.inf)  # every refusal while the capacity is 0
-_monotonic = time.monotonic
 
 
 def check_permits(n: object) -> None:
@@ -34,6 +37,11 @@ def check_permits(n: object) -> None:
         raise TypeError(f"n: must be a number of permits, not {type(n).__name__}")
     if not 0 <= n < math.inf:
         raise ValueError(f"n: must be a finite number >= 0, not {n!r}")
+
+
+def _ticks(ns: float) -> int:
+    """A span in nanoseconds, saturated (`to_ticks`)."""
+    return int(min(1e18, max(0.0, ns)))
 
 
 class _Limiter:
@@ -50,38 +58,63 @@ class _Limiter:
 
 class RateLimiter(_Limiter):
     """At most `capacity` permits a second, with a burst of `burst` (0: max(1, 0.1 s of the
-    capacity)): the generic cell rate algorithm, one theoretical arrival time. A call of any
-    cost is admitted when due: one above the burst once the burst is whole, leaving the limiter
-    in debt (as the C++ limiter does). It also counts the permits asked for (admitted or not),
-    for the demand the client measures."""
+    capacity); at least 1): the generic cell rate algorithm, one theoretical arrival time `tat`.
+    A call of n is admitted when max(tat, now) + min(n, burst)·T - now <= burst·T, and moves
+    tat by n·T: one above the burst goes once the burst is whole, leaving the limiter in debt.
+    It counts the permits asked for (admitted or not) and the waits it delayed, for the demand
+    the client measures."""
 
-    def __init__(self, capacity: float = 0.0, burst: float = 0.0) -> None:
+    def __init__(
+        self, capacity: float = 0.0, burst: float = 0.0, clock: Callable[[], int] = time.monotonic_ns
+    ) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._burst_option = burst
+        self._burst = 1.0
         self._capacity = 0.0
-        self._interval = math.inf  # seconds per permit
-        self._tolerance = 0.0  # the burst, in seconds
-        self._tat = 0.0  # theoretical arrival time of the next permit
-        self.asked = 0.0  # permits asked for since `take_asked`
+        self._interval = math.inf  # nanoseconds per permit: 0 unlimited, inf blocked
+        self._step = _ticks(math.inf)
+        self._tolerance = _ticks(math.inf)  # the burst, in nanoseconds
+        self._tat = _START
+        self.asked = 0.0  # permits asked for (admitted or not)
+        self.delayed = 0  # waits that were not due at once
         self.set_capacity(capacity)
 
     def set_capacity(self, capacity: float) -> None:
+        """A new lease: the burst follows it unless fixed, then the rate (`client_core::apply`)."""
+        self.set_burst(self._burst_option if self._burst_option > 0 else max(1.0, capacity * 0.1))
+        self.set_rate(capacity)
+
+    def set_burst(self, burst: float) -> None:
+        with self._lock:
+            self._burst = max(1.0, burst) if math.isfinite(burst) else 1.0
+            self._steps()
+
+    def set_rate(self, rate: float) -> None:
+        """Takes effect at once; a debt (tat ahead of now) is kept in permits, not in time."""
         with self._lock:
             if self._closed:
                 return
-            self._capacity = capacity
-            if capacity > 0:
-                burst = self._burst_option if self._burst_option > 0 else max(1.0, 0.1 * capacity)
-                self._interval = 1.0 / capacity
-                self._tolerance = burst * self._interval
-                # The next permit no later than a new burst allows.
-                self._tat = min(self._tat, time.monotonic() + self._tolerance - self._interval)
+            self._capacity = rate
+            interval = math.inf if rate == 0 or rate != rate else 1e9 / rate if rate > 0 else 0.0
+            old, self._interval = self._interval, interval
+            self._steps()
+            if 0 < old < math.inf and 0 < interval < math.inf and old != interval:
+                now = self._clock()
+                if self._tat > now:
+                    self._tat = now + _ticks((self._tat - now) * interval / old)
+
+    def _steps(self) -> None:
+        self._step = _ticks(self._interval)
+        self._tolerance = _ticks(self._burst * self._interval)
 
     def close(self) -> None:
         """Admits nothing from now on (capacity 0 for good)."""
         with self._lock:
             self._closed = True
             self._capacity = 0.0
+            self._interval = math.inf
+            self._steps()
 
     def take_asked(self) -> float:
         with self._lock:
@@ -94,66 +127,95 @@ class RateLimiter(_Limiter):
             check_permits(n)
         with self._lock:
             self.asked += n
-            c = self._capacity
-            if c < 0:
+            interval = self._interval
+            if interval == 0:
                 return ADMITTED
-            if c == 0:
+            if interval == math.inf:
                 return REFUSED_AT_ZERO
-            now = _monotonic()
-            tat = self._tat if self._tat > now else now
-            after = tat + n * self._interval
-            allowed_at = after - self._tolerance
-            if allowed_at <= now:
-                self._tat = after
+            now = self._clock()
+            increment = self._step if n == 1 else _ticks(n * interval)
+            tolerance = self._tolerance
+            tat = self._tat
+            base = tat if tat > now else now
+            late = base + (increment if increment < tolerance else tolerance) - now - tolerance
+            if late <= 0:
+                self._tat = base + increment
                 return ADMITTED
-            if after - tat > self._tolerance:  # above the burst: due once the burst is whole
-                if tat <= now:
-                    self._tat = after
-                    return ADMITTED
-                allowed_at = tat
-        return Acquired(False, allowed_at - now)
+        return Acquired(False, late / 1e9)
 
-    def reserve(self, n: float = 1, count: bool = True) -> float:
-        """Takes `n` permits now and says how long until they are due (`math.inf`: capacity 0,
-        nothing taken), when `try_acquire` would admit them. `count`: as asked for (the first
-        attempt of a wait)."""
+    def reserve_at(self, n: float = 1, count: bool = True) -> int:
+        """Takes `n` permits and says when they are due (clock nanoseconds), when `try_acquire`
+        would admit them; NEVER while the capacity is 0 (nothing taken). `count`: as asked for
+        (the first attempt of a wait)."""
         check_permits(n)
         with self._lock:
             if count:
                 self.asked += n
-            c = self._capacity
-            if c < 0:
-                return 0.0
-            if c == 0:
-                return math.inf
-            now = _monotonic()
-            tat = self._tat if self._tat > now else now
-            span = n * self._interval
-            self._tat = tat + span
-            return max(0.0, tat + min(span, self._tolerance) - self._tolerance - now)
+            interval = self._interval
+            now = self._clock()
+            if interval == 0:
+                return now
+            if interval == math.inf:
+                self.delayed += 1
+                return NEVER
+            tolerance = self._tolerance
+            increment = self._step if n == 1 else _ticks(n * interval)
+            base = max(self._tat, now)
+            self._tat = base + increment
+            due = base + min(increment, tolerance) - tolerance
+            if due > now:
+                self.delayed += 1
+                return due
+            return now
 
-    def cancel(self, n: float = 1) -> None:
-        """Gives back a reservation that was not used."""
+    def reserve(self, n: float = 1, count: bool = True) -> tuple[float, int]:
+        """`reserve_at`, as the seconds to wait (`math.inf`: capacity 0) and the due time to
+        give `cancel`."""
+        at = self.reserve_at(n, count)
+        if at == NEVER:
+            return math.inf, at
+        return max(0.0, (at - self._clock()) / 1e9), at
+
+    def cancel(self, n: float, at: int) -> bool:
+        """Gives back `n` permits reserved for `at`, if `at` is still ahead (a wait that will
+        not use them); false once it has come (they count as used)."""
         with self._lock:
-            if self._capacity > 0:
-                self._tat -= n * self._interval
+            interval = self._interval
+            if not 0 < interval < math.inf:
+                return False
+            now = self._clock()
+            if at <= now:
+                return False
+            increment = self._step if n == 1 else _ticks(n * interval)
+            self._tat = max(self._tat - increment, now)
+            return True
 
 
 class Gauge(_Limiter):
-    """At most `capacity` (rounded down) held at once; -1: unlimited."""
+    """At most `capacity` (rounded down) held at once; -1: unlimited. It keeps the peak of in
+    use + waiting (+1 for a refused try) since the last `take_peak`: the demand it measures."""
 
     def __init__(self, capacity: float = 0.0) -> None:
         self._cond = threading.Condition()
         self._capacity = capacity
+        self._limit = self._limit_of(capacity)
         self.in_use = 0
         self.waiting = 0
+        self.peak = 0
         self.on_release: Optional[Callable[[], None]] = None  # after a slot is given back
+
+    @staticmethod
+    def _limit_of(capacity: float) -> int:
+        if capacity != capacity:
+            return 0
+        return -1 if capacity < 0 else math.floor(min(capacity, 1e15))
 
     def set_capacity(self, capacity: float) -> None:
         with self._cond:
             if self._closed:
                 return
             self._capacity = capacity
+            self._limit = self._limit_of(capacity)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -161,13 +223,23 @@ class Gauge(_Limiter):
         with self._cond:
             self._closed = True
             self._capacity = 0.0
+            self._limit = 0
             self._cond.notify_all()
 
     def _room(self) -> bool:
-        return self._capacity < 0 or self.in_use < math.floor(self._capacity)
+        return self._limit < 0 or self.in_use < self._limit
+
+    def _note(self, extra: int) -> None:
+        self.peak = max(self.peak, self.in_use + self.waiting + extra)
+
+    def take_peak(self) -> int:
+        with self._cond:
+            peak, self.peak = self.peak, self.in_use + self.waiting
+            return peak
 
     def try_acquire(self) -> bool:
         with self._cond:
+            self._note(1)
             if self._room():
                 self.in_use += 1
                 return True
@@ -177,6 +249,7 @@ class Gauge(_Limiter):
         """Waits for a slot; False at the timeout or once `closed` is set."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._note(1)
             self.waiting += 1
             try:
                 while not self._room():
@@ -185,6 +258,7 @@ class Gauge(_Limiter):
                     left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
                     if left <= 0:
                         return False
+                    self._note(0)
                     self._cond.wait(left)
                 if closed.is_set():
                     return False

@@ -14,23 +14,7 @@ from typing import Any, Optional
 MAX_QUANTITY = 1e15  # capacities and wants
 MAX_SECONDS = 1e6  # expires_in and refresh_interval
 MAX_ID_BYTES = 256
-
-
-@dataclass(frozen=True)
-class Lease:
-    """What the server granted: `capacity` until `expires_in` seconds after the request was sent,
-    to be asked again after `refresh_interval` seconds."""
-
-    capacity: float
-    expires_in: float
-    refresh_interval: float
-
-
-@dataclass(frozen=True)
-class Grant:
-    resource_id: str
-    lease: Lease
-    safe_capacity: Optional[float]  # None: the server gave none (-1: unlimited)
+MAX_RESOURCES = 10_000  # resources in one request or answer
 
 
 @dataclass(frozen=True)
@@ -78,43 +62,120 @@ def check_id(value: str, name: str) -> None:
         raise ValueError(f"{name}: must be a string of 1 to {MAX_ID_BYTES} bytes")
 
 
-def read_grants(result: dict[str, Any], asked: set[str]) -> tuple[list[Grant], list[str]]:
-    """The grants of a `get_capacity` result that pass the checks, and why the others did not
-    (`resources[1].resource_id: granted twice`)."""
-    grants: list[Grant] = []
+@dataclass(frozen=True)
+class RawGrant:
+    """A grant as the answer carries it, its shape checked, its values not yet
+    (`screen_grants`). An absent safe_capacity is 0, as the protocol's default."""
+
+    resource_id: str
+    capacity: float
+    expires_in: float
+    refresh_interval: float
+    safe_capacity: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    is_master: bool
+    master: Optional[str]
+    grants: list[RawGrant]
+
+
+class _Bad(Exception):
+    pass
+
+
+def _field(obj: Any, key: str, path: str, required: bool = True) -> Any:
+    v = obj.get(key)
+    if v is None and required:
+        raise _Bad(f"{path}.{key}: is required")
+    return v
+
+
+def _read_number(obj: dict[str, Any], key: str, path: str, required: bool = True) -> float:
+    v = _field(obj, key, path, required)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(f"{path}.{key}: must be a number")
+    try:
+        x = float(v)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        raise _Bad(f"{path}.{key}: must be a finite number")
+    return x
+
+
+def _object(v: Any, path: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _Bad(f"{path}: must be an object")
+    return v
+
+
+def read_answer(result: Any) -> "Answer | str":
+    """A `get_capacity` result, its shape checked as the C++ codec's `decode` does (a
+    problem fails the whole answer), or the first problem, naming the field."""
+    try:
+        r = _object(result, "result")
+        m = _object(_field(r, "mastership", "result"), "result.mastership")
+        is_master = _field(m, "is_master", "result.mastership")
+        if not isinstance(is_master, bool):
+            raise _Bad("result.mastership.is_master: must be a boolean")
+        master = m.get("master")
+        if master is not None and not isinstance(master, str):
+            raise _Bad("result.mastership.master: must be a string")
+        items = _field(r, "resources", "result")
+        if not isinstance(items, list):
+            raise _Bad("result.resources: must be an array")
+        if len(items) > MAX_RESOURCES:
+            raise _Bad(f"result.resources: must hold at most {MAX_RESOURCES} elements")
+        grants = []
+        for i, g in enumerate(items):
+            at = f"result.resources[{i}]"
+            g = _object(g, at)
+            rid = _field(g, "resource_id", at)
+            if not isinstance(rid, str):
+                raise _Bad(f"{at}.resource_id: must be a string")
+            gets = _object(_field(g, "gets", at), f"{at}.gets")
+            grants.append(RawGrant(
+                rid,
+                _read_number(gets, "capacity", f"{at}.gets"),
+                _read_number(gets, "expires_in", f"{at}.gets"),
+                _read_number(gets, "refresh_interval", f"{at}.gets"),
+                _read_number(g, "safe_capacity", at, required=False),
+            ))
+        return Answer(is_master, master or None, grants)
+    except _Bad as e:
+        return f"bad answer: {e}"
+    except RecursionError:  # nested past any answer's shape
+        return "bad answer: nested too deep"
+
+
+def screen_grants(grants: list[RawGrant], asked: set[str]) -> tuple[list[RawGrant], list[str]]:
+    """The grants to adopt: for a resource the request asked for, the first for each, with
+    every number within the protocol's bounds (the C++ `screen_grants`); and why the others
+    were not (`resources[1].resource_id: granted twice`)."""
+    adopted: list[RawGrant] = []
     problems: list[str] = []
     seen: set[str] = set()
-    items = result.get("resources")
-    if not isinstance(items, list):
-        return grants, ["resources: must be an array"]
-    for i, g in enumerate(items):
-        at = f"resources[{i}]"
-        if not isinstance(g, dict):
-            problems.append(f"{at}: must be an object")
+    for i, g in enumerate(grants):
+        problem = None
+        if g.resource_id not in asked:
+            problem = "resource_id: not asked for"
+        elif g.resource_id in seen:
+            problem = "resource_id: granted twice"
+        elif not 0 <= g.capacity <= MAX_QUANTITY:
+            problem = "gets.capacity: must be a finite number between 0 and 1e15"
+        elif not 0 <= g.expires_in <= MAX_SECONDS:
+            problem = "gets.expires_in: must be a finite number between 0 and 1e6"
+        elif not 0 <= g.refresh_interval <= MAX_SECONDS:
+            problem = "gets.refresh_interval: must be a finite number between 0 and 1e6"
+        elif not (0 <= g.safe_capacity <= MAX_QUANTITY or g.safe_capacity == -1):
+            problem = "safe_capacity: must be between 0 and 1e15, or -1 for unlimited"
+        if problem is not None:
+            problems.append(f"resources[{i}].{problem}")
             continue
-        rid = g.get("resource_id")
-        if not isinstance(rid, str) or rid not in asked:
-            problems.append(f"{at}.resource_id: not asked for")
-            continue
-        if rid in seen:
-            problems.append(f"{at}.resource_id: granted twice")
-            continue
-        gets = g.get("gets")
-        if not isinstance(gets, dict):
-            problems.append(f"{at}.gets: must be an object")
-            continue
-        capacity = _number(gets.get("capacity"), 0, MAX_QUANTITY)
-        expires_in = _number(gets.get("expires_in"), 0, MAX_SECONDS)
-        interval = _number(gets.get("refresh_interval"), 0, MAX_SECONDS)
-        if capacity is None or expires_in is None or interval is None:
-            problems.append(f"{at}.gets: a number out of bounds")
-            continue
-        safe: Optional[float] = None
-        if "safe_capacity" in g:
-            safe = _number(g["safe_capacity"], -1, MAX_QUANTITY)
-            if safe is None or (safe < 0 and safe != -1):
-                problems.append(f"{at}.safe_capacity: must be between 0 and 1e15, or -1")
-                continue
-        seen.add(rid)
-        grants.append(Grant(rid, Lease(capacity, expires_in, interval), safe))
-    return grants, problems
+        seen.add(g.resource_id)
+        adopted.append(g)
+    return adopted, problems

@@ -55,18 +55,18 @@ class _Waiting:
 
     def __init__(self, handle: "_sync._Handle") -> None:
         self._client = handle._client
-        self._r = handle._r
+        self._e = handle._e
         self.event = asyncio.Event()
         self._key = (asyncio.get_running_loop(), self.event)
 
     def __enter__(self) -> "_Waiting":
         with self._client._lock:
-            self._r.async_waiters.add(self._key)
+            self._e.waiters.add(self._key)
         return self
 
     def __exit__(self, *exc: object) -> None:
         with self._client._lock:
-            self._r.async_waiters.discard(self._key)
+            self._e.waiters.discard(self._key)
 
     async def sleep(self, seconds: float, stop: Callable[[], bool]) -> None:
         """`seconds`, or less once `stop()` holds (checked whenever woken)."""
@@ -111,10 +111,10 @@ class RateResource(_sync._RateHandle):
             while True:
                 if client.closed:
                     raise _sync.ClientClosed("the client is closed")
-                wait = limiter.reserve(n, count=first)  # asked for once
+                wait, at = limiter.reserve(n, count=first)  # asked for once
                 first = False
                 if math.isinf(wait):
-                    client._held_back(h._r)
+                    client._held_back(h._e)
                     left = _left(deadline)
                     if left is not None and left <= 0:
                         raise TimeoutError(f"no capacity for {self.id} in time")
@@ -122,18 +122,17 @@ class RateResource(_sync._RateHandle):
                     continue
                 if wait <= 0:
                     return
-                client._note(h._r, throttled=True)
                 left = _left(deadline)
                 if left is not None and wait > left:
-                    limiter.cancel(n)
+                    limiter.cancel(n, at)
                     raise TimeoutError(f"{n} permits of {self.id} not due within the timeout")
                 try:
                     await waiting.sleep(wait, lambda: client.closed)
                 except asyncio.CancelledError:
-                    limiter.cancel(n)  # the reservation goes back
+                    limiter.cancel(n, at)  # the reservation goes back
                     raise
                 if client.closed:
-                    limiter.cancel(n)
+                    limiter.cancel(n, at)
                     raise _sync.ClientClosed("the client is closed")
                 return
 
@@ -155,12 +154,8 @@ class GaugeResource(_sync._GaugeHandle):
                 if client.closed:
                     raise _sync.ClientClosed("the client is closed")
                 if g.try_acquire():
-                    client._note(h._r)
                     return
-                with client._lock:
-                    h._r.peak = max(h._r.peak, g.in_use + g.waiting + 1)
-                if g.capacity == 0:
-                    client._held_back(h._r)
+                client._held_back(h._e)  # (when the capacity is 0)
                 left = _left(deadline)
                 if left is not None and left <= 0:
                     raise TimeoutError(f"no slot of {self.id} in time")

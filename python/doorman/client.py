@@ -13,7 +13,6 @@ of its own, behaving as the C++ client does (docs/python.md, docs/client.md).
 from __future__ import annotations
 
 import atexit
-import collections
 import itertools
 import math
 import random
@@ -22,14 +21,13 @@ import ssl
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import _wire
 from ._channel import CallError, Channel
+from ._core import FALLBACKS, ClientCore, Entry, ResourceOptions, Step
 from ._limiters import Acquired, Gauge, RateLimiter
 
-FALLBACKS = ("safe", "optimistic", "pessimistic")
 _ids = itertools.count()
 
 
@@ -52,73 +50,11 @@ def tls_context(
     return ctx
 
 
-@dataclass(frozen=True)
-class ResourceOptions:
-    """What a resource asks for: `wants` (None: measured from use), its `priority`, its fallback
-    `mode` (safe, optimistic or pessimistic), a `safe_capacity` overriding the server's, and
-    for a rate its `burst` (0: max(1, 0.1 s of the capacity))."""
-
-    wants: Optional[float] = None
-    priority: int = 0
-    mode: str = "safe"
-    safe_capacity: Optional[float] = None
-    burst: float = 0.0
-
-    def check(self) -> None:
-        """Raises ValueError naming the option that is out of bounds."""
-        if self.mode not in FALLBACKS:
-            raise ValueError(f"mode: must be one of {', '.join(FALLBACKS)}")
-        if self.wants is not None and not 0 <= self.wants <= _wire.MAX_QUANTITY:
-            raise ValueError("wants: must be a number between 0 and 1e15")
-        if self.safe_capacity is not None and not (
-            self.safe_capacity == -1 or 0 <= self.safe_capacity <= _wire.MAX_QUANTITY
-        ):
-            raise ValueError("safe_capacity: must be between 0 and 1e15, or -1")
-        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise ValueError("priority: must be an integer")
-        if not 0 <= self.burst <= _wire.MAX_QUANTITY:
-            raise ValueError("burst: must be a number between 0 and 1e15")
-
-
-@dataclass
-class _Resource:
-    id: str
-    kind: str  # "rate" or "gauge"
-    fixed_wants: Optional[float]
-    priority: int
-    mode: str
-    safe_capacity: Optional[float]
-    limiter: Union[RateLimiter, Gauge]
-    handles: int = 1
-    lease: Optional[_wire.Lease] = None
-    expiry: float = 0.0  # monotonic
-    server_safe: Optional[float] = None
-    measured: float = 0.0
-    held: bool = False  # a caller was held back by capacity 0 (the fast start is due)
-    started: bool = False  # the fast start was made
-    peak: float = 0.0  # gauge: most in flight + waiting since the last sample
-    throttled: bool = False  # a caller was delayed since the last sample
-    samples: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
-    # asyncio waiters to wake when the capacity changes or a slot is given back
-    async_waiters: set[tuple[Any, Any]] = field(default_factory=set)
-
-    def wants(self) -> float:
-        return self.fixed_wants if self.fixed_wants is not None else self.measured
-
-    def capacity(self, now: float) -> float:
-        if self.lease is not None and now < self.expiry:
-            return self.lease.capacity
-        if self.mode == "pessimistic":
-            return 0.0
-        if self.mode == "optimistic":
-            return self.wants()
-        if self.safe_capacity is not None:
-            return self.safe_capacity
-        return self.server_safe if self.server_safe is not None else 0.0
-
-
 class Client:
-    """A client of one doorman tree position (`addresses`: each of its tasks, `host:port`)."""
+    """A client of one doorman tree position (`addresses`: each of its tasks, `host:port`).
+
+    Its decisions are the sans-I/O core's (`_core.ClientCore`, the C++ client's step for step);
+    this class only moves bytes (the channel) and time (its thread), under one lock."""
 
     def __init__(
         self,
@@ -149,24 +85,23 @@ class Client:
                 raise ValueError(f"{name}: must be a number of seconds in (0, 3600]")
         self.call_timeout = float(call_timeout)
         self.release_timeout = float(release_timeout)
-        self.minimum_refresh_interval = float(minimum_refresh_interval)
-        self.sample_interval = float(sample_interval)
-        self.demand_window = float(demand_window)
-        self.throttled_headroom = float(throttled_headroom)
         self._log = log
         self._channel = Channel(addresses, ssl_context=ssl_context, server_name=server_name, log=log)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # capacities changed, or work to do
         self._closed = threading.Event()
-        self._resources: dict[str, _Resource] = {}
-        self._released: list[str] = []  # resources whose last handle went
-        self._ask_now = False
-        self._next_refresh = 0.0
-        self._last_sent = -math.inf
-        self._last_interval = 5.0  # the shortest refresh interval of the last answer
-        self._failures = 0
-        self._in_refresh = False  # a refresh call is in flight (close() cuts it short)
-        self._rng = random.Random()
+        self._core = ClientCore(
+            self.client_id,
+            _now(),
+            call_timeout=self.call_timeout,
+            minimum_refresh_interval=float(minimum_refresh_interval),
+            sample_interval=float(sample_interval),
+            demand_window=float(demand_window),
+            throttled_headroom=float(throttled_headroom),
+            seed=random.getrandbits(64),
+        )
+        self._in_call = False  # a call is in flight (close() cuts it short)
+        self._releasing: list[str] = []  # what close() left to release
         self._thread = threading.Thread(target=self._run, name="doorman-client", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -183,8 +118,8 @@ class Client:
         without `burst`)."""
         return GaugeResource(self, self._add(resource_id, "gauge", options))
 
-    def _add(self, rid: str, kind: str, options: dict[str, Any]) -> _Resource:
-        """The state of resource `rid` (new, or shared with the other handles to it)."""
+    def _add(self, rid: str, kind: str, options: dict[str, Any]) -> Entry:
+        """The entry of resource `rid` (new, or shared with the other handles to it)."""
         _wire.check_id(rid, "resource_id")
         o = ResourceOptions(**options)
         o.check()
@@ -193,36 +128,21 @@ class Client:
         with self._lock:
             if self._closed.is_set():
                 raise ClientClosed("the client is closed")
-            known = self._resources.get(rid)
-            if known is not None:
-                if known.kind != kind:
-                    raise ValueError(f"resource_id: {rid!r} is already a {known.kind} resource")
-                known.handles += 1
-                return known
-            limiter: Union[RateLimiter, Gauge] = (
-                RateLimiter(0.0, o.burst) if kind == "rate" else Gauge(0.0)
-            )
-            r = _Resource(rid, kind, o.wants, o.priority, o.mode, o.safe_capacity, limiter)
-            if isinstance(limiter, Gauge):
-                limiter.on_release = lambda: self._wake_async_locked(r)
-            if rid in self._released:
-                self._released.remove(rid)
-            self._resources[rid] = r
-            self._apply(r, time.monotonic())
-            self._ask_now = True  # a new resource is asked for at once (past the floor)
-            self._changed.notify_all()
-            return r
+            e = self._core.attach(rid, kind, o, _now())
+            if e.on_change is None:
+                e.on_change = lambda: self._wake(e)
+                if isinstance(e.limiter, Gauge):
+                    e.limiter.on_release = lambda: self._wake_async_locked(e)
+            self._changed.notify_all()  # a new resource is asked for at once (past the floor)
+            return e
 
-    def _drop(self, r: _Resource) -> None:
+    def _drop(self, e: Entry) -> None:
         with self._lock:
-            r.handles -= 1
-            if r.handles > 0 or self._resources.get(r.id) is not r:
+            if not self._core.detach(e.id):
                 return
-            del self._resources[r.id]
-            self._released.append(r.id)
             self._changed.notify_all()
-        if isinstance(r.limiter, Gauge):
-            r.limiter.wake_all()
+        if isinstance(e.limiter, Gauge):
+            e.limiter.wake_all()
 
     # ---- stopping ----------------------------------------------------------------------
 
@@ -237,17 +157,16 @@ class Client:
             if self._closed.is_set():
                 return
             self._closed.set()
-            for r in self._resources.values():
-                r.limiter.close()  # closed is closed: no handle admits from now on
-            if self._in_refresh:
+            self._releasing = self._core.close()  # closed is closed: no handle admits now
+            if self._in_call:
                 self._channel.interrupt()  # a hung or gone server is not waited for
             self._changed.notify_all()
-            gauges = [r.limiter for r in self._resources.values() if isinstance(r.limiter, Gauge)]
-        for g in gauges:
-            g.wake_all()
-        with self._lock:
-            for r in self._resources.values():
-                self._wake_async(r)
+            entries = list(self._core.entries.values())
+            for e in entries:
+                self._wake_async(e)
+        for e in entries:
+            if isinstance(e.limiter, Gauge):
+                e.limiter.wake_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
         _live.discard(self)
@@ -258,157 +177,58 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- the refresh loop (the client's thread) --------------------------------------------
+    # ---- the loop (the client's thread): the core's steps, carried out ----------------------
 
     def _run(self) -> None:
-        next_sample = time.monotonic() + self.sample_interval
         while not self._closed.is_set():
-            now = time.monotonic()
-            if now >= next_sample:
-                self._sample(now)
-                next_sample = now + self.sample_interval
-            released = self._take_released()
-            if released:
-                self._release(released, time.monotonic() + self.release_timeout)
-            if self._due(time.monotonic()):
-                try:
-                    self._refresh()
-                except Exception as e:  # a defect, not the server's fault: told, and retried
-                    self._failed(time.monotonic(), f"unexpected {type(e).__name__}: {e}")
             with self._lock:
-                now = time.monotonic()
-                for r in self._resources.values():
-                    self._apply(r, now)
-                wake = min([next_sample, self._due_at()] + self._expiries(now))
-                if not self._closed.is_set() and not self._released:
-                    self._changed.wait(max(0.0, wake - now))
-        with self._lock:
-            ids = list(self._resources) + self._released
-            self._released = []
+                step = self._core.step(_now())
+                if step.action == "wait":
+                    if not self._closed.is_set():
+                        self._changed.wait(max(0.0, (step.at - _now()) / 1e9))
+                    continue
+                self._in_call = True
+                self._channel.resume()
+            try:
+                self._call(step)
+            except Exception as e:  # a defect, not the server's fault: told, and retried
+                with self._lock:
+                    self._core.failed(_now())
+                self._warn(f"refresh failed (unexpected {type(e).__name__}: {e})")
+        ids = self._releasing
         if ids:
-            self._channel.resume()  # a refresh cut short by close() does not stop the release
+            self._channel.resume()  # a call cut short by close() does not stop the release
             self._release(ids, time.monotonic() + self.release_timeout)
         self._channel.close()
 
-    def _take_released(self) -> list[str]:
-        with self._lock:
-            out, self._released = self._released, []
-            return out
-
-    def _expiries(self, now: float) -> list[float]:
-        return [r.expiry for r in self._resources.values() if r.lease and r.expiry > now]
-
-    def _due_at(self) -> float:
-        """When the next refresh goes out (the lock held): a new resource or a fast start is
-        asked for past the floor (a fast start at once), else at the refresh time."""
-        if not self._resources:
-            return math.inf
-        if self._ask_now and self._failures == 0:
-            floor = 0.0 if self._fast_start_pending() else self.minimum_refresh_interval
-            return min(self._next_refresh, self._last_sent + floor)
-        return self._next_refresh
-
-    def _due(self, now: float) -> bool:
-        with self._lock:
-            return now >= self._due_at()
-
-    def _fast_start_pending(self) -> bool:
-        return any(r.started and (r.lease is None or r.lease.capacity == 0) for r in self._resources.values())
-
-    def _refresh(self) -> None:
-        with self._lock:
-            if self._closed.is_set():
-                return
-            self._in_refresh = True
-            self._channel.resume()
-            self._ask_now = False
-            items = []
-            for r in self._resources.values():
-                item: dict[str, Any] = {
-                    "resource_id": r.id,
-                    "priority": r.priority,
-                    "wants": min(r.wants(), _wire.MAX_QUANTITY),
-                }
-                now = time.monotonic()
-                if r.lease is not None and now < r.expiry:
-                    item["has"] = {
-                        "capacity": r.lease.capacity,
-                        "expires_in": r.expiry - now,
-                        "refresh_interval": r.lease.refresh_interval,
-                    }
-                items.append(item)
-            sent = time.monotonic()
-            timeout = self._call_timeout(sent)
-        self._last_sent = sent
+    def _call(self, step: Step) -> None:
+        method = "get_capacity" if step.action == "refresh" else "release_capacity"
+        timeout = step.timeout if step.action == "refresh" else self.release_timeout
         try:
-            result = self._channel.call(
-                "get_capacity",
-                {"client_id": self.client_id, "resources": items},
-                sent + timeout,
-            )
+            result = self._channel.call(method, step.params, time.monotonic() + timeout)
         except CallError as e:
-            self._failed(sent, str(e))
-            return
-        finally:
             with self._lock:
-                self._in_refresh = False
-        grants, problems = _wire.read_grants(result, {i["resource_id"] for i in items})
-        if problems and self._log:
-            self._log(
-                f"warning: server's answer: {len(problems)} of {len(problems) + len(grants)} "
-                f"grants ignored (first: {problems[0]})"
-            )
+                self._in_call = False
+                self._core.failed(_now())
+                failures = self._core.state.failures
+            if step.action == "release":
+                self._warn(f"release of {len(step.params['resources'])} resources failed: {e}")
+            elif failures == 1:  # lost, or never reached
+                self._warn(f"refresh failed ({e}); retrying, the leases held stay until they expire")
+            return
         with self._lock:
-            self._failures = 0
-            interval = math.inf
-            for g in grants:
-                held = self._resources.get(g.resource_id)
-                if held is None:
-                    continue
-                r = held
-                r.lease = g.lease
-                r.expiry = sent + g.lease.expires_in
-                if g.safe_capacity is not None:
-                    r.server_safe = g.safe_capacity
-                interval = min(interval, g.lease.refresh_interval)
-                self._apply(r, time.monotonic())
-            if math.isinf(interval):
-                interval = self._last_interval
-            self._last_interval = interval
-            soonest_expiry = min([sent + g.lease.expires_in for g in grants] or [math.inf])
-            self._next_refresh = max(
-                sent + self.minimum_refresh_interval,
-                min(sent + interval, soonest_expiry),
-            )
-            # Resources held back before this answer: their start wants are known now.
-            for r in self._resources.values():
-                if r.held and not r.started and r.server_safe is not None:
-                    self._start(r)
-            self._changed.notify_all()
-
-    def _call_timeout(self, now: float) -> float:
-        """The refresh call's timeout: call_timeout, but at most half the time the earliest
-        lease held has left (never under 0.25 s), so that a hung server is left while there is
-        time to ask the next address (as the C++ client's refresh_schedule::call_timeout)."""
-        expiries = self._expiries(now)
-        if not expiries:
-            return self.call_timeout
-        return min(self.call_timeout, max(0.25, (min(expiries) - now) / 2))
-
-    def _failed(self, sent: float, why: str) -> None:
-        """Backs off: 0.5 s × 2^n, at most 15 s, jittered in [1/2, 1]; but within half the time
-        a lease has left, and never later than the last refresh interval."""
-        with self._lock:
-            self._failures += 1
-            delay = min(15.0, 0.5 * 2 ** min(self._failures - 1, 10)) * self._rng.uniform(0.5, 1)
-            now = time.monotonic()
-            expiries = self._expiries(now)
-            if expiries:
-                delay = min(delay, max(0.05, (min(expiries) - now) / 2))
-            delay = min(delay, self._last_interval)
-            self._next_refresh = now + delay
-        if self._log:
-            self._log(f"warning: refresh failed ({why}); next try in {delay:.2f} s")
+            self._in_call = False
+            _, problems = self._core.answered(result, _now())
+            failures = self._core.state.failures
+            total = self._core.state.answer_grants
+        if step.action == "release" or not problems:
+            return
+        if failures == 1:  # the answer was not one to use: a failure
+            self._warn(f"refresh failed ({problems[0]}); retrying, the leases held stay until "
+                       "they expire")
+        elif failures == 0:
+            self._warn(f"server's answer: {len(problems)} of {total} grants ignored "
+                       f"(first: {problems[0]})")
 
     def _release(self, ids: list[str], deadline: float) -> None:
         try:
@@ -416,79 +236,36 @@ class Client:
                 "release_capacity", {"client_id": self.client_id, "resources": ids}, deadline
             )
         except CallError as e:
-            if self._log:
-                self._log(f"warning: release of {len(ids)} resources failed: {e}")
+            self._warn(f"release of {len(ids)} resources failed: {e}")
 
-    # ---- capacities and demand ---------------------------------------------------------------
+    def _warn(self, what: str) -> None:
+        if self._log:
+            self._log(f"warning: {what}")
 
-    def _apply(self, r: _Resource, now: float) -> None:
-        """The limiter enforces the lease, or the fallback once it ran out."""
-        c = r.capacity(now)
-        if r.limiter.capacity != c:
-            r.limiter.set_capacity(c)
-            self._changed.notify_all()
-            self._wake_async(r)
+    # ---- what the handles tell -------------------------------------------------------------
 
-    def _wake_async_locked(self, r: _Resource) -> None:
+    def _wake(self, e: Entry) -> None:
+        """The capacity of `e` changed (the lock held): the waiters look again."""
+        self._changed.notify_all()
+        self._wake_async(e)
+
+    def _wake_async_locked(self, e: Entry) -> None:
         with self._lock:
-            self._wake_async(r)
+            self._wake_async(e)
 
-    def _wake_async(self, r: _Resource) -> None:
-        """Wakes the asyncio waiters of `r` (each on its own loop's thread)."""
-        for loop, event in list(r.async_waiters):
+    def _wake_async(self, e: Entry) -> None:
+        """Wakes the asyncio waiters of `e` (each on its own loop's thread)."""
+        for loop, event in list(e.waiters):
             try:
                 loop.call_soon_threadsafe(event.set)
             except RuntimeError:  # that loop is closed
-                r.async_waiters.discard((loop, event))
+                e.waiters.discard((loop, event))
 
-    def _sample(self, now: float) -> None:
+    def _held_back(self, e: Entry) -> None:
+        """A caller was held back by capacity 0: the fast start (the core decides)."""
         with self._lock:
-            for r in self._resources.values():
-                if r.fixed_wants is not None:
-                    continue
-                c = r.capacity(now)
-                if isinstance(r.limiter, RateLimiter):
-                    value = r.limiter.take_asked() / self.sample_interval
-                    if r.throttled:
-                        value = max(value, max(c, 1.0) * self.throttled_headroom)
-                else:
-                    value = math.ceil(r.peak)
-                    assert isinstance(r.limiter, Gauge)
-                    r.peak = r.limiter.in_use + r.limiter.waiting
-                r.samples.append((now, value))
-                while r.samples and r.samples[0][0] <= now - self.demand_window:
-                    r.samples.popleft()
-                mean = sum(v for _, v in r.samples) / len(r.samples)
-                measured = max(mean, value) if r.throttled else mean
-                if r.started and (r.lease is None or r.lease.capacity == 0):
-                    measured = max(measured, r.measured)  # the start wants until capacity comes
-                r.measured = min(measured, _wire.MAX_QUANTITY)
-                r.throttled = False
-
-    def _held_back(self, r: _Resource) -> None:
-        """A caller was held back by capacity 0: the fast start, once per resource, with the
-        server's safe capacity as the start wants; before the server's first answer (which
-        tells it), the start waits for that answer (as the C++ client_state's `start`)."""
-        with self._lock:
-            if r.fixed_wants is not None or r.started or self._closed.is_set():
-                return
-            r.held = True
-            if r.server_safe is not None:
-                self._start(r)
-
-    def _start(self, r: _Resource) -> None:
-        """The fast start (the lock held): wants rise to the start wants, asked for at once."""
-        safe = r.server_safe
-        r.started = True
-        r.measured = max(r.measured, min(safe, _wire.MAX_QUANTITY) if safe and safe >= 1 else 1.0)
-        self._ask_now = True
-        self._changed.notify_all()
-
-    def _note(self, r: _Resource, throttled: bool = False) -> None:
-        with self._lock:
-            r.throttled = r.throttled or throttled
-            if isinstance(r.limiter, Gauge):
-                r.peak = max(r.peak, r.limiter.in_use + r.limiter.waiting)
+            if self._core.held_back(e.id, _now()):
+                self._changed.notify_all()
 
     def _wait_for_change(self, timeout: float) -> None:
         with self._lock:
@@ -499,32 +276,32 @@ class Client:
 class _Handle:
     """What both handles share. The last handle of an id to be closed releases it."""
 
-    def __init__(self, client: Client, r: _Resource) -> None:
+    def __init__(self, client: Client, e: Entry) -> None:
         self._client = client
-        self._r = r
+        self._e = e
         self._open = True
 
     @property
     def id(self) -> str:
-        return self._r.id
+        return self._e.id
 
     @property
     def capacity(self) -> float:
         """What this process may use now: permits a second, or slots (-1: unlimited)."""
-        return self._r.limiter.capacity
+        return self._e.limiter.capacity
 
     @property
     def leased(self) -> bool:
-        return self._r.lease is not None and time.monotonic() < self._r.expiry
+        return self._e.leased
 
     @property
     def wants(self) -> float:
-        return self._r.wants()
+        return self._client._core.wants(self._e.id)
 
     def close(self) -> None:
         if self._open:
             self._open = False
-            self._client._drop(self._r)
+            self._client._drop(self._e)
 
     def _check(self) -> None:
         if not self._open:
@@ -534,10 +311,10 @@ class _Handle:
 class _RateHandle(_Handle):
     """What the synchronous and asyncio rate handles share: all but the wait."""
 
-    def __init__(self, client: Client, r: _Resource) -> None:
-        super().__init__(client, r)
-        assert isinstance(r.limiter, RateLimiter)
-        self._limiter: RateLimiter = r.limiter
+    def __init__(self, client: Client, e: Entry) -> None:
+        super().__init__(client, e)
+        assert isinstance(e.limiter, RateLimiter)
+        self._limiter: RateLimiter = e.limiter
 
     def try_acquire(self, n: float = 1) -> Acquired:
         """Admitted now, or refused with the seconds until it could be (`math.inf` while the
@@ -546,7 +323,7 @@ class _RateHandle(_Handle):
             self._check()
         got = self._limiter.try_acquire(n)
         if not got.admitted and got.retry_after == math.inf:
-            self._client._held_back(self._r)
+            self._client._held_back(self._e)
         return got
 
 
@@ -563,10 +340,10 @@ class RateResource(_RateHandle):
         while True:
             if self._client.closed:
                 raise ClientClosed("the client is closed")
-            wait = limiter.reserve(n, count=first)  # asked for once, however long it waits
+            wait, at = limiter.reserve(n, count=first)  # asked for once, however long it waits
             first = False
             if math.isinf(wait):
-                self._client._held_back(self._r)
+                self._client._held_back(self._e)
                 left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"no capacity for {self.id} in time")
@@ -574,12 +351,11 @@ class RateResource(_RateHandle):
                 continue
             if wait <= 0:
                 return
-            self._client._note(self._r, throttled=True)
             if deadline is not None and time.monotonic() + wait > deadline:
-                limiter.cancel(n)
+                limiter.cancel(n, at)
                 raise TimeoutError(f"{n} permits of {self.id} not due within the timeout")
             if self._client._closed.wait(wait):
-                limiter.cancel(n)
+                limiter.cancel(n, at)
                 raise ClientClosed("the client is closed")
             return
 
@@ -587,10 +363,10 @@ class RateResource(_RateHandle):
 class _GaugeHandle(_Handle):
     """What the synchronous and asyncio gauge handles share: all but the acquire."""
 
-    def __init__(self, client: Client, r: _Resource) -> None:
-        super().__init__(client, r)
-        assert isinstance(r.limiter, Gauge)
-        self._gauge: Gauge = r.limiter
+    def __init__(self, client: Client, e: Entry) -> None:
+        super().__init__(client, e)
+        assert isinstance(e.limiter, Gauge)
+        self._gauge: Gauge = e.limiter
 
     @property
     def in_use(self) -> int:
@@ -599,15 +375,10 @@ class _GaugeHandle(_Handle):
     def try_acquire(self) -> bool:
         """A slot now (then `release()` it), or False. A refusal counts as demand."""
         self._check()
-        g = self._gauge
-        ok = g.try_acquire()
-        self._client._note(self._r)
-        if not ok:
-            with self._client._lock:
-                self._r.peak = max(self._r.peak, g.in_use + g.waiting + 1)
-            if g.capacity == 0:
-                self._client._held_back(self._r)
-        return ok
+        if self._gauge.try_acquire():
+            return True
+        self._client._held_back(self._e)  # (when the capacity is 0)
+        return False
 
     def release(self) -> None:
         """Gives back a slot that `try_acquire` took."""
@@ -625,14 +396,11 @@ class GaugeResource(_GaugeHandle):
         while True:
             if self._client.closed:
                 raise ClientClosed("the client is closed")
-            if g.capacity == 0:
-                self._client._held_back(self._r)
+            self._client._held_back(self._e)  # (when the capacity is 0)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"no slot of {self.id} in time")
-            self._client._note(self._r)
             if g.acquire(0.25 if left is None else min(0.25, left), self._client._closed):
-                self._client._note(self._r)
                 return _Slot(g)
 
 
@@ -650,6 +418,9 @@ class _Slot:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+_now = time.monotonic_ns  # the core's time: integer nanoseconds
 
 
 def _pid() -> int:
