@@ -487,6 +487,16 @@ class Step(NamedTuple):
     at: int = NEVER
 
 
+# The client core's options and their defaults (the C++ `client_options`' too).
+TIMING = {
+    "call_timeout": 5.0,
+    "minimum_refresh_interval": 1.0,
+    "sample_interval": 1.0,
+    "demand_window": 10.0,
+    "throttled_headroom": 2.0,
+}
+
+
 class ClientCore:
     """The C++ `client_core` without its I/O: the state, a limiter per resource, demand
     sampling, and the order of calls (releases first, then refreshes)."""
@@ -496,21 +506,22 @@ class ClientCore:
         client_id: str,
         now: int,
         *,
-        call_timeout: float = 5.0,
-        minimum_refresh_interval: float = 1.0,
-        sample_interval: float = 1.0,
-        demand_window: float = 10.0,
-        throttled_headroom: float = 2.0,
         seed: int = 0xC11E0175,
         clock: Callable[[], int] = time.monotonic_ns,
+        **options: float,
     ) -> None:
-        self.state = ClientState(client_id, minimum_refresh_interval, 16.0, seed)
+        """`options`: those of `TIMING` (seconds, and the throttled headroom), by name."""
+        o = {**TIMING, **options}
+        if len(o) != len(TIMING):
+            raise TypeError(f"unknown options: {sorted(set(o) - set(TIMING))}")
+        sample_interval = o["sample_interval"]
+        self.state = ClientState(client_id, o["minimum_refresh_interval"], 16.0, seed)
         self.clock = clock  # the limiters' (the state is given the time)
         self.entries: dict[str, Entry] = {}
-        self.call_timeout = call_timeout
+        self.call_timeout = o["call_timeout"]
         self.sample_interval = sample_interval
-        self.demand_window = demand_window
-        self.throttled_headroom = max(1.0, throttled_headroom)
+        self.demand_window = o["demand_window"]
+        self.throttled_headroom = max(1.0, o["throttled_headroom"])
         self.closed = False
         self._next_sample = now + to_ns(sample_interval)
         self._last_sample = now
@@ -601,7 +612,7 @@ class ClientCore:
         self.closed = True
         for e in self.entries.values():
             e.limiter.close()
-        ids = list(self.entries) + self.state.take_releases() + self._releases + self._releasing
+        ids = sorted(self.entries) + self.state.take_releases() + self._releases + self._releasing
         self._releases, self._releasing = [], []
         return ids
 

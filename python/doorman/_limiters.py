@@ -48,8 +48,11 @@ class _Limiter:
     """What both limiters share: the capacity they enforce now, and closing (once closed, the
     capacity stays 0 whatever is set: a closed client admits nothing)."""
 
-    _capacity = 0.0
-    _closed = False
+    __slots__ = ("_capacity", "_closed")
+
+    def __init__(self) -> None:
+        self._capacity = 0.0
+        self._closed = False
 
     @property
     def capacity(self) -> float:
@@ -64,9 +67,13 @@ class RateLimiter(_Limiter):
     It counts the permits asked for (admitted or not) and the waits it delayed, for the demand
     the client measures."""
 
+    __slots__ = ("_lock", "_clock", "_burst_option", "_burst", "_interval", "_step", "_tolerance",
+                 "_room1", "_open_or_shut", "_tat", "asked", "delayed")
+
     def __init__(
         self, capacity: float = 0.0, burst: float = 0.0, clock: Callable[[], int] = time.monotonic_ns
     ) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._clock = clock
         self._burst_option = burst
@@ -107,6 +114,8 @@ class RateLimiter(_Limiter):
     def _steps(self) -> None:
         self._step = _ticks(self._interval)
         self._tolerance = _ticks(self._burst * self._interval)
+        self._room1 = self._tolerance - min(self._step, self._tolerance)
+        self._open_or_shut = not 0 < self._interval < math.inf  # unlimited, or capacity 0
 
     def close(self) -> None:
         """Admits nothing from now on (capacity 0 for good)."""
@@ -122,25 +131,30 @@ class RateLimiter(_Limiter):
             return asked
 
     def try_acquire(self, n: float = 1) -> Acquired:
-        # Written out (no helper call): this is the hot path; n = 1 needs no check.
+        # Written out (no helper call): this is the hot path; n = 1 needs no check, and its
+        # test is precomputed: late = max(tat, now) + min(T, burst·T) - now - burst·T.
         if n != 1:
             check_permits(n)
         with self._lock:
             self.asked += n
-            interval = self._interval
-            if interval == 0:
-                return ADMITTED
-            if interval == math.inf:
-                return REFUSED_AT_ZERO
+            if self._open_or_shut:
+                return ADMITTED if self._interval == 0 else REFUSED_AT_ZERO
             now = self._clock()
-            increment = self._step if n == 1 else _ticks(n * interval)
-            tolerance = self._tolerance
             tat = self._tat
-            base = tat if tat > now else now
-            late = base + (increment if increment < tolerance else tolerance) - now - tolerance
-            if late <= 0:
-                self._tat = base + increment
-                return ADMITTED
+            if tat < now:
+                tat = now
+            if n == 1:
+                late = tat - now - self._room1
+                if late <= 0:
+                    self._tat = tat + self._step
+                    return ADMITTED
+            else:
+                increment = _ticks(n * self._interval)
+                tolerance = self._tolerance
+                late = tat + (increment if increment < tolerance else tolerance) - now - tolerance
+                if late <= 0:
+                    self._tat = tat + increment
+                    return ADMITTED
         return Acquired(False, late / 1e9)
 
     def reserve_at(self, n: float = 1, count: bool = True) -> int:
@@ -196,6 +210,7 @@ class Gauge(_Limiter):
     use + waiting (+1 for a refused try) since the last `take_peak`: the demand it measures."""
 
     def __init__(self, capacity: float = 0.0) -> None:
+        super().__init__()
         self._cond = threading.Condition()
         self._capacity = capacity
         self._limit = self._limit_of(capacity)

@@ -93,12 +93,12 @@ class Client:
         self._core = ClientCore(
             self.client_id,
             _now(),
+            seed=random.getrandbits(64),
             call_timeout=self.call_timeout,
             minimum_refresh_interval=float(minimum_refresh_interval),
             sample_interval=float(sample_interval),
             demand_window=float(demand_window),
             throttled_headroom=float(throttled_headroom),
-            seed=random.getrandbits(64),
         )
         self._in_call = False  # a call is in flight (close() cuts it short)
         self._releasing: list[str] = []  # what close() left to release

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 
 namespace doorman {
@@ -63,5 +64,31 @@ class demand_estimator {
   double weighted_ = 0;
   double covered_ = 0;
 };
+
+/// Permits asked for per second over `span` seconds (admitted or not); when a waiter was
+/// delayed since the last sample (`throttled`), at least `capacity` (1 when less) × `headroom`:
+/// a throttled client asks past what it holds, so its lease can grow. The client's demand
+/// sample of a rate resource, in C++ and Python alike (python/doorman/_core.py).
+[[nodiscard]] inline double rate_demand(double asked, double span, bool throttled, double capacity,
+                                        double headroom) noexcept {
+  double value = asked / span;
+  if (throttled) value = std::max(value, std::max(capacity, 1.0) * headroom);
+  return value;
+}
+
+/// Adds one sample (`value` over `span` seconds) to `demand` and returns the wants it makes:
+/// the estimate × `headroom`, at least `min_wants`; a throttled sample's value at once (the
+/// average only brings wants down as demand falls); for a gauge the next whole number;
+/// within the protocol's bound on a quantity (0 to 1e15).
+[[nodiscard]] inline double sampled_wants(demand_estimator& demand, double value, double span,
+                                          bool throttled, bool gauge, double headroom = 1,
+                                          double min_wants = 0) {
+  demand.add(value, std::chrono::duration<double>(span));
+  double wants = std::max(demand.estimate() * headroom, min_wants);
+  if (throttled) wants = std::max(wants, value);
+  // Concurrency is whole operations: a gauge asks for the next whole number.
+  if (gauge) wants = std::ceil(wants - 1e-6);
+  return wants > 0 ? std::min(wants, 1e15) : 0.0;
+}
 
 }  // namespace doorman

@@ -281,13 +281,10 @@ class client_core {
       } else {
         value = static_cast<double>(e->gauge.take_peak());
       }
-      e->demand.add(value, seconds(span));
-      double wants = std::max(e->demand.estimate() * e->options.headroom, e->options.min_wants);
-      if (throttled) wants = std::max(wants, value);
-      // Concurrency is whole operations: a gauge asks for the next whole number.
-      if (e->kind == resource_kind::gauge) wants = std::ceil(wants - 1e-6);
-      // Within the protocol's bound, whatever was measured (set_wants refuses more).
-      state_.set_wants(id, bounded_quantity(wants));  // shown by push_capacities
+      const double wants =
+          sampled_wants(e->demand, value, span, throttled, e->kind == resource_kind::gauge,
+                        e->options.headroom, e->options.min_wants);
+      state_.set_wants(id, wants);  // shown by push_capacities
     }
   }
 
@@ -296,11 +293,9 @@ class client_core {
   double rate_sample(resource_entry& e, double span, bool& throttled) const {
     const double attempted = e.rate.attempted();
     const std::uint64_t delayed = e.rate.delayed();
-    double value = (attempted - e.attempted_seen) / span;
     throttled = delayed != e.throttled_seen;
-    if (throttled) {
-      value = std::max(value, std::max(e.capacity.load(), 1.0) * options_.throttled_headroom);
-    }
+    const double value = rate_demand(attempted - e.attempted_seen, span, throttled,
+                                     e.capacity.load(), options_.throttled_headroom);
     e.attempted_seen = attempted;
     e.throttled_seen = delayed;
     return value;
