@@ -1,5 +1,6 @@
 // The channel (redirects, failover, deadlines) and the refresh driver.
 
+#include "etcd_server.hpp"
 #include "line_client.hpp"
 #include "support.hpp"
 
@@ -193,6 +194,45 @@ TEST_CASE("a refused channel backs off instead of reconnecting at once", "[net][
     CHECK_THAT(said, Catch::Contains("refused (-32000 too many connections; try again later; "
                                      "retry after 0.8 s)"));
   }
+}
+
+TEST_CASE("a call bounded by a lease reaches a peer back within the channel's backoff",
+          "[net][channel][fault]") {
+  // A peer restarts: its port refuses for a while, and the channel backs off (2-4 s here). A
+  // refresh whose lease has 2 s left calls with a deadline of 1 s (half of it); the peer is
+  // back. The call must try it within its deadline, not fail because the backoff runs longer
+  // than the lease.
+  using clock = std::chrono::steady_clock;
+  running_node root(fast_config(10));
+  link_proxy restarting(root.address());
+  asio::io_context io;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {restarting.address()},
+                                               .initial_backoff = doorman::seconds(4),
+                                               .maximum_backoff = doorman::seconds(4)});
+  const auto call = [&](double timeout) {
+    return run_coroutine_test(io, [&] {
+      return ch.call("discovery", json::object(), true, doorman::seconds(timeout));
+    });
+  };
+  REQUIRE(call(1));
+  restarting.refuse();
+  const auto down = call(1);
+  CHECK(down.error == doorman::errc::unreachable);
+  CHECK(ch.failures() >= 1);  // backing off now, 2-4 s
+  restarting.accept_again();
+  const auto start = clock::now();
+  const auto back = call(1);
+  INFO(back.message);
+  CHECK(back);
+  CHECK(clock::now() - start < 1s);
+  CHECK(ch.failures() == 0);
+  // A call that has already made its attempt waits the backoff out: one early attempt a call.
+  restarting.refuse();
+  (void)call(1);
+  const auto failures = ch.failures();
+  const auto again = call(0.2);  // its early attempt, at 0.1 s: refused, then no more
+  CHECK_FALSE(again);
+  CHECK(ch.failures() == failures + 1);
 }
 
 namespace {

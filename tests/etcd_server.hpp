@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -95,6 +97,24 @@ class link_proxy {
   }
   void cut() { cut_ = true; }
   void heal() { cut_ = false; }
+  // As a peer that restarts: the link's connections are closed (once this returns), and new
+  // ones are closed as they come, until `accept_again`.
+  void refuse() {
+    refusing_ = true;
+    std::promise<void> done;
+    asio::post(io_, [this, &done] {
+      for (auto& w : live_) {
+        if (const auto sock = w.lock()) {
+          std::error_code ignored;
+          sock->close(ignored);
+        }
+      }
+      live_.clear();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+  void accept_again() { refusing_ = false; }
 
  private:
   using tcp = asio::ip::tcp;
@@ -102,6 +122,9 @@ class link_proxy {
   asio::awaitable<void> accept() {
     for (;;) {
       auto in = std::make_shared<tcp::socket>(co_await acceptor_.async_accept(asio::use_awaitable));
+      if (refusing_) continue;  // closed as it goes
+      std::erase_if(live_, [](const auto& w) { return w.expired(); });
+      live_.push_back(in);
       auto out = std::make_shared<tcp::socket>(io_);
       std::error_code ec;
       out->connect({asio::ip::make_address_v4("127.0.0.1"),
@@ -140,6 +163,8 @@ class link_proxy {
   asio::io_context io_;
   tcp::acceptor acceptor_{io_};
   std::atomic<bool> cut_{false};
+  std::atomic<bool> refusing_{false};
+  std::vector<std::weak_ptr<tcp::socket>> live_;  // the accepted ends (on io_'s thread)
   std::thread thread_;
 };
 

@@ -166,6 +166,27 @@ TEST_CASE("the client state and the upstream say what to do next", "[core][refre
   CHECK(up.has_news(node));  // a new resource; after a failure it still waits out the backoff
 }
 
+TEST_CASE("failover: a call's first attempt waits the backoff out only until halfway to its deadline",
+          "[core][failover]") {
+  using namespace std::chrono_literals;
+  using tp = doorman::manual_clock::time_point;
+  doorman::failover<tp> f({"a:1"}, {.backoff = {doorman::seconds(4), doorman::seconds(4)}});
+  const tp t0 = tp{} + 100s;
+  f.failed(t0, doorman::failure::unreachable);  // backing off 2-4 s
+  REQUIRE(f.connect_at() >= t0 + 2s);
+  // A call of 1 s (half the lease left) at t0: its first attempt at 0.5 s, in time.
+  CHECK(f.attempt_at(t0, t0 + 1s, true) == t0 + 500ms);
+  // After it: the backoff, which is past the deadline.
+  CHECK(f.attempt_at(t0, t0 + 1s, false) == tp::max());
+  // A call long enough for the backoff waits it out.
+  CHECK(f.attempt_at(t0, t0 + 10s, true) == f.connect_at());
+  SECTION("a retry delay the peer asked for is kept") {
+    f.failed(t0, doorman::failure::refused, doorman::seconds(0.8));
+    CHECK(f.attempt_at(t0, t0 + 1s, true) == t0 + 800ms);
+    CHECK(f.attempt_at(t0, t0 + 500ms, true) == tp::max());
+  }
+}
+
 TEST_CASE("failover: every failure moves on, a failed round backs off, only answers reset",
           "[core][failover]") {
   using namespace std::chrono_literals;

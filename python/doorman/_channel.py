@@ -90,6 +90,7 @@ class Channel:
         self.failures = 0  # in a row, since the last answer
         self._round_failures = 0  # of the current round of addresses
         self._connect_at = 0.0  # monotonic: no connection attempt before
+        self._floor_until = 0.0  # monotonic: none before, whatever (a retry delay asked for)
         self._retry_after = 0.0  # a refusal's retry hint, until some node answers
         self._problem = ""  # the last failure's, for the error of a call that gives up
         self.connects = 0  # connection attempts made
@@ -130,11 +131,19 @@ class Channel:
     def call(self, method: str, params: dict[str, Any], deadline: float) -> dict[str, Any]:
         """The result of `method` on the master, or CallError; `deadline` is monotonic."""
         redirects = 0
+        start = time.monotonic()
+        first = True  # the attempt that may cut the backoff short
         while True:
             self._check_interrupted()
             if self._sock is None:
                 try:
-                    self._connect(deadline)
+                    # The first attempt waits out the backoff only until halfway to the deadline
+                    # (a refresh's deadline is half its lease's time left), so that a peer back
+                    # within the backoff is reached while the lease runs; one early attempt a
+                    # call (as the C++ failover's `attempt_at`).
+                    early = (start + deadline) / 2 if first else None
+                    first = False
+                    self._connect(deadline, early)
                 except CallError:
                     if self._connect_at >= deadline or time.monotonic() >= deadline:
                         raise
@@ -189,10 +198,14 @@ class Channel:
         if self._round_failures >= len(self.addresses):
             self._round_failures = 0
             self._connect_at = time.monotonic() + self._backoff()
+            self._floor_until = time.monotonic() + self._retry_after
 
-    def _connect(self, deadline: float) -> None:
+    def _connect(self, deadline: float, early: Optional[float] = None) -> None:
         now = time.monotonic()
-        if self._connect_at >= deadline:
+        at = self._connect_at
+        if early is not None:
+            at = min(at, max(early, self._floor_until))  # a retry delay asked for is kept
+        if at >= deadline:
             raise CallError(
                 "unreachable",
                 f"no task of the position answered; backing off after {self.failures} "
@@ -201,7 +214,7 @@ class Channel:
                 else f"no task of the position answered; backing off after {self.failures} "
                 "failures in a row",
             )
-        if now < self._connect_at and self._interrupted.wait(self._connect_at - now):
+        if now < at and self._interrupted.wait(at - now):
             self._check_interrupted()
         self.connects += 1
         timeout = max(0.001, min(self._connect_timeout, deadline - time.monotonic()))

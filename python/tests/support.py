@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -151,7 +152,16 @@ class FakeServer:
         self.accepted = 0
         self._conns: list[socket.socket] = []
         self._stop = False
+        self.refusing = False  # as a restarting node: connections closed as they come
         threading.Thread(target=self._serve, daemon=True).start()
+
+    def refuse(self) -> None:
+        """Closes its connections, and every new one at once, until `refusing` is unset."""
+        self.refusing = True
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
 
     def _serve(self) -> None:
         while not self._stop:
@@ -160,6 +170,9 @@ class FakeServer:
             except OSError:
                 return
             self.accepted += 1
+            if self.refusing:
+                c.close()
+                continue
             self._conns.append(c)
             threading.Thread(target=self._talk, args=(c,), daemon=True).start()
 

@@ -34,6 +34,36 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
 class ClientTest(unittest.TestCase):
+    def test_a_call_bounded_by_a_lease_reaches_a_peer_back_within_the_backoff(self) -> None:
+        # A peer restarts: refused, the channel backs off 2-4 s. A refresh with 2 s of lease
+        # left calls with a deadline of 1 s; the peer is back: the call must try it in time,
+        # one early attempt a call (as the C++ channel's test).
+        from doorman._channel import CallError, Channel
+        master = {"result": {"mastership": {"is_master": True, "master": None}}}
+        server = FakeServer(lambda req: master)
+        ch = Channel([server.address], initial_backoff=4, maximum_backoff=4)
+        try:
+            ch.call("discovery", {}, time.monotonic() + 1)
+            server.refuse()
+            with self.assertRaises(CallError):
+                ch.call("discovery", {}, time.monotonic() + 1)
+            self.assertGreaterEqual(ch.failures, 1)
+            server.refusing = False
+            start = time.monotonic()
+            ch.call("discovery", {}, start + 1)
+            self.assertLess(time.monotonic() - start, 1)
+            self.assertEqual(ch.failures, 0)
+            server.refuse()
+            with self.assertRaises(CallError):
+                ch.call("discovery", {}, time.monotonic() + 1)
+            failures = ch.failures
+            with self.assertRaises(CallError):
+                ch.call("discovery", {}, time.monotonic() + 0.2)  # its early attempt, then none
+            self.assertEqual(ch.failures, failures + 1)
+        finally:
+            ch.close()
+            server.close()
+
     def setUp(self) -> None:
         self.nodes: list[Node] = []
         self._dir: tempfile.TemporaryDirectory[str] | None = None

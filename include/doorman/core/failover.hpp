@@ -70,6 +70,21 @@ class failover {
   /// The earliest time of the next connection attempt.
   [[nodiscard]] time_point connect_at() const noexcept { return connect_at_; }
 
+  /// When a call that began at `start`, with deadline `deadline`, makes its next attempt: at
+  /// `connect_at()`, except that its first attempt (`first`) waits out the backoff only until
+  /// halfway to its deadline. A refresh's deadline is bounded by half the lease time left
+  /// (`refresh_schedule::call_timeout`), so a peer back within the backoff is reached while a
+  /// lease still runs; each call makes at most one attempt early, so the caller's own pacing
+  /// (the refresh schedule's backoff) bounds them. A retry delay the peer asked for is kept.
+  /// `time_point::max()`: no attempt before the deadline.
+  [[nodiscard]] time_point attempt_at(time_point start, time_point deadline,
+                                      bool first) const noexcept {
+    time_point at = connect_at_;
+    if (first && deadline > start)
+      at = std::min(at, std::max(start + (deadline - start) / 2, floor_until_));
+    return at >= deadline ? time_point::max() : at;
+  }
+
   /// Failures in a row since the last answer.
   [[nodiscard]] std::uint32_t failures() const noexcept { return failures_; }
 
@@ -117,6 +132,7 @@ class failover {
     retry_floor_ =
         std::max(retry_floor_, to_duration<duration>(std::clamp(retry_after.count(), 0.0, 300.0)));
     connect_at_ = now + std::max(wait, retry_floor_);
+    floor_until_ = now + retry_floor_;
   }
 
   /// A non-master named `master` as the master: go there next, at once (the rounds of
@@ -144,8 +160,9 @@ class failover {
   std::uint32_t failures_ = 0;
   failure last_ = failure::unreachable;
   time_point connect_at_{};
-  duration retry_floor_{};  // the longest retry delay asked for since the last answer
-  std::vector<bool> dead_;  // per address: failed other than no_master since the last answer
+  duration retry_floor_{};    // the longest retry delay asked for since the last answer
+  time_point floor_until_{};  // the last failure + retry_floor_: no attempt before, ever
+  std::vector<bool> dead_;    // per address: failed other than no_master since the last answer
   jittered_backoff backoff_;
 };
 

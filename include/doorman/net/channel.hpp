@@ -248,9 +248,13 @@ class channel final : public call_channel {
     drop();
   }
 
-  // Connects when the machine allows, before `deadline`; a failed call's reply when it cannot.
-  DOORMAN_DECL asio::awaitable<std::optional<call_reply>> reconnect(clock::time_point deadline,
-                                                                    std::uint64_t cancels);
+  // Connects when the machine allows (`failover::attempt_at`: `first`, the call's first
+  // attempt, may cut the backoff short; cleared once made), before `deadline`; a failed
+  // call's reply when it cannot.
+  DOORMAN_DECL asio::awaitable<std::optional<call_reply>> reconnect(clock::time_point start,
+                                                                    clock::time_point deadline,
+                                                                    std::uint64_t cancels,
+                                                                    bool& first);
 
   // Closes the connection; every pending call fails as lost.
   void drop() {

@@ -119,6 +119,8 @@ struct exchange {
   failure why = failure::hung;   ///< how the request in flight fails, if it does
   /// Which task of the job to ask, and when (with `simulation_options::tasks` > 1).
   std::optional<failover<time_point>> route;
+  /// A due request waiting out the route's backoff: when it goes (`failover::attempt_at`).
+  std::optional<time_point> attempt;
 };
 
 /// A request waiting in the socket of a paused master, answered when it resumes.
@@ -865,14 +867,22 @@ class simulation {
     side.woke();
     exchange& x = side.up();
     if (!side.due()) {
+      x.attempt.reset();
       if (x.in_flight == 0) side.wake_at(side.next_request());
       return;
     }
-    if (x.route && now() < x.route->connect_at()) {  // backing off
-      side.wake_at(x.route->connect_at());
-      return;
-    }
     x.timeout = to_duration<duration>(side.call_timeout().count());
+    if (x.route && now() < x.route->connect_at()) {  // backing off: as the channel's call waits
+      if (!x.attempt) {
+        const time_point at = x.route->attempt_at(now(), now() + x.timeout, true);
+        x.attempt = at == time_point::max() ? x.route->connect_at() : at;
+      }
+      if (now() < *x.attempt) {
+        side.wake_at(*x.attempt);
+        return;
+      }
+    }
+    x.attempt.reset();
     side.make_request();
     x.sent = now();
     x.in_flight = ++x.request_number;

@@ -13,8 +13,10 @@ namespace doorman::net {
 DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohmann::json params,
                                                        bool follow_redirects,
                                                        std::optional<seconds> timeout) {
+  const auto start = clock::now();
   const auto deadline =
-      clock::now() + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
+      start + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
+  bool first_attempt = true;  // the one that may cut the backoff short (`attempt_at`)
   int redirects = 0;
   const std::uint64_t cancels = cancels_;
   for (;;) {
@@ -22,7 +24,8 @@ DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohm
     if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
     if (!state_->open) {
       // (Not inside the if's condition: GCC 12 miscompiles a co_await there.)
-      std::optional<call_reply> refused = co_await reconnect(deadline, cancels);
+      std::optional<call_reply> refused =
+          co_await reconnect(start, deadline, cancels, first_attempt);
       if (refused) co_return std::move(*refused);
       continue;
     }
@@ -54,18 +57,20 @@ DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohm
 }
 
 DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
-    clock::time_point deadline, std::uint64_t cancels) {
+    clock::time_point start, clock::time_point deadline, std::uint64_t cancels, bool& first) {
   std::optional<call_reply> out;
-  if (clock::now() >= deadline || policy_.connect_at() >= deadline) {
+  const auto at = policy_.attempt_at(start, deadline, first);
+  if (clock::now() >= deadline || at == clock::time_point::max()) {
     out = fail(errc::unreachable, fmt::format("no task of the position answered; backing off "
                                               "after {} failures in a row{}",
                                               policy_.failures(), last_problem()));
     co_return out;
   }
-  if (clock::now() < policy_.connect_at()) {
-    co_await sleep_until(policy_.connect_at());
+  if (clock::now() < at) {
+    co_await sleep_until(at);
     co_return out;
   }
+  first = false;
   if (connecting_) {  // another call's attempt: its outcome is this call's too
     co_await sleep_until(deadline, true);
     co_return out;
