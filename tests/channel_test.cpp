@@ -210,9 +210,8 @@ TEST_CASE("a call bounded by a lease reaches a peer back within the channel's ba
                                                .initial_backoff = doorman::seconds(4),
                                                .maximum_backoff = doorman::seconds(4)});
   const auto call = [&](double timeout) {
-    return run_coroutine_test(io, [&] {
-      return ch.call("discovery", json::object(), true, doorman::seconds(timeout));
-    });
+    return run_coroutine_test(
+        io, [&] { return ch.call("discovery", json::object(), true, doorman::seconds(timeout)); });
   };
   REQUIRE(call(1));
   restarting.refuse();

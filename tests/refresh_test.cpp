@@ -166,8 +166,9 @@ TEST_CASE("the client state and the upstream say what to do next", "[core][refre
   CHECK(up.has_news(node));  // a new resource; after a failure it still waits out the backoff
 }
 
-TEST_CASE("failover: a call's first attempt waits the backoff out only until halfway to its deadline",
-          "[core][failover]") {
+TEST_CASE(
+    "failover: a call's first attempt waits the backoff out only until halfway to its deadline",
+    "[core][failover]") {
   using namespace std::chrono_literals;
   using tp = doorman::manual_clock::time_point;
   doorman::failover<tp> f({"a:1"}, {.backoff = {doorman::seconds(4), doorman::seconds(4)}});
