@@ -564,12 +564,16 @@ class basic_engine {
   // A client asking again sooner than `minimum_refresh_interval` gets its lease back as it is.
   // Server children are few and refresh on purpose faster than clients: no minimum for them.
   // Nor for a client holding nothing: rerunning the algorithm for it costs little and lets it
-  // in as soon as capacity appears (e.g. an intermediate's first lease from its parent).
+  // in as soon as capacity appears (e.g. an intermediate's first lease from its parent). Nor
+  // for a lease with less than the minimum left: an intermediate's grant ends with its own
+  // lease, and a client that comes back as it ends must get one that ends with the lease the
+  // parent has renewed since, not the old one again (it would run out, unrenewed).
   [[nodiscard]] bool refreshed_too_soon(const decision& d, const client_type& c,
                                         bool created) const {
+    const auto minimum = as_duration(options_.minimum_refresh_interval);
     return !created && !c.lease.expired(d.now) && !d.server && c.lease.capacity > 0 &&
-           options_.minimum_refresh_interval.count() > 0 &&
-           d.now - c.last_decision < as_duration(options_.minimum_refresh_interval);
+           minimum > duration::zero() && d.now - c.last_decision < minimum &&
+           c.lease.expiry - d.now >= minimum;
   }
 
   // What the client says it has, when its lease is live (0 for a newcomer).

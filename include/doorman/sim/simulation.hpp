@@ -153,6 +153,7 @@ struct job {
   time_point key_expires{};  ///< when the stopped master's election lease runs out
   std::vector<queued_request> queued;
   time_point refusing_until{};
+  time_point answers_hung_until{};    ///< its master answers no one until then (`hang_answers`)
   time_point clients_cut_until{};     ///< the links from its clients
   std::size_t election_cut_task = 0;  ///< the task cut from the election store (`cut_election`)
   time_point election_cut_until{};    ///< until then
@@ -337,6 +338,15 @@ class simulation {
       k.master_task = (k.election_cut_task + 1) % std::max<std::size_t>(options_.tasks, 1);
       elect(index);
     });
+  }
+
+  /// The job's master stops answering its requesters for `for_seconds` (it accepts their
+  /// requests and answers none) while it keeps renewing its election: a master whose client
+  /// door is wedged but whose etcd session is not. Nothing in the tree detects it; the
+  /// requesters' leases run out as they would with the master gone, and no other task takes
+  /// over (docs/high-availability.md).
+  void hang_answers(std::size_t index, double for_seconds) {
+    jobs_.at(index).answers_hung_until = now() + to_duration<duration>(std::max(0.0, for_seconds));
   }
 
   /// Every message between the job and its clients is lost for `for_seconds`.
@@ -904,7 +914,7 @@ class simulation {
       arrive_at_task(side, target);
       return;
     }
-    if (!j.engine) {  // nobody answers
+    if (!j.engine || now() < j.answers_hung_until) {  // nobody answers
       schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
       return;
     }
@@ -953,7 +963,13 @@ class simulation {
       task = *holder;
       extra = 2 * to_duration<duration>(options_.network.latency);
     }
-    if (j.engine && task == j.master_task) return decide_and_answer(side, target, extra);
+    if (j.engine && task == j.master_task) {
+      if (now() < j.answers_hung_until) {  // wedged: the caller waits in vain
+        schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
+        return;
+      }
+      return decide_and_answer(side, target, extra);
+    }
     // The stopped master: the caller waits in vain, unless it resumes in time.
     schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
     if (j.hung) return;
