@@ -566,6 +566,34 @@ TEST_CASE("an intermediate's grants are capped by its own lease", "[core][engine
   CHECK(f.ask("c", 10) == 0);
 }
 
+TEST_CASE("an intermediate's client coming back as its lease ends gets the renewed parent lease",
+          "[core][engine]") {
+  // A grant ends with the intermediate's own lease. Within minimum_refresh_interval (5 s) a
+  // client gets its lease back unchanged, but not one with less than that left: that one would
+  // run out although the parent has renewed since (the simulator's hang_answers fault found
+  // every client of an intermediate without a lease for a refresh interval).
+  doorman::engine_options opts;
+  opts.is_root = false;
+  fixture f(repo_for("FAIR_SHARE", 1000), opts);
+  f.clock.advance(6s);
+  f.engine.set_parent_lease("res", {50, f.clock.now() + 8s, 2s}, f.clock.now());
+  const auto ask = [&](std::optional<doorman::lease_info> has) {
+    auto r = f.engine.get_capacity({"a", {{"res", 0, 10, has}}}, f.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0].gets;
+  };
+  const auto first = ask(std::nullopt);
+  CHECK(first.expires_in == 8);  // the parent's lease
+  f.clock.advance(1s);
+  const auto soon = ask(doorman::lease_info{first.capacity, 7, first.refresh_interval});
+  CHECK(soon.expires_in == 7);  // 1 s later, 7 s left: handed back as it is
+  f.clock.advance(3s);
+  f.engine.set_parent_lease("res", {50, f.clock.now() + 8s, 2s}, f.clock.now());  // renewed
+  const auto ending = ask(doorman::lease_info{first.capacity, 4, first.refresh_interval});
+  CHECK(ending.capacity == 10);
+  CHECK(ending.expires_in == 8);  // 4 s after the decision, 4 s left: decided again
+}
+
 TEST_CASE("a non-master answers with its mastership only", "[core][engine]") {
   manual_clock clock;
   engine_t e(repo_for("FAIR_SHARE", 100));
