@@ -19,6 +19,7 @@ cat > "$work/config.json" <<'JSON'
 {"resources": [{"identifier_glob": "*", "capacity": 100, "algorithm": {"kind": "FAIR_SHARE",
   "lease_length": 20, "refresh_interval": 4, "learning_mode_duration": 0}}]}
 JSON
+: > "$work/node.log"  # there before the node opens it: the loop below reads it at once (set -e)
 "$node" --listen 127.0.0.1:0 --admin off --grpc-listen 127.0.0.1:0 --config "$work/config.json" \
   2> "$work/node.log" &
 pid=$!
