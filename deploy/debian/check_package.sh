@@ -50,7 +50,6 @@ fi
 echo "== the node as the unit runs it: user doorman, /etc/doorman/doorman-node.env"
 /usr/bin/doorman config check /etc/doorman/resources.yaml
 log=$work/node.log
-: >"$log"  # there before the node opens it: the loop below reads it at once (set -e)
 touch "$log" && chown doorman "$log"
 (
   set -a
