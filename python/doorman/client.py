@@ -185,7 +185,7 @@ class Client:
                 step = self._core.step(_now())
                 if step.action == "wait":
                     if not self._closed.is_set():
-                        self._changed.wait(max(0.0, (step.at - _now()) / 1e9))
+                        self._changed.wait(min(3600.0, max(0.0, (step.at - _now()) / 1e9)))
                     continue
                 self._in_call = True
                 self._channel.resume()
