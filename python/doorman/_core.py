@@ -207,7 +207,6 @@ class ClientState:
         self._asked: set[str] = set()
         self._unasked = False
         self._start_unsent = False
-        self.invalid_grants = 0
         self.answer_grants = 0  # grants in the last answer (adopted or not)
 
     # ---- resources ---------------------------------------------------------------------
@@ -257,9 +256,6 @@ class ClientState:
         out, self._releases = self._releases, []
         return out
 
-    def ids(self) -> list[str]:
-        return list(self._resources)
-
     # ---- capacities ----------------------------------------------------------------------
 
     def capacity(self, rid: str, now: int) -> float:
@@ -269,10 +265,6 @@ class ClientState:
     def leased(self, rid: str, now: int) -> bool:
         r = self._resources.get(rid)
         return r is not None and r.lease is not None and now < r.lease.expiry
-
-    def lease(self, rid: str) -> Optional[Lease]:
-        r = self._resources.get(rid)
-        return None if r is None else r.lease
 
     # ---- the schedule ----------------------------------------------------------------------
 
@@ -329,7 +321,6 @@ class ClientState:
             return self.on_failure(now), ["answered as not master"]
         self.answer_grants = len(answer.grants)
         grants, problems = _wire.screen_grants(answer.grants, self._asked)
-        self.invalid_grants += len(problems)
         interval = math.inf
         sent = self._schedule.last_request
         for g in grants:

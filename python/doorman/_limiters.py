@@ -10,7 +10,6 @@ import threading
 import time
 from typing import Callable, NamedTuple, Optional
 
-UNLIMITED = -1.0
 NEVER = 2**63 - 1  # no time: blocked
 _START = -(2**62)  # a tat long past
 
@@ -124,11 +123,6 @@ class RateLimiter(_Limiter):
             self._capacity = 0.0
             self._interval = math.inf
             self._steps()
-
-    def take_asked(self) -> float:
-        with self._lock:
-            asked, self.asked = self.asked, 0.0
-            return asked
 
     def try_acquire(self, n: float = 1) -> Acquired:
         # Written out (no helper call): this is the hot path; n = 1 needs no check, and its

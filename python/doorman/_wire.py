@@ -35,16 +35,6 @@ def request_line(request_id: int, method: str, params: dict[str, Any]) -> bytes:
     ).encode()
 
 
-def _number(v: Any, low: float, high: float) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        x = float(v)
-    except OverflowError:  # an integer too large for a float
-        return None
-    return x if math.isfinite(x) and low <= x <= high else None
-
-
 def read_mastership(result: Any) -> Optional[Mastership]:
     """The `mastership` of a result, or None when it is not one."""
     if not isinstance(result, dict):

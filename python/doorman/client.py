@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from . import _wire
 from ._channel import CallError, Channel
-from ._core import FALLBACKS, ClientCore, Entry, ResourceOptions, Step
+from ._core import ClientCore, Entry, ResourceOptions, Step
 from ._limiters import Acquired, Gauge, RateLimiter
 
 _ids = itertools.count()
