@@ -2,8 +2,7 @@
 //
 //   doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S] [--window N]
 //                     [--keys N,N,...] [--redis-server PATH] [--accuracy-seconds S]
-//                     [--replicas N] [--headroom X] [--demand-window S] [--json FILE]
-//                     [--svg FILE]
+//                     [--replicas N] [--json FILE] [--svg FILE]
 //
 // Speed: a doorman-rls pinned to core 0 (taskset), answering ShouldRateLimit for --keys distinct
 // keys (one descriptor each, picked at random per call, a rule of 10^9 a minute so that every
@@ -12,18 +11,22 @@
 // the same run, what envoyproxy/ratelimit pays per request at least: one Redis round trip of a
 // pipelined INCRBY and EXPIRE on a redis-server pinned to core 0, over the same keys, with
 // --window connections (one in flight each). Then the same doorman-rls with --server: each key
-// leased from a doorman-node root (the tree's round trips are not per request); and with
-// --server counting every key at the root (--exact-below above the rule's limit: one round
-// trip to the root per call; the root's CPU is not in the figure).
+// drawn in blocks from a doorman-node root's count (a round trip per block, not per request);
+// and with --server --block-fraction 0, every request counted at the root (one round trip to
+// the root per call). The root's CPU is not in the figures.
 //
 // Accuracy: --replicas doorman-rls replicas share one limit (60 a second on one key) under
 // uneven, shifting offered traffic, paced open loop, in three phases of --accuracy-seconds: over
 // the limit with 60/30/10% of the traffic on the replicas, over it with 10/30/60%, and under it
-// (a quarter of the limit) with 60/30/10%. Per wall-clock second, the fleet's admitted calls are
-// compared with an ideal single counter (a fixed window: min(offered, limit)); over and under are
-// summed over the seconds, per mode: each replica alone (envoyproxy/ratelimit without a shared
-// Redis, or doorman-rls without --server), leases (--server --exact-below 0) and exact counts
-// at the root (--server, the limit under --exact-below).
+// (a quarter of the limit) with 60/30/10%. Per window (a second of the monotonic clock, where
+// the root and the replicas on this machine put their windows), the fleet's admitted calls are
+// compared with an ideal single counter (a fixed window: min(offered, limit)): a call is offered
+// in the window it was sent in, admitted in the window its answer's reset names. Over and under
+// are summed over the windows, per mode: each replica alone (envoyproxy/ratelimit without a shared
+// Redis, or doorman-rls without --server), blocks drawn from the root's count (--server) and
+// every request counted at the root (--server --block-fraction 0). Then a new key of a rule of
+// 300 a minute, asked at 2 and at 3 replicas as fast as they answer for 3 s: per window of a
+// minute, the fleet's admitted calls against the limit.
 
 #include <doorman/net/address.hpp>
 
@@ -64,8 +67,8 @@ namespace {
 const char* const usage =
     "usage: doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S]\n"
     "                         [--window N] [--keys N,N,...] [--redis-server PATH]\n"
-    "                         [--accuracy-seconds S] [--replicas N] [--headroom X]\n"
-    "                         [--demand-window S] [--json FILE] [--svg FILE]\n";
+    "                         [--accuracy-seconds S] [--replicas N] [--json FILE]\n"
+    "                         [--svg FILE]\n";
 
 using clock_type = std::chrono::steady_clock;
 namespace pb = ::envoy::service::ratelimit::v3;
@@ -81,18 +84,17 @@ struct options {
   int replicas = 3;
   std::string json_file;
   std::string svg_file;
-  std::string headroom;       // --headroom of the leased replicas; empty: doorman-rls's default
-  std::string demand_window;  // their --demand-window, the same way
 };
 
-// How the replicas count: alone, by leases from a root, or exactly at the root.
-enum class mode { alone, leases, exact };
-constexpr std::array<mode, 3> all_modes = {mode::alone, mode::leases, mode::exact};
+// How the replicas count: alone, in blocks drawn from a root's count, or every request at it.
+enum class mode { alone, blocks, each };
+constexpr std::array<mode, 3> all_modes = {mode::alone, mode::blocks, mode::each};
 
 // The flags a replica of `m` adds (the root at `root`).
 std::vector<std::string> mode_flags(mode m, const std::string& root) {
   if (m == mode::alone) return {};
-  return {"--server", root, "--exact-below", m == mode::leases ? "0" : "10000000000"};
+  if (m == mode::blocks) return {"--server", root};
+  return {"--server", root, "--block-fraction", "0"};
 }
 
 struct speed_result {
@@ -218,13 +220,19 @@ class rls_load {
   }
 
   // One call, synchronously: admitted or not.
-  bool admit(const pb::RateLimitRequest& q) {
+  // When `q` is admitted: the end of the window it was admitted in (the answer's time plus its
+  // duration_until_reset, on the monotonic clock that every process here shares).
+  std::optional<clock_type::time_point> admit(const pb::RateLimitRequest& q) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     pb::RateLimitResponse out;
     const auto st = stub_->ShouldRateLimit(&ctx, q, &out);
     if (!st.ok()) throw std::runtime_error("ShouldRateLimit: " + st.error_message());
-    return out.overall_code() == pb::RateLimitResponse::OK;
+    if (out.overall_code() != pb::RateLimitResponse::OK || out.statuses_size() != 1)
+      return std::nullopt;
+    const auto& reset = out.statuses(0).duration_until_reset();
+    return clock_type::now() + std::chrono::seconds(reset.seconds()) +
+           std::chrono::nanoseconds(reset.nanos());
   }
 
  private:
@@ -370,12 +378,12 @@ std::vector<speed_result> speed(const options& o, const std::filesystem::path& d
       auto rls = start(args, dir / fmt::format("speed-{}-{}.log", keys, static_cast<int>(m)),
                        "RateLimitService listening on ");
       rls_load load(rls.address);
-      // Every key once first (each a new key, and with --server a first lease asked for), so
-      // that the measured calls are steady state.
+      // Every key once first (each a new key, and with --server a first block drawn), so that
+      // the measured calls are steady state.
       (void)load.drive(o, keys, rls.p->pid(), 0);
       auto r = load.drive(o, keys, rls.p->pid(), o.seconds);
-      static constexpr std::array<const char*, 3> names = {"doorman-rls", "doorman-rls --server",
-                                                           "doorman-rls --server, exact"};
+      static constexpr std::array<const char*, 3> names = {
+          "doorman-rls", "doorman-rls --server", "doorman-rls --server --block-fraction 0"};
       r.server = names[static_cast<std::size_t>(m)];
       out.push_back(r);
       fmt::print(stderr, "{} keys {}: {:.0f} calls/s\n", r.server, keys, r.calls_per_s);
@@ -418,8 +426,41 @@ struct phase {
   std::array<double, 3> share;
 };
 
+// Per window, what `seen` (per replica: offered and admitted per window) adds up to for the
+// fleet, against an ideal counter of `limit` per window; `partial`: the first and last windows
+// are left out.
+accuracy_result fold(const std::string& mode, const std::string& phase,
+                     const std::vector<std::map<long, std::pair<long, long>>>& seen, long limit,
+                     bool partial) {
+  accuracy_result r;
+  r.mode = mode;
+  r.phase = phase;
+  std::map<long, std::pair<long, long>> fleet;
+  for (const auto& per : seen)
+    for (const auto& [window, c] : per) {
+      fleet[window].first += c.first;
+      fleet[window].second += c.second;
+    }
+  if (partial && fleet.size() > 2) {
+    fleet.erase(fleet.begin());
+    fleet.erase(std::prev(fleet.end()));
+  }
+  for (const auto& [window, c] : fleet) {
+    const long ideal = std::min(c.first, limit);
+    r.offered += c.first;
+    r.ideal += ideal;
+    r.admitted += c.second;
+    r.over += std::max(0L, c.second - ideal);
+    r.under += std::max(0L, ideal - c.second);
+    r.per_second.emplace_back(ideal, c.second);
+  }
+  fmt::print(stderr, "{}, {}: ideal {} admitted {}\n", mode, phase, r.ideal, r.admitted);
+  return r;
+}
+
 std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::path& dir) {
-  constexpr long limit = 60;  // a second
+  constexpr long limit = 60;          // a second
+  constexpr long minute_limit = 300;  // a minute, at a new key
   const std::vector<phase> phases = {
       {"over, 60/30/10%", 2.0, {0.6, 0.3, 0.1}},
       {"over, shifted to 10/30/60%", 2.0, {0.1, 0.3, 0.6}},
@@ -431,13 +472,16 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
       "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
       "      unit: second\n      requests_per_unit: {}\n",
       limit);
+  std::ofstream(config / "minute.yaml") << fmt::format(
+      "domain: minute\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
+      "      unit: minute\n      requests_per_unit: {}\n",
+      minute_limit);
   const auto replicas = static_cast<std::size_t>(std::clamp(o.replicas, 1, 3));
   std::vector<accuracy_result> out;
   for (const mode m : all_modes) {
-    static constexpr std::array<const char*, 3> names = {"each replica alone", "leases (--server)",
-                                                         "exact (--server, counted at the root)"};
+    static constexpr std::array<const char*, 3> names = {
+        "each replica alone", "blocks (--server)", "every request (--server --block-fraction 0)"};
     const std::string mode_name = names[static_cast<std::size_t>(m)];
-    const bool leased = m == mode::leases;
     std::optional<started> root;
     if (m != mode::alone) root = start_root(o, dir, config, "accuracy");
     std::vector<started> rls;
@@ -446,18 +490,15 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
                                        config.string()};
       const auto more = mode_flags(m, root ? root->address : "");
       args.insert(args.end(), more.begin(), more.end());
-      if (leased && !o.headroom.empty()) args.insert(args.end(), {"--headroom", o.headroom});
-      if (leased && !o.demand_window.empty())
-        args.insert(args.end(), {"--demand-window", o.demand_window});
       rls.push_back(start(args, dir / fmt::format("accuracy-{}-{}.log", static_cast<int>(m), i),
                           "RateLimitService listening on "));
     }
     const auto q = ask_for("shared", "tenant", "t1");
     for (const auto& ph : phases) {
-      // Per replica and wall-clock second: offered and admitted.
+      // Per replica and window: offered and admitted.
       std::vector<std::map<long, std::pair<long, long>>> seen(replicas);
-      const auto t0 = std::chrono::system_clock::now();
-      const auto end = t0 + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      const auto t0 = clock_type::now();
+      const auto end = t0 + std::chrono::duration_cast<clock_type::duration>(
                                 std::chrono::duration<double>(o.accuracy_seconds));
       {
         std::vector<std::jthread> threads;
@@ -465,45 +506,55 @@ std::vector<accuracy_result> accuracy(const options& o, const std::filesystem::p
           threads.emplace_back([&, i] {
             rls_load load(rls[i].address);
             const double rate = ph.total * static_cast<double>(limit) * ph.share[i];
-            const auto gap = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            const auto gap = std::chrono::duration_cast<clock_type::duration>(
                 std::chrono::duration<double>(1.0 / rate));
             for (auto at = t0 + gap * static_cast<long>(i); at < end; at += gap) {
               std::this_thread::sleep_until(at);  // pacing: an open loop at `rate`
-              const long second = std::chrono::duration_cast<std::chrono::seconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count();
-              auto& [offered, admitted] = seen[i][second];
-              ++offered;
-              admitted += load.admit(q) ? 1 : 0;
+              // Offered in the window (a second of the monotonic clock) it was sent in;
+              // admitted in the one its answer names (the window's end rounded to the
+              // second: a request waiting on the root may be counted in the next window).
+              const auto second = [](clock_type::time_point t) {
+                return static_cast<long>(
+                    std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count());
+              };
+              ++seen[i][second(clock_type::now())].first;
+              if (const auto window_end = load.admit(q)) {
+                ++seen[i][second(*window_end + std::chrono::milliseconds(500)) - 1].second;
+              }
             }
           });
         }
       }
-      accuracy_result r;
-      r.mode = mode_name;
-      r.phase = ph.name;
-      std::map<long, std::pair<long, long>> fleet;
-      for (const auto& per : seen)
-        for (const auto& [second, c] : per) {
-          fleet[second].first += c.first;
-          fleet[second].second += c.second;
-        }
       // The first and last seconds are partial: left out.
-      if (fleet.size() > 2) {
-        fleet.erase(fleet.begin());
-        fleet.erase(std::prev(fleet.end()));
+      out.push_back(fold(mode_name, ph.name, seen, limit, true));
+    }
+    // A new key of a per-minute rule, asked at 2 and then 3 replicas as fast as they answer
+    // (one call in flight each) for 3 s: per window of a minute, the fleet's admitted against
+    // the limit.
+    for (std::size_t n = 2; n <= replicas; ++n) {
+      const auto fresh = ask_for("minute", "tenant", fmt::format("new-{}", n));
+      std::vector<std::map<long, std::pair<long, long>>> seen(n);
+      const auto until = clock_type::now() + std::chrono::seconds(3);
+      {
+        std::vector<std::jthread> threads;
+        for (std::size_t i = 0; i < n; ++i) {
+          threads.emplace_back([&, i] {
+            rls_load load(rls[i].address);
+            const auto minute = [](clock_type::time_point t) {
+              return static_cast<long>(t.time_since_epoch() / std::chrono::minutes(1));
+            };
+            while (clock_type::now() < until) {
+              ++seen[i][minute(clock_type::now())].first;
+              if (const auto window_end = load.admit(fresh))
+                ++seen[i][minute(*window_end + std::chrono::seconds(30)) - 1].second;
+            }
+          });
+        }
       }
-      for (const auto& [second, c] : fleet) {
-        const long ideal = std::min(c.first, limit);
-        r.offered += c.first;
-        r.ideal += ideal;
-        r.admitted += c.second;
-        r.over += std::max(0L, c.second - ideal);
-        r.under += std::max(0L, ideal - c.second);
-        r.per_second.emplace_back(ideal, c.second);
-      }
-      out.push_back(r);
-      fmt::print(stderr, "{}, {}: ideal {} admitted {}\n", mode_name, ph.name, r.ideal, r.admitted);
+      out.push_back(fold(mode_name,
+                         fmt::format("new key, {} a minute, {} replicas flat out", minute_limit, n),
+                         seen, minute_limit, false));
+      out.back().per_second.clear();  // not in the chart of the seconds
     }
     for (auto& s : rls)
       stop(s);
@@ -647,8 +698,6 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
       {"--replicas", [&](arguments& a) { o.replicas = static_cast<int>(a.number(1, 3)); }},
       {"--json", [&](arguments& a) { o.json_file = a.value(); }},
       {"--svg", [&](arguments& a) { o.svg_file = a.value(); }},
-      {"--headroom", [&](arguments& a) { o.headroom = a.value(); }},
-      {"--demand-window", [&](arguments& a) { o.demand_window = a.value(); }},
   };
 }
 

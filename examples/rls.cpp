@@ -12,14 +12,17 @@
 // SIGTERM and SIGINT stop it after the calls in flight are answered.
 //
 // With --server (a doorman tree's root, or the tasks of its position), the replicas behind one
-// Envoy cluster share each limit: every request key is a doorman resource leased from the tree
-// (--print-root-config prints the root's configuration for the rules), and this replica enforces
-// its share with a fixed window of the rule's unit. --max-keys bounds the keys held per rule.
-// A rule whose limit is under --exact-below is counted exactly by the root instead, one
-// count_hits call per request (--exact-timeout bounds it; no answer is UNAVAILABLE).
+// Envoy cluster share each limit exactly: the root counts every request key's window (its
+// configuration comes from --print-root-config), and each replica draws blocks of hits from that
+// count and admits from them, so a window never admits more than its limit across the replicas,
+// from a key's first request on. A block holds at most --block-fraction of a window's limit (0:
+// every request is counted at the root). --max-keys bounds the keys held; --exact-timeout bounds
+// a call to the root (no answer and no block left: UNAVAILABLE; Envoy's failure_mode_deny
+// decides).
 
 #include <doorman/client.hpp>
-#include <doorman/client/keyed_resource.hpp>
+#include <doorman/client/client_id.hpp>
+#include <doorman/client/window_draws.hpp>
 #include <doorman/limit/rules.hpp>
 #include <doorman/net/address.hpp>
 #include <doorman/net/channel.hpp>
@@ -66,13 +69,10 @@ struct options {
   double reload_interval = 1;
   doorman::rls::header_names headers;
   doorman::net::tls_options tls;
-  doorman_examples::client_flags client;  // --server: leases from a doorman tree
-  std::size_t max_keys = 100'000;         // per rule, with leases
-  double headroom = 1.5;                  // measured demand × this, with leases
-  double demand_window = 3;               // seconds, with leases
-  double min_share = 0.1;                 // of a key's limit, the least asked for, with leases
-  double exact_below = 100;  // requests_per_unit under which the root counts, with leases
-  double exact_timeout = 1;  // seconds a count at the root may take
+  doorman_examples::client_flags client;  // --server: counted by a doorman tree's root
+  std::size_t max_keys = 100'000;         // keys held, with --server
+  double exact_timeout = 1;               // seconds a call to the root may take
+  double block_fraction = 0.05;           // of a window's limit, the most a block holds
   bool print_root_config = false;
   std::string metrics_listen;  // empty: no metrics endpoint
 };
@@ -137,75 +137,46 @@ std::shared_ptr<doorman::rule_set> load(const std::string& dir) {
   return std::make_shared<doorman::rule_set>(doorman::rule_set::parse(all));
 }
 
-// With --server, each rule's keys are counted by leases: every request key is a doorman
-// resource (the rule's template at the root gives its capacity: requests_per_unit per unit),
-// enforced here by a fixed window of the rule's unit over this replica's share. A key whose
-// first lease has not come yet, or longer than a resource id, is counted by the rule alone.
-class lease_counts {
- public:
-  lease_counts(doorman::client& c, std::size_t max_keys, double headroom, double min_share)
-      : client_(c), max_keys_(max_keys), headroom_(headroom), min_share_(min_share) {}
-
-  std::optional<doorman::descriptor_status> count(doorman::rule_set& rules,
-                                                  const doorman::rule_set::rule& r,
-                                                  const std::string& key, double hits) {
-    if (key.size() > doorman::request_limits::max_id_bytes) return std::nullopt;
-    auto res = keys_for(r).resource_by_id(key);
-    const bool leased = res.leased();
-    const auto admitted = res.try_acquire(hits);  // before the first lease too: demand
-    if (!leased) return std::nullopt;
-    const auto st = res.limiter().status();
-    const std::chrono::nanoseconds cap = std::chrono::hours(24);  // "never": come back later
-    return rules.status_of(r, key, hits, bool(admitted), st.limit, st.remaining, st.reset,
-                           std::min<std::chrono::nanoseconds>(admitted.retry_after, cap));
-  }
-
- private:
-  doorman::keyed_rate_resource& keys_for(const doorman::rule_set::rule& r) {
-    const auto id = fmt::format("{} {}", r.path, r.unit.count());
-    auto& k = by_rule_[id];
-    if (!k) {
-      doorman::resource_options o;
-      o.algorithm = doorman::rate_algorithm::fixed_window;
-      o.window = r.unit;
-      // A new key asks for the whole limit until its demand is measured (as a rate).
-      o.initial_wants = r.requests_per_unit / std::chrono::duration<double>(r.unit).count();
-      o.headroom = headroom_;
-      o.min_wants = o.initial_wants * min_share_;
-      k = std::make_unique<doorman::keyed_rate_resource>(
-          client_, "*", o, doorman::keyed_resource_options{max_keys_});
-    }
-    return *k;
-  }
-
-  doorman::client& client_;
-  std::size_t max_keys_;
-  double headroom_;
-  double min_share_;
-  std::map<std::string, std::unique_ptr<doorman::keyed_rate_resource>> by_rule_;
+// A ShouldRateLimit whose descriptors wait on draws from the root: its statuses so far, and
+// each waiting descriptor's rule, key and hits, decided when the root answers.
+struct pending_check {
+  struct slot {
+    std::size_t index;  // in the statuses
+    const doorman::rule_set::rule* rule;
+    std::string key;
+    double hits;
+    doorman::draw_outcome outcome;
+  };
+  std::shared_ptr<doorman::rule_set> rules;  // held: a reload may swap them meanwhile
+  doorman::rls::check_outcome outcome;
+  doorman::rls::handler::done_type done;
+  std::vector<slot> slots;
+  std::atomic<std::size_t> left{1};  // slots undecided, and one while the check is built
+  std::string unavailable;           // why a slot had no decision
+  // The slots' outcomes and `unavailable` are written under root_draws' mutex, and read once
+  // `left` is 0.
 };
 
-// With --server, a rule whose limit is under --exact-below is counted exactly by the tree's
-// root (`count_hits`, one call per request, its descriptors together) instead of by leases: a
-// small limit split into shares quantises badly (10 per minute over 5 replicas is 2 each). A
-// key the root refused with nothing left is refused here until its window ends, without a
-// call: the root sees at most the limit plus one call per replica per key and window.
-class exact_counts {
+// With --server, every request key is counted exactly by the doorman tree's root: this replica
+// draws blocks of hits from the root's count of the key's window (`count_hits`) and admits from
+// them (doorman/client/window_draws.hpp). The root sees one call per block, about one refused
+// call per replica, key and window, and none at all for a key refused until its window ends.
+class root_draws {
  public:
-  // The root's verdicts, in the counts' order; or why there are none.
-  using done_type =
-      std::function<void(std::optional<std::vector<doorman::hit_verdict>>, std::string)>;
+  struct waiter {
+    std::shared_ptr<pending_check> check;
+    std::size_t slot;
+  };
 
-  exact_counts(const doorman::client_options& c, double below, double timeout, std::size_t max_keys)
-      : below_(below),
-        max_keys_(max_keys),
-        client_id_(c.client_id),
+  root_draws(const doorman::client_options& c, double timeout, doorman::window_draw_options d)
+      : client_id_(c.client_id.empty() ? doorman::default_client_id() : c.client_id),
+        draws_(d),
         channel_(io_.get_executor(), channel_options(c, timeout)),
         thread_([this] { io_.run(); }) {}
 
-  exact_counts(const exact_counts&) = delete;
-  exact_counts& operator=(const exact_counts&) = delete;
-  ~exact_counts() { stop(); }
+  root_draws(const root_draws&) = delete;
+  root_draws& operator=(const root_draws&) = delete;
+  ~root_draws() { stop(); }
 
   // Once every call has been answered (the gRPC server stopped first).
   void stop() {
@@ -217,58 +188,91 @@ class exact_counts {
     thread_.join();
   }
 
-  [[nodiscard]] bool applies(const doorman::rule_set::rule& r, const std::string& key) const {
-    return r.requests_per_unit < below_ && key.size() <= doorman::request_limits::max_id_bytes;
-  }
-
-  // When `key` was refused with nothing left in its window: until when.
-  std::optional<std::chrono::steady_clock::time_point> refused_until(const std::string& key) {
+  // Slot `k` of `c`: decided now (true), or when the root answers a draw (a draw to send
+  // joins `sends`).
+  bool take(const std::shared_ptr<pending_check>& c, std::size_t k,
+            std::vector<doorman::hit_count>& sends) {
+    auto& slot = c->slots[k];
     const std::lock_guard lock(mutex_);
-    const auto it = refused_.find(key);
-    if (it == refused_.end()) return std::nullopt;
-    if (it->second <= std::chrono::steady_clock::now()) {
-      refused_.erase(it);
-      return std::nullopt;
-    }
-    return it->second;
+    auto s = draws_.take(slot.key, slot.hits, slot.rule->requests_per_unit, slot.rule->unit,
+                         std::chrono::steady_clock::now(), {c, k});
+    if (s.draw) sends.push_back(std::move(*s.draw));
+    if (s.decided) decide(*c, k, *s.decided, {});
+    return s.decided.has_value();
   }
 
-  void remember_refusal(const std::string& key, std::chrono::steady_clock::time_point until) {
-    const std::lock_guard lock(mutex_);
-    if (refused_.size() >= max_keys_) {
-      const auto now = std::chrono::steady_clock::now();
-      std::erase_if(refused_, [&](const auto& e) { return e.second <= now; });
-      if (refused_.size() >= max_keys_) refused_.clear();  // bounded: forget, ask again
-    }
-    refused_[key] = until;
-  }
-
-  // Asks the root to count `counts` (a resource id is a request key); `done` runs on this
-  // object's thread.
-  void count(std::vector<doorman::hit_count> counts, done_type done) {
-    doorman::count_request request{client_id_, std::move(counts)};
+  // Asks the root for `sends` (one call), and hands its answers to the draws.
+  void send(std::vector<doorman::hit_count> sends) {
+    if (sends.empty()) return;
+    doorman::count_request request{client_id_, std::move(sends)};
     nlohmann::json params = request;  // the wire form (doorman/protocol/codec.hpp)
     asio::co_spawn(
         io_,
-        [this, params = std::move(params), request = std::move(request),
-         done = std::move(done)]() mutable -> asio::awaitable<void> {
+        [this, params = std::move(params),
+         request = std::move(request)]() mutable -> asio::awaitable<void> {
           auto reply = co_await channel_.call("count_hits", std::move(params));
-          if (!reply) {
-            done(std::nullopt, "the root did not count: " + reply.message);
-            co_return;
-          }
           doorman::count_response answer;
-          if (auto e = doorman::decode(reply.result, answer)) {
-            done(std::nullopt, "the root's count_hits answer: " + e->message);
-            co_return;
+          std::string why;
+          if (!reply) {
+            why = "the root did not count: " + reply.message;
+          } else if (auto e = doorman::decode(reply.result, answer)) {
+            why = "the root's count_hits answer: " + e->message;
+          } else if (auto p = problem(answer, request.resources)) {
+            why = "the root's count_hits answer: " + *p;
           }
-          if (auto why = problem(answer, request.resources)) {
-            done(std::nullopt, "the root's count_hits answer: " + *why);
-            co_return;
-          }
-          done(std::move(answer.resources), {});
+          answered(request.resources, why.empty() ? &answer.resources : nullptr, why);
         },
         asio::detached);
+  }
+
+ private:
+  // The root's verdicts on `asked` (null: none, for `why`): the waiting decided, the checks
+  // completed, the next draws sent.
+  void answered(const std::vector<doorman::hit_count>& asked,
+                const std::vector<doorman::hit_verdict>* verdicts, const std::string& why) {
+    std::vector<std::shared_ptr<pending_check>> decided;
+    std::vector<doorman::hit_count> sends;
+    {
+      const std::lock_guard lock(mutex_);
+      const auto now = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < asked.size(); ++i) {
+        auto r = draws_.answered(asked[i].resource_id, verdicts ? &(*verdicts)[i] : nullptr, now);
+        for (auto& [w, outcome] : r.decided) {
+          decide(*w.check, w.slot, outcome, why);
+          decided.push_back(std::move(w.check));
+        }
+        if (r.draw) sends.push_back(std::move(*r.draw));
+      }
+    }
+    for (auto& c : decided)
+      finish_one(std::move(c));
+    send(std::move(sends));
+  }
+
+  // Under the mutex: every write to a check's slots and reason is made holding it.
+  static void decide(pending_check& c, std::size_t k, const doorman::draw_outcome& o,
+                     const std::string& why) {
+    c.slots[k].outcome = o;
+    if (o.what == doorman::draw_outcome::kind::unavailable && c.unavailable.empty())
+      c.unavailable = why.empty() ? o.why : why;
+  }
+
+ public:
+  // One slot of `c` decided, or its building done: the last one answers the check.
+  static void finish_one(std::shared_ptr<pending_check> c) {
+    if (c->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (!c->unavailable.empty()) {
+      c->done({{}, std::move(c->unavailable)});
+      return;
+    }
+    for (const auto& s : c->slots) {
+      const auto& o = s.outcome;
+      const bool admitted = o.what == doorman::draw_outcome::kind::admitted;
+      const auto reset = o.reset > std::chrono::nanoseconds(0) ? o.reset : s.rule->unit;
+      c->outcome.statuses[s.index] =
+          c->rules->status_of(*s.rule, s.key, s.hits, admitted, o.limit, o.remaining, reset, reset);
+    }
+    c->done(std::move(c->outcome));
   }
 
  private:
@@ -303,84 +307,45 @@ class exact_counts {
     return std::nullopt;
   }
 
-  double below_;
-  std::size_t max_keys_;
   std::string client_id_;
+  std::mutex mutex_;
+  doorman::window_draws<std::chrono::steady_clock, waiter> draws_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
   doorman::net::channel channel_;
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::chrono::steady_clock::time_point> refused_;
   std::thread thread_;  // last: it runs once the rest is built
 };
 
 // The rules behind the door: swapped whole on reload (counts start afresh).
 class rules_handler final : public doorman::rls::handler {
  public:
-  rules_handler(std::shared_ptr<doorman::rule_set> rules, lease_counts* leases, exact_counts* exact)
-      : rules_(std::move(rules)), leases_(leases), exact_(exact) {}
+  rules_handler(std::shared_ptr<doorman::rule_set> rules, root_draws* draws)
+      : rules_(std::move(rules)), draws_(draws) {}
 
   void check(const doorman::rls::check_request& r, done_type done) override {
-    // The descriptors the root counts: where each goes, under which rule, how many hits (the
-    // key comes back in the root's verdict, checked to be the one asked).
-    struct waiting {
-      std::size_t index;
-      const doorman::rule_set::rule* rule;
-      double hits;
-    };
-    std::vector<waiting> wait;
-    std::vector<doorman::hit_count> counts;
-    std::shared_ptr<doorman::rule_set> rules;
-    doorman::rls::check_outcome o;
+    auto c = std::make_shared<pending_check>();
+    std::vector<doorman::hit_count> sends;
     {
       const std::lock_guard lock(mutex_);
-      rules = rules_;
-      o.statuses = rules->check_each(
+      c->rules = rules_;
+      c->outcome.statuses = c->rules->check_each(
           r.domain, r.descriptors,
           [&](const doorman::rule_set::rule& rule, const std::string& key, double hits,
               std::size_t i) -> std::optional<doorman::descriptor_status> {
-            if (exact_ && exact_->applies(rule, key)) {
-              if (const auto until = exact_->refused_until(key)) {
-                const auto left = *until - std::chrono::steady_clock::now();
-                return rules->status_of(rule, key, hits, false, rule.requests_per_unit, 0, left,
-                                        left);
-              }
-              wait.push_back({i, &rule, hits});
-              counts.push_back({key, hits, std::chrono::duration<double>(rule.unit).count()});
-              return doorman::descriptor_status{};  // the root's verdict replaces it
-            }
-            return leases_ ? leases_->count(*rules, rule, key, hits)
-                           : std::optional<doorman::descriptor_status>();
+            // A key longer than a resource id is counted by the rule alone.
+            if (!draws_ || key.size() > doorman::request_limits::max_id_bytes) return std::nullopt;
+            c->slots.push_back({i, &rule, key, hits, {}});
+            return doorman::descriptor_status{};  // the draws' outcome replaces it
           });
+      // The slots are all made (none moves from here on): now they may be decided.
+      c->left.fetch_add(c->slots.size(), std::memory_order_relaxed);
+      for (std::size_t k = 0; k < c->slots.size(); ++k) {
+        if (draws_->take(c, k, sends)) c->left.fetch_sub(1, std::memory_order_relaxed);
+      }
     }
-    if (wait.empty()) {
-      done(std::move(o));
-      return;
-    }
-    // The rules are held (a reload may swap them meanwhile): the rule pointers stay good.
-    exact_->count(std::move(counts),
-                  [this, rules, wait = std::move(wait), o = std::move(o), done = std::move(done)](
-                      auto verdicts, std::string why) mutable {
-                    if (!verdicts) {
-                      done({{}, std::move(why)});
-                      return;
-                    }
-                    const auto now = std::chrono::steady_clock::now();
-                    {
-                      const std::lock_guard lock(mutex_);
-                      for (std::size_t k = 0; k < wait.size(); ++k) {
-                        const auto& v = (*verdicts)[k];
-                        const auto reset = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::duration<double>(v.reset));
-                        o.statuses[wait[k].index] =
-                            rules->status_of(*wait[k].rule, v.resource_id, wait[k].hits, v.admitted,
-                                             v.limit, v.remaining, reset, reset);
-                        if (!v.admitted && v.remaining <= 0)
-                          exact_->remember_refusal(v.resource_id, now + reset);
-                      }
-                    }
-                    done(std::move(o));
-                  });
+    c->done = std::move(done);
+    if (draws_) draws_->send(std::move(sends));
+    root_draws::finish_one(std::move(c));
   }
 
   void replace(std::shared_ptr<doorman::rule_set> rules) {
@@ -430,16 +395,14 @@ class rules_handler final : public doorman::rls::handler {
  private:
   std::mutex mutex_;
   std::shared_ptr<doorman::rule_set> rules_;
-  lease_counts* leases_;  // null: each replica counts alone
-  exact_counts* exact_;   // null: no rule is counted at the root
+  root_draws* draws_;  // null: each replica counts alone
 };
 
-// The configuration of the doorman tree's root that --server leases from: each rule a template
-// whose glob matches its request keys, with its limit as a rate (requests_per_unit / unit).
+// The configuration of the doorman tree's root that --server counts at: each rule a template
+// whose glob matches its request keys, with its limit as a rate (requests_per_unit / unit; the
+// root counts the rate × the window, the rule's requests_per_unit, in each window). The algorithm
+// is for Doorman clients that lease the same keys; no learning mode, so they get leases at once.
 nlohmann::json root_config(const doorman::rule_set& rules) {
-  // No learning mode: a root in learning mode grants a key nobody holds yet nothing, and an
-  // edge refusing every new key for a while is worse than one that, after a root restart,
-  // admits up to the limit again while the old leases run out (at most one lease length).
   const nlohmann::json algorithm = {{"kind", "FAIR_SHARE"},
                                     {"lease_length", 60},
                                     {"refresh_interval", 5},
@@ -468,22 +431,13 @@ int serve(const options& o) {
     sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before gRPC's threads start: they inherit it
 
-  std::optional<doorman::client> client;
-  std::optional<lease_counts> leases;
-  std::optional<exact_counts> exact;
+  std::optional<root_draws> draws;
   if (o.client.server_given) {
-    auto c = o.client.client_options();
-    // Demand measured over a few seconds, not the default 10: a replica's share follows its
-    // traffic when that traffic moves between replicas (docs/envoy.md, accuracy).
-    c.demand_window = doorman::seconds(o.demand_window);
-    client.emplace(c);
-    leases.emplace(*client, o.max_keys, o.headroom, o.min_share);
-    if (o.exact_below > 0) {
-      c.client_id = client->id();
-      exact.emplace(c, o.exact_below, o.exact_timeout, o.max_keys);
-    }
+    draws.emplace(
+        o.client.client_options(), o.exact_timeout,
+        doorman::window_draw_options{.block_fraction = o.block_fraction, .max_keys = o.max_keys});
   }
-  rules_handler handler(load(o.config_dir), leases ? &*leases : nullptr, exact ? &*exact : nullptr);
+  rules_handler handler(load(o.config_dir), draws ? &*draws : nullptr);
   auto seen = state_of(o.config_dir);
   // --metrics-listen: GET /metrics on a thread of its own (it inherits the blocked signals).
   asio::io_context metrics_io;
@@ -535,12 +489,11 @@ int serve(const options& o) {
   }
   doorman_examples::log_line("stopping");
   server.stop();
-  if (exact) exact->stop();
+  if (draws) draws->stop();
   if (metrics) {
     asio::post(metrics_io, [&] { metrics->stop(); });
     metrics_thread.join();
   }
-  if (client) client->stop();
   doorman_examples::log_line("stopped");
   return 0;
 }
@@ -562,11 +515,8 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
        [&](arguments& a) { o.max_keys = static_cast<std::size_t>(a.number(1, 1e7)); }},
       {"--print-root-config", [&](arguments&) { o.print_root_config = true; }},
       {"--metrics-listen", [&](arguments& a) { o.metrics_listen = a.value(); }},
-      {"--headroom", [&](arguments& a) { o.headroom = a.number(1, 10); }},
-      {"--demand-window", [&](arguments& a) { o.demand_window = a.number(1, 600); }},
-      {"--min-share", [&](arguments& a) { o.min_share = a.number(0, 1); }},
-      {"--exact-below", [&](arguments& a) { o.exact_below = a.number(0, 1e10); }},
       {"--exact-timeout", [&](arguments& a) { o.exact_timeout = a.number(0.001, 60); }},
+      {"--block-fraction", [&](arguments& a) { o.block_fraction = a.number(0, 0.5); }},
   });
 }
 
@@ -579,9 +529,8 @@ int main(int argc, char** argv) {
       "usage: doorman-rls --config DIR [--listen HOST:PORT] [--reload-interval S]\n"
       "                   [--response-headers] [--header-limit NAME] [--header-remaining NAME]\n"
       "                   [--header-reset NAME] [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
-      "                   [--server HOST:PORT[,...]] [--max-keys N] [--headroom X]\n"
-      "                   [--demand-window S] [--min-share F] [--exact-below N]\n"
-      "                   [--exact-timeout S] [--print-root-config]\n"
+      "                   [--server HOST:PORT[,...]] [--max-keys N] [--exact-timeout S]\n"
+      "                   [--block-fraction F] [--print-root-config]\n"
       "                   [--metrics-listen HOST:PORT] [--version]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");

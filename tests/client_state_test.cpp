@@ -279,3 +279,228 @@ TEST_CASE("client state: a resource held back at capacity 0 asks for its start w
     CHECK(s.find("api")->options.wants == 2);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Draws from the root's exact window count (doorman/client/window_draws.hpp).
+
+#include <doorman/client/window_draws.hpp>
+
+namespace {
+
+using draws_t = doorman::window_draws<manual_clock, int>;
+using kind = doorman::draw_outcome::kind;
+
+doorman::hit_verdict verdict(const doorman::hit_count& d, bool admitted, double limit,
+                             double remaining, double reset) {
+  return {d.resource_id, admitted, limit, remaining, reset};
+}
+
+}  // namespace
+
+TEST_CASE("window draws: a small limit draws one request's hits, and remembers a refusal",
+          "[draws]") {
+  manual_clock clock;
+  draws_t draws({});
+  // 3 a minute: every request is a draw of its own hits.
+  auto s = draws.take("k", 1, 3, 60s, clock.now(), 1);
+  REQUIRE_FALSE(s.decided);
+  REQUIRE(s.draw);
+  CHECK(s.draw->resource_id == "k");
+  CHECK(s.draw->hits == 1);
+  CHECK(s.draw->window == 60);
+  // A second request waits behind the draw in flight: no second draw.
+  auto s2 = draws.take("k", 1, 3, 60s, clock.now(), 2);
+  CHECK_FALSE(s2.decided);
+  CHECK_FALSE(s2.draw);
+  clock.advance(10ms);
+  auto v = verdict(*s.draw, true, 3, 2, 50);
+  auto r = draws.answered("k", &v, clock.now());
+  REQUIRE(r.decided.size() == 1);  // the first admitted; the second needs a draw of its own
+  CHECK(r.decided[0].first == 1);
+  CHECK(r.decided[0].second.what == kind::admitted);
+  CHECK(r.decided[0].second.remaining == 2);
+  REQUIRE(r.draw);
+  CHECK(r.draw->hits == 1);
+  // The root refuses with nothing left: the second is refused, and so is every later request
+  // until the window ends (50 s after the draw was sent), without a call.
+  v = verdict(*r.draw, false, 3, 0, 49.9);
+  r = draws.answered("k", &v, clock.now());
+  REQUIRE(r.decided.size() == 1);
+  CHECK(r.decided[0].second.what == kind::refused);
+  CHECK_FALSE(r.draw);
+  clock.advance(40s);
+  s = draws.take("k", 1, 3, 60s, clock.now(), 3);
+  REQUIRE(s.decided);
+  CHECK(s.decided->what == kind::refused);
+  CHECK(s.decided->reset > 9s);
+  CHECK(s.decided->reset <= 10s);
+  CHECK_FALSE(s.draw);
+  clock.advance(10s);  // the window has ended: a draw again
+  s = draws.take("k", 1, 3, 60s, clock.now(), 4);
+  CHECK_FALSE(s.decided);
+  CHECK(s.draw);
+}
+
+TEST_CASE("window draws: blocks follow demand, capped at a twentieth of the limit", "[draws]") {
+  manual_clock clock;
+  draws_t draws({});
+  // 10 000 a minute, asked 100 times a second at one replica; the root answers in 2 ms.
+  doorman::hit_counts<manual_clock> root(100);
+  const auto limit = [] { return 10'000.0; };
+  int calls = 0, admitted = 0;
+  double biggest = 0;
+  for (int k = 0; k < 6000; ++k) {  // a minute
+    auto s = draws.take("k", 1, 10'000, 60s, clock.now(), k);
+    std::optional<doorman::hit_count> d = s.draw;
+    if (s.decided && s.decided->what == kind::admitted) ++admitted;
+    while (d) {
+      ++calls;
+      biggest = std::max(biggest, d->hits);
+      const auto v = root.count(*d, clock.now() + 1ms, limit, 1);
+      auto r = draws.answered("k", &v, clock.now() + 2ms);
+      for (const auto& x : r.decided)
+        admitted += x.second.what == kind::admitted ? 1 : 0;
+      d = r.draw;
+    }
+    clock.advance(10ms);
+  }
+  CHECK(admitted == 6000);
+  CHECK(biggest <= 500);
+  CHECK(biggest >= 250);  // 100/s × 3 s, once the demand is measured
+  CHECK(calls < 120);     // where a call per request would be 6000
+}
+
+TEST_CASE("window draws: the waiting are served in order, and all fail with the draw", "[draws]") {
+  manual_clock clock;
+  draws_t draws({.block_fraction = 0.05, .max_keys = 2, .max_waiting = 3});
+  auto s = draws.take("k", 2, 1000, 1s, clock.now(), 1);
+  REQUIRE(s.draw);
+  CHECK(s.draw->hits == 2);  // nothing measured yet: what the request needs
+  for (int w : {2, 3})
+    CHECK_FALSE(draws.take("k", 1, 1000, 1s, clock.now(), w).decided);
+  auto full = draws.take("k", 1, 1000, 1s, clock.now(), 4);  // the fourth waiting: too many
+  REQUIRE(full.decided);
+  CHECK(full.decided->what == kind::unavailable);
+  // No answer: every waiting request is unavailable, and the key draws again after.
+  auto r = draws.answered("k", nullptr, clock.now());
+  REQUIRE(r.decided.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(r.decided[i].first == int(i) + 1);
+    CHECK(r.decided[i].second.what == kind::unavailable);
+  }
+  CHECK_FALSE(r.draw);
+  // A key table full of keys waiting on the root: a new key is unavailable; idle keys make room.
+  CHECK(draws.take("k", 1, 1000, 1s, clock.now(), 5).draw);
+  CHECK(draws.take("j", 1, 1000, 1s, clock.now(), 6).draw);
+  auto third = draws.take("i", 1, 1000, 1s, clock.now(), 7);
+  REQUIRE(third.decided);
+  CHECK(third.decided->what == kind::unavailable);
+  (void)draws.answered("j", nullptr, clock.now());
+  CHECK(draws.take("i", 1, 1000, 1s, clock.now(), 8).draw);
+  CHECK(draws.size() == 2);
+  // A request above the limit is refused at once; a refused block draws what is left.
+  manual_clock c2;
+  draws_t d2({});
+  auto big = d2.take("k", 1001, 1000, 1s, c2.now(), 1);
+  REQUIRE(big.decided);
+  CHECK(big.decided->what == kind::refused);
+  auto a = d2.take("k", 30, 1000, 1s, c2.now(), 2);
+  REQUIRE(a.draw);
+  auto v = verdict(*a.draw, false, 1000, 10, 0.5);  // others took the rest: 10 left
+  auto r2 = d2.answered("k", &v, c2.now());
+  REQUIRE(r2.decided.size() == 1);
+  CHECK(r2.decided[0].second.what == kind::refused);
+  auto b = d2.take("k", 8, 1000, 1s, c2.now(), 3);  // fits in what is left: a draw of it all
+  REQUIRE(b.draw);
+  CHECK(b.draw->hits == 10);
+}
+
+TEST_CASE("window draws: replicas sharing the root's count never exceed a window's limit",
+          "[draws][property]") {
+  // Three replicas draw from one root count (the engine's hit_counts), each with its own
+  // demand, moving every 0.3 s (stopping at times), the root's answer 1–30 ms away; limits
+  // from 5 to 5000 a second. In every window of the root, the hits admitted by all replicas
+  // together are at most the limit, and when the demand is well over it, at least 80 % of it
+  // is admitted (what is lost: blocks held by a replica whose demand stopped).
+  double worst = 1;
+  for (const double limit : {5.0, 60.0, 1000.0, 5000.0}) {
+    for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+      INFO("limit " << limit << " seed " << seed);
+      std::mt19937 rng(seed);
+      manual_clock clock;
+      doorman::hit_counts<manual_clock> root(10);
+      std::vector<draws_t> replicas(3, draws_t({}));
+      std::array<double, 3> rate{};  // requests a second at each (none when negative)
+      struct answer {
+        manual_clock::time_point at;  // at the root, then back at the replica
+        std::size_t replica;
+        doorman::hit_count draw;
+        doorman::hit_verdict v;
+        std::int64_t window;  // the root's, where it counted the draw
+        bool counted = false;
+      };
+      const auto window_of = [](manual_clock::time_point t) {
+        return t.time_since_epoch() / std::chrono::seconds(1);
+      };
+      std::vector<answer> in_flight;
+      std::map<std::int64_t, double> admitted;  // per window of the root
+      std::map<std::int64_t, double> asked;     // per window, by arrival
+      // The root window of each replica's block: the last draw answered (a block never holds
+      // hits of two windows).
+      std::array<std::int64_t, 3> block_window{};
+      std::uniform_int_distribution<int> latency_ms(1, 30);
+      const auto send = [&](std::size_t i, const doorman::hit_count& d) {
+        const auto lat = std::chrono::milliseconds(latency_ms(rng));
+        in_flight.push_back({clock.now() + lat / 2, i, d, {}, 0});
+        in_flight.back().window = lat.count();  // until counted: the latency, in ms
+      };
+      std::array<double, 3> owed{};
+      for (int t = 0; t < 10'000; ++t) {  // 10 s, a millisecond a step
+        for (auto& a : in_flight) {       // the root counts the draws that reached it
+          if (a.counted || a.at > clock.now()) continue;
+          const auto lat = std::chrono::milliseconds(a.window);
+          a.v = root.count(
+              a.draw, clock.now(), [&] { return limit; }, 1);
+          a.window = window_of(clock.now());
+          a.at = clock.now() + lat - lat / 2;
+          a.counted = true;
+        }
+        for (std::size_t k = 0; k < in_flight.size();) {
+          if (!in_flight[k].counted || in_flight[k].at > clock.now()) {
+            ++k;
+            continue;
+          }
+          const auto a = in_flight[k];
+          in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(k));
+          auto r = replicas[a.replica].answered("k", &a.v, clock.now());
+          block_window[a.replica] = a.window;
+          for (const auto& x : r.decided)
+            admitted[a.window] += x.second.what == kind::admitted ? 1 : 0;
+          if (r.draw) send(a.replica, *r.draw);
+        }
+        if (t % 300 == 0) {  // demand moves: a replica may stop with a block in hand
+          for (auto& x : rate)
+            x = limit * std::uniform_real_distribution<double>(-0.5, 1.5)(rng);
+        }
+        for (std::size_t i = 0; i < 3; ++i) {
+          owed[i] = std::max(0.0, owed[i] + rate[i] / 1000);
+          while (owed[i] >= 1) {
+            owed[i] -= 1;
+            asked[window_of(clock.now())] += 1;
+            auto s = replicas[i].take("k", 1, limit, 1s, clock.now(), t);
+            if (s.decided && s.decided->what == kind::admitted) admitted[block_window[i]] += 1;
+            if (s.draw) send(i, *s.draw);
+          }
+        }
+        clock.advance(1ms);
+      }
+      for (const auto& [w, n] : admitted) {
+        INFO("window " << w);
+        CHECK(n <= limit);
+        if (asked[w] > 1.5 * limit && w > 0 && w < 9) CHECK(n >= 0.8 * limit);
+        worst = std::min(worst, asked[w] > 1.5 * limit && w > 0 && w < 9 ? n / limit : 1.0);
+      }
+    }
+  }
+  WARN("least share of a window's limit admitted under excess demand: " << worst);
+}

@@ -906,6 +906,12 @@ TEST_CASE(
   CHECK(s.remaining == 1);
   CHECK(s.window == std::chrono::minutes(1));
   CHECK(one("user", "ann", 2).code == rule_code::refused);  // hits count: 1 + 2 > 2
+  // More hits than the limit, in a window with nothing counted yet: refused, and the answer
+  // still says when the window ends (never a reset of 0 with a refusal).
+  s = one("user", "cat", 3);
+  CHECK(s.code == rule_code::refused);
+  CHECK(s.reset > std::chrono::seconds(0));
+  CHECK(s.reset <= std::chrono::minutes(1));
 
   // unlimited: matched, never limited, not counted.
   for (int i = 0; i < 10; ++i) {

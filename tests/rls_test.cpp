@@ -383,26 +383,12 @@ struct rls_tree {
 
 }  // namespace
 
-TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls][process]") {
-  rls_tree t("shared", 20, {"--exact-below", "0"});  // leases alone
+TEST_CASE("rls: two replicas share one limit exactly, from a key's first request",
+          "[rls][process]") {
+  rls_tree t("shared", 20, {});
   rls_tree::wait_for_window(std::chrono::seconds(20));
-  // Each replica asks once (its first answer comes before its first lease), then waits until
-  // the root has leased the key to both (a deadline, polling the root).
-  int admitted = int(t.admits(0)) + int(t.admits(1));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  int holders = 0;
-  nlohmann::json last;
-  while (holders < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling period
-    last = t.status("shared/tenant=t1");
-    holders = 0;
-    for (const auto& l : last["leases"])
-      holders += l["has"]["capacity"].get<double>() > 0 ? 1 : 0;
-  }
-  INFO(last.dump());
-  REQUIRE(holders == 2);
   // 10 asks a second at each for 6 s, within one window of the rule (a minute): alone, each
-  // would admit 20. Through the root they admit less than that together, each a share.
+  // would admit 20. Drawn from the root's count, they admit 20 together, not one more.
   std::array<int, 2> each{0, 0};
   const auto start = std::chrono::steady_clock::now();
   for (int k = 0; std::chrono::steady_clock::now() < start + std::chrono::seconds(6); ++k) {
@@ -410,19 +396,85 @@ TEST_CASE("rls: two replicas share one limit through a real doorman tree", "[rls
     for (const int i : {0, 1})
       each[static_cast<std::size_t>(i)] += int(t.admits(i));
   }
-  admitted += each[0] + each[1];
-  CHECK(admitted < 40);
+  CHECK(each[0] + each[1] == 20);
   CHECK(each[0] >= 5);
   CHECK(each[1] >= 5);
-  // The root never leased more than the limit (20 a minute, as a rate).
-  const auto resource = t.status("shared/tenant=t1")["resources"][0];
-  CHECK(resource["sum_has"].get<double>() <= resource["capacity"].get<double>() + 1e-9);
+  // A limit this small is drawn a request at a time: 20 admitted draws, the last one saying
+  // nothing is left, then one refused draw at the other replica; later requests are refused by
+  // each replica alone.
+  const auto metrics = doorman_test::http_get(t.admin, "/metrics").body;
+  CHECK_THAT(metrics,
+             Catch::Contains(
+                 R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} 21)"));
+}
+
+TEST_CASE("rls: a new key asked flat out at two replicas admits its limit, not more",
+          "[rls][process]") {
+  // 300 a minute, both replicas asked as fast as they answer for 3 s: each alone would spend
+  // the whole limit (with rate leases they did: 601 in 6 s).
+  rls_tree t("flat", 300, {});
+  rls_tree::wait_for_window(std::chrono::seconds(20));
+  std::array<int, 2> admitted{0, 0};
+  std::array<int, 2> failed{0, 0};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {  // no Catch macro off the test's thread
+        pb::RateLimitRequest r;
+        r.set_domain("shared");
+        auto& e = *r.add_descriptors()->add_entries();
+        e.set_key("tenant");
+        e.set_value("flat-out");
+        while (std::chrono::steady_clock::now() < until) {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+          pb::RateLimitResponse out;
+          if (!t.stubs[i]->ShouldRateLimit(&ctx, r, &out).ok()) {
+            ++failed[i];
+          } else if (out.overall_code() == pb::RateLimitResponse::OK) {
+            ++admitted[i];
+          }
+        }
+      });
+    }
+  }
+  INFO(admitted[0] << " + " << admitted[1]);
+  CHECK(failed[0] + failed[1] == 0);
+  CHECK(admitted[0] + admitted[1] <= 300);
+  CHECK(admitted[0] + admitted[1] >= 285);  // blocks left unspent: at most a few
+  CHECK(admitted[0] > 0);
+  CHECK(admitted[1] > 0);
+}
+
+TEST_CASE("rls: a large limit is drawn in blocks, far fewer calls than requests",
+          "[rls][process]") {
+  rls_tree t("blocks", 6000, {});
+  rls_tree::wait_for_window(std::chrono::seconds(20));
+  // 200 asks at each replica, 10 ms apart: every one admitted (the limit is 6000 a minute).
+  const auto start = std::chrono::steady_clock::now();
+  int admitted = 0;
+  for (int k = 0; k < 200; ++k) {
+    std::this_thread::sleep_until(start + k * std::chrono::milliseconds(10));
+    for (const int i : {0, 1})
+      admitted += int(t.admits(i));
+  }
+  CHECK(admitted == 400);
+  // The root counted them in blocks sized by each replica's measured demand.
+  const auto metrics = doorman_test::http_get(t.admin, "/metrics").body;
+  const std::string name =
+      R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} )";
+  const auto at = metrics.find(name);
+  REQUIRE(at != std::string::npos);
+  const double calls = std::stod(metrics.substr(at + name.size()));
+  INFO(calls);
+  CHECK(calls < 100);
 }
 
 TEST_CASE("rls: a small limit is counted exactly at the root, its refusals remembered",
           "[rls][process]") {
-  // 7 a minute is under --exact-below: each request is counted by the root.
-  rls_tree t("exact", 7, {"--exact-below", "100", "--exact-timeout", "0.5"});
+  // 7 a minute: each request is a draw of its own, counted by the root.
+  rls_tree t("exact", 7, {"--exact-timeout", "0.5"});
   rls_tree::wait_for_window(std::chrono::seconds(20));
   // Asked in turn at the two replicas: the first 7 are admitted, the rest refused, at once.
   for (int k = 0; k < 20; ++k) {
@@ -440,12 +492,13 @@ TEST_CASE("rls: a small limit is counted exactly at the root, its refusals remem
       CHECK(st.limit_remaining() == 0);
     }
   }
-  // The root counted 9 calls: 7 admitted, then one refusal for each replica; after that each
-  // replica refused the key alone until its window ends.
+  // The root counted 8 calls: 7 admitted (the seventh said nothing was left, to the replica
+  // that asked), then one refusal for the other replica; after that each replica refused the
+  // key alone until its window ends.
   const auto metrics = doorman_test::http_get(t.admin, "/metrics").body;
   CHECK_THAT(metrics,
              Catch::Contains(
-                 R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} 9)"));
+                 R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} 8)"));
   // Without the root: a remembered refusal still answers; a new key is UNAVAILABLE (Envoy's
   // failure_mode_deny then decides), within --exact-timeout.
   t.root->signal(SIGTERM);

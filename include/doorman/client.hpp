@@ -6,5 +6,7 @@
 /// `gauge_limiter`). The other local limiters and the rules are in <doorman/limit.hpp>.
 
 #include "doorman/client/client.hpp"
+#include "doorman/client/client_id.hpp"
 #include "doorman/client/keyed_resource.hpp"
 #include "doorman/client/resource.hpp"
+#include "doorman/client/window_draws.hpp"

@@ -339,7 +339,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     return out;
   }
 
-  /// The status of `hits` on `r`'s `key` decided elsewhere (by a lease): `admitted`, with
+  /// The status of `hits` on `r`'s `key` decided elsewhere (from a root's count): `admitted`, with
   /// `window_limit`, `remaining` and `reset` of the limiter that decided; counted in the rule's
   /// stats as `check_each` counts.
   descriptor_status status_of(const rule& r, const std::string& key, double hits, bool admitted,
@@ -693,13 +693,18 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     s.shadow = r.shadow;
     s.remaining = std::max(0.0, st.remaining - over);
     s.reset = st.reset;
+    // A refusal in a window with nothing counted (more hits than the limit) still names the
+    // window's end: the limiter's reset is 0 there (nothing to wait for), its retry time is not.
+    if (!result && s.reset <= std::chrono::nanoseconds(0)) {
+      s.reset = std::min<std::chrono::nanoseconds>(s.retry_after, r.unit);
+    }
     s.key = key;
     if (r.stats) count_hits(r, s, n, st.limit - over);
     return s;
   }
 
   // Counts `hits` decided as `s` says in the rule's stats, the window's limit being
-  // `window_limit` (the rule's, or a lease's share of it).
+  // `window_limit` (the rule's).
   void count_hits(const rule& r, const descriptor_status& s, double hits, double window_limit) {
     const auto whole = [](double x) { return static_cast<std::uint64_t>(std::llround(x)); };
     auto& st = *r.stats;

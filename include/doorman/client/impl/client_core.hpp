@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/client/client.hpp"
+#include "doorman/client/client_id.hpp"
 #include "doorman/core/client_state.hpp"
 #include "doorman/core/messages.hpp"
 #include "doorman/net/address.hpp"
@@ -52,13 +53,6 @@ struct pending_wait {
     timer.cancel();
   }
 };
-
-inline std::string default_client_id() {
-  static std::atomic<std::uint64_t> counter{0};
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  return fmt::format("{}:{}:{}", host[0] ? host : "localhost", ::getpid(), counter++);
-}
 
 class client_core {
  public:
