@@ -278,3 +278,150 @@ TEST_CASE("failover: every failure moves on, a failed round backs off, only answ
     CHECK(f.current() == cut);  // an answer forgets what failed
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The call machine (doorman/core/call.hpp), driven by plain calls as its drivers drive it.
+
+namespace {
+
+using call_tp = doorman::manual_clock::time_point;
+using call_kind = doorman::call_action<call_tp>::kind;
+
+doorman::failover<call_tp> two_tasks() {
+  return doorman::failover<call_tp>({"a:1", "b:1"},
+                                    {.backoff = {doorman::seconds(1), doorman::seconds(8)}});
+}
+
+}  // namespace
+
+namespace {
+
+void lost_and_sent_again(doorman::failover<call_tp>& route, doorman::call_machine<call_tp>& m) {
+  using namespace std::chrono_literals;
+  const call_tp t0{};
+  auto a = m.resume(t0, true);  // connected
+  REQUIRE(a.what == call_kind::send);
+  a = m.lost(t0 + 1s, "connection lost");  // before the answer: again, at the same address
+  REQUIRE(a.what == call_kind::connect);
+  CHECK(route.current() == "a:1");
+  a = m.resume(t0 + 1s, true);
+  REQUIRE(a.what == call_kind::send);
+  a = m.answered(t0 + 1s, false);
+  CHECK(a.what == call_kind::done);
+  CHECK(route.failures() == 0);
+  // Lost after the deadline: the call fails with the driver's words.
+  doorman::call_machine<call_tp> late(route, t0, t0 + 5s, {});
+  a = late.lost(t0 + 5s, "connection lost (last problem: reset)");
+  CHECK(a.what == call_kind::fail);
+  CHECK(a.error == doorman::errc::unreachable);
+  CHECK(a.message == "connection lost (last problem: reset)");
+}
+
+void connects_fail(doorman::failover<call_tp>& route, doorman::call_machine<call_tp>& m) {
+  using namespace std::chrono_literals;
+  const call_tp t0{};
+  auto a = m.connect_failed(t0);  // a:1 refused: b:1 at once
+  REQUIRE(a.what == call_kind::connect);
+  CHECK(route.current() == "b:1");
+  a = m.connect_failed(t0);  // the round failed: wait ½–1 s
+  REQUIRE(a.what == call_kind::wait);
+  CHECK(a.until >= t0 + 500ms);
+  CHECK(a.until <= t0 + 1s);
+  a = m.resume(a.until, false);
+  REQUIRE(a.what == call_kind::connect);
+  // An attempt that says nothing of the peer (cut short, cancelled) is not counted.
+  const auto failures = route.failures();
+  a = m.connect_failed(t0 + 1s, false);
+  CHECK(route.failures() == failures);
+  REQUIRE(a.what == call_kind::connect);
+  // Failures until no attempt fits before the deadline: unreachable, with the driver's words.
+  for (int k = 0; k < 30 && a.what != call_kind::fail; ++k) {
+    a = a.what == call_kind::wait ? m.resume(a.until, false)
+                                  : m.connect_failed(t0 + 2s, true, "; x");
+  }
+  REQUIRE(a.what == call_kind::fail);
+  CHECK(a.error == doorman::errc::unreachable);
+  CHECK_THAT(a.message, Catch::StartsWith("no task of the position answered; backing off after"));
+  CHECK_THAT(a.message, Catch::EndsWith("; x"));
+  // A new call's first attempt may cut a backoff short: halfway to its deadline at the latest.
+  const call_tp t1 = t0 + 2s;
+  doorman::call_machine<call_tp> next(route, t1, t1 + 2s, {});
+  a = next.resume(t1, false);
+  if (a.what == call_kind::wait) CHECK(a.until <= t1 + 1s);
+}
+
+}  // namespace
+
+TEST_CASE("call machine: connect and send, reconnect, move on, back off, give up", "[core][call]") {
+  using namespace std::chrono_literals;
+  auto route = two_tasks();
+  const call_tp t0{};
+  doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {});
+  auto a = m.resume(t0, false);
+  REQUIRE(a.what == call_kind::connect);
+  SECTION("a lost connection is connected and the call sent again") {
+    lost_and_sent_again(route, m);
+  }
+  SECTION("failed connects move through the addresses, back off, then give up") {
+    connects_fail(route, m);
+  }
+}
+
+TEST_CASE("call machine: redirects are followed up to the limit and never past the deadline",
+          "[core][call]") {
+  using namespace std::chrono_literals;
+  const call_tp t0{};
+  SECTION("a named master is the next address, at once") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {});
+    (void)m.resume(t0, true);
+    auto a = m.answered(t0, true, std::string("c:1"));
+    REQUIRE(a.what == call_kind::moved);
+    CHECK(m.moved_from() == "a:1");
+    CHECK(route.current() == "c:1");  // learned, added to the addresses
+    a = m.resume(t0, false);
+    CHECK(a.what == call_kind::connect);
+    CHECK(m.redirects() == 1);
+  }
+  SECTION("a non-master that names none is left for the next address") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {});
+    auto a = m.answered(t0, true);
+    REQUIRE(a.what == call_kind::moved);
+    CHECK(m.moved_from().empty());
+    CHECK(route.current() == "b:1");
+    CHECK(route.last_failure() == doorman::failure::no_master);
+  }
+  SECTION("at most max_redirects") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {.max_redirects = 2});
+    CHECK(m.answered(t0, true, std::string("b:1")).what == call_kind::moved);
+    CHECK(m.answered(t0, true, std::string("a:1")).what == call_kind::moved);
+    const auto a = m.answered(t0, true, std::string("b:1"));
+    CHECK(a.what == call_kind::fail);
+    CHECK(a.error == doorman::errc::too_many_redirects);
+  }
+  SECTION("past the deadline: no master") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {});
+    const auto a = m.answered(t0 + 5s, true);
+    CHECK(a.what == call_kind::fail);
+    CHECK(a.error == doorman::errc::no_master);
+    CHECK(a.message == "no master found before the deadline");
+  }
+  SECTION("not following: a non-master's answer is the answer") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {.follow_redirects = false});
+    CHECK(m.answered(t0, true, std::string("b:1")).what == call_kind::done);
+    CHECK(route.current() == "a:1");
+  }
+  SECTION("no answer by the deadline: the peer is hung, the route moves on") {
+    auto route = two_tasks();
+    doorman::call_machine<call_tp> m(route, t0, t0 + 5s, {});
+    const auto a = m.timed_out(t0 + 5s, "get_capacity: no answer before the deadline");
+    CHECK(a.what == call_kind::fail);
+    CHECK(a.error == doorman::errc::timed_out);
+    CHECK(route.current() == "b:1");
+    CHECK(route.last_failure() == doorman::failure::hung);
+  }
+}

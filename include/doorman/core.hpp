@@ -6,6 +6,7 @@
 
 #include "doorman/core/algorithm.hpp"
 #include "doorman/core/backoff.hpp"
+#include "doorman/core/call.hpp"
 #include "doorman/core/client_state.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/config_follower.hpp"

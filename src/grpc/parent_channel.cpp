@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 #include <asio.hpp>
 
+#include <doorman/core/call.hpp>
 #include <doorman/core/failover.hpp>
 #include <doorman/protocol/codec.hpp>
 
@@ -89,51 +90,37 @@ class parent_channel final : public net::call_channel {
     }
     server_capacity_request request;
     if (auto err = decode(params, request)) co_return fail(errc::bad_answer, err->message);
-    const auto deadline = clock::now() + to_duration<clock::duration>(
-                                             timeout.value_or(options_.call_timeout).count());
+    const auto start = clock::now();
+    const auto deadline =
+        start + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
+    call_machine<clock::time_point> m(policy_, start, deadline,
+                                      {options_.max_redirects, follow_redirects});
     const std::uint64_t cancels = cancels_;
-    int redirects = 0;
+    net::call_reply reply;
+    auto a = m.resume(start, false, problem());
     for (;;) {
       if (shut_) co_return fail(errc::shut_down, "channel shut down");
       if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
-      if (policy_.connect_at() >= deadline) {
-        co_return fail(errc::unreachable,
-                       fmt::format("no task of the position answered; backing off after {} "
-                                   "failures in a row{}",
-                                   policy_.failures(), problem_.empty() ? "" : "; " + problem_));
+      switch (a.what) {
+        case step::kind::wait:
+          co_await sleep_until(a.until);
+          a = m.resume(clock::now(), false, problem());
+          break;
+        case step::kind::connect:  // gRPC connects as it sends
+        case step::kind::send: {
+          const std::string address = policy_.current();
+          a = co_await send_step(m, address, request, method, reply);
+          if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
+          break;
+        }
+        case step::kind::moved:  // the next call goes to the route's address
+          a = m.resume(clock::now(), false, problem());
+          break;
+        case step::kind::done:
+          co_return std::move(reply);
+        case step::kind::fail:
+          co_return fail(a.error, std::move(a.message));
       }
-      if (clock::now() < policy_.connect_at()) {
-        co_await sleep_until(policy_.connect_at());
-        continue;
-      }
-      const std::string address = policy_.current();
-      ::doorman::GetServerCapacityRequest req;
-      to_proto(request, unix_now(), req);
-      ::doorman::GetServerCapacityResponse resp;
-      const grpc::Status status = co_await ask(address, req, resp, deadline);
-      if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
-      if (!status.ok()) {
-        if (auto reply = on_failure(address, status, method)) co_return std::move(*reply);
-        continue;
-      }
-      auto answer = from_proto(resp, unix_now());
-      if (answer.mastership.is_master || !follow_redirects) {
-        policy_.answered();
-        problem_.clear();
-        net::call_reply reply;
-        reply.result = nlohmann::json(answer);
-        co_return reply;
-      }
-      if (++redirects > options_.max_redirects) {
-        co_return fail(errc::too_many_redirects, "too many mastership redirects");
-      }
-      if (answer.mastership.master && net::parse_address(*answer.mastership.master)) {
-        policy_.redirected(*answer.mastership.master, clock::now());
-      } else {
-        policy_.no_master(clock::now());
-      }
-      if (clock::now() >= deadline)
-        co_return fail(errc::no_master, "no master found before the deadline");
     }
   }
 
@@ -210,28 +197,48 @@ class parent_channel final : public net::call_channel {
         asio::use_awaitable);
   }
 
-  // What a failed call means: a hung or unreachable parent moves on to the next address (the
-  // call retries until its deadline), an answer that refuses is the call's answer.
-  std::optional<net::call_reply> on_failure(const std::string& address, const grpc::Status& s,
-                                            const std::string& method) {
-    const std::string what =
-        fmt::format("{} {}: {} ({})", address, method, s.error_message(), int(s.error_code()));
+  using step = call_action<clock::time_point>;
+
+  std::string problem() const { return problem_.empty() ? "" : "; " + problem_; }
+
+  // The machine's `send`: one GetServerCapacity to `address`; the machine's next step, with
+  // the reply in `reply`. A hung parent ends the call (the route moves on), an unreachable one
+  // is left for the next address while the deadline allows, a refusal is the call's answer.
+  asio::awaitable<step> send_step(call_machine<clock::time_point>& m, const std::string& address,
+                                  const server_capacity_request& request, const std::string& method,
+                                  net::call_reply& reply) {
+    ::doorman::GetServerCapacityRequest req;
+    to_proto(request, unix_now(), req);
+    ::doorman::GetServerCapacityResponse resp;
+    const grpc::Status s = co_await ask(address, req, resp, m.deadline());
     switch (s.error_code()) {
+      case grpc::StatusCode::OK:
+        break;
       case grpc::StatusCode::DEADLINE_EXCEEDED:
         stubs_.erase(address);  // the connection may be hung or cut off: a new one next time
-        policy_.failed(clock::now(), failure::hung);
         problem_ = fmt::format("{} did not answer {} in time", address, method);
-        return fail(errc::timed_out, problem_);
+        co_return m.timed_out(clock::now(), problem_);
       case grpc::StatusCode::UNAVAILABLE:
-        policy_.failed(clock::now(), failure::unreachable);
         problem_ = fmt::format("cannot reach {}: {}", address, s.error_message());
-        return std::nullopt;
+        co_return m.connect_failed(clock::now(), true, problem());
       case grpc::StatusCode::CANCELLED:
-        return fail(asio::error::operation_aborted, "call cancelled");
+        reply = fail(asio::error::operation_aborted, "call cancelled");
+        co_return step::to(step::kind::done);
       default:
-        policy_.answered();
-        return fail(errc::error_answer, "parent refused: " + what);
+        reply =
+            fail(errc::error_answer, fmt::format("parent refused: {} {}: {} ({})", address, method,
+                                                 s.error_message(), int(s.error_code())));
+        co_return m.error_answer();
     }
+    auto answer = from_proto(resp, unix_now());
+    reply = net::call_reply{};
+    reply.result = nlohmann::json(answer);
+    std::optional<std::string> master;
+    if (answer.mastership.master && net::parse_address(*answer.mastership.master))
+      master = answer.mastership.master;
+    auto next = m.answered(clock::now(), !answer.mastership.is_master, master);
+    if (next.what == step::kind::done) problem_.clear();
+    co_return next;
   }
 
   asio::awaitable<void> sleep_until(clock::time_point until) {

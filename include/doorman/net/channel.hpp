@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/backoff.hpp"
+#include "doorman/core/call.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/failover.hpp"
 #include "doorman/core/linkage.hpp"
@@ -223,17 +224,6 @@ class channel final : public call_channel {
     return addresses;
   }
 
-  void redirect(const std::string& master) {
-    const std::string before = current();
-    policy_.redirected(master, clock::now());
-    if (master != before || !state_->open) {
-      // During a failover several calls may each be redirected: one line per 5 s at most.
-      redirect_log_.log(options_.log, fmt::format("following the master to {}", master),
-                        clock::now());
-      drop();
-    }
-  }
-
   // A connection problem, in words, for the calls' failures and (throttled) the log.
   void warn(std::string problem) {
     problem_ = std::move(problem);
@@ -248,13 +238,31 @@ class channel final : public call_channel {
     drop();
   }
 
-  // Connects when the machine allows (`failover::attempt_at`: `first`, the call's first
-  // attempt, may cut the backoff short; cleared once made), before `deadline`; a failed
-  // call's reply when it cannot.
-  DOORMAN_DECL asio::awaitable<std::optional<call_reply>> reconnect(clock::time_point start,
-                                                                    clock::time_point deadline,
-                                                                    std::uint64_t cancels,
-                                                                    bool& first);
+  using call_fsm = call_machine<clock::time_point>;
+  using call_step = call_action<clock::time_point>;
+
+  // The machine's `connect`: one attempt at the current address before the call's deadline
+  // (or, while another call's attempt is under way, its outcome); the machine's next step.
+  DOORMAN_DECL asio::awaitable<call_step> connect_step(call_fsm& m, std::uint64_t cancels);
+
+  // The machine's `send`: the call on the connection; the machine's next step, with the
+  // reply in `reply` (an error answer ends the call as it is: `done`).
+  DOORMAN_DECL asio::awaitable<call_step> send_step(call_fsm& m, const std::string& method,
+                                                    const nlohmann::json& params,
+                                                    call_reply& reply);
+
+  // The machine's `moved`: the route left this address (for the master it names, or past a
+  // non-master that names none); the connection is closed unless it already is the master's.
+  void follow(const call_fsm& m) {
+    if (m.moved_from().empty()) {
+      drop();
+    } else if (current() != m.moved_from() || !state_->open) {
+      // During a failover several calls may each be redirected: one line per 5 s at most.
+      redirect_log_.log(options_.log, fmt::format("following the master to {}", current()),
+                        clock::now());
+      drop();
+    }
+  }
 
   // Closes the connection; every pending call fails as lost.
   void drop() {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "doorman/core/backoff.hpp"
+#include "doorman/core/call.hpp"
 #include "doorman/core/client_state.hpp"
 #include "doorman/core/election_term.hpp"
 #include "doorman/core/engine.hpp"
@@ -101,6 +102,9 @@ struct simulation_options {
   /// Whether a master answers only inside its term. Off only to show what fencing prevents.
   bool fencing = true;
   failover_options failover{};  ///< every requester's (with `tasks` > 1)
+  call_options call{};          ///< every requester's calls (with `tasks` > 1)
+  /// The retry delay a refusing job names (a node's over-limit refusal names 1 s by default).
+  double refused_retry_after = 1;
   /// Checks after every decision that no lease outlives its granter's, and that outside
   /// learning mode a decision never adds to what a node has granted beyond its capacity.
   /// O(clients of the node) per decision: for tests.
@@ -117,10 +121,13 @@ struct exchange {
   duration timeout{};            ///< of the request in flight (bounded by the leases held)
   std::uint64_t epoch_seen = 0;  ///< the master epoch of the job it asked last
   failure why = failure::hung;   ///< how the request in flight fails, if it does
+  /// What the answer on its way says of its sender: the master (nothing), a non-master naming
+  /// the master, or (an empty name) a non-master that knows none.
+  std::optional<std::string> not_master;
   /// Which task of the job to ask, and when (with `simulation_options::tasks` > 1).
   std::optional<failover<time_point>> route;
-  /// A due request waiting out the route's backoff: when it goes (`failover::attempt_at`).
-  std::optional<time_point> attempt;
+  /// The call under way over `route`: the machine `net::channel` drives, driven here.
+  std::optional<call_machine<time_point>> call;
 };
 
 /// A request waiting in the socket of a paused master, answered when it resumes.
@@ -862,8 +869,7 @@ class simulation {
         on_arrives(side);
       } else if (side.awaited()) {  // the answer, or the caller gives up
         x.in_flight = 0;
-        if (x.route && what == Side::answered) x.route->answered();
-        if (x.route && what != Side::answered) x.route->failed(now(), x.why);
+        if (x.call) return on_outcome(side, what == Side::answered);
         x.why = failure::hung;
         side.reply(what == Side::answered ? std::error_code() : make_error_code(errc::timed_out));
         side.wake_at(side.next_request());
@@ -871,36 +877,94 @@ class simulation {
     }
   }
 
-  // Sends the request if it is due, or else sleeps until it is.
+  // Sends the request if it is due, or else sleeps until it is. Over several tasks, the call
+  // is the call machine's: it waits out the route's backoff, sends, and goes on after a
+  // redirect or a lost request until the call's deadline.
   template <class Side>
   void on_wake(const Side& side) {
     side.woke();
     exchange& x = side.up();
+    // A call under way (its request made) waited out its route's backoff: it goes on.
+    if (x.call) return drive(side, machine(x).resume(now(), false));
     if (!side.due()) {
-      x.attempt.reset();
       if (x.in_flight == 0) side.wake_at(side.next_request());
       return;
     }
     x.timeout = to_duration<duration>(side.call_timeout().count());
-    if (x.route && now() < x.route->connect_at()) {  // backing off: as the channel's call waits
-      if (!x.attempt) {
-        const time_point at = x.route->attempt_at(now(), now() + x.timeout, true);
-        x.attempt = at == time_point::max() ? x.route->connect_at() : at;
-      }
-      if (now() < *x.attempt) {
-        side.wake_at(*x.attempt);
-        return;
+    x.sent = now();
+    side.make_request();
+    if (!x.route) return send(side);
+    x.call.emplace(*x.route, now(), now() + x.timeout, options_.call);
+    drive(side, x.call->resume(now(), false));
+  }
+
+  // The call machine of `x`, over `x`'s route wherever the exchange now is.
+  static call_machine<time_point>& machine(exchange& x) {
+    x.call->rebind(*x.route);
+    return *x.call;
+  }
+
+  // Does what the call machine says, until it waits for the network or the clock.
+  template <class Side>
+  void drive(const Side& side, call_action<time_point> a) {
+    exchange& x = side.up();
+    for (;;) {
+      switch (a.what) {
+        case call_action<time_point>::kind::wait:
+          side.wake_at(a.until);
+          return;
+        case call_action<time_point>::kind::connect:  // connecting costs nothing here
+        case call_action<time_point>::kind::moved:
+          a = machine(x).resume(now(), a.what == call_action<time_point>::kind::connect);
+          break;
+        case call_action<time_point>::kind::send:
+          return send(side);
+        case call_action<time_point>::kind::done:
+        case call_action<time_point>::kind::fail:
+          x.call.reset();
+          x.in_flight = 0;
+          side.reply(a.what == call_action<time_point>::kind::done ? std::error_code()
+                                                                   : make_error_code(a.error));
+          side.wake_at(side.next_request());
+          return;
       }
     }
-    x.attempt.reset();
-    side.make_request();
-    x.sent = now();
+  }
+
+  // The request goes (again, within a call): it arrives, or is lost.
+  template <class Side>
+  void send(const Side& side) {
+    exchange& x = side.up();
     x.in_flight = ++x.request_number;
     if (lost() || side.link_cut()) {
       schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
     } else {
       schedule(now() + one_way(), Side::arrives, side.index, x.in_flight);
     }
+  }
+
+  // The answer of a call's request came back (`answered`), or the request failed: the machine
+  // decides what follows.
+  template <class Side>
+  void on_outcome(const Side& side, bool answered) {
+    exchange& x = side.up();
+    auto& m = machine(x);
+    call_action<time_point> a;
+    if (answered && x.not_master) {
+      a = m.answered(now(), true,
+                     x.not_master->empty() ? std::nullopt : std::optional(*x.not_master));
+    } else if (answered) {
+      a = m.answered(now(), false);
+    } else if (x.why == failure::hung) {
+      a = m.timed_out(now(), "no answer before the deadline");
+    } else {  // refused or closed: the connection fails, and the call goes on
+      x.route->failed(now(), x.why,
+                      seconds(x.why == failure::refused ? options_.refused_retry_after : 0));
+      a = m.lost(now(), "connection closed");
+    }
+    x.why = failure::hung;
+    x.not_master.reset();
+    drive(side, a);
   }
 
   // The request reaches the job it asks: its master decides, and the answer travels back.
@@ -938,37 +1002,36 @@ class simulation {
 
   // ---- tasks and faults ----
 
-  // The request reaches the task its route names: the master decides; a standby redirects to
-  // the election key's holder (one more round trip) or, knowing none, fails it; a paused
-  // master keeps it until it resumes; a hung one never answers; a refusing job fails it at once.
+  // The request reaches the task its route names: the master decides; a standby answers that
+  // it is not the master, naming the election key's holder or none (the call machine then
+  // follows it: one more round trip); a paused master keeps it until it resumes; a hung one
+  // never answers; a refusing job closes the connection at once.
   template <class Side>
   void arrive_at_task(const Side& side, std::size_t target) {
     exchange& x = side.up();
     job& j = jobs_[target];
     if (now() < j.refusing_until) return fail_soon(side, failure::refused);
-    std::size_t task = std::stoul(x.route->current());
-    duration extra = duration::zero();
+    const std::size_t task = std::stoul(x.route->current());
     const bool master = j.engine && task == j.master_task;
     const bool stopped = j.stopped && task == j.stopped_task;
     if (!master && !stopped) {
-      // A task cut from the election store knows no master, whoever holds the key.
-      if (task == j.election_cut_task && now() < j.election_cut_until) {
-        return fail_soon(side, failure::no_master);
-      }
+      // A task cut from the election store knows no master, whoever holds the key; another
+      // standby names the election key's holder. Either way its answer says so.
       std::optional<std::size_t> holder;
       if (j.engine) holder = j.master_task;
       if (!j.engine && j.stopped && now() < j.key_expires) holder = j.stopped_task;
-      if (!holder) return fail_soon(side, failure::no_master);
-      x.route->redirected(std::to_string(*holder), now());
-      task = *holder;
-      extra = 2 * to_duration<duration>(options_.network.latency);
+      if (task == j.election_cut_task && now() < j.election_cut_until) holder.reset();
+      x.not_master = holder ? std::to_string(*holder) : std::string();
+      answer(x, duration::zero(), Side::answered, Side::timed_out, side.index, x.in_flight,
+             side.link_cut());
+      return;
     }
     if (j.engine && task == j.master_task) {
       if (now() < j.answers_hung_until) {  // wedged: the caller waits in vain
         schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
         return;
       }
-      return decide_and_answer(side, target, extra);
+      return decide_and_answer(side, target, duration::zero());
     }
     // The stopped master: the caller waits in vain, unless it resumes in time.
     schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);

@@ -16,64 +16,42 @@ DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohm
   const auto start = clock::now();
   const auto deadline =
       start + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
-  bool first_attempt = true;  // the one that may cut the backoff short (`attempt_at`)
-  int redirects = 0;
+  call_fsm m(policy_, start, deadline, {options_.max_redirects, follow_redirects});
   const std::uint64_t cancels = cancels_;
+  call_reply reply;
+  call_step a = m.resume(start, state_->open, last_problem());
   for (;;) {
     if (shut_) co_return fail(errc::shut_down, "channel shut down");
     if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
-    if (!state_->open) {
-      // (Not inside the if's condition: GCC 12 miscompiles a co_await there.)
-      std::optional<call_reply> refused =
-          co_await reconnect(start, deadline, cancels, first_attempt);
-      if (refused) co_return std::move(*refused);
-      continue;
-    }
-    call_reply reply = co_await send(method, params, deadline);
-    if (reply.error == errc::timed_out) {
-      abandon(failure::hung, fmt::format("{} did not answer {} in time", current(), method));
-      co_return reply;
-    }
-    if (reply.error == errc::unreachable && clock::now() < deadline) {
-      continue;  // the connection broke: reconnect and resend (calls are idempotent)
-    }
-    if (!reply || !follow_redirects) co_return reply;
-    const redirect_hint hint = read_redirect(reply.result);
-    if (!hint.not_master) co_return reply;
-    // A non-master: go where it says, or try the next address.
-    if (++redirects > options_.max_redirects) {
-      co_return fail(errc::too_many_redirects, "too many mastership redirects");
-    }
-    if (hint.master && parse_address(*hint.master)) {
-      redirect(*hint.master);
-    } else {
-      policy_.no_master(clock::now());
-      drop();
-    }
-    if (clock::now() >= deadline) {
-      co_return fail(errc::no_master, "no master found before the deadline");
+    switch (a.what) {
+      case call_step::kind::wait:
+        co_await sleep_until(a.until);
+        a = m.resume(clock::now(), state_->open, last_problem());
+        break;
+      case call_step::kind::connect:
+        a = co_await connect_step(m, cancels);
+        break;
+      case call_step::kind::send:
+        a = co_await send_step(m, method, params, reply);
+        break;
+      case call_step::kind::moved:
+        follow(m);
+        a = m.resume(clock::now(), state_->open, last_problem());
+        break;
+      case call_step::kind::done:
+        co_return std::move(reply);
+      case call_step::kind::fail:
+        co_return fail(a.error, std::move(a.message));
     }
   }
 }
 
-DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
-    clock::time_point start, clock::time_point deadline, std::uint64_t cancels, bool& first) {
-  std::optional<call_reply> out;
-  const auto at = policy_.attempt_at(start, deadline, first);
-  if (clock::now() >= deadline || at == clock::time_point::max()) {
-    out = fail(errc::unreachable, fmt::format("no task of the position answered; backing off "
-                                              "after {} failures in a row{}",
-                                              policy_.failures(), last_problem()));
-    co_return out;
-  }
-  if (clock::now() < at) {
-    co_await sleep_until(at);
-    co_return out;
-  }
-  first = false;
+DOORMAN_DECL asio::awaitable<channel::call_step> channel::connect_step(call_fsm& m,
+                                                                       std::uint64_t cancels) {
+  if (state_->open) co_return m.resume(clock::now(), true);
   if (connecting_) {  // another call's attempt: its outcome is this call's too
-    co_await sleep_until(deadline, true);
-    co_return out;
+    co_await sleep_until(m.deadline(), true);
+    co_return m.resume(clock::now(), state_->open, last_problem());
   }
   connect_problem_.clear();
   connecting_ = true;
@@ -86,15 +64,36 @@ DOORMAN_DECL asio::awaitable<std::optional<call_reply>> channel::reconnect(
         t->cancel();
     };
     const std::unique_ptr<void, decltype(woken)> wake(this, woken);
-    a = co_await connect(deadline);
+    a = co_await connect(m.deadline());
   }
-  if (a != attempt::connected && cancels_ == cancels) {
-    policy_.failed(clock::now(), failure::unreachable);
-    // An attempt the call's own deadline cut short says nothing new of the peer: the problem
-    // that made the call retry stays the one reported.
-    if (a == attempt::failed || problem_.empty()) warn(std::move(connect_problem_));
+  if (a == attempt::connected) co_return m.resume(clock::now(), true);
+  // An attempt the call's own deadline cut short says nothing new of the peer: the problem
+  // that made the call retry stays the one reported.
+  const bool counted = cancels_ == cancels;
+  if (counted && (a == attempt::failed || problem_.empty())) warn(std::move(connect_problem_));
+  co_return m.connect_failed(clock::now(), counted, last_problem());
+}
+
+DOORMAN_DECL asio::awaitable<channel::call_step> channel::send_step(call_fsm& m,
+                                                                    const std::string& method,
+                                                                    const nlohmann::json& params,
+                                                                    call_reply& reply) {
+  reply = co_await send(method, params, m.deadline());
+  if (reply.error == errc::timed_out) {
+    // The peer is hung or cut off: the route moves on (the machine), the connection is closed.
+    std::string problem = fmt::format("{} did not answer {} in time", current(), method);
+    auto next = m.timed_out(clock::now(), reply.message);
+    warn(std::move(problem));
+    drop();
+    co_return next;
   }
-  co_return out;
+  // The connection broke: connect and send again (calls are idempotent) while time is left.
+  if (reply.error == errc::unreachable) co_return m.lost(clock::now(), reply.message);
+  if (!reply) co_return m.error_answer();  // an error answer is the call's answer
+  const redirect_hint hint = read_redirect(reply.result);
+  std::optional<std::string> master;
+  if (hint.master && parse_address(*hint.master)) master = hint.master;
+  co_return m.answered(clock::now(), hint.not_master, master);
 }
 
 DOORMAN_DECL asio::awaitable<void> channel::sleep_until(clock::time_point until,
