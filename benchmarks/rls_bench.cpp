@@ -570,6 +570,7 @@ void write_svg(const std::string& file, const std::vector<accuracy_result>& resu
   std::vector<long> ideal;
   std::vector<std::size_t> phase_ends;
   for (const auto& r : results) {
+    if (r.per_second.empty()) continue;  // not a phase of the seconds (a new key's minute)
     if (std::find(modes.begin(), modes.end(), r.mode) == modes.end()) modes.push_back(r.mode);
     for (const auto& [i, a] : r.per_second) {
       admitted[r.mode].push_back(a);

@@ -367,7 +367,7 @@ TEST_CASE("window draws: blocks follow demand, capped at a twentieth of the limi
   CHECK(admitted == 6000);
   CHECK(biggest <= 500);
   CHECK(biggest >= 250);  // 100/s × 3 s, once the demand is measured
-  CHECK(calls < 120);     // where a call per request would be 6000
+  CHECK(calls <= 30);     // about one every 3 s; a call per request would be 6000
 }
 
 TEST_CASE("window draws: the waiting are served in order, and all fail with the draw", "[draws]") {

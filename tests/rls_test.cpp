@@ -366,11 +366,6 @@ struct rls_tree {
   }
   bool admits(int i) { return ask(i).overall_code() == pb::RateLimitResponse::OK; }
 
-  nlohmann::json status(const std::string& resource) const {
-    return nlohmann::json::parse(output_of(std::string(DOORMAN_CLI_BINARY) + " status " + resource +
-                                           " --json --server " + root_at));
-  }
-
   // Until a window of the rule (a minute of the monotonic clock, which every process on this
   // machine shares) has at least `left` to run.
   static void wait_for_window(std::chrono::seconds left) {
