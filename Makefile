@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= true
 
-.PHONY: demo demo-deps tree-demo sim test asan tsan fuzz bench format lint deps clean package package-check
+.PHONY: demo demo-deps tree-demo sim campaign test asan tsan fuzz bench format lint deps clean package package-check
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -41,6 +41,15 @@ sim: demo-deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target doorman-sim
 	@./build/release/examples/doorman-sim --scenario all --out build/sim
+
+## The seeded fault campaign (docs/simulation.md): SEEDS seeds from FIRST_SEED, MINUTES each.
+FIRST_SEED ?= 1
+SEEDS ?= 40
+MINUTES ?= 500
+campaign: demo-deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target doorman-sim
+	@./build/release/examples/doorman-sim --campaign $(FIRST_SEED) --seeds $(SEEDS) --minutes $(MINUTES)
 
 ## Build and run the test suite (Debug, warnings as errors).
 test: deps

@@ -287,7 +287,9 @@ TEST_CASE("the share index keeps demands of equal ratio apart, across leaves", "
 // ---- algorithms through the engine ------------------------------------------------------------
 
 TEST_CASE("worked allocation vectors", "[core][algorithm]") {
-  // Each client first arrives (registering its demand), then everyone refreshes in order.
+  // Each client first arrives (registering its demand), then everyone refreshes in order twice:
+  // a lease cut in the first refresh is free for the others once its client confirms the cut
+  // (asks again) in the second.
   auto run = [](const std::string& kind, double capacity,
                 const std::vector<reference_client>& clients) {
     fixture f(repo_for(kind, capacity));
@@ -305,6 +307,7 @@ TEST_CASE("worked allocation vectors", "[core][algorithm]") {
       f.clock.advance(6s);  // past the minimum refresh interval
       return got;
     };
+    (void)round();
     (void)round();
     return round();
   };
@@ -330,7 +333,12 @@ TEST_CASE("arrival order: a newcomer gets only what is available", "[core][algor
   CHECK(f.ask("b", 60) == 0);      // entitled to 60, but a holds it all
   CHECK(f.ask("c", 10) == 0);
   f.clock.advance(6s);
-  CHECK(f.ask("a", 1000) == 55);  // gives back down to its fair share
+  CHECK(f.ask("a", 1000) == 55);  // cut down to its fair share
+  // Not free until a confirms the cut by asking again: the answer could be lost, and a would
+  // hold 120 until its lease ends.
+  CHECK(f.ask("b", 60) == 0);
+  f.clock.advance(6s);
+  CHECK(f.ask("a", 1000) == 55);
   CHECK(f.ask("b", 60) == 55);
   CHECK(f.ask("c", 10) == 10);
 
@@ -338,6 +346,8 @@ TEST_CASE("arrival order: a newcomer gets only what is available", "[core][algor
     fixture g(repo_for("PROPORTIONAL_SHARE", 100));
     CHECK(g.ask("a", 80) == 80);
     CHECK(g.ask("b", 80) == 20);  // entitled to 50, only 20 left
+    g.clock.advance(6s);
+    CHECK(g.ask("a", 80) == 50);
     g.clock.advance(6s);
     CHECK(g.ask("a", 80) == 50);
     CHECK(g.ask("b", 80) == 50);
@@ -350,6 +360,8 @@ TEST_CASE("subclients weigh fairness per end client", "[core][algorithm]") {
   (void)f.ask_server("leaf", {{0, 3, 1000}});
   (void)f.ask("solo", 1000);
   f.clock.advance(6s);
+  CHECK(f.ask_server("leaf", {{0, 3, 1000}}) == Approx(75));  // a cut, confirmed next time
+  f.clock.advance(6s);
   CHECK(f.ask_server("leaf", {{0, 3, 1000}}) == Approx(75));
   CHECK(f.ask("solo", 1000) == Approx(25));
 }
@@ -358,6 +370,8 @@ TEST_CASE("higher priority bands are served first", "[core][algorithm]") {
   fixture f(repo_for("FAIR_SHARE", 100));
   (void)f.ask("low", 100, "res", 0);
   (void)f.ask("high", 70, "res", 1);
+  f.clock.advance(6s);
+  CHECK(f.ask("low", 100, "res", 0) == Approx(30));  // a cut, confirmed next time
   f.clock.advance(6s);
   CHECK(f.ask("low", 100, "res", 0) == Approx(30));
   CHECK(f.ask("high", 70, "res", 1) == Approx(70));
@@ -368,6 +382,8 @@ TEST_CASE("higher priority bands are served first", "[core][algorithm]") {
     // high: 70 + leaf's 10 at priority 1 fit; 20 left at priority 0, split 10/10.
     CHECK(f.ask("high", 70, "res", 1) == Approx(70));
     CHECK(f.ask("low", 100, "res", 0) == Approx(10));
+    f.clock.advance(6s);
+    CHECK(f.ask("low", 100, "res", 0) == Approx(10));  // the cut confirmed
     CHECK(f.ask_server("leaf", {{1, 1, 10}, {0, 1, 100}}) == Approx(20));
   }
 }
@@ -947,7 +963,8 @@ TEST_CASE("FAIR_SHARE and PROPORTIONAL_SHARE converge to the brute-force allocat
       for (std::size_t i = 0; i < n; ++i)
         order[i] = i;
       std::vector<double> got(n);
-      for (int round = 0; round < 3; ++round) {  // arrival, then two refreshes
+      // Arrival, then three refreshes: cuts, their confirmations, what they freed collected.
+      for (int round = 0; round < 4; ++round) {
         std::shuffle(order.begin(), order.end(), rng);
         for (const auto i : order) {
           const std::string id = "c" + std::to_string(i);
@@ -1122,7 +1139,10 @@ TEST_CASE("an intermediate tells its parent soon when its clients give back an e
   const auto before = f.engine.news();
   f.engine.set_parent_lease("res", {60, f.clock.now() + 60s, 8s}, f.clock.now());  // shrunk
   f.clock.advance(6s);
-  CHECK(f.ask("a", 50) == 10);  // what b's lease leaves: the excess shrinks
+  CHECK(f.ask("a", 50) == 10);  // what b's lease leaves: a cut, which a has yet to confirm
+  CHECK(f.engine.news() == before);
+  f.clock.advance(1s);
+  CHECK(f.ask("a", 50) == 10);  // confirmed: the excess shrinks
   CHECK(f.engine.news() == before + 1);
   f.clock.advance(6s);
   CHECK(f.ask("a", 50) == 10);  // b still holds 50: nothing given back this time
@@ -1385,4 +1405,43 @@ TEST_CASE("fencing: a master past its term steps down before it decides anything
   auto again = e.get_capacity({"a", {{"res", 0, 10, std::nullopt}}}, clock.now());
   REQUIRE(again);
   CHECK(again.value().mastership.is_master);
+}
+
+TEST_CASE("a lease cut while its answer is lost still counts until the client confirms the cut",
+          "[core][engine][invariant]") {
+  // Found by the fault campaign (sim seed 3): a client's lease was cut from 26.8 to 18.2, the
+  // answer was lost, and the 8.6 went to another client while the first still held 26.8 for
+  // 4 more seconds. A lease cannot be revoked: until the client says it has the smaller one
+  // (or the larger one has expired), the larger one is what it holds.
+  using namespace std::chrono_literals;
+  doorman::engine_options opts;
+  opts.minimum_refresh_interval = doorman::seconds{0};
+  fixture f(repo_for("FAIR_SHARE", 100), opts);
+  auto ask = [&](const std::string& id, double wants, std::optional<double> has) {
+    std::optional<doorman::lease_info> h;
+    if (has) h = doorman::lease_info{*has, 50, 16};
+    auto r = f.engine.get_capacity({id, {{"res", 0, wants, h}}}, f.clock.now());
+    REQUIRE(r);
+    return r.value().resources.at(0).gets.capacity;
+  };
+  REQUIRE(ask("a", 100, std::nullopt) == Approx(100));
+  CHECK(ask("b", 100, std::nullopt) == Approx(0));  // a holds it all
+  f.clock.advance(1s);
+  CHECK(ask("a", 100, 100) == Approx(50));  // cut to its share; the answer is lost
+  f.clock.advance(1s);
+  CHECK(ask("b", 100, 0) == Approx(0));     // a may still hold 100
+  CHECK(ask("a", 100, 100) == Approx(50));  // a says it still has 100: the cut again
+  CHECK(ask("b", 100, 0) == Approx(0));
+  f.clock.advance(1s);
+  CHECK(ask("a", 100, 50) == Approx(50));  // a has the cut lease now
+  CHECK(ask("b", 100, 0) == Approx(50));   // so b gets the rest
+  SECTION("a client that never confirms holds the larger lease until it expires") {
+    CHECK(ask("c", 100, std::nullopt) == Approx(0));
+    f.clock.advance(1s);
+    const double b_cut = ask("b", 100, 50);  // b's share shrinks; its answer is lost
+    CHECK(b_cut < 50);
+    CHECK(ask("c", 100, 0) + 50 + 50 <= 100 + 1e-9);  // a has 50, b may still hold 50
+    f.clock.advance(60s);  // b's old lease (60 s) has ended; its new one ended a little later
+    CHECK(ask("c", 100, 0) > 0);
+  }
 }

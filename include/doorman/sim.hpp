@@ -4,6 +4,7 @@
 /// The simulator: whole capacity trees on a virtual clock, running the core's engine, upstream
 /// and client state (docs/simulation.md).
 
+#include "doorman/sim/campaign.hpp"
 #include "doorman/sim/report.hpp"
 #include "doorman/sim/scenario.hpp"
 #include "doorman/sim/simulation.hpp"

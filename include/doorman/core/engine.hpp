@@ -69,6 +69,14 @@ struct engine_options {
   /// this is what keeps the tree as a whole within capacity). False: Doorman's behaviour.
   bool count_outstanding = true;
 
+  /// A lease cut while it was live still counts at its larger size until the client asks
+  /// again saying it has the smaller one (or the larger one has ended): the answer carrying
+  /// the cut may be lost, and a lease cannot be revoked. Without it, what the cut frees is
+  /// granted to others at once, and the tree can exceed its capacity for as long as the larger
+  /// lease had left. With `refresh_when_owed`, the cut client is asked back within a quarter
+  /// of the refresh interval. False: Doorman's behaviour.
+  bool count_unconfirmed_cuts = true;
+
   /// A lease granted in learning mode asks the client to come back when learning mode ends
   /// (if that is sooner than the refresh interval), so that the real shares apply at once.
   bool refresh_after_learning = true;
@@ -498,9 +506,18 @@ class basic_engine {
                      .now = now};
     std::vector<band_demand> kept;
     if (d.server && options_.count_outstanding) bands = demand_while_relearning(d, bands, kept);
-    const auto [c, created] = record_demand(d, bands, outstanding);
-    if (refreshed_too_soon(d, c, created)) return c.lease;
     const double held_before = r.store.sum_held();
+    const auto [c, created] = record_demand(d, bands, outstanding);
+    const lease_type l = refreshed_too_soon(d, c, created) ? c.lease : grant(d, c, created);
+    if (options_.report_releases && !options_.is_root && held_before > d.capacity + 1e-9 &&
+        r.store.sum_held() < held_before - 1e-9) {
+      ++excess_released_;  // news for the upstream (see `news`)
+    }
+    return l;
+  }
+
+  // The algorithm's grant (or learning mode's), shaped, bounded and stored.
+  lease_type grant(const decision& d, const client_type& c, bool created) {
     double gets = 0;
     bool owed = false;
     if (d.learning) {
@@ -509,13 +526,13 @@ class basic_engine {
     } else {
       std::tie(gets, owed) = share_of(d, c, created);
     }
-    lease_type l = shape(d, gets, owed);
+    // A cut of a live lease counts as the larger lease until the client confirms it (the
+    // store's `uncut`): the client is asked back soon, so that what it gave back is free soon.
+    const bool cut = options_.count_unconfirmed_cuts && !c.lease.expired(d.now) &&
+                     gets < c.lease.capacity * (1 - 1e-9);
+    lease_type l = shape(d, gets, owed, cut);
     if (!options_.is_root) bound_by_parent(d, l);
-    r.store.set_lease(c, l, now);
-    if (options_.report_releases && !options_.is_root && held_before > d.capacity + 1e-9 &&
-        r.store.sum_held() < held_before - 1e-9) {
-      ++excess_released_;  // news for the upstream (see `news`)
-    }
+    d.r.store.set_lease(c, l, d.now, options_.count_unconfirmed_cuts);
     return l;
   }
 
@@ -539,23 +556,28 @@ class basic_engine {
     return kept;
   }
 
-  // Records the demand (the lease and the time of the last decision stay as they were) and a
-  // server child's outstanding grants. With `count_outstanding`, a server child that held a
-  // live lease here but reports none lost its state (a new master): beneath it, its
-  // predecessor's grants may still be out, which it will only learn (and report) as its
-  // clients come back, so the old lease counts until the child's learning mode is over.
+  // Records the demand (the lease and the time of the last decision stay as they were), what
+  // the client says it has (a cut it confirms stops counting at its larger size), and a server
+  // child's outstanding grants. With `count_outstanding`, a server child that held a live lease
+  // here but reports none lost its state (a new master): beneath it, its predecessor's grants
+  // may still be out, which it will only learn (and report) as its clients come back, so what
+  // it held (its lease, a cut not yet confirmed, its grants) counts until the child's learning
+  // mode is over.
   typename store_type::demand_result record_demand(const decision& d,
                                                    std::span<const band_demand> bands,
                                                    std::optional<double> outstanding) {
     auto [c, created] = d.r.store.set_demand(d.client_id, bands);
+    const bool relearn =
+        outstanding && options_.count_outstanding && !created && starts_relearning(c, d.has, d.now);
+    if (relearn) {
+      d.r.store.set_relearn(c, store_type::held(c),
+                            d.now + as_duration(d.r.tmpl.algorithm.learning_mode_duration));
+    }
+    d.r.store.confirm_cut(c, reported(d), d.now);
     if (!outstanding) return {c, created};
     double out = *outstanding;
-    if (options_.count_outstanding) {
-      if (!created && starts_relearning(c, d.has, d.now)) {
-        d.r.store.set_relearn(c, c.lease.capacity,
-                              d.now + as_duration(d.r.tmpl.algorithm.learning_mode_duration));
-      }
-      if (d.now < c.relearn_until()) out = std::max(out, c.relearn_floor());
+    if (options_.count_outstanding && d.now < c.relearn_until()) {
+      out = std::max(out, c.relearn_floor());
     }
     d.r.store.set_server_info(c, out);
     return {c, created};
@@ -654,8 +676,9 @@ class basic_engine {
   // (`refresh_after_learning`: server children first, clients a little later, so that
   // capacity has come down the tree when they ask) or, for a client owed capacity
   // (`refresh_when_owed`), to a quarter of the interval (never below the minimum refresh
-  // interval for clients).
-  [[nodiscard]] lease_type shape(const decision& d, double gets, bool owed) const {
+  // interval for clients), and for a client whose lease was cut to a quarter (below the
+  // minimum: the cut is not free for others until it confirms it).
+  [[nodiscard]] lease_type shape(const decision& d, double gets, bool owed, bool cut) const {
     const auto& alg = d.r.tmpl.algorithm;
     lease_type l;
     // Within the wire's bounds whatever the algorithm computed (NO_ALGORITHM grants the sum of
@@ -675,6 +698,10 @@ class basic_engine {
       l.refresh_interval =
           std::min(l.refresh_interval,
                    d.server ? l.refresh_interval / 4 : std::max(minimum, l.refresh_interval / 4));
+    } else if (cut && options_.refresh_when_owed) {
+      // Back within a quarter of the interval, even below the minimum: until it confirms,
+      // what it gave back is not free, and the clients owed it come back at the minimum.
+      l.refresh_interval = l.refresh_interval / 4;
     }
     return l;
   }

@@ -125,6 +125,11 @@ class basic_lease_store {
     time_point last_decision{};  ///< when the algorithm last ran for this client
     detail::band_list bands;     ///< its demand, one entry per priority
     bool is_server = false;      ///< asked through get_server_capacity
+    /// A larger lease the client may still hold: its lease was cut while the larger one was
+    /// live, and it has not yet said it has the cut one (the answer may have been lost; a
+    /// lease cannot be revoked). 0 when none. Counts as held until `confirm_cut` clears it.
+    double uncut = 0;
+    time_point uncut_until{};  ///< when that larger lease ends
 
     /// A server child's own grants, as it reported them.
     [[nodiscard]] double outstanding() const noexcept { return server_ ? server_->outstanding : 0; }
@@ -229,18 +234,45 @@ class basic_lease_store {
     return {c, created};
   }
 
-  /// Gives client `who` (as returned by `set_demand`) the lease `l`, decided at `now`.
-  void set_lease(const client& who, const lease_type& l, time_point now) {
+  /// Gives client `who` (as returned by `set_demand`) the lease `l`, decided at `now`. With
+  /// `keep_cut`, a cut of a live lease keeps the larger one as held (`client::uncut`) until
+  /// the client confirms the cut or the larger lease ends; the client stays in the store until
+  /// then.
+  void set_lease(const client& who, const lease_type& l, time_point now, bool keep_cut = true) {
     client& c = clients_[who.slot_];
+    double uncut = now < c.uncut_until ? c.uncut : 0.0;
+    time_point until = uncut > 0 ? c.uncut_until : time_point{};
+    if (keep_cut && !c.lease.expired(now) && c.lease.capacity > uncut) {
+      uncut = c.lease.capacity;
+      until = std::max(until, c.lease.expiry);
+    }
+    if (uncut <= l.capacity) {
+      uncut = 0;
+      until = {};
+    }
     // The old and new values go in as two terms, never as their difference: a difference is
     // rounded before the compensated sum sees it (replacing 1e300 by 33.3 would add -1e300).
     sum_has_.add(-c.lease.capacity);
     sum_has_.add(l.capacity);
     sum_held_.add(-held(c));
     c.lease = l;
+    c.uncut = uncut;
+    c.uncut_until = until;
     sum_held_.add(held(c));
     c.last_decision = now;
-    push_expiry({l.expiry, c.slot_, ++generations_[c.slot_]});
+    push_expiry({std::max(l.expiry, until), c.slot_, ++generations_[c.slot_]});
+  }
+
+  /// Client `who` says it has `reported` (0: nothing live): a cut it has received, or a larger
+  /// lease that has ended by `now`, no longer counts (`client::uncut`).
+  void confirm_cut(const client& who, double reported, time_point now) {
+    client& c = clients_[who.slot_];
+    if (c.uncut <= 0) return;
+    if (reported > c.lease.capacity * (1 + 1e-9) + 1e-9 && now < c.uncut_until) return;
+    sum_held_.add(-held(c));
+    c.uncut = 0;
+    c.uncut_until = {};
+    sum_held_.add(held(c));
   }
 
   /// A server child `who` lost its state: what it held counts as outstanding until `until`.
@@ -308,11 +340,11 @@ class basic_lease_store {
     return size_ == 0 ? 0.0 : std::max(0.0, sum_has_.value());
   }
 
-  /// What `who` holds as far as the capacity is concerned: its lease, or for a server child
-  /// whose own grants exceed its lease (its lease shrank; leases cannot be revoked), those
-  /// grants, until it reports less.
+  /// What `who` holds as far as the capacity is concerned: its lease; a larger lease it may
+  /// still hold (`client::uncut`); for a server child whose own grants exceed its lease (its
+  /// lease shrank; leases cannot be revoked), those grants, until it reports less.
   [[nodiscard]] static double held(const client& who) noexcept {
-    return who.lease.capacity + excess_of(who);
+    return std::max(who.lease.capacity + excess_of(who), who.uncut);
   }
 
   /// The sum of `held` over every client.

@@ -75,6 +75,7 @@ struct scenario_info {
   o.refresh_when_owed = false;
   o.echo_in_learning = false;
   o.report_releases = false;
+  o.count_unconfirmed_cuts = false;
   return o;
 }
 

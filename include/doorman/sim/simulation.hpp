@@ -70,7 +70,10 @@ struct network_options {
   double latency = 0.001;  ///< one way
   double jitter = 0;       ///< a uniform extra delay in [0, jitter], one way
   double loss = 0;         ///< probability that a message is lost, each way
-  double timeout = 1;      ///< a caller that heard nothing gives up after this
+  /// Probability that a request reaches the master twice (a retransmitted copy): both copies
+  /// are decided, the caller hears the second answer.
+  double duplicate = 0;
+  double timeout = 1;  ///< a caller that heard nothing gives up after this
 };
 
 /// Thrown by a run with `check_invariants` when an invariant of docs/design.md fails.
@@ -101,6 +104,11 @@ struct simulation_options {
   double election_ttl = 10;
   /// Whether a master answers only inside its term. Off only to show what fencing prevents.
   bool fencing = true;
+  /// How far a master's clock may run from the election store's, as a fraction (each master
+  /// draws its rate in [1 - e, 1 + e] when elected): its term ends when its own clock says,
+  /// which is later in real time when its clock is slow. The term's margin covers rates that
+  /// differ by less than a tenth (docs/high-availability.md).
+  double clock_rate_error = 0;
   failover_options failover{};  ///< every requester's (with `tasks` > 1)
   call_options call{};          ///< every requester's calls (with `tasks` > 1)
   /// The retry delay a refusing job names (a node's over-limit refusal names 1 s by default).
@@ -109,6 +117,10 @@ struct simulation_options {
   /// learning mode a decision never adds to what a node has granted beyond its capacity.
   /// O(clients of the node) per decision: for tests.
   bool check_invariants = false;
+  /// Checks invariant 1 tree-wide whenever a client's lease changes (the only moments the
+  /// tree's total can grow): the sum of what the clients may use, answers of deposed masters
+  /// included, never exceeds the root's capacity. O(clients) per answer: for tests.
+  bool check_tree = false;
 };
 
 /// The exchange a requester (a client, or an intermediate facing its parent) has with the job
@@ -152,6 +164,7 @@ struct job {
   time_point wake_at = time_point::max();  ///< of the wake-up pending
   std::size_t master_task = 0;             ///< the task that is master (when `engine`)
   time_point elected_at{};                 ///< the master's election (it renews every poll)
+  double clock_rate = 1;                   ///< the master's clock against real time
   // Faults (`pause_master`, `hang_master`, `cut_election`, `cut_clients`, `cut_parent`,
   // `refuse`):
   std::unique_ptr<engine_type> stopped;  ///< a paused or hung master's engine, fenced
@@ -164,6 +177,9 @@ struct job {
   time_point clients_cut_until{};     ///< the links from its clients
   std::size_t election_cut_task = 0;  ///< the task cut from the election store (`cut_election`)
   time_point election_cut_until{};    ///< until then
+  /// Without fencing: a master cut from the election store past its term, still answering as
+  /// master (from what it knew) until the cut heals, beside the new master.
+  std::unique_ptr<engine_type> deposed;
   time_point parent_cut_until{};      ///< the link to its parent
   std::uint64_t in_flight_epoch = 0;  ///< this job's epoch when the request went out
   server_capacity_request request;
@@ -330,10 +346,15 @@ class simulation {
     const duration period = term.period();
     const time_point key_expires = term.valid_until() + term.margin();
     const std::uint64_t epoch = j.epoch;
-    at(seconds_of(term.valid_until()), [this, index, epoch] {
+    at(seconds_of(term_end(j, term)), [this, index, epoch] {
       job& k = jobs_[index];
       if (k.epoch != epoch || now() >= k.election_cut_until) return;  // healed in time
-      k.engine.reset();                                               // steps down
+      if (options_.fencing) {
+        k.engine.reset();  // steps down
+      } else {             // answers on as master until the cut heals
+        k.deposed = std::move(k.engine);
+        at(seconds_of(k.election_cut_until), [this, index] { jobs_[index].deposed.reset(); });
+      }
       k.upstream.reset();
       ++k.epoch;
       k.up.in_flight = 0;
@@ -640,6 +661,12 @@ class simulation {
     return knew_another ? 2 * to_duration<duration>(options_.network.latency) : duration::zero();
   }
 
+  // When the caller of `x` gives up: its deadline, or now when the request reached its
+  // server after it (sent within a call, just before the deadline).
+  [[nodiscard]] time_point gives_up_at(const exchange& x) const noexcept {
+    return std::max(now(), x.sent + x.timeout);
+  }
+
   // Sends an answer back to the caller of exchange `x`: it arrives after the network's delay
   // (plus `extra`), unless it is lost or comes after the caller gave up (`x.timeout` after
   // it sent the request).
@@ -647,7 +674,7 @@ class simulation {
               std::uint32_t number, bool cut = false) {
     const time_point back = now() + extra + one_way();
     if (lost() || cut || back > x.sent + x.timeout) {
-      schedule(x.sent + x.timeout, gives_up, who, number);
+      schedule(gives_up_at(x), gives_up, who, number);
     } else {
       schedule(back, arrives, who, number);
     }
@@ -672,6 +699,9 @@ class simulation {
     j.engine = std::make_unique<engine_type>(config_, eo);
     j.engine->set_mastership(true, j.name, now(), to_duration<duration>(quiet));
     j.elected_at = now();
+    if (options_.clock_rate_error > 0) {
+      j.clock_rate = 1 + options_.clock_rate_error * (2 * random_.uniform() - 1);
+    }
     ++j.epoch;
     ++j.elections;
     j.up.in_flight = 0;
@@ -742,6 +772,7 @@ class simulation {
       s.until = c.held->lease->expiry;
     }
     s.otherwise = fallback_capacity(c.held->options, c.held->server_safe_capacity);
+    if (options_.check_tree) check_tree(c);
   }
 
   void on_client_release(std::size_t index) {
@@ -937,7 +968,7 @@ class simulation {
     exchange& x = side.up();
     x.in_flight = ++x.request_number;
     if (lost() || side.link_cut()) {
-      schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
+      schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
     } else {
       schedule(now() + one_way(), Side::arrives, side.index, x.in_flight);
     }
@@ -979,7 +1010,7 @@ class simulation {
       return;
     }
     if (!j.engine || now() < j.answers_hung_until) {  // nobody answers
-      schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
+      schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
       return;
     }
     decide_and_answer(side, target, redirect_cost(x.epoch_seen, j.epoch));
@@ -988,15 +1019,25 @@ class simulation {
   // The master of `target` decides, and the answer travels back (after `extra` more).
   template <class Side>
   void decide_and_answer(const Side& side, std::size_t target, duration extra) {
+    decide_and_answer(side, target, *jobs_[target].engine, extra);
+  }
+
+  // The same, decided by engine `e` of `target` (its master's, or a deposed one's).
+  template <class Side>
+  void decide_and_answer(const Side& side, std::size_t target, engine_type& e, duration extra) {
     exchange& x = side.up();
     job& j = jobs_[target];
-    const auto before = check_before(j, side.name());
-    if (const std::string refused = side.decide(*j.engine); !refused.empty()) {
-      throw std::logic_error("simulation: the engine refused " + side.name() +
-                             "'s request: " + refused);
+    const int copies =
+        options_.network.duplicate > 0 && random_.uniform() < options_.network.duplicate ? 2 : 1;
+    for (int copy = 0; copy < copies; ++copy) {
+      const auto before = &e == j.engine.get() ? check_before(j, side.name()) : std::nullopt;
+      if (const std::string refused = side.decide(e); !refused.empty()) {
+        throw std::logic_error("simulation: the engine refused " + side.name() +
+                               "'s request: " + refused);
+      }
+      check_after(j, side.name(), before);
     }
-    check_after(j, side.name(), before);
-    after_decision(target);
+    if (&e == j.engine.get()) after_decision(target);
     answer(x, extra, Side::answered, Side::timed_out, side.index, x.in_flight, side.link_cut());
   }
 
@@ -1012,6 +1053,9 @@ class simulation {
     job& j = jobs_[target];
     if (now() < j.refusing_until) return fail_soon(side, failure::refused);
     const std::size_t task = std::stoul(x.route->current());
+    if (j.deposed && task == j.election_cut_task) {
+      return decide_and_answer(side, target, *j.deposed, duration::zero());
+    }
     const bool master = j.engine && task == j.master_task;
     const bool stopped = j.stopped && task == j.stopped_task;
     if (!master && !stopped) {
@@ -1028,13 +1072,13 @@ class simulation {
     }
     if (j.engine && task == j.master_task) {
       if (now() < j.answers_hung_until) {  // wedged: the caller waits in vain
-        schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
+        schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
         return;
       }
       return decide_and_answer(side, target, duration::zero());
     }
     // The stopped master: the caller waits in vain, unless it resumes in time.
-    schedule(x.sent + x.timeout, Side::timed_out, side.index, x.in_flight);
+    schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
     if (j.hung) return;
     queued_request q;
     q.from_node = std::is_same_v<Side, node_side>;
@@ -1061,13 +1105,20 @@ class simulation {
     return term;
   }
 
+  // When the master's own clock reaches the end of `term`, in real time: its clock runs at
+  // `clock_rate` from the last renewal on.
+  [[nodiscard]] static time_point term_end(const job& j, const election_term<time_point>& term) {
+    const time_point renewed = term.valid_until() - term.ttl() + term.margin();
+    return renewed + to_duration<duration>(to_seconds(term.valid_until() - renewed) / j.clock_rate);
+  }
+
   // Stops the job's master (paused or hung): its engine is kept aside, fenced by its term.
   bool stop_master(std::size_t index, bool hang) {
     job& j = jobs_.at(index);
     if (!j.engine) return false;
     const election_term<time_point> term = current_term(j);
     const duration period = term.period();
-    if (options_.fencing) j.engine->set_valid_until(term.valid_until());
+    if (options_.fencing) j.engine->set_valid_until(term_end(j, term));
     j.stopped = std::move(j.engine);
     j.stopped_task = j.master_task;
     j.hung = hang;
@@ -1183,6 +1234,17 @@ class simulation {
           (!own || c->lease.expiry > own->expiry)) {
         fail("a lease of " + std::to_string(c->lease.capacity) + " outlives the node's own lease");
       }
+    }
+  }
+
+  // Invariant 1 tree-wide, as `client`'s lease just changed (`check_tree`).
+  void check_tree(const client& c) const {
+    const double total = total_granted();
+    if (total > capacity() * (1 + 1e-9) + 1e-9) {
+      throw invariant_violation("t=" + std::to_string(seconds_of(now())) + " s, client " + c.name +
+                                ": the clients may use " + std::to_string(total) +
+                                " of a capacity of " + std::to_string(capacity()) +
+                                " (invariant 1, tree-wide)");
     }
   }
 
