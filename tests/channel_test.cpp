@@ -1,5 +1,7 @@
 // The channel (redirects, failover, deadlines) and the refresh driver.
 
+#include <doorman/sim.hpp>
+
 #include "etcd_server.hpp"
 #include "line_client.hpp"
 #include "support.hpp"
@@ -24,6 +26,43 @@ TEST_CASE("a channel follows a mastership redirect", "[net][channel]") {
   REQUIRE(reply);
   CHECK(reply.result["resources"][0]["gets"]["capacity"] == 5);
   CHECK(ch.current() == master.address());
+}
+
+TEST_CASE("a change to the call machine changes the channel and the simulator alike",
+          "[net][channel][sim][call]") {
+  // Both drive core/call.hpp's machine, and neither keeps a rule of its own: its redirect limit
+  // at 0 ends a call at the first non-master's answer (too_many_redirects) in net::channel and
+  // in the simulator; at 1 both follow it to the master.
+  for (const int max : {0, 1}) {
+    INFO("max_redirects " << max);
+    running_node master(fast_config(10));
+    running_node<fixed_election> follower(fast_config(10), {},
+                                          fixed_election{false, master.address()});
+    asio::io_context io;
+    doorman::net::channel ch(io.get_executor(),
+                             {.addresses = {follower.address()}, .max_redirects = max});
+    const auto reply = run_coroutine_test(
+        io, [&] { return ch.call("get_capacity", capacity_params("a", "db", 5)); });
+    CHECK(static_cast<bool>(reply) == (max > 0));
+    if (max == 0) CHECK(reply.error == doorman::errc::too_many_redirects);
+
+    // The simulator: the root's master (task 0) is cut from etcd; task 1 wins at about 4.8 s.
+    // A client arriving at 10 s asks task 0 first, which answers that it knows no master.
+    doorman::sim::simulation s(
+        {.config = R"({"resources": [{"identifier_glob": "*", "capacity": 100,
+             "algorithm": {"kind": "FAIR_SHARE", "lease_length": 8, "refresh_interval": 2,
+                           "learning_mode_duration": 0}}]})",
+         .tasks = 2,
+         .election_ttl = 4,
+         .call = {.max_redirects = max}});
+    const auto root = s.add_job("root", std::nullopt);
+    s.cut_election(root, 100);
+    s.run_until(doorman::sim::at(10));
+    REQUIRE(s.jobs()[root].master_task == 1);
+    const auto c = s.add_client("c", root, 10);
+    s.run_until(doorman::sim::at(10.5));
+    CHECK(s.leased(c) == (max > 0));
+  }
 }
 
 TEST_CASE("calls made together on a fresh channel share one connection attempt",
