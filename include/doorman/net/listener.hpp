@@ -36,6 +36,11 @@
 
 namespace doorman::net {
 
+/// An endpoint's `host:port` (`[host]:port` for an IPv6 address).
+[[nodiscard]] inline std::string address_of(const asio::ip::tcp::endpoint& ep) {
+  return address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+}
+
 namespace detail {
 
 // Keeps a socket out of the processes an embedding program starts: a child that inherited the
@@ -79,7 +84,7 @@ inline std::string peer_of(const asio::ip::tcp::socket& socket) {
   std::error_code ec;
   const auto ep = socket.remote_endpoint(ec);
   if (ec) return "an unknown peer";
-  return address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+  return address_of(ep);
 }
 
 }  // namespace detail

@@ -82,16 +82,22 @@ class basic_config_driver {
         break;
     }
     try {
-      engine_.set_config(read_config_file(options_, location_.where));
-      metrics_.count_reload(true);
-      const auto n = engine_.config().templates().size();
-      log(fmt::format("configuration reloaded from {}: {} template{}", location_.where, n,
-                      n == 1 ? "" : "s"));
+      apply(read_config_file(options_, location_.where), location_.where);
     } catch (const std::exception& e) {
       metrics_.count_reload(false);
       log(fmt::format("warning: configuration {} rejected, keeping the old one: {}",
                       location_.where, e.what()));
     }
+  }
+
+  /// Applies `config`, read from `from` (empty: given by the embedding program), counted and
+  /// logged.
+  void apply(resource_repository config, std::string_view from) {
+    engine_.set_config(std::move(config));
+    metrics_.count_reload(true);
+    const auto n = engine_.config().templates().size();
+    log(fmt::format("configuration reloaded{}{}: {} template{}", from.empty() ? "" : " from ", from,
+                    n, n == 1 ? "" : "s"));
   }
 
   /// Re-reads the etcd client's certificates; whether there were any to read.

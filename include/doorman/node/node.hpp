@@ -18,21 +18,16 @@
 /// it after its io_context has stopped running.
 
 #include <chrono>
-#include <cstdint>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include <fmt/format.h>
 #include <asio.hpp>
-#include <nlohmann/json.hpp>
 
 #include "doorman/core/engine.hpp"
-#include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/http_server.hpp"
 #include "doorman/net/server.hpp"
@@ -41,90 +36,14 @@
 #include "doorman/node/config_driver.hpp"
 #include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
+#include "doorman/node/mastership.hpp"
+#include "doorman/node/node_options.hpp"
 #include "doorman/node/parent_link.hpp"
 #include "doorman/node/status_page.hpp"
 #include "doorman/protocol/codec.hpp"
 #include "doorman/protocol/dispatch.hpp"
 
 namespace doorman {
-
-/// Options of a node, with their defaults.
-struct node_options {
-  /// Where to listen, `host:port`; port 0 picks a free one (see `local_address`).
-  std::string listen = "127.0.0.1:7700";
-  /// The parent position's addresses; empty for a root.
-  std::vector<std::string> parents;
-  /// The address children are redirected to when this node is master; default: the address
-  /// it listens on.
-  std::string advertise;
-  /// The address of the node's gRPC door (Doorman's protocol, served by the compiled layer
-  /// doorman::grpc), announced with the election so that a non-master's gRPC answers name the
-  /// master's gRPC door; empty: the node has none (see `advertised_doors`).
-  std::string advertise_grpc;
-  /// The node's id in `status` and at its parent; default: the advertised address.
-  std::string id;
-  net::server_options server;
-  /// Whether one thread only runs the executor given to the node (an io_context whose `run`
-  /// one thread calls, as in doorman-node). The node then works on that executor directly, not
-  /// on a strand of it, which saves a hand-off on every completion of its I/O. Calls that post
-  /// to the node from other threads (`stop`, `reload_config`, the gRPC layer) stay safe.
-  bool single_threaded = false;
-  /// `is_root` is set from `parents`.
-  engine_options engine;
-  /// `server_id` defaults to `id`; `decay_factor` follows `engine.decay_factor`.
-  upstream_options upstream;
-  /// Deadline of one request to the parent.
-  seconds parent_timeout{5};
-  /// Where the configuration comes from, for the constructor without one and for
-  /// `reload_config()`.
-  config_options config{};
-  /// Where the admin endpoint listens, `host:port` (port 0: a free one; see `admin_address`);
-  /// empty: no admin endpoint.
-  std::string admin;
-  /// Limits of the admin endpoint.
-  net::http_server_options admin_server{};
-  /// Receives one line per notable event (start, config reload, parent lost and regained,
-  /// mastership). Null: silent.
-  std::function<void(std::string_view)> log{};
-  /// TLS of the JSON-RPC port and the admin endpoint (docs/security.md); all empty: plaintext.
-  net::tls_options tls{};
-  /// TLS of the link to the parent (a certificate here identifies this node to its parent).
-  net::tls_options parent_tls{};
-  /// Makes the parent link's channel; null: doorman's JSON-RPC (see `parent_link_options`).
-  std::function<std::unique_ptr<net::call_channel>(asio::any_io_executor, net::channel_options)>
-      parent_channel{};
-  /// The access file (docs/security.md). Needs client certificates (`tls.client_auth` request
-  /// or require). Empty: with client certificates, `access_policy::defaults()` (each identity
-  /// a client of its own client ids and a server; no admin); without, every caller may make
-  /// every call.
-  std::string access;
-  /// Turns the access file's text into a policy; null: JSON (`access_policy::parse`).
-  std::function<access_policy(std::string_view text, const std::string& name)> access_parse{};
-  /// Distinct client ids one caller (an identity, else a connection) may hold on one resource
-  /// at once; 0: no bound. Rules of an access file set their own (`max_client_ids`).
-  std::size_t max_client_ids = 0;
-
-  /// The files the node reads and reads again on `reload_config` and `reload_security`: the
-  /// configuration (when a file), the access file and every certificate, key and CA file.
-  [[nodiscard]] std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    if (const auto c = config_location::parse(config.source); c.type == config_location::kind::file)
-      out.push_back(c.where);
-    out.push_back(access);
-    for (const net::tls_options* t : {&tls, &parent_tls, &config.etcd_tls}) {
-      out.insert(out.end(), {t->cert_file, t->key_file, t->ca_file});
-    }
-    std::erase_if(out, [](const std::string& f) { return f.empty(); });
-    return out;
-  }
-};
-
-/// The placeholder configuration of an intermediate without one: every resource has capacity 0
-/// until the parent's lease says otherwise, and the parent's algorithm is adopted.
-[[nodiscard]] inline resource_repository intermediate_default_config() {
-  return resource_repository::parse(R"({"resources": [{"identifier_glob": "*", "capacity": 0,
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16}}]})");
-}
 
 template <election Election = single_election, class Algorithms = default_algorithms>
 class basic_node {
@@ -144,7 +63,8 @@ class basic_node {
   /// without a source, `intermediate_default_config()`.
   basic_node(asio::any_io_executor executor, node_options options, Election election = {})
       // `options` is copied, not moved: the arguments are evaluated in no set order.
-      : basic_node(std::move(executor), initial_config(options), options, std::move(election)) {}
+      : basic_node(std::move(executor), detail::initial_node_config(options), options,
+                   std::move(election)) {}
 
   basic_node(const basic_node&) = delete;
   basic_node& operator=(const basic_node&) = delete;
@@ -179,10 +99,11 @@ class basic_node {
       admin_->start();
       log(fmt::format("admin endpoint on {}://{}/status", tls_ ? "https" : "http", admin_local_));
     }
-    election_.start(advertised_doors{options_.advertise, options_.advertise_grpc}.value(),
+    mastership_.set_own({options_.advertise, options_.advertise_grpc});
+    election_.start(mastership_.own().value(),
                     [this](bool is_master, std::optional<std::string> m) {
-                      asio::post(strand_, [this, is_master, m = std::move(m)]() mutable {
-                        on_mastership(is_master, std::move(m));
+                      asio::post(strand_, [this, is_master, m = std::move(m)] {
+                        if (!stopping_) mastership_.elected(is_master, m, clock::now());
                       });
                     });
     if (!options_.parents.empty()) start_parent_link();
@@ -191,7 +112,10 @@ class basic_node {
 
   /// Sets the address announced for the node's gRPC door (`node_options::advertise_grpc`),
   /// for a door that learns its port only when it binds; before `start`.
-  void advertise_grpc(std::string address) { options_.advertise_grpc = std::move(address); }
+  void advertise_grpc(std::string address) {
+    options_.advertise_grpc = std::move(address);
+    mastership_.set_own({options_.advertise, options_.advertise_grpc});
+  }
 
   /// The address it listens on (after `start`), e.g. "127.0.0.1:40213".
   [[nodiscard]] const std::string& local_address() const noexcept { return local_; }
@@ -201,11 +125,8 @@ class basic_node {
 
   /// Replaces the configuration, keeping every lease (thread-safe: posts to the strand).
   void reload(resource_repository config) {
-    asio::post(strand_, [this, c = std::move(config)]() mutable {
-      engine_.set_config(std::move(c));
-      metrics_.count_reload(true);
-      log(fmt::format("configuration reloaded: {} templates", engine_.config().templates().size()));
-    });
+    asio::post(strand_,
+               [this, c = std::move(config)]() mutable { config_.apply(std::move(c), {}); });
   }
 
   /// Re-reads `options().config.source` (thread-safe): a file is read and, when valid, applied
@@ -237,7 +158,7 @@ class basic_node {
       });
       reload_part("access file " + options_.access, [this] {
         if (options_.access.empty()) return false;
-        access_.set_policy(read_access(options_));
+        access_.set_policy(detail::node_access_policy(options_));
         return true;
       });
     });
@@ -279,15 +200,14 @@ class basic_node {
                          done = std::move(done)]() mutable {
       const auto start = clock::now();
       apply_term(start);
-      auto result = guarded() ? guarded_call<M>(request, peer, start)
-                              : call_method<M>(engine_, request, start, {&identity_, nullptr});
-      const auto now = clock::now();
+      auto result = under_guard(peer, [&](access_guard* guard) {
+        return call_method<M>(engine_, request, start, {&identity_, guard});
+      });
       dispatch_record record{M::id, {}, door};
       if (!result) record.error = result.code();
-      metrics_.observe(record, std::chrono::duration<double>(now - start).count());
-      fence(now);
+      (void)served(record, start, peer);
       if (parent_) parent_->after_calls();
-      if (door == rpc_door::grpc) name_grpc_master(result);
+      mastership_.name_master(result, door);
       done(std::move(result));
     });
   }
@@ -349,9 +269,9 @@ class basic_node {
              Election election)
       : strand_(options.single_threaded ? executor
                                         : asio::any_io_executor(asio::make_strand(executor))),
-        options_(prepare(std::move(options))),
+        options_(detail::prepare_node_options(std::move(options))),
         engine_(std::move(config.config), options_.engine),
-        access_(read_access(options_), options_.max_client_ids,
+        access_(detail::node_access_policy(options_), options_.max_client_ids,
                 [this](std::string_view resource, std::string_view client) {
                   const auto* store = engine_.store(resource);
                   return store != nullptr && store->find(client) != nullptr;
@@ -380,59 +300,13 @@ class basic_node {
     server_.on_disconnect([this](const net::peer_info& p) { access_.disconnected(p.connection); });
   }
 
-  // The access file's policy; with client certificates and no file, the default policy.
-  static std::optional<access_policy> read_access(const node_options& o) {
-    if (o.access.empty() && o.tls.active() && o.tls.client_auth != net::client_auth::none)
-      return access_policy::defaults(o.max_client_ids);
-    if (o.access.empty()) return std::nullopt;
-    if (o.tls.client_auth == net::client_auth::none) {
-      throw std::invalid_argument(
-          "access: an access file needs client certificates (tls client_auth request or "
-          "require)");
-    }
-    const std::string text = read_config_file_text(o.access);
-    try {
-      return o.access_parse ? o.access_parse(text, o.access) : access_policy::parse(text);
-    } catch (const std::exception& e) {
-      throw config_error("", fmt::format("access file {}: {}", o.access, e.what()));
-    }
-  }
-
-  static loaded_config initial_config(const node_options& o) {
-    if (o.config.source.empty() && !o.parents.empty()) {
-      return {intermediate_default_config(), 0};
-    }
-    if (o.config.source.empty()) throw std::invalid_argument("config: required for a root");
-    return load_config(o.config);
-  }
-
-  static node_options prepare(node_options o) {
-    o.engine.is_root = o.parents.empty();
-    o.upstream.decay_factor = o.engine.decay_factor;
-    if (!net::parse_address(o.listen)) {
-      throw std::invalid_argument("listen: expected host:port, got \"" + o.listen + "\"");
-    }
-    if (!o.admin.empty() && !net::parse_address(o.admin)) {
-      throw std::invalid_argument("admin: expected host:port, got \"" + o.admin + "\"");
-    }
-    for (const auto& p : o.parents) {
-      if (!net::parse_address(p)) {
-        throw std::invalid_argument("parent: expected host:port, got \"" + p + "\"");
-      }
-    }
-    if (!o.engine.log && o.log) o.engine.log = o.log;
-    if (!o.upstream.log && o.log) o.upstream.log = o.log;
-    return o;
-  }
-
   // Binds the JSON-RPC port, then the admin port; on failure neither stays bound, and
   // `failed_bind_` names the address.
   bool bind(std::error_code& ec) {
     failed_bind_ = options_.listen;
     server_.listen(*net::parse_address(options_.listen), ec);
     if (ec) return false;
-    const auto ep = server_.local_endpoint();
-    local_ = net::address{ep.address().to_string(), std::to_string(ep.port())}.to_string();
+    local_ = net::address_of(server_.local_endpoint());
     if (options_.advertise.empty()) options_.advertise = local_;
     if (admin_) {
       failed_bind_ = options_.admin;
@@ -441,8 +315,7 @@ class basic_node {
         server_.stop();
         return false;
       }
-      const auto a = admin_->local_endpoint();
-      admin_local_ = net::address{a.address().to_string(), std::to_string(a.port())}.to_string();
+      admin_local_ = net::address_of(admin_->local_endpoint());
     }
     return true;
   }
@@ -461,109 +334,22 @@ class basic_node {
     parent_->start();
   }
 
-  void on_mastership(bool is_master, std::optional<std::string> m) {
-    if (stopping_) return;
-    elected_ = is_master;
-    const bool changed = is_master != engine_.mastership().is_master;
-    const auto now = clock::now();
-    std::optional<std::string> master;
-    master_grpc_.reset();
-    if (m) {
-      auto doors = advertised_doors::parse(*m);
-      master = std::move(doors.json_rpc);
-      if (!doors.grpc.empty()) master_grpc_ = std::move(doors.grpc);
-    }
-    engine_.set_mastership(is_master, std::move(master), now);
-    apply_term(now);
-    if (!changed || engine_.mastership().is_master != is_master) return;
-    ++metrics_.master_changes;
-    if (!is_master) {
-      log(fmt::format("not master; redirecting to {}",
-                      engine_.mastership().master.value_or("(unknown)")));
-      return;
-    }
-    double learning = 0;
-    for (const auto& t : engine_.config().templates())
-      learning = std::max(learning, t.algorithm.learning_mode_duration.count());
-    log(learning > 0 ? fmt::format("became master; learning mode starts (up to {} s)", learning)
-                     : std::string("became master; learning mode is off"));
-  }
-
-  // Fencing (docs/high-availability.md): the engine answers as master only inside the
-  // election's term. A master whose term ended steps down at its next call; it takes
-  // mastership back (learning mode again: it forgot its leases) once a renewal extends the
-  // term while the election still names it.
-  void apply_term(clock::time_point now) {
-    if constexpr (requires { election_.valid_until(); }) {
-      const auto until = election_.valid_until();
-      engine_.set_valid_until(until);
-      if (elected_ && !engine_.mastership().is_master && now < until) {
-        engine_.set_mastership(true, options_.advertise, now);
-        log("mastership confirmed again after the term ended; learning mode starts");
-      }
-    }
-    fence(now);
-  }
-
-  // An answer through the gRPC door names the master's gRPC door (nothing when the master has
-  // none or is unknown): Doorman's clients connect to the address they are given.
-  template <class Result>
-  void name_grpc_master(Result& result) const {
-    if constexpr (requires { result.value().mastership; }) {
-      if (!result) return;
-      auto& m = result.value().mastership;
-      if (m.is_master) {
-        m.master =
-            options_.advertise_grpc.empty() ? std::nullopt : std::optional(options_.advertise_grpc);
-      } else {
-        m.master = master_grpc_;
-      }
-    }
-  }
-
-  // Counts and logs every step-down at a term's end, the engine's own fences included.
-  void fence(clock::time_point now) {
-    engine_.fence(now);
-    if (engine_.fenced() == fenced_seen_) return;
-    fenced_seen_ = engine_.fenced();
-    ++metrics_.fenced;
-    ++metrics_.master_changes;
-    log("warning: the election term ended before a renewal was confirmed (was the process "
-        "paused?); stepping down before answering anything more");
-  }
-
-  // Requests that were not valid JSON-RPC (a broken or hostile peer): one line per 10 s.
-  void note_refused(rpc_code code, const net::peer_info& peer, clock::time_point now) {
-    if (code != rpc_code::parse_error && code != rpc_code::invalid_request) return;
-    malformed_log_.log(
-        options_.log,
-        fmt::format("warning: a malformed request from {} ({}, {})", peer.address,
-                    code == rpc_code::parse_error ? "not JSON" : "not a JSON-RPC request",
-                    static_cast<int>(code)),
-        now);
-  }
+  // Before every call: the election's term applied (see `node_mastership::apply_term`).
+  void apply_term(clock::time_point now) { mastership_.apply_term(now); }
 
   // The lines of one read: answered together (`handle_lines_to`), each timed from when the one
   // before it was answered, and each decided inside the term (fenced with the time it ended).
   std::size_t on_lines(std::span<const std::string_view> lines, const net::peer_info& peer,
                        std::string& out) {
-    auto since = clock::now();
-    apply_term(since);
+    const auto start = clock::now();
+    apply_term(start);
+    auto since = start;
     const auto done = [&](std::size_t, const dispatch_record& record) {
-      const auto now = clock::now();
-      metrics_.observe(record, std::chrono::duration<double>(now - since).count());
-      if (record.error) note_refused(*record.error, peer, now);
-      fence(now);
-      since = now;
+      since = served(record, since, peer);
     };
-    const auto start = since;
-    std::size_t answers = 0;
-    if (guarded()) {
-      access_guard guard(access_, {peer.identity, peer.connection});
-      answers = handle_lines_to(out, engine_, lines, start, identity_, &guard, done);
-    } else {
-      answers = handle_lines_to(out, engine_, lines, start, identity_, nullptr, done);
-    }
+    const std::size_t answers = under_guard(peer, [&](access_guard* guard) {
+      return handle_lines_to(out, engine_, lines, start, identity_, guard, done);
+    });
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
     if (parent_) parent_->after_calls();
@@ -598,11 +384,30 @@ class basic_node {
     }
   }
 
-  template <class M>
-  auto guarded_call(const typename M::request& request, const net::peer_info& peer,
-                    clock::time_point now) {
+  // `f(guard)` with the caller's access guard, or with null when no call is guarded.
+  template <class F>
+  auto under_guard(const net::peer_info& peer, F f) {
+    if (!guarded()) return f(nullptr);
     access_guard guard(access_, {peer.identity, peer.connection});
-    return call_method<M>(engine_, request, now, {&identity_, &guard});
+    return f(&guard);
+  }
+
+  // After every call, whatever its door: its metrics (timed from `since`), a request that was
+  // not valid JSON-RPC logged, the term's end applied. Returns when it was answered.
+  clock::time_point served(const dispatch_record& record, clock::time_point since,
+                           const net::peer_info& peer) {
+    const auto now = clock::now();
+    metrics_.observe(record, std::chrono::duration<double>(now - since).count());
+    if (const auto e = record.error; e == rpc_code::parse_error || e == rpc_code::invalid_request) {
+      malformed_log_.log(
+          options_.log,  // a broken or hostile peer: one line per 10 s
+          fmt::format("warning: a malformed request from {} ({}, {})", peer.address,
+                      e == rpc_code::parse_error ? "not JSON" : "not a JSON-RPC request",
+                      static_cast<int>(*e)),
+          now);
+    }
+    mastership_.fence(now);
+    return now;
   }
 
   bool guarded() const noexcept {
@@ -623,12 +428,10 @@ class basic_node {
   net::server server_;
   std::shared_ptr<net::tls_context> tls_;
   Election election_;
-  bool elected_ = false;                    // what the election last reported
-  std::optional<std::string> master_grpc_;  // the master's gRPC door, when it announced one
-  std::uint64_t fenced_seen_ = 0;           // engine_.fenced() already counted
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
   node_metrics metrics_;
+  node_mastership<engine_type, Election> mastership_{engine_, election_, metrics_, options_.log};
   basic_config_driver<engine_type> config_;
   std::optional<basic_parent_link<engine_type>> parent_;  // an intermediate's, once started
   std::string local_;
