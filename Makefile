@@ -97,7 +97,8 @@ bench: deps
 format:
 	@clang-format -i $$(git ls-files '*.hpp' '*.ipp' '*.cpp')
 
-## Style checks: clang-format clean, and no function in include/ longer than 60 lines.
+## Style checks: clang-format clean, and no function in include/, src/ or examples/ longer than
+## 60 lines.
 lint:
 	@sh cmake/install-deps.sh lint
 	@git ls-files '*.hpp' '*.ipp' '*.cpp' | xargs clang-format --dry-run --Werror

@@ -165,77 +165,70 @@ void on_signal(int) {
   interrupted = 1;
 }
 
-int run(double duration, double capacity, const std::filesystem::path& bin) {
-  auto tree = doorman_examples::local_tree::start((bin / "doorman-node").string(), capacity,
-                                                  "doorman-client-demo");
-  if (!tree) return 1;
+// Every cell, header and data, is this wide after its '|'.
+constexpr int cell = 18;
+
+// The workers, started and stopped as the script says.
+struct crew {
   std::vector<worker> workers;
-  workers.push_back({"w1", 0, 20, 0, -1});
-  workers.push_back({"w2", 0, 60, 0, 16});
-  workers.push_back({"w3", 1, 100, 0, -1});
-  workers.push_back({"w4", 1, 150, 8, -1});
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-
-  // Every cell, header and data, is this wide after its '|'.
-  constexpr int cell = 18;
-  fmt::print("each cell: wants / lease at the second's end / ops run in the last second\n");
-  fmt::print("  t  ");
-  for (const auto& w : workers) {
-    fmt::print("|{:<{}}",
-               fmt::format(" {} ({:>3.0f}/s {})", w.name, w.demand, w.mid == 0 ? "left" : "right"),
-               cell);
-  }
-  fmt::print("| total lease  total ops\n");
-
-  const auto t0 = steady::now();
-  const auto changes = [&] {
-    std::vector<lease_change> all;
-    for (std::size_t i = 0; i < workers.size(); ++i)
-      read_changes(tree->dir / (workers[i].name + ".log"), i, all);
-    return lease_sum(std::move(all));
-  };
-  bool over_lease = false;
-  int stopped_cleanly = 0;
   int stopped = 0;
-  for (int second = 1; second <= static_cast<int>(duration) && !interrupted; ++second) {
-    const double t = second - 1;
+  int stopped_cleanly = 0;
+
+  void print_header() const {
+    fmt::print("each cell: wants / lease at the second's end / ops run in the last second\n");
+    fmt::print("  t  ");
+    for (const auto& w : workers) {
+      fmt::print(
+          "|{:<{}}",
+          fmt::format(" {} ({:>3.0f}/s {})", w.name, w.demand, w.mid == 0 ? "left" : "right"),
+          cell);
+    }
+    fmt::print("| total lease  total ops\n");
+  }
+
+  // At second `t`: the workers due start, those due stop are stopped.
+  void step(double t, const doorman_examples::local_tree& tree, const std::filesystem::path& bin) {
     for (auto& w : workers) {
       if (!w.proc && !w.done && w.start <= t && (w.stop < 0 || w.stop > t)) {
         w.proc = std::make_unique<process>(
             std::vector<std::string>{(bin / "doorman-worker").string(), "--server",
-                                     tree->mid_addresses[static_cast<std::size_t>(w.mid)],
+                                     tree.mid_addresses[static_cast<std::size_t>(w.mid)],
                                      "--resource", "api", "--demand", fmt::format("{}", w.demand),
                                      "--name", w.name},
-            (tree->dir / (w.name + ".log")).string());
+            (tree.dir / (w.name + ".log")).string());
       }
       if (w.proc && w.stop >= 0 && w.stop <= t) {
-        w.proc->signal(SIGTERM);
-        stopped_cleanly += w.proc->wait_exit() == 0 ? 1 : 0;
-        ++stopped;
-        w.proc.reset();
+        stop(w);
         w.done = true;
       }
     }
-    std::this_thread::sleep_until(t0 + std::chrono::seconds(second));
-    std::string row = fmt::format("{:>3}s ", second);
-    // The leases as they stood at the second's end, from every worker's lease changes: the
-    // cells and their total are the same numbers.
-    const auto held =
-        changes().held_at((t0 + std::chrono::seconds(second)).time_since_epoch().count());
+  }
+
+  void stop(worker& w) {
+    w.proc->signal(SIGTERM);
+    stopped_cleanly += w.proc->wait_exit() == 0 ? 1 : 0;
+    ++stopped;
+    w.proc.reset();
+  }
+
+  // The row of `second`, from `held` (the leases at its end); `over_lease` is set when a worker
+  // ran more than its lease admitted.
+  std::string row(int second, const std::map<std::size_t, double>& held, double capacity,
+                  bool& over_lease) const {
+    std::string out = fmt::format("{:>3}s ", second);
     double total_lease = 0;
     double total_ops = 0;
     for (std::size_t i = 0; i < workers.size(); ++i) {
       const auto& w = workers[i];
       const auto s = w.proc ? last_status(*w.proc) : std::nullopt;
       if (!s) {
-        row += fmt::format("|{:{}}", "", cell);
+        out += fmt::format("|{:{}}", "", cell);
         continue;
       }
       const auto h = held.find(i);
       const double lease = h == held.end() ? 0.0 : h->second;
       total_lease += lease;
-      row += fmt::format("|{:<{}}",
+      out += fmt::format("|{:<{}}",
                          fmt::format(" {:>4.0f} {:>5.1f} {:>4.0f}", s->wants, lease, s->ops), cell);
       total_ops += s->ops;
       // The worker's operations in a second stay within what its lease admitted over that
@@ -243,15 +236,15 @@ int run(double duration, double capacity, const std::filesystem::path& bin) {
       // one more for an operation on the second's edge.
       if (s->allowed >= 0 && s->ops > s->allowed + 1) over_lease = true;
     }
-    row += fmt::format("| {:>5.1f} / {:.0f}  {:>5.0f}", total_lease, capacity, total_ops);
-    fmt::print("{}\n", row);
+    return out + fmt::format("| {:>5.1f} / {:.0f}  {:>5.0f}", total_lease, capacity, total_ops);
   }
+};
 
-  // Summed at every instant a worker's lease changed, each stamped as the worker's limiter
-  // took it. A cut takes effect when its answer arrives, so a raise answered to another worker
-  // a moment before can overlap it for as long as answers take to be delivered (milliseconds);
-  // an over-grant by a node would last a refresh interval (seconds).
-  const auto peak = changes().most(capacity);
+// Summed at every instant a worker's lease changed, each stamped as the worker's limiter took
+// it. A cut takes effect when its answer arrives, so a raise answered to another worker a
+// moment before can overlap it for as long as answers take to be delivered (milliseconds); an
+// over-grant by a node would last a refresh interval (seconds). Whether it stayed within that.
+bool print_peak(const lease_sum::peak& peak, double capacity) {
   const bool within = peak.longest <= 0.5;
   fmt::print("\nmost leased at once (summed at every lease change): {:.2f} of {:.0f} ({})\n",
              peak.most, capacity,
@@ -262,15 +255,45 @@ int run(double duration, double capacity, const std::filesystem::path& bin) {
                                           peak.most - capacity, peak.over * 1e3, peak.longest * 1e3)
                             : fmt::format("OVER CAPACITY for {:.3f} s in all, {:.3f} s at once",
                                           peak.over, peak.longest));
-  fmt::print("every worker kept to its lease: {}\n", over_lease ? "no" : "yes");
-  for (auto& w : workers) {
-    if (!w.proc) continue;
-    w.proc->signal(SIGTERM);
-    stopped_cleanly += w.proc->wait_exit() == 0 ? 1 : 0;
-    ++stopped;
+  return within;
+}
+
+int run(double duration, double capacity, const std::filesystem::path& bin) {
+  auto tree = doorman_examples::local_tree::start((bin / "doorman-node").string(), capacity,
+                                                  "doorman-client-demo");
+  if (!tree) return 1;
+  crew c;
+  c.workers.push_back({"w1", 0, 20, 0, -1});
+  c.workers.push_back({"w2", 0, 60, 0, 16});
+  c.workers.push_back({"w3", 1, 100, 0, -1});
+  c.workers.push_back({"w4", 1, 150, 8, -1});
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  c.print_header();
+
+  const auto t0 = steady::now();
+  const auto changes = [&] {
+    std::vector<lease_change> all;
+    for (std::size_t i = 0; i < c.workers.size(); ++i)
+      read_changes(tree->dir / (c.workers[i].name + ".log"), i, all);
+    return lease_sum(std::move(all));
+  };
+  bool over_lease = false;
+  for (int second = 1; second <= static_cast<int>(duration) && !interrupted; ++second) {
+    c.step(second - 1, *tree, bin);
+    std::this_thread::sleep_until(t0 + std::chrono::seconds(second));
+    // The leases as they stood at the second's end, from every worker's lease changes: the
+    // cells and their total are the same numbers.
+    const auto held =
+        changes().held_at((t0 + std::chrono::seconds(second)).time_since_epoch().count());
+    fmt::print("{}\n", c.row(second, held, capacity, over_lease));
   }
-  fmt::print("stopping: workers exited 0: {} of {}; ", stopped_cleanly, stopped);
-  const bool clean = tree->stop() && stopped_cleanly == stopped;
+  const bool within = print_peak(changes().most(capacity), capacity);
+  fmt::print("every worker kept to its lease: {}\n", over_lease ? "no" : "yes");
+  for (auto& w : c.workers)
+    if (w.proc) c.stop(w);
+  fmt::print("stopping: workers exited 0: {} of {}; ", c.stopped_cleanly, c.stopped);
+  const bool clean = tree->stop() && c.stopped_cleanly == c.stopped;
   fmt::print("{}\n", clean ? "every node exited 0" : "a process did not exit cleanly");
   if (clean) std::filesystem::remove_all(tree->dir);
   return clean && !over_lease && within ? 0 : 1;

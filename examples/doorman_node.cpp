@@ -40,8 +40,9 @@ namespace {
 using doorman_examples::flag;
 using doorman_examples::shortest;
 
-// The flags, with their defaults read from the options structs (each default written once).
-std::vector<flag> node_flags() {
+// The flags, with their defaults read from the options structs (each default written once):
+// the tree, the election, the bounds.
+std::vector<flag> tree_flags() {
   const doorman::node_options o;
   const doorman::etcd_election_options e;
   return {
@@ -94,6 +95,13 @@ std::vector<flag> node_flags() {
        shortest(o.server.idle_timeout.count())},
       {"parent-timeout", "SECONDS", "deadline of one request to the parent",
        shortest(o.parent_timeout.count())},
+  };
+}
+
+// The flags of reloads and stops, TLS, access and logs.
+std::vector<flag> operation_flags() {
+  const doorman::node_options o;
+  return {
       {"reload-interval", "SECONDS",
        "how often the files the node reads (--config, --access, the TLS files) are looked at; "
        "one that changed, a symlink swap included, is read again as on SIGHUP; 0: only on SIGHUP",
@@ -141,6 +149,13 @@ std::vector<flag> node_flags() {
       {"help", nullptr, "print this help and exit", ""},
       {"version", nullptr, "print the version and exit", ""},
   };
+}
+
+std::vector<flag> node_flags() {
+  auto all = tree_flags();
+  for (auto& f : operation_flags())
+    all.push_back(std::move(f));
+  return all;
 }
 
 constexpr const char* about =
@@ -324,35 +339,6 @@ void use_grpc_parent(doorman::node_options& o) {
 #endif
 }
 
-// Every `interval` (none when 0), the stamps of the files the node reads; `reload()` when one
-// changed (a Kubernetes ConfigMap or Secret swaps a symlink and sends no SIGHUP).
-class file_follower {
- public:
-  file_follower(asio::io_context& io, std::vector<std::string> files, double interval,
-                std::function<void()> reload)
-      : timer_(io), watch_(std::move(files)), interval_(interval), reload_(std::move(reload)) {}
-
-  void start() {
-    if (interval_ <= 0 || watch_.size() == 0) return;
-    timer_.expires_after(doorman::to_duration<asio::steady_timer::duration>(interval_));
-    timer_.async_wait([this](std::error_code ec) {
-      if (ec) return;
-      if (const auto changed = watch_.changed(); !changed.empty()) {
-        doorman_examples::log_line(fmt::format("{} changed: reloading", fmt::join(changed, ", ")));
-        reload_();
-      }
-      start();
-    });
-  }
-  void stop() { timer_.cancel(); }
-
- private:
-  asio::steady_timer timer_;
-  doorman::file_watch watch_;
-  double interval_;
-  std::function<void()> reload_;
-};
-
 template <class Node>
 int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
           double reload_interval) {
@@ -367,7 +353,12 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
     node.reload_security();
     grpc.reload_tls();
   };
-  file_follower follower(io, node.options().files(), reload_interval, reload);
+  // The files the node reads, followed: a change (a Kubernetes ConfigMap swaps a symlink and
+  // sends no signal) reloads them as SIGHUP does.
+  doorman::file_follower follower(
+      io.get_executor(), "files", doorman::file_watch(node.options().files()),
+      doorman::seconds(reload_interval), [&](const auto&) { reload(); },
+      [](std::string_view line) { doorman_examples::log_line(line); });
   node.start();
   std::thread stopper;
   if (!node.options().config.source.empty()) {
@@ -389,7 +380,7 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
   });
   std::function<void(std::error_code, int)> on_hup = [&](std::error_code ec, int) {
     if (ec) return;
-    reload();
+    follower.reread();
     hup.async_wait(on_hup);
   };
   hup.async_wait(on_hup);
@@ -423,6 +414,34 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::s
   }
 }
 
+// The gRPC flags: the address to listen on (empty: none), the parent's protocol, the address
+// advertised.
+std::string read_grpc(const doorman_examples::flag_values& v, doorman::node_options& o) {
+  std::string listen;
+  if (v.given("grpc-listen")) {
+    listen = v.at("grpc-listen");
+    if (!doorman::net::parse_address(listen)) {
+      throw std::invalid_argument(
+          fmt::format("--grpc-listen: expected host:port, got \"{}\"", listen));
+    }
+  }
+  if (const auto& p = v.at("parent-protocol"); p == "grpc") {
+    use_grpc_parent(o);
+  } else if (p != "json-rpc") {
+    throw std::invalid_argument(
+        fmt::format("--parent-protocol: expected json-rpc or grpc, got \"{}\"", p));
+  }
+  if (v.given("grpc-advertise")) {
+    if (listen.empty()) throw std::invalid_argument("--grpc-advertise needs --grpc-listen");
+    o.advertise_grpc = v.at("grpc-advertise");
+    if (!doorman::net::parse_address(o.advertise_grpc)) {
+      throw std::invalid_argument(
+          fmt::format("--grpc-advertise: expected host:port, got \"{}\"", o.advertise_grpc));
+    }
+  }
+  return listen;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -446,27 +465,7 @@ int main(int argc, char** argv) {
     doorman_examples::warn_unknown_environment(table, "DOORMAN_");
     read_options(v, o);
     reload_interval = v.number("reload-interval", 0, 3600);
-    if (v.given("grpc-listen")) {
-      grpc_listen = v.at("grpc-listen");
-      if (!doorman::net::parse_address(grpc_listen)) {
-        throw std::invalid_argument(
-            fmt::format("--grpc-listen: expected host:port, got \"{}\"", grpc_listen));
-      }
-    }
-    if (const auto& p = v.at("parent-protocol"); p == "grpc") {
-      use_grpc_parent(o);
-    } else if (p != "json-rpc") {
-      throw std::invalid_argument(
-          fmt::format("--parent-protocol: expected json-rpc or grpc, got \"{}\"", p));
-    }
-    if (v.given("grpc-advertise")) {
-      if (grpc_listen.empty()) throw std::invalid_argument("--grpc-advertise needs --grpc-listen");
-      o.advertise_grpc = v.at("grpc-advertise");
-      if (!doorman::net::parse_address(o.advertise_grpc)) {
-        throw std::invalid_argument(
-            fmt::format("--grpc-advertise: expected host:port, got \"{}\"", o.advertise_grpc));
-      }
-    }
+    grpc_listen = read_grpc(v, o);
     if (v.given("etcd-endpoints")) read_election(v, election, o);
     if (doorman::config_location::parse(o.config.source).type ==
             doorman::config_location::kind::etcd &&

@@ -17,6 +17,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -62,37 +63,40 @@ void prefer_huge_pages() {
 #endif
 }
 
-void usage() {
-  std::printf(
+// --help: the scenarios listed from the simulator's own table.
+std::string usage() {
+  std::string out =
       "usage: doorman-sim [--scenario N|all] [--seed S] [--out DIR] [options]\n\n"
       "Runs a capacity tree on a virtual clock: the same engine, upstream and client state as\n"
-      "doorman-node and the client library, with an in-memory network.\n\nscenarios:\n");
+      "doorman-node and the client library, with an in-memory network.\n\nscenarios:\n";
   for (const auto& s : doorman::sim::scenarios()) {
-    std::printf("  %d  %-12s %s (%.0f s)\n", s.number, s.name.c_str(), s.description.c_str(),
-                s.duration);
+    char line[200];
+    std::snprintf(line, sizeof line, "  %d  %-12s %s (%.0f s)\n", s.number, s.name.c_str(),
+                  s.description.c_str(), s.duration);
+    out += line;
   }
-  std::printf(
-      "\noptions:\n"
-      "  --scenario N|all    which scenario (default 7); all runs 1-7\n"
-      "  --seed S            random seed (default 1); the same seed gives the same run\n"
-      "  --out DIR           write scenario-N-seed-S.{csv,events.csv,svg} and summary.md there\n"
-      "  --duration S        simulated seconds (default: the scenario's)\n"
-      "  --latency S         one-way network latency in seconds (default 0.001)\n"
-      "  --jitter S          extra one-way delay, uniform in [0, S] (default 0)\n"
-      "  --loss P            probability that a message is lost, each way (default 0)\n"
-      "  --trace S           time-series step in seconds (default 1; 5 for scenario 8)\n"
-      "  --fallback MODE     what clients use once a lease expired: pessimistic (default),\n"
-      "                      optimistic or safe\n"
-      "  --doorman           run without this project's changes to the protocol (the\n"
-      "                      behaviour of Doorman's design), for comparison\n"
-      "  --check             check the invariants at every decision (slower)\n"
-      "  --quiet             no progress lines\n"
-      "  --version           print the version and exit\n\n"
-      "fault campaign (instead of a scenario):\n"
-      "  --campaign S        run the seeded fault campaign from seed S\n"
-      "  --seeds N           how many seeds, S to S+N-1 (default 1)\n"
-      "  --minutes M         simulated minutes per seed (default 600)\n"
-      "  --no-fencing        masters answer past their term: what the campaign must catch\n");
+  return out +
+         "\noptions:\n"
+         "  --scenario N|all    which scenario (default 7); all runs 1-7\n"
+         "  --seed S            random seed (default 1); the same seed gives the same run\n"
+         "  --out DIR           write scenario-N-seed-S.{csv,events.csv,svg} and summary.md there\n"
+         "  --duration S        simulated seconds (default: the scenario's)\n"
+         "  --latency S         one-way network latency in seconds (default 0.001)\n"
+         "  --jitter S          extra one-way delay, uniform in [0, S] (default 0)\n"
+         "  --loss P            probability that a message is lost, each way (default 0)\n"
+         "  --trace S           time-series step in seconds (default 1; 5 for scenario 8)\n"
+         "  --fallback MODE     what clients use once a lease expired: pessimistic (default),\n"
+         "                      optimistic or safe\n"
+         "  --doorman           run without this project's changes to the protocol (the\n"
+         "                      behaviour of Doorman's design), for comparison\n"
+         "  --check             check the invariants at every decision (slower)\n"
+         "  --quiet             no progress lines\n"
+         "  --version           print the version and exit\n\n"
+         "fault campaign (instead of a scenario):\n"
+         "  --campaign S        run the seeded fault campaign from seed S\n"
+         "  --seeds N           how many seeds, S to S+N-1 (default 1)\n"
+         "  --minutes M         simulated minutes per seed (default 600)\n"
+         "  --no-fencing        masters answer past their term: what the campaign must catch\n";
 }
 
 // The campaign over `seeds` seeds from `first`: one line each; 1 when any broke an invariant.
@@ -119,10 +123,8 @@ double number(const std::string& flag, const std::string& text) {
   return doorman_examples::parse_number(flag, text, 0, std::numeric_limits<double>::infinity());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  prefer_huge_pages();
+// What the command line asks for.
+struct sim_flags {
   std::vector<int> which{7};
   doorman::sim::run_options options;
   std::string out_dir;
@@ -131,96 +133,101 @@ int main(int argc, char** argv) try {
   std::uint64_t seeds = 1;
   double minutes = 600;
   bool fencing = true;
-  doorman_examples::arguments args(argc, argv);
-  while (args.next()) {
-    if (args.help()) {
-      usage();
-      return 0;
-    } else if (args.version()) {
-      args.print_version();
-      return 0;
-    } else if (args.arg() == "--scenario") {
-      const std::string v = args.value();
-      which.clear();
-      if (v == "all") {
-        for (int i = 1; i <= 7; ++i)
-          which.push_back(i);
-      } else {
-        const double n = number("--scenario", v);
-        (void)doorman::sim::find_scenario(static_cast<int>(n));
-        which.push_back(static_cast<int>(n));
-      }
-    } else if (args.arg() == "--campaign") {
-      campaign = static_cast<std::uint64_t>(number("--campaign", args.value()));
-    } else if (args.arg() == "--seeds") {
-      seeds = static_cast<std::uint64_t>(
-          doorman_examples::parse_number("--seeds", args.value(), 1, 1e6));
-    } else if (args.arg() == "--minutes") {
-      minutes = doorman_examples::parse_number("--minutes", args.value(), 0.01, 1e7);
-    } else if (args.arg() == "--no-fencing") {
-      fencing = false;
-    } else if (args.arg() == "--seed") {
-      options.seed = static_cast<std::uint64_t>(number("--seed", args.value()));
-    } else if (args.arg() == "--out") {
-      out_dir = args.value();
-    } else if (args.arg() == "--duration") {
-      options.duration = number("--duration", args.value());
-    } else if (args.arg() == "--latency") {
-      options.network.latency = number("--latency", args.value());
-    } else if (args.arg() == "--jitter") {
-      options.network.jitter = number("--jitter", args.value());
-    } else if (args.arg() == "--loss") {
-      options.network.loss = number("--loss", args.value());
-      if (options.network.loss >= 1) throw std::invalid_argument("--loss: must be below 1");
-    } else if (args.arg() == "--trace") {
-      options.trace_interval = number("--trace", args.value());
-    } else if (args.arg() == "--fallback") {
-      const std::string v = args.value();
-      if (v == "pessimistic") {
-        options.client_fallback = doorman::fallback::pessimistic;
-      } else if (v == "optimistic") {
-        options.client_fallback = doorman::fallback::optimistic;
-      } else if (v == "safe") {
-        options.client_fallback = doorman::fallback::safe;
-      } else {
-        throw std::invalid_argument("--fallback: expected pessimistic, optimistic or safe, got \"" +
-                                    v + "\"");
-      }
-    } else if (args.arg() == "--doorman") {
-      options.engine = doorman::sim::doorman_engine_options();
-    } else if (args.arg() == "--check") {
-      options.check_invariants = true;
-    } else if (args.arg() == "--quiet") {
-      quiet = true;
-    } else {
-      args.unknown();
-    }
-  }
-  if (campaign) return run_campaigns(*campaign, seeds, minutes, fencing);
-  if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
+};
 
+void read_scenarios(sim_flags& f, const std::string& v) {
+  f.which.clear();
+  if (v == "all") {
+    for (int i = 1; i <= 7; ++i)
+      f.which.push_back(i);
+    return;
+  }
+  const double n = number("--scenario", v);
+  (void)doorman::sim::find_scenario(static_cast<int>(n));
+  f.which.push_back(static_cast<int>(n));
+}
+
+doorman::fallback read_fallback(const std::string& v) {
+  if (v == "pessimistic") return doorman::fallback::pessimistic;
+  if (v == "optimistic") return doorman::fallback::optimistic;
+  if (v == "safe") return doorman::fallback::safe;
+  throw std::invalid_argument("--fallback: expected pessimistic, optimistic or safe, got \"" + v +
+                              "\"");
+}
+
+std::vector<doorman_examples::flag_action> flags(sim_flags& f) {
+  using doorman_examples::arguments;
+  auto& o = f.options;
+  const auto num = [](arguments& a, const char* name) { return number(name, a.value()); };
+  return {
+      {"--scenario", [&](arguments& a) { read_scenarios(f, a.value()); }},
+      {"--campaign",
+       [&](arguments& a) { f.campaign = static_cast<std::uint64_t>(num(a, "--campaign")); }},
+      {"--seeds", [&](arguments& a) { f.seeds = static_cast<std::uint64_t>(a.number(1, 1e6)); }},
+      {"--minutes", [&](arguments& a) { f.minutes = a.number(0.01, 1e7); }},
+      {"--no-fencing", [&](arguments&) { f.fencing = false; }},
+      {"--seed", [&](arguments& a) { o.seed = static_cast<std::uint64_t>(num(a, "--seed")); }},
+      {"--out", [&](arguments& a) { f.out_dir = a.value(); }},
+      {"--duration", [&](arguments& a) { o.duration = num(a, "--duration"); }},
+      {"--latency", [&](arguments& a) { o.network.latency = num(a, "--latency"); }},
+      {"--jitter", [&](arguments& a) { o.network.jitter = num(a, "--jitter"); }},
+      {"--loss",
+       [&](arguments& a) {
+         o.network.loss = num(a, "--loss");
+         if (o.network.loss >= 1) throw std::invalid_argument("--loss: must be below 1");
+       }},
+      {"--trace", [&](arguments& a) { o.trace_interval = num(a, "--trace"); }},
+      {"--fallback", [&](arguments& a) { o.client_fallback = read_fallback(a.value()); }},
+      {"--doorman", [&](arguments&) { o.engine = doorman::sim::doorman_engine_options(); }},
+      {"--check", [&](arguments&) { o.check_invariants = true; }},
+      {"--quiet", [&](arguments&) { f.quiet = true; }},
+  };
+}
+
+// Progress of scenario `n`: on a terminal, one line rewritten in place; elsewhere (a log, a
+// pipe, CI), a whole line at each quarter, so no file fills with carriage returns.
+std::function<void(double)> progress_of(int n, double duration) {
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  int quarter = 0;
+  return [n, duration, terminal, quarter](double f) mutable {
+    if (terminal) {
+      std::fprintf(stderr, "\rscenario %d: %3.0f%% (%.0f of %.0f s simulated)", n, 100 * f,
+                   f * duration, duration);
+      if (f >= 1) std::fputc('\n', stderr);
+    } else if (f * 4 >= quarter + 1) {
+      quarter = static_cast<int>(f * 4);
+      std::fprintf(stderr, "scenario %d: %3.0f%% (%.0f of %.0f s simulated)\n", n, 100 * f,
+                   f * duration, duration);
+    }
+  };
+}
+
+// The run's time series, events and chart, as out_dir/scenario-N-seed-S.*.
+void write_run(const std::string& out_dir, int n, std::uint64_t seed,
+               const doorman::sim::run_result& r) {
+  const std::string base =
+      out_dir + "/scenario-" + std::to_string(n) + "-seed-" + std::to_string(seed);
+  std::ofstream csv(base + ".csv");
+  doorman::sim::write_csv(csv, r);
+  std::ofstream events(base + ".events.csv");
+  doorman::sim::write_events_csv(events, r);
+  std::ofstream svg(base + ".svg");
+  doorman::sim::write_svg(svg, r);
+  if (!csv || !events || !svg) throw std::runtime_error("cannot write " + base + ".*");
+  std::fprintf(stderr, "wrote %s.csv, %s.events.csv, %s.svg\n", base.c_str(), base.c_str(),
+               base.c_str());
+}
+
+// The scenarios asked for, one after the other; the summary table.
+int run_scenarios(sim_flags& f) {
+  auto& options = f.options;
+  if (!f.out_dir.empty()) std::filesystem::create_directories(f.out_dir);
   std::vector<doorman::sim::run_result> results;
-  for (const int n : which) {
+  for (const int n : f.which) {
     options.scenario = n;
     const auto& info = doorman::sim::find_scenario(n);
     const double duration = options.duration > 0 ? options.duration : info.duration;
-    if (!quiet) {
-      // On a terminal, one line rewritten in place; elsewhere (a log, a pipe, CI), a whole
-      // line at each quarter, so no file fills with carriage returns.
-      const bool terminal = ::isatty(STDERR_FILENO) != 0;
-      int quarter = 0;
-      options.progress = [n, duration, terminal, quarter](double f) mutable {
-        if (terminal) {
-          std::fprintf(stderr, "\rscenario %d: %3.0f%% (%.0f of %.0f s simulated)", n, 100 * f,
-                       f * duration, duration);
-          if (f >= 1) std::fputc('\n', stderr);
-        } else if (f * 4 >= quarter + 1) {
-          quarter = static_cast<int>(f * 4);
-          std::fprintf(stderr, "scenario %d: %3.0f%% (%.0f of %.0f s simulated)\n", n, 100 * f,
-                       f * duration, duration);
-        }
-      };
-    }
+    if (!f.quiet) options.progress = progress_of(n, duration);
     const auto start = std::chrono::steady_clock::now();
     results.push_back(doorman::sim::run_scenario(options));
     const double wall =
@@ -228,27 +235,22 @@ int main(int argc, char** argv) try {
     const auto& r = results.back();
     std::fprintf(stderr, "scenario %d: %zu clients, %.0f s simulated in %.2f s (%llu events)\n", n,
                  r.clients, duration, wall, static_cast<unsigned long long>(r.events));
-    if (!out_dir.empty()) {
-      const std::string base =
-          out_dir + "/scenario-" + std::to_string(n) + "-seed-" + std::to_string(options.seed);
-      std::ofstream csv(base + ".csv");
-      doorman::sim::write_csv(csv, r);
-      std::ofstream events(base + ".events.csv");
-      doorman::sim::write_events_csv(events, r);
-      std::ofstream svg(base + ".svg");
-      doorman::sim::write_svg(svg, r);
-      if (!csv || !events || !svg) throw std::runtime_error("cannot write " + base + ".*");
-      std::fprintf(stderr, "wrote %s.csv, %s.events.csv, %s.svg\n", base.c_str(), base.c_str(),
-                   base.c_str());
-    }
+    if (!f.out_dir.empty()) write_run(f.out_dir, n, options.seed, r);
   }
   const std::string table = doorman::sim::summary_table(results);
   std::cout << table;
-  if (!out_dir.empty()) {
-    std::ofstream(out_dir + "/summary.md") << table;
-  }
+  if (!f.out_dir.empty()) std::ofstream(f.out_dir + "/summary.md") << table;
   return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "doorman-sim: %s\n", e.what());
-  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prefer_huge_pages();
+  sim_flags f;
+  const auto text = usage();
+  return doorman_examples::run_program(argc, argv, "doorman-sim", text.c_str(), flags(f), [&] {
+    if (f.campaign) return run_campaigns(*f.campaign, f.seeds, f.minutes, f.fencing);
+    return run_scenarios(f);
+  });
 }

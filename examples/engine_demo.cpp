@@ -48,20 +48,14 @@ struct script {
 
 namespace {
 
-// The demo itself: the engine, and the clients' script played step by step.
-int run(const options& opt) {
-  using engine_t = doorman::basic_engine<doorman::manual_clock>;
-  // A bad --algorithm throws config_error, naming the field: run_program reports it, exit 2.
-  engine_t engine(engine_t::parse_config(fmt::format(
-      R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
-          "description": "queries per second to a shared database",
-          "algorithm": {{"kind": "{}", "lease_length": 60, "refresh_interval": 10,
-                        "learning_mode_duration": 20}}}}]}})",
-      opt.capacity, opt.algorithm)));
-  doorman::manual_clock clock;
-  engine.set_mastership(true, "demo", clock.now());
+using engine_t = doorman::basic_engine<doorman::manual_clock>;
 
-  const std::vector<script> clients = {
+// The demo: the engine, and the clients' script played step by step.
+struct demo {
+  const options& opt;
+  engine_t engine;
+  doorman::manual_clock clock;
+  std::vector<script> clients = {
       {"alpha", 0, {{0, 50}}, 12, true},               // leaves at 120 s, releasing
       {"bravo", 0, {{0, 30}, {15, 80}}, 1000, false},  // wants 80 from 150 s
       {"charlie", 4, {{4, 40}}, 18, false},            // goes silent at 180 s
@@ -71,39 +65,51 @@ int run(const options& opt) {
   std::map<std::string, doorman::lease_info> held;  // what each client believes it has
   std::map<std::string, double> wants;
 
-  fmt::print("resource \"db\": capacity {} ({}), lease 60 s, refresh 10 s, learning 20 s\n",
-             opt.capacity, opt.algorithm);
-  fmt::print("each cell: wants/granted; '-' absent; '~' silent (lease still counted)\n\n");
-  fmt::print("{:>6} {:>8}", "time", "mode");
-  for (const auto& c : clients)
-    fmt::print(" {:>13}", c.id);
-  fmt::print(" {:>9} {:>9} {:>8}\n", "granted", "wants", "clients");
+  // A bad --algorithm throws config_error, naming the field: run_program reports it, exit 2.
+  explicit demo(const options& o)
+      : opt(o),
+        engine(engine_t::parse_config(fmt::format(
+            R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
+                "description": "queries per second to a shared database",
+                "algorithm": {{"kind": "{}", "lease_length": 60, "refresh_interval": 10,
+                              "learning_mode_duration": 20}}}}]}})",
+            o.capacity, o.algorithm))) {
+    engine.set_mastership(true, "demo", clock.now());
+  }
 
-  bool over = false;
-  for (int step = 0; step < opt.steps; ++step) {
+  void print_header() const {
+    fmt::print("resource \"db\": capacity {} ({}), lease 60 s, refresh 10 s, learning 20 s\n",
+               opt.capacity, opt.algorithm);
+    fmt::print("each cell: wants/granted; '-' absent; '~' silent (lease still counted)\n\n");
+    fmt::print("{:>6} {:>8}", "time", "mode");
+    for (const auto& c : clients)
+      fmt::print(" {:>13}", c.id);
+    fmt::print(" {:>9} {:>9} {:>8}\n", "granted", "wants", "clients");
+  }
+
+  // Every client's turn at `step`: it arrives, asks, changes what it wants or leaves.
+  void play(int step) {
     const auto now = clock.now();
-    const bool learning = engine.learning("db", now);
     for (const auto& c : clients) {
       if (step < c.arrives || step > c.leaves) continue;
       if (auto w = c.wants.upper_bound(step); w != c.wants.begin())
         wants[c.id] = std::prev(w)->second;
       if (step == c.leaves) {
-        if (c.releases) {
-          (void)engine.release_capacity({c.id, {"db"}}, now);
-        }
+        if (c.releases) (void)engine.release_capacity({c.id, {"db"}}, now);
         held.erase(c.id);
         continue;
       }
       std::optional<doorman::lease_info> has;
       if (auto h = held.find(c.id); h != held.end()) has = h->second;
       auto r = engine.get_capacity({c.id, {{"db", 0, wants[c.id], has}}}, now);
-      if (!r) {
-        fmt::print(stderr, "error: {}\n", r.error().message);
-        return 1;
-      }
+      if (!r) throw std::runtime_error(r.error().message);
       held[c.id] = r.value().resources.at(0).gets;
     }
+  }
 
+  // The row of `step`; whether more than the capacity was granted outside learning mode.
+  bool print_row(int step, bool learning) {
+    const auto now = clock.now();
     auto status = engine.status({"db"}, now);
     const auto& res = status.value().resources.at(0);
     fmt::print("{:>5}s {:>8}", static_cast<int>(doorman::to_seconds(now.time_since_epoch())),
@@ -120,11 +126,20 @@ int run(const options& opt) {
       fmt::print(" {:>13}", cell);
     }
     fmt::print(" {:>9.1f} {:>9.1f} {:>8}\n", res.sum_has, res.sum_wants, res.clients);
-    if (!learning && res.sum_has > opt.capacity * (1 + 1e-9) && opt.algorithm != "STATIC" &&
-        opt.algorithm != "NO_ALGORITHM") {
-      over = true;
-    }
-    clock.advance(std::chrono::seconds(10));
+    return !learning && res.sum_has > opt.capacity * (1 + 1e-9) && opt.algorithm != "STATIC" &&
+           opt.algorithm != "NO_ALGORITHM";
+  }
+};
+
+int run(const options& opt) {
+  demo d(opt);
+  d.print_header();
+  bool over = false;
+  for (int step = 0; step < opt.steps; ++step) {
+    const bool learning = d.engine.learning("db", d.clock.now());
+    d.play(step);
+    over = d.print_row(step, learning) || over;
+    d.clock.advance(std::chrono::seconds(10));
   }
   fmt::print("\ngranted never exceeded capacity outside learning mode: {}\n", over ? "NO" : "yes");
   return over ? 1 : 0;

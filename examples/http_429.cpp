@@ -136,6 +136,61 @@ std::string read_file(const std::string& path) {
   return std::move(*text);
 }
 
+// The rules of `path` (domain `s.domain`, else the file's first) into `s`; throws, naming the
+// file, when it does not parse or lacks the domain (then `s` keeps what it had).
+void load_rules(service& s, const std::string& path) {
+  auto fresh = doorman_examples::parse_rules_any(read_file(path), path);
+  const auto domains = fresh.domains();
+  if (s.domain.empty() && !domains.empty()) s.domain = domains.front();
+  if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
+    throw std::invalid_argument("--domain: " + path + " has no domain " + s.domain);
+  s.rules.emplace(std::move(fresh));
+}
+
+// SIGHUP reads the rule file again: the new rules apply from the next request (their counts
+// start afresh); a file that does not load keeps the previous rules.
+void reload_on_hup(asio::signal_set& hup, service& s, const std::string& path) {
+  hup.async_wait([&hup, &s, &path](std::error_code e, int) {
+    if (e) return;
+    try {
+      load_rules(s, path);
+      fmt::print(stderr, "doorman-http-429: reloaded {}\n", path);
+    } catch (const std::exception& ex) {
+      fmt::print(stderr, "doorman-http-429: kept the previous rules: {}\n", ex.what());
+    }
+    reload_on_hup(hup, s, path);
+  });
+}
+
+// Serves on `at` until SIGTERM or SIGINT.
+int serve_http(service& s, const doorman::net::address& at, const std::string& rules_path) {
+  asio::io_context io;
+  // The library's listener: close-on-exec sockets, and an accept loop that pauses instead of
+  // spinning when accept fails (out of file descriptors, say).
+  doorman::net::listener listener(io.get_executor(), "accept", [](std::string_view line) {
+    fmt::print(stderr, "doorman-http-429: {}\n", line);
+  });
+  listener.listen(at);
+  // Caught before the "listening" line, so a SIGTERM sent on it stops gracefully.
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](std::error_code, int) {
+    listener.stop();
+    io.stop();
+  });
+  fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
+             listener.local_endpoint().address().to_string(), listener.local_endpoint().port());
+  asio::signal_set hup(io);
+  if (!rules_path.empty()) {
+    hup.add(SIGHUP);
+    reload_on_hup(hup, s, rules_path);
+  }
+  listener.start([&](asio::ip::tcp::socket socket) {
+    asio::co_spawn(io, serve(std::move(socket), s), asio::detached);
+  });
+  io.run();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,14 +219,7 @@ int main(int argc, char** argv) {
               "leaky_bucket, got " +
               algorithm);
         }
-        if (!rules_path.empty()) {
-          s.rules.emplace(doorman_examples::parse_rules_any(read_file(rules_path), rules_path));
-          const auto domains = s.rules->domains();
-          if (s.domain.empty() && !domains.empty()) s.domain = domains.front();
-          if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
-            throw std::invalid_argument("--domain: " + rules_path + " has no domain " + s.domain);
-        }
-
+        if (!rules_path.empty()) load_rules(s, rules_path);
         std::optional<doorman::client> client;
         std::optional<doorman::rate_resource> api;
         if (rules_path.empty() || flags.server_given) {
@@ -179,50 +227,6 @@ int main(int argc, char** argv) {
           api.emplace(*client, flags.resource, doorman::resource_options{.algorithm = *kind});
           s.api = &*api;
         }
-
-        asio::io_context io;
-        // The library's listener: close-on-exec sockets, and an accept loop that pauses instead
-        // of spinning when accept fails (out of file descriptors, say).
-        doorman::net::listener listener(io.get_executor(), "accept", [](std::string_view line) {
-          fmt::print(stderr, "doorman-http-429: {}\n", line);
-        });
-        listener.listen(*at);
-        // Caught before the "listening" line, so a SIGTERM sent on it stops gracefully.
-        asio::signal_set signals(io, SIGINT, SIGTERM);
-        signals.async_wait([&](std::error_code, int) {
-          listener.stop();
-          io.stop();
-        });
-        fmt::print(stderr, "doorman-http-429 listening on {}:{}\n",
-                   listener.local_endpoint().address().to_string(),
-                   listener.local_endpoint().port());
-        // SIGHUP reads the rule file again: the new rules apply from the next request (their
-        // counts start afresh); a file that does not parse keeps the previous rules.
-        asio::signal_set hup(io);
-        std::function<void()> await_hup = [&] {
-          hup.async_wait([&](std::error_code e, int) {
-            if (e) return;
-            try {
-              auto fresh = doorman_examples::parse_rules_any(read_file(rules_path), rules_path);
-              const auto domains = fresh.domains();
-              if (std::find(domains.begin(), domains.end(), s.domain) == domains.end())
-                throw std::invalid_argument(rules_path + " has no domain " + s.domain);
-              s.rules.emplace(std::move(fresh));
-              fmt::print(stderr, "doorman-http-429: reloaded {}\n", rules_path);
-            } catch (const std::exception& ex) {
-              fmt::print(stderr, "doorman-http-429: kept the previous rules: {}\n", ex.what());
-            }
-            await_hup();
-          });
-        };
-        if (!rules_path.empty()) {
-          hup.add(SIGHUP);
-          await_hup();
-        }
-        listener.start([&](asio::ip::tcp::socket socket) {
-          asio::co_spawn(io, serve(std::move(socket), s), asio::detached);
-        });
-        io.run();
-        return 0;
+        return serve_http(s, *at, rules_path);
       });
 }

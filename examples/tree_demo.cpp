@@ -107,6 +107,57 @@ struct options {
   std::string node_binary;
 };
 
+// One row of the table at `t` seconds: each client's wants -> gets, the total granted, and
+// whether every client has its fair share of `capacity`.
+struct table_row {
+  std::string text;
+  double total = 0;
+  bool fair = true;
+};
+
+table_row row_of(const std::vector<scripted_client>& clients, double t, double capacity) {
+  table_row r{fmt::format("{:>4.0f}s ", t)};
+  std::vector<double> wants;
+  std::vector<double> got;
+  for (const auto& c : clients) {
+    if (!c.active) {
+      r.text += "|          ";
+      continue;
+    }
+    r.text += fmt::format("| {:>3.0f}->{:>3.0f}", c.wants, c.gets);
+    r.total += c.gets;
+    wants.push_back(c.wants);
+    got.push_back(c.gets);
+  }
+  const auto expected = fair_shares(wants, capacity);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    r.fair = r.fair && std::abs(got[i] - expected[i]) < 0.01;
+  r.text += fmt::format("| {:>5.1f} / {:.0f}{}", r.total, capacity, r.fair ? "  = fair share" : "");
+  return r;
+}
+
+std::string header_of(const std::vector<scripted_client>& clients) {
+  std::string header = "   t  ";
+  for (const auto& c : clients)
+    header += fmt::format("| {:>2} {:<5}", c.id, c.node == 0 ? "left" : "right");
+  return header + "| granted / capacity";
+}
+
+// The verdict, and the tree stopped: 0 when it never granted over `capacity` and every node
+// exited 0.
+int finish(doorman_examples::local_tree& tree, double worst, bool converged_at_end,
+           double capacity) {
+  fmt::print("\nmost ever granted at once: {:.1f} of {:.0f} ({})\n", worst, capacity,
+             worst <= capacity + 1e-9 ? "never over capacity" : "OVER CAPACITY");
+  fmt::print("allocation at the end equals the FAIR_SHARE result: {}\n",
+             converged_at_end ? "yes" : "no");
+  fmt::print("stopping the tree: ");
+  const bool clean = tree.stop();
+  fmt::print("{}\n", clean ? "every node exited 0" : "a node did not exit cleanly");
+  if (clean) std::filesystem::remove_all(tree.dir);
+  return clean && worst <= capacity + 1e-9 ? 0 : 1;
+}
+
 int run(const options& o) {
   auto tree = doorman_examples::local_tree::start(o.node_binary, o.capacity, "doorman-tree-demo");
   if (!tree) return 1;
@@ -139,39 +190,17 @@ int run(const options& o) {
   }
 
   // The table: one row a second.
-  std::string header = "   t  ";
-  for (const auto& c : clients)
-    header += fmt::format("| {:>2} {:<5}", c.id, c.node == 0 ? "left" : "right");
-  header += "| granted / capacity";
-  fmt::print("wants -> gets per client (lease capacity, requests/s)\n{}\n", header);
+  fmt::print("wants -> gets per client (lease capacity, requests/s)\n{}\n", header_of(clients));
   double worst = 0;
   bool converged_at_end = false;
   asio::steady_timer tick(io);
   std::function<void(std::error_code)> print = [&](std::error_code ec) {
     if (ec || stop) return;
     const double t = doorman::to_seconds(clock_type::now() - t0);
-    std::string row = fmt::format("{:>4.0f}s ", t);
-    double total = 0;
-    std::vector<double> wants;
-    std::vector<double> got;
-    for (const auto& c : clients) {
-      if (!c.active) {
-        row += "|          ";
-        continue;
-      }
-      row += fmt::format("| {:>3.0f}->{:>3.0f}", c.wants, c.gets);
-      total += c.gets;
-      wants.push_back(c.wants);
-      got.push_back(c.gets);
-    }
-    worst = std::max(worst, total);
-    const auto expected = fair_shares(wants, o.capacity);
-    bool at_fair = true;
-    for (std::size_t i = 0; i < got.size(); ++i)
-      at_fair = at_fair && std::abs(got[i] - expected[i]) < 0.01;
-    converged_at_end = at_fair;
-    row += fmt::format("| {:>5.1f} / {:.0f}{}", total, o.capacity, at_fair ? "  = fair share" : "");
-    fmt::print("{}\n", row);
+    const auto row = row_of(clients, t, o.capacity);
+    worst = std::max(worst, row.total);
+    converged_at_end = row.fair;
+    fmt::print("{}\n", row.text);
     if (clock_type::now() >= end) {
       stop = true;
       io.stop();
@@ -184,15 +213,7 @@ int run(const options& o) {
   tick.async_wait(print);
   io.run();
 
-  fmt::print("\nmost ever granted at once: {:.1f} of {:.0f} ({})\n", worst, o.capacity,
-             worst <= o.capacity + 1e-9 ? "never over capacity" : "OVER CAPACITY");
-  fmt::print("allocation at the end equals the FAIR_SHARE result: {}\n",
-             converged_at_end ? "yes" : "no");
-  fmt::print("stopping the tree: ");
-  const bool clean = tree->stop();
-  fmt::print("{}\n", clean ? "every node exited 0" : "a node did not exit cleanly");
-  if (clean) std::filesystem::remove_all(tree->dir);
-  return clean && worst <= o.capacity + 1e-9 ? 0 : 1;
+  return finish(*tree, worst, converged_at_end, o.capacity);
 }
 
 }  // namespace

@@ -265,3 +265,38 @@ TEST_CASE(
   f.wake(clock.now());
   CHECK(f.next_read() == clock.now());
 }
+
+TEST_CASE(
+    "config follower: a reread applies even a version seen and says each failure asked; "
+    "interval 0 reads only when asked; a file source says nothing of versions",
+    "[config][follower]") {
+  using namespace std::chrono_literals;
+  manual_clock clock;
+  doorman::config_follower<manual_clock::time_point> f("files", doorman::seconds(0), 7,
+                                                       clock.now(), false);
+  CHECK(f.next_read() == manual_clock::time_point::max());  // no polling
+
+  // SIGHUP: read now; the same version is applied again.
+  f.reread(clock.now());
+  CHECK(f.next_read() == clock.now());
+  REQUIRE(f.read(clock.now(), 7).apply);
+  CHECK(f.next_read() == manual_clock::time_point::max());
+  CHECK(f.applied(std::nullopt));
+  CHECK_FALSE(f.applied("bad"));
+  CHECK(f.take_log().empty());  // the applier says what it applied
+  CHECK_FALSE(f.read(clock.now(), 7).apply);  // once only
+
+  // A failure in a row is said once, but again when a reread asks; the reread still applies
+  // once the source is readable.
+  const std::string said =
+      "warning: configuration files: cannot read (x: cannot be reached); keeping the current one";
+  f.failed(clock.now(), "x: cannot be reached");
+  f.failed(clock.now(), "x: cannot be reached");
+  CHECK(f.take_log() == std::vector<std::string>{said});
+  f.reread(clock.now());
+  f.failed(clock.now(), "x: cannot be reached");
+  f.failed(clock.now(), "x: cannot be reached");
+  CHECK(f.take_log() == std::vector<std::string>{said});
+  CHECK(f.read(clock.now(), 7).apply);
+  CHECK(f.take_log() == std::vector<std::string>{"configuration files: readable again"});
+}

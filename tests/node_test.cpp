@@ -223,20 +223,51 @@ TEST_CASE("file_watch: a rewrite, a symlink swap, a missing file", "[node]") {
   std::ofstream(plain) << "{}";
   const std::string config = cm.dir / "config.yaml";
   const std::string gone = cm.dir / "gone.pem";
+  std::ofstream(gone) << "pem";
   doorman::file_watch watch({config, "", plain, gone});
   CHECK(watch.size() == 3);
-  CHECK(watch.changed().empty());
+  auto look = watch.look();
+  CHECK(look.changed.empty());
+  const auto first = look.version;
+  CHECK(watch.look().version == first);  // nothing changed, the same version
 
   cm.publish("config.yaml", "a: 2\n");  // same size, another file behind the same path
-  CHECK(watch.changed() == std::vector<std::string>{config});
-  CHECK(watch.changed().empty());
+  look = watch.look();
+  CHECK(look.changed == std::vector<std::string>{config});
+  CHECK(look.version != first);
+  CHECK(watch.look().changed.empty());
 
   std::ofstream(plain) << "{\"a\": 1}";  // rewritten in place
-  std::ofstream(gone) << "pem";          // appears
-  CHECK(watch.changed() == std::vector<std::string>{plain, gone});
-  std::filesystem::remove(gone);  // disappears: for the reload to report, not a change
-  CHECK(watch.changed().empty());
+  std::ofstream(gone) << "pem2";         // and another
+  CHECK(watch.look().changed == std::vector<std::string>{plain, gone});
+  std::filesystem::remove(gone);  // missing: no version, the path named
+  look = watch.look();
+  REQUIRE(look.unreachable);
+  CHECK(*look.unreachable == gone + ": cannot be reached");
   std::filesystem::remove_all(cm.dir);
+}
+
+TEST_CASE("file_watch: a directory's files, added, rewritten and removed", "[node]") {
+  char dir_template[] = "/tmp/doorman-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  const std::filesystem::path dir = dir_template;
+  std::ofstream(dir / "a.yaml") << "a";
+  std::ofstream(dir / "notes.txt") << "not watched";
+  auto watch = doorman::file_watch::directory(dir.string(), {".yaml", ".yml"});
+  const auto first = watch.look().version;
+  std::ofstream(dir / "notes.txt") << "still not watched";
+  CHECK(watch.look().version == first);
+  std::ofstream(dir / "b.yml") << "b";
+  auto look = watch.look();
+  CHECK(look.changed == std::vector<std::string>{(dir / "b.yml").string()});
+  std::filesystem::remove(dir / "a.yaml");
+  look = watch.look();
+  CHECK(look.changed == std::vector<std::string>{(dir / "a.yaml").string()});
+  CHECK(look.version != first);
+  std::filesystem::remove_all(dir);
+  look = watch.look();
+  REQUIRE(look.unreachable);
+  CHECK_THAT(*look.unreachable, Catch::StartsWith(dir.string() + ": "));
 }
 
 TEST_CASE("doorman-node follows its configuration through a ConfigMap's symlink swap",

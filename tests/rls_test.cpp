@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <regex>
@@ -27,6 +28,8 @@
 #include "line_client.hpp"
 #include "process.hpp"
 #include "rls.grpc.pb.h"
+#include "rls_mapping.hpp"
+#include "rls_service.hpp"
 
 namespace {
 
@@ -292,7 +295,8 @@ struct rls_tree {
   std::vector<std::unique_ptr<process>> replicas;
   std::vector<std::unique_ptr<pb::RateLimitService::Stub>> stubs;
 
-  rls_tree(const std::string& name, int limit, const std::vector<std::string>& replica_flags) {
+  rls_tree(const std::string& name, int limit, const std::vector<std::string>& replica_flags,
+           int replica_count = 2) {
     dir = std::filesystem::temp_directory_path() /
           ("doorman-rls-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir / "config");
@@ -319,7 +323,7 @@ struct rls_tree {
     REQUIRE(a != std::string::npos);
     const auto from = a + std::string("admin endpoint on http://").size();
     admin = log.substr(from, log.find("/status", from) - from);
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < replica_count; ++i) {
       std::vector<std::string> args{
           DOORMAN_RLS_BINARY,        "--listen", "127.0.0.1:0", "--config",
           (dir / "config").string(), "--server", root_at};
@@ -506,4 +510,99 @@ TEST_CASE("rls: a small limit is counted exactly at the root, its refusals remem
   CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK_THAT(s.error_message(), Catch::StartsWith("the root did not count: "));
   CHECK(std::chrono::steady_clock::now() - before < std::chrono::seconds(2));
+}
+
+namespace {
+
+// The rule files of a directory read as JSON (JSON is YAML): the library's reader is the
+// binary's choice.
+std::shared_ptr<doorman::rule_set> load_json_rules(const std::string& dir) {
+  return doorman::rls::load_rules_directory(
+      dir, [](std::string_view text, const std::string&, const auto& check) {
+        return check(nlohmann::json::parse(text));
+      });
+}
+
+// One descriptor asked of `service`; the outcome, waited for (an answer from a root comes on
+// another thread).
+doorman::rls::check_outcome ask(doorman::rls::rules_service& service, const std::string& value,
+                                const std::string& domain = "d", const std::string& key = "k") {
+  doorman::rls::check_request r{domain, {}};
+  r.descriptors.push_back({doorman::descriptor{{key, value}}});
+  auto got = std::make_shared<std::promise<doorman::rls::check_outcome>>();
+  auto answer = got->get_future();
+  service.check(r, [got](doorman::rls::check_outcome o) { got->set_value(std::move(o)); });
+  REQUIRE(answer.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  return answer.get();
+}
+
+bool admitted(const doorman::rls::check_outcome& o) {
+  REQUIRE_FALSE(o.unavailable);
+  REQUIRE(o.statuses.size() == 1);
+  return o.statuses[0].code == doorman::rule_code::ok;
+}
+
+struct rules_dir {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              ("doorman-rls-lib-" + std::to_string(::getpid()));
+  rules_dir() { std::filesystem::create_directories(dir); }
+  ~rules_dir() { std::filesystem::remove_all(dir); }
+  void write(const std::string& name, int limit) const {
+    std::ofstream(dir / name) << R"({"domain": "d", "descriptors": [{"key": "k", "rate_limit":)"
+                              << R"( {"name": "per-k", "unit": "minute", "requests_per_unit": )"
+                              << limit << "}}]}";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rls library: rules from a directory, checked, counted, replaced", "[rls]") {
+  rules_dir d;
+  CHECK_THROWS_WITH(load_json_rules(d.dir.string()), Catch::Contains("no .yaml or .yml files"));
+  CHECK_THROWS_WITH(load_json_rules((d.dir / "none").string()), Catch::Contains("/none: "));
+  d.write("a.yaml", 2);
+  std::ofstream(d.dir / "notes.txt") << "not a rule file";
+  doorman::rls::rules_service service(load_json_rules(d.dir.string()));
+  CHECK(admitted(ask(service, "x")));
+  CHECK(admitted(ask(service, "x")));
+  CHECK_FALSE(admitted(ask(service, "x")));  // the third in the minute
+  CHECK(admitted(ask(service, "y")));        // another key, its own count
+  const auto metrics = service.metrics();
+  CHECK_THAT(metrics, Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="k"} 4)"));
+  CHECK_THAT(metrics, Catch::Contains(R"(doorman_rls_over_limit_total{domain="d",rule="k"} 1)"));
+
+  // Replaced whole: the counts start again.
+  service.replace(load_json_rules(d.dir.string()));
+  CHECK(admitted(ask(service, "x")));
+  CHECK_THAT(service.metrics(), Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="k"} 1)"));
+
+  // A domain in two files names both; a bad file names its field.
+  d.write("b.yml", 5);
+  CHECK_THROWS_WITH(load_json_rules(d.dir.string()),
+                    Catch::Contains("b.yml: domain \"d\" is already defined in") &&
+                        Catch::Contains("a.yaml"));
+  std::ofstream(d.dir / "b.yml") << R"({"domain": "e", "descriptors": [{"key": 1}]})";
+  CHECK_THROWS_WITH(load_json_rules(d.dir.string()), Catch::Contains("descriptors[0].key"));
+}
+
+TEST_CASE("rls library: two services counting at one root admit the limit together",
+          "[rls][process]") {
+  rls_tree t("library", 12, {}, 0);
+  rls_tree::wait_for_window(std::chrono::seconds(20));
+  doorman::rls::root_options root;
+  root.client.addresses = {t.root_at};
+  root.draws.block_fraction = 0.25;  // blocks of 3
+  std::vector<std::unique_ptr<doorman::rls::rules_service>> services;
+  for (int i = 0; i < 2; ++i) {
+    services.push_back(std::make_unique<doorman::rls::rules_service>(
+        load_json_rules((t.dir / "config").string()), root));
+  }
+  int together = 0;
+  for (int k = 0; k < 20; ++k) {
+    for (auto& s : services)
+      together += int(admitted(ask(*s, "t1", "shared", "tenant")));  // rls_tree's rule
+  }
+  CHECK(together == 12);
+  for (auto& s : services)
+    s->stop();
 }

@@ -3,8 +3,9 @@
 /// \file
 /// Where a node's configuration comes from, followed: a file read again when asked (SIGHUP),
 /// or an etcd key polled by the sans-I/O `config_follower` (core/config_follower.hpp), which
-/// this drives. A configuration that fails validation is logged and the old one kept. It runs
-/// on the node's strand.
+/// `follow_source` (node/source_follower.hpp) drives, as it drives the files' follower. A
+/// configuration that fails validation is logged and the old one kept. It runs on the node's
+/// strand.
 ///
 ///     basic_config_driver<engine_type> config(strand, engine, options, revision, metrics, log);
 ///     config.start();   // an etcd key: polls until stopped
@@ -28,13 +29,14 @@
 #include "doorman/net/supervise.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/node/config_source.hpp"
+#include "doorman/node/source_follower.hpp"
 
 namespace doorman {
 
 template <class Engine>
 class basic_config_driver {
  public:
-  using clock = std::chrono::steady_clock;
+  using clock = follow_clock;
 
   /// Follows `options.source` into `target` (an engine), on `strand`. `revision` is the etcd
   /// revision of the configuration already loaded (0: none); reloads are counted in `metrics`.
@@ -118,33 +120,35 @@ class basic_config_driver {
     if (log_) log_(s);
   }
 
-  // Drives the follower over the etcd key: reads when it says, applies what it says to.
-  // `reload()` wakes it.
+  // The follower over the etcd key: one read is one GET; what it holds is applied when the
+  // follower says so. `reload()` wakes it.
   asio::awaitable<void> follow_etcd() {
-    auto& f = *follower_;
-    while (!stopping_) {
-      wake_.expires_at(f.next_read());
-      co_await net::wait_on(wake_);
-      if (stopping_) break;
-      if (clock::now() < f.next_read()) continue;
-      const auto got = co_await etcd_->get(
-          location_.where,
-          clock::now() + to_duration<clock::duration>(options_.etcd_timeout.count()));
-      if (!got) {
-        f.failed(clock::now(), got.message);
-      } else if (const auto& kv = got.value;
-                 f.read(clock::now(), kv ? std::optional(kv->mod_revision) : std::nullopt).apply) {
-        std::optional<std::string> rejected;
-        try {
-          engine_.set_config(parse_config_text(options_, kv->value, location_.name()));
-        } catch (const std::exception& e) {
-          rejected = e.what();
-        }
-        metrics_.count_reload(f.applied(rejected));
-      }
-      for (const auto& line : f.take_log())
-        log(line);
-    }
+    return follow_source(
+        *follower_, wake_, [this] { return stopping_; },
+        [this]() -> asio::awaitable<source_reading> {
+          const auto got = co_await etcd_->get(
+              location_.where,
+              clock::now() + to_duration<clock::duration>(options_.etcd_timeout.count()));
+          source_reading r;
+          if (!got) {
+            r.error = got.message;
+          } else if (got.value) {  // else: the key is gone
+            r.version = got.value->mod_revision;
+            r.text = got.value->value;
+          }
+          co_return r;
+        },
+        [this](const source_reading& r) -> std::optional<std::string> {
+          std::optional<std::string> rejected;
+          try {
+            engine_.set_config(parse_config_text(options_, r.text, location_.name()));
+          } catch (const std::exception& e) {
+            rejected = e.what();
+          }
+          metrics_.count_reload(!rejected);
+          return rejected;
+        },
+        log_);
   }
 
   asio::any_io_executor strand_;
@@ -156,7 +160,7 @@ class basic_config_driver {
   std::function<void(std::string_view)> log_;
   asio::steady_timer wake_;
   std::optional<net::etcd_client> etcd_;
-  std::optional<config_follower<clock::time_point>> follower_;
+  std::optional<config_follower<follow_clock::time_point>> follower_;
   bool stopping_ = false;
 };
 

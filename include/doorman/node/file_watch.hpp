@@ -8,14 +8,20 @@
 /// signal: the path stays, what it names changes, and so does its stamp.
 ///
 ///     doorman::file_watch watch({"/etc/doorman/resources.yaml", "/etc/doorman/tls/tls.crt"});
-///     // every second:
-///     if (const auto changed = watch.changed(); !changed.empty()) reload();
+///     auto look = watch.look();  // every second: look.version, for a config_follower
+///
+/// The version is what `config_follower` (core/config_follower.hpp) follows, as it follows an
+/// etcd key's revision: one machine decides when a source changed, for every kind of source.
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -50,36 +56,111 @@ struct file_stamp {
   return s;
 }
 
-/// A set of files watched together (empty paths are ignored).
+/// What one look at a set of files found: a version for `config_follower` (a digest of every
+/// path and its stamp: a file added, removed, rewritten or swapped changes it), the paths whose
+/// stamp changed since the last look that found them all, and those no longer listed (for the
+/// log line), or the first one that cannot be reached.
+struct files_look {
+  std::int64_t version = 0;
+  std::vector<std::string> changed;
+  std::optional<std::string> unreachable;  ///< why the files cannot be looked at (then no version)
+};
+
+/// A set of files watched together: fixed paths (empty ones ignored), or the files of a
+/// directory whose names end in one of the extensions given, listed again at every look.
 class file_watch {
  public:
-  /// Takes the files' stamps as they are now: a change is counted from here.
+  /// The files at `paths`; their stamps as they are now count as seen.
   explicit file_watch(std::vector<std::string> paths) {
-    for (auto& p : paths) {
-      if (p.empty()) continue;
-      auto s = stamp_of(p);
-      files_.emplace_back(std::move(p), std::move(s));
-    }
+    for (auto& p : paths)
+      if (!p.empty()) paths_.push_back(std::move(p));
+    (void)look();
   }
 
-  /// The paths whose stamp changed since the last look, in the order given. A file that
-  /// cannot be reached counts as changed only once it is back with another stamp (a swap
-  /// does not leave the path missing; a missing file is for the reload to report, if ever).
-  [[nodiscard]] std::vector<std::string> changed() {
+  /// Every file of `dir` whose name ends in one of `extensions` (".yaml"), sorted by name.
+  static file_watch directory(std::string dir, std::vector<std::string> extensions) {
+    return file_watch(std::move(dir), std::move(extensions));
+  }
+
+  /// The files of `dir` whose names end in one of `extensions`, sorted; throws
+  /// std::invalid_argument naming `dir` when it cannot be listed.
+  [[nodiscard]] static std::vector<std::string> files_in(
+      const std::string& dir, const std::vector<std::string>& extensions) {
     std::vector<std::string> out;
-    for (auto& [path, last] : files_) {
-      auto now = stamp_of(path);
-      if (!now.exists) continue;
-      if (now != last) out.push_back(path);
-      last = std::move(now);
+    std::error_code ec;
+    const std::filesystem::directory_iterator files(dir, ec);
+    if (ec) throw std::invalid_argument(dir + ": " + ec.message());
+    for (const auto& e : files) {
+      const auto ext = e.path().extension().string();
+      if (e.is_regular_file(ec) &&
+          std::find(extensions.begin(), extensions.end(), ext) != extensions.end())
+        out.push_back(e.path().string());
     }
+    std::sort(out.begin(), out.end());
     return out;
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return files_.size(); }
+  /// Looks at the files now.
+  [[nodiscard]] files_look look() {
+    files_look out;
+    std::vector<std::string> paths;
+    if (dir_.empty()) {
+      paths = paths_;
+    } else {
+      try {
+        paths = files_in(dir_, extensions_);
+      } catch (const std::invalid_argument& e) {
+        out.unreachable = e.what();
+        return out;
+      }
+    }
+    std::vector<std::pair<std::string, file_stamp>> now;
+    std::uint64_t digest = 14695981039346656037ULL;  // FNV-1a
+    for (auto& p : paths) {
+      auto s = stamp_of(p);
+      if (!s.exists) {
+        out.unreachable = p + ": cannot be reached";
+        return out;
+      }
+      for (const std::string_view part : {std::string_view(p), std::string_view(s.target)})
+        digest = mix(digest, part.data(), part.size());
+      for (const std::uint64_t x : {s.device, s.inode, static_cast<std::uint64_t>(s.size),
+                                    static_cast<std::uint64_t>(s.modified_ns)})
+        digest = mix(digest, &x, sizeof x);
+      const auto before =
+          std::find_if(seen_.begin(), seen_.end(), [&](const auto& e) { return e.first == p; });
+      if (before == seen_.end() || before->second != s) out.changed.push_back(p);
+      now.emplace_back(std::move(p), std::move(s));
+    }
+    for (const auto& [p, s] : seen_) {  // gone from a directory: changed too
+      if (std::none_of(now.begin(), now.end(), [&](const auto& e) { return e.first == p; }))
+        out.changed.push_back(p);
+    }
+    seen_ = std::move(now);
+    out.version = static_cast<std::int64_t>(digest & 0x7fff'ffff'ffff'ffffULL);
+    return out;
+  }
+
+  /// The fixed paths watched (none for a directory).
+  [[nodiscard]] std::size_t size() const noexcept { return paths_.size(); }
 
  private:
-  std::vector<std::pair<std::string, file_stamp>> files_;
+  file_watch(std::string dir, std::vector<std::string> extensions)
+      : dir_(std::move(dir)), extensions_(std::move(extensions)) {
+    (void)look();
+  }
+
+  static std::uint64_t mix(std::uint64_t h, const void* data, std::size_t n) noexcept {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i)
+      h = (h ^ b[i]) * 1099511628211ULL;
+    return (h ^ 0xff) * 1099511628211ULL;  // a separator: ("ab","c") is not ("a","bc")
+  }
+
+  std::vector<std::string> paths_;
+  std::string dir_;
+  std::vector<std::string> extensions_;
+  std::vector<std::pair<std::string, file_stamp>> seen_;
 };
 
 }  // namespace doorman
