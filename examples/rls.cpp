@@ -188,6 +188,11 @@ int main(int argc, char** argv) {
       "                   [--metrics-listen HOST:PORT] [--version]\n",
       flags(o), [&] {
         if (o.config_dir.empty()) throw std::invalid_argument("--config DIR is required");
+        try {  // a directory that cannot be listed: said naming the flag
+          (void)doorman::rls::rule_files(o.config_dir);
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument(std::string("--config ") + e.what());
+        }
         if (o.print_root_config) {
           std::puts(doorman::rls::root_config(*load(o.config_dir)).dump(2).c_str());
           return 0;

@@ -267,13 +267,13 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "config follower: a reread applies even a version seen and says each failure asked; "
-    "interval 0 reads only when asked; a file source says nothing of versions",
+    "config follower: a reread applies even a version seen and says each failure asked, "
+    "interval 0 reads only when asked, a file source says nothing of versions",
     "[config][follower]") {
   using namespace std::chrono_literals;
   manual_clock clock;
-  doorman::config_follower<manual_clock::time_point> f("files", doorman::seconds(0), 7,
-                                                       clock.now(), false);
+  doorman::config_follower<manual_clock::time_point> f("files", doorman::seconds(0), 7, clock.now(),
+                                                       false);
   CHECK(f.next_read() == manual_clock::time_point::max());  // no polling
 
   // SIGHUP: read now; the same version is applied again.
@@ -283,7 +283,7 @@ TEST_CASE(
   CHECK(f.next_read() == manual_clock::time_point::max());
   CHECK(f.applied(std::nullopt));
   CHECK_FALSE(f.applied("bad"));
-  CHECK(f.take_log().empty());  // the applier says what it applied
+  CHECK(f.take_log().empty());                // the applier says what it applied
   CHECK_FALSE(f.read(clock.now(), 7).apply);  // once only
 
   // A failure in a row is said once, but again when a reread asks; the reread still applies

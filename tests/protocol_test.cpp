@@ -130,11 +130,65 @@ TEST_CASE(
       doorman::server_capacity_response{{{"db", {40, 59, 8}, 10, alg}}, {true, "root:7700"}});
   check_one_description(doorman::discovery_response{{true, "m:1"}});
   check_one_description(doorman::release_response{{false, "m:1"}});
+  check_one_description(doorman::release_request{"c", {"db", "x\"y"}});
+  check_one_description(doorman::status_request{});
+  check_one_description(doorman::status_request{"db"});
+  doorman::status_response status;
+  status.mastership = {true, "m:1"};
+  status.resources = {{"db", 100, 40, 55.5, 2, 3, true, "FAIR_SHARE"},
+                      {"e", -1, 0, 0, 0, 0, false, ""}};
+  check_one_description(status);
+  CHECK_FALSE(json(status).contains("leases"));  // an optional list left empty is left out
+  status.leases = {{"c1", {40, 59, 16}, 55.5, 3, true, 7, {{0, 20, 2}, {1, 35.5, 1}}}};
+  status.lease_count = 12;
+  check_one_description(status);
+  CHECK(json(status)["leases"][0]["bands"][1] ==
+        json::parse(R"({"priority": 1, "num_clients": 1, "wants": 35.5})"));
   // The required fields, as a mask of their positions in the description.
   STATIC_REQUIRE(doorman::detail::required_fields<doorman::resource_request>() == 0b0101);
   STATIC_REQUIRE(doorman::detail::required_fields<doorman::priority_band>() == 0b110);
   STATIC_REQUIRE(doorman::detail::fields_by_name<doorman::server_resource_grant>() ==
                  std::array<std::size_t, 4>{3, 1, 0, 2});
+}
+
+TEST_CASE("status and release messages are read from their description, bounds included",
+          "[protocol]") {
+  const auto status_error = [](json result) {
+    doorman::status_response out;
+    const auto e = doorman::decode(result, out);
+    return e ? e->message : std::string("none");
+  };
+  const json good = {{"mastership", {{"is_master", true}}},
+                     {"resources", {{{"resource_id", "db"}, {"capacity", 5}}}},
+                     {"leases", {{{"client_id", "c"}, {"wants", 3}, {"bands", json::array()}}}},
+                     {"lease_count", 1}};
+  CHECK(status_error(good) == "none");
+  const auto with = [&](const char* pointer, json v) {
+    json bad = good;
+    bad[json::json_pointer(pointer)] = std::move(v);
+    return status_error(bad);
+  };
+  CHECK(with("/resources/0/capacity", -2) ==
+        "result.resources[0].capacity: must be between -1 and 1e15");
+  CHECK(with("/resources/0/clients", 1.5) == "result.resources[0].clients: must be an integer");
+  CHECK(with("/leases/0/wants", 1e16) == "result.leases[0].wants: must be between 0 and 1e15");
+  CHECK(with("/leases/0/bands", json::array({{{"num_clients", -1}}})) ==
+        "result.leases[0].bands[0].num_clients: must be between 0 and 1e15");
+  CHECK(with("/lease_count", -1) == "result.lease_count: must be between 0 and 1e15");
+  CHECK(with("/leases", 3) == "result.leases: must be an array");
+
+  doorman::release_request r;
+  auto e = doorman::decode(json::parse(R"({"client_id": "c", "resources": ["a", 3]})"), r);
+  REQUIRE(e);
+  CHECK(e->message == "params.resources[1]: must be a string");
+  e = doorman::decode(json::parse(R"({"client_id": "c"})"), r);
+  REQUIRE(e);
+  CHECK_THAT(e->message, Contains("params.resources"));
+  doorman::status_request s;
+  CHECK_FALSE(doorman::decode(json(nullptr), s));
+  e = doorman::decode(json::parse(R"({"resource_id": 7})"), s);
+  REQUIRE(e);
+  CHECK(e->message == "params.resource_id: must be a string");
 }
 
 TEST_CASE("a server grant carries its algorithm, which is checked when decoded", "[protocol]") {

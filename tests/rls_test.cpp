@@ -543,14 +543,15 @@ bool admitted(const doorman::rls::check_outcome& o) {
 }
 
 struct rules_dir {
-  std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                              ("doorman-rls-lib-" + std::to_string(::getpid()));
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("doorman-rls-lib-" + std::to_string(::getpid()));
   rules_dir() { std::filesystem::create_directories(dir); }
   ~rules_dir() { std::filesystem::remove_all(dir); }
-  void write(const std::string& name, int limit) const {
-    std::ofstream(dir / name) << R"({"domain": "d", "descriptors": [{"key": "k", "rate_limit":)"
-                              << R"( {"name": "per-k", "unit": "minute", "requests_per_unit": )"
-                              << limit << "}}]}";
+  void write(const std::string& name, int limit, const std::string& domain = "d",
+             const std::string& key = "k") const {
+    std::ofstream(dir / name) << R"({"domain": ")" << domain << R"(", "descriptors": [{"key": ")"
+                              << key << R"(", "rate_limit": {"unit": "minute", )"
+                              << R"("requests_per_unit": )" << limit << "}}]}";
   }
 };
 
@@ -568,19 +569,21 @@ TEST_CASE("rls library: rules from a directory, checked, counted, replaced", "[r
   CHECK_FALSE(admitted(ask(service, "x")));  // the third in the minute
   CHECK(admitted(ask(service, "y")));        // another key, its own count
   const auto metrics = service.metrics();
-  CHECK_THAT(metrics, Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="k"} 4)"));
-  CHECK_THAT(metrics, Catch::Contains(R"(doorman_rls_over_limit_total{domain="d",rule="k"} 1)"));
+  CHECK_THAT(metrics, Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="d/k=*"} 4)"));
+  CHECK_THAT(metrics,
+             Catch::Contains(R"(doorman_rls_over_limit_total{domain="d",rule="d/k=*"} 1)"));
 
   // Replaced whole: the counts start again.
   service.replace(load_json_rules(d.dir.string()));
   CHECK(admitted(ask(service, "x")));
-  CHECK_THAT(service.metrics(), Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="k"} 1)"));
+  CHECK_THAT(service.metrics(),
+             Catch::Contains(R"(doorman_rls_hits_total{domain="d",rule="d/k=*"} 1)"));
 
   // A domain in two files names both; a bad file names its field.
   d.write("b.yml", 5);
-  CHECK_THROWS_WITH(load_json_rules(d.dir.string()),
-                    Catch::Contains("b.yml: domain \"d\" is already defined in") &&
-                        Catch::Contains("a.yaml"));
+  CHECK_THROWS_WITH(
+      load_json_rules(d.dir.string()),
+      Catch::Contains("b.yml: domain \"d\" is already defined in") && Catch::Contains("a.yaml"));
   std::ofstream(d.dir / "b.yml") << R"({"domain": "e", "descriptors": [{"key": 1}]})";
   CHECK_THROWS_WITH(load_json_rules(d.dir.string()), Catch::Contains("descriptors[0].key"));
 }
@@ -588,14 +591,16 @@ TEST_CASE("rls library: rules from a directory, checked, counted, replaced", "[r
 TEST_CASE("rls library: two services counting at one root admit the limit together",
           "[rls][process]") {
   rls_tree t("library", 12, {}, 0);
+  rules_dir d;  // rls_tree's rule, as JSON
+  d.write("shared.yaml", 12, "shared", "tenant");
   rls_tree::wait_for_window(std::chrono::seconds(20));
   doorman::rls::root_options root;
   root.client.addresses = {t.root_at};
   root.draws.block_fraction = 0.25;  // blocks of 3
   std::vector<std::unique_ptr<doorman::rls::rules_service>> services;
   for (int i = 0; i < 2; ++i) {
-    services.push_back(std::make_unique<doorman::rls::rules_service>(
-        load_json_rules((t.dir / "config").string()), root));
+    services.push_back(
+        std::make_unique<doorman::rls::rules_service>(load_json_rules(d.dir.string()), root));
   }
   int together = 0;
   for (int k = 0; k < 20; ++k) {

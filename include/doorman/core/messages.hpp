@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -198,14 +199,37 @@ struct status_response {
 /// field says `null_when_absent`.
 enum class presence { required, optional, null_when_absent };
 
-/// One field of a wire message: its name on the wire, the member it is, and whether it must be
-/// present. (An array holds at most `request_limits::max_resources` elements; `validate` applies
-/// the tighter bounds.)
+/// One field of a wire message: its name on the wire, the member it is, whether it must be
+/// present, and for a number the range it must be in (`within`) or for a list how many
+/// elements it may hold (`at_most`; by default `request_limits::max_resources`). `validate`
+/// applies the bounds that depend on more than one field. An optional list left empty is left
+/// out when written.
 template <class T, class M>
 struct wire_field {
   const char* name;
   M T::*member;
   presence when = presence::required;
+  double low = -std::numeric_limits<double>::infinity();
+  double high = std::numeric_limits<double>::infinity();
+  std::size_t most = request_limits::max_resources;
+
+  /// This field, read only within [lo, hi] (an error naming the field otherwise).
+  [[nodiscard]] constexpr wire_field within(double lo, double hi) const noexcept {
+    auto f = *this;
+    f.low = lo;
+    f.high = hi;
+    return f;
+  }
+  /// This list, read with at most `n` elements.
+  [[nodiscard]] constexpr wire_field at_most(std::size_t n) const noexcept {
+    auto f = *this;
+    f.most = n;
+    return f;
+  }
+  [[nodiscard]] constexpr bool bounded() const noexcept {
+    return low != -std::numeric_limits<double>::infinity() ||
+           high != std::numeric_limits<double>::infinity();
+  }
 };
 
 template <class T, class M>
@@ -352,6 +376,70 @@ struct wire_message<hit_verdict> {
 template <>
 struct wire_message<count_response> {
   static constexpr auto fields = capacity_answer_fields<count_response>();
+};
+
+template <>
+struct wire_message<release_request> {
+  static constexpr auto fields = std::tuple{field("client_id", &release_request::client_id),
+                                            field("resources", &release_request::resources)};
+};
+
+template <>
+struct wire_message<status_request> {
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &status_request::resource_id, presence::optional)};
+};
+
+// A status answer comes from a node (never trusted by the CLI): its quantities are bounded as
+// they are read (-1: unlimited), its counts are integers from 0 to 1e15.
+template <>
+struct wire_message<resource_status> {
+  using S = resource_status;
+  static constexpr double most = request_limits::max_quantity;
+  static constexpr auto fields =
+      std::tuple{field("resource_id", &S::resource_id),
+                 field("capacity", &S::capacity, presence::optional).within(-1, most),
+                 field("sum_has", &S::sum_has, presence::optional).within(-1, most),
+                 field("sum_wants", &S::sum_wants, presence::optional).within(-1, most),
+                 field("clients", &S::clients, presence::optional),
+                 field("subclients", &S::subclients, presence::optional).within(-1, most),
+                 field("learning", &S::learning, presence::optional),
+                 field("algorithm", &S::algorithm, presence::optional)};
+};
+
+template <>
+struct wire_message<band_demand> {
+  static constexpr auto fields =
+      std::tuple{field("priority", &band_demand::priority, presence::optional),
+                 field("num_clients", &band_demand::subclients, presence::optional)
+                     .within(0, request_limits::max_quantity),
+                 field("wants", &band_demand::wants, presence::optional)
+                     .within(0, request_limits::max_quantity)};
+};
+
+template <>
+struct wire_message<lease_status> {
+  using L = lease_status;
+  static constexpr double most = request_limits::max_quantity;
+  static constexpr auto fields =
+      std::tuple{field("client_id", &L::client_id),
+                 field("has", &L::has, presence::optional),
+                 field("wants", &L::wants, presence::optional).within(0, most),
+                 field("subclients", &L::subclients, presence::optional).within(0, most),
+                 field("is_server", &L::is_server, presence::optional),
+                 field("outstanding", &L::outstanding, presence::optional).within(0, most),
+                 field("bands", &L::bands, presence::optional)
+                     .at_most(static_cast<std::size_t>(request_limits::max_bands))};
+};
+
+template <>
+struct wire_message<status_response> {
+  using S = status_response;
+  static constexpr auto most = static_cast<std::size_t>(request_limits::max_status_limit);
+  static constexpr auto fields = std::tuple{
+      field("mastership", &S::mastership), field("resources", &S::resources).at_most(most),
+      field("leases", &S::leases, presence::optional).at_most(most),
+      field("lease_count", &S::lease_count, presence::optional)};
 };
 
 namespace detail {

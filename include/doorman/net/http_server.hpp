@@ -63,21 +63,18 @@ struct http_server_options {
 };
 
 /// The server: an accept loop and one short-lived coroutine per connection.
-class http_server {
+class http_server : public detail::accepting<http_server> {
  public:
   /// Called for every well-formed GET or HEAD request, with who sent it.
   using handler_type = std::function<http_answer(const http_request&, const peer_info&)>;
   /// A handler that does not look at the peer.
   using request_handler = std::function<http_answer(const http_request&)>;
-  using log_type = std::function<void(std::string_view)>;
 
   http_server(asio::any_io_executor executor, http_server_options options, handler_type handler,
               log_type log = {})
-      : executor_(std::move(executor)),
+      : accepting(std::move(executor), "admin accept", std::move(log)),
         options_(options),
-        handler_(std::move(handler)),
-        log_(std::move(log)),
-        listener_(executor_, "admin accept", log_) {}
+        handler_(std::move(handler)) {}
 
   http_server(asio::any_io_executor executor, http_server_options options, request_handler handler,
               log_type log = {})
@@ -87,23 +84,7 @@ class http_server {
                     }),
                     std::move(log)) {}
 
-  http_server(const http_server&) = delete;
-  http_server& operator=(const http_server&) = delete;
   ~http_server() { close_all(); }
-
-  /// Binds and listens (port 0 picks a free port); `ec` says why not.
-  void listen(const address& where, std::error_code& ec) { listener_.listen(where, ec); }
-
-  [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
-    return listener_.local_endpoint();
-  }
-
-  /// Serves HTTPS with the context's current certificates (call before `start`).
-  void use_tls(std::shared_ptr<tls_context> tls) { listener_.use_tls(std::move(tls)); }
-
-  void start() {
-    listener_.start([this](asio::ip::tcp::socket socket) { on_accept(std::move(socket)); });
-  }
 
   /// Stops accepting and closes every connection. Call it on the executor.
   void stop() {
@@ -118,6 +99,7 @@ class http_server {
   [[nodiscard]] std::size_t evicted() const noexcept { return evicted_; }
 
  private:
+  friend class detail::accepting<http_server>;
   using socket_ptr = std::shared_ptr<stream>;
 
   struct connection {
@@ -181,11 +163,8 @@ class http_server {
     }
   }
 
-  asio::any_io_executor executor_;
   http_server_options options_;
   handler_type handler_;
-  log_type log_;
-  listener listener_;
   std::map<std::uint64_t, connection_ptr> open_;  // in the order they were accepted
   std::uint64_t next_seq_ = 0;
   std::size_t refused_ = 0;

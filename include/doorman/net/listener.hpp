@@ -173,6 +173,56 @@ class listener {
   bool stopping_ = false;
 };
 
+namespace detail {
+
+/// What every server that accepts connections does with its listener, written once: bind, say
+/// where, serve TLS, start accepting into `Derived::on_accept(socket)`. The JSON-RPC server
+/// and the HTTP server build on it.
+template <class Derived>
+class accepting {
+ public:
+  using log_type = std::function<void(std::string_view)>;
+
+  accepting(const accepting&) = delete;
+  accepting& operator=(const accepting&) = delete;
+
+  /// Binds and listens (port 0 picks a free port); `ec` says why not (e.g. `address_in_use`).
+  void listen(const address& where, std::error_code& ec) { listener_.listen(where, ec); }
+
+  /// As above; throws `std::system_error` naming the address.
+  void listen(const address& where) { listener_.listen(where); }
+
+  /// Where it listens.
+  [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
+    return listener_.local_endpoint();
+  }
+
+  /// Serves TLS with the context's current certificates (call before `start`; a null pointer
+  /// goes back to plaintext). `tls->reload()` changes what later connections get.
+  void use_tls(std::shared_ptr<tls_context> tls) { listener_.use_tls(std::move(tls)); }
+
+  /// Starts accepting.
+  void start() {
+    listener_.start([this](asio::ip::tcp::socket socket) {
+      static_cast<Derived*>(this)->on_accept(std::move(socket));
+    });
+  }
+
+ protected:
+  /// `what` names the accept loop in log lines.
+  accepting(asio::any_io_executor executor, std::string what, log_type log)
+      : executor_(std::move(executor)),
+        log_(std::move(log)),
+        listener_(executor_, std::move(what), log_) {}
+  ~accepting() = default;
+
+  asio::any_io_executor executor_;
+  log_type log_;
+  listener listener_;
+};
+
+}  // namespace detail
+
 }  // namespace doorman::net
 
 #if defined(DOORMAN_HEADER_ONLY)

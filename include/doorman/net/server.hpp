@@ -90,7 +90,7 @@ inline std::string error_line(rpc_code code, std::string message) {
 }  // namespace detail
 
 /// The server: an accept loop and one session per connection.
-class server {
+class server : public detail::accepting<server> {
  public:
   /// Called with the non-blank lines of one read (without their line ends), in order, and who
   /// sent them: appends an answer line and its newline to `out` for each line it answers, and
@@ -106,16 +106,12 @@ class server {
       std::function<std::optional<std::string>(std::string_view, const peer_info&)>;
   /// A handler that does not look at the peer.
   using line_handler = std::function<std::optional<std::string>(std::string_view)>;
-  /// Receives one log line per notable event.
-  using log_type = std::function<void(std::string_view)>;
 
   server(asio::any_io_executor executor, server_options options, batch_handler handler,
          log_type log = {})
-      : executor_(std::move(executor)),
+      : accepting(std::move(executor), "accept", std::move(log)),
         options_(options),
         handler_(std::move(handler)),
-        log_(std::move(log)),
-        listener_(executor_, "accept", log_),
         stop_timer_(executor_) {}
 
   server(asio::any_io_executor executor, server_options options, output_handler handler,
@@ -152,33 +148,10 @@ class server {
                }),
                std::move(log)) {}
 
-  server(const server&) = delete;
-  server& operator=(const server&) = delete;
   ~server();
-
-  /// Binds and listens (port 0 picks a free port); `ec` says why not (e.g.
-  /// `address_in_use`).
-  void listen(const address& where, std::error_code& ec) { listener_.listen(where, ec); }
-
-  /// As above; throws `std::system_error` naming the address.
-  void listen(const address& where) { listener_.listen(where); }
-
-  /// Where it listens.
-  [[nodiscard]] asio::ip::tcp::endpoint local_endpoint() const {
-    return listener_.local_endpoint();
-  }
-
-  /// Serves TLS with the context's current certificates (call before `start`; a null pointer
-  /// goes back to plaintext). `tls->reload()` changes what later connections get.
-  void use_tls(std::shared_ptr<tls_context> tls) { listener_.use_tls(std::move(tls)); }
 
   /// Called on the executor when a connection ends, with its peer.
   void on_disconnect(std::function<void(const peer_info&)> f) { on_disconnect_ = std::move(f); }
-
-  /// Starts accepting.
-  void start() {
-    listener_.start([this](asio::ip::tcp::socket socket) { on_accept(std::move(socket)); });
-  }
 
   /// Graceful stop: stops accepting, stops reading, writes the answers already computed, then
   /// closes every connection (after `stop_grace` at the latest). Call it on the executor.
@@ -207,6 +180,7 @@ class server {
   [[nodiscard]] const server_options& options() const noexcept { return options_; }
 
  private:
+  friend class detail::accepting<server>;
   class session;
 
   void log(std::string_view s) const {
@@ -223,11 +197,8 @@ class server {
 
   void on_accept(asio::ip::tcp::socket socket);
 
-  asio::any_io_executor executor_;
   server_options options_;
   batch_handler handler_;
-  log_type log_;
-  listener listener_;
   asio::steady_timer stop_timer_;
   std::unordered_set<std::shared_ptr<session>> sessions_;
   std::function<void(const peer_info&)> on_disconnect_;

@@ -64,14 +64,32 @@ void decode_field(field_reader& r, const F& f, M& out) {
   if constexpr (std::is_same_v<M, std::string>) {
     r.string(f.name, out, required);
   } else if constexpr (std::is_same_v<M, double>) {
-    r.number(f.name, out, required);
+    if (r.number(f.name, out, required) && f.bounded()) r.within(f.name, out, f.low, f.high);
   } else if constexpr (std::is_same_v<M, std::int64_t>) {
-    r.integer(f.name, out, required);
+    if (r.integer(f.name, out, required) && f.bounded())
+      r.within(f.name, static_cast<double>(out), f.low, f.high);
+  } else if constexpr (std::is_same_v<M, std::size_t> ||
+                       std::is_same_v<M, std::optional<std::size_t>>) {
+    std::int64_t n = 0;  // a count on the wire: an integer from 0 to 1e15
+    if (r.integer(f.name, n, required) &&
+        r.within(f.name, static_cast<double>(n), 0, request_limits::max_quantity))
+      out = static_cast<std::size_t>(n);
   } else if constexpr (std::is_same_v<M, bool>) {
     r.boolean(f.name, out, required);
   } else if constexpr (std::is_same_v<M, std::optional<std::string>>) {
     std::string v;
     if (r.string(f.name, v, required)) out = std::move(v);
+  } else if constexpr (std::is_same_v<M, std::vector<std::string>>) {
+    r.array(
+        f.name,
+        [&](const json& e, const std::string& path) {
+          if (!e.is_string()) {
+            r.absorb(request_error{errc::invalid_params, path + ": must be a string", path});
+            return;
+          }
+          out.push_back(e.get<std::string>());
+        },
+        f.most, required);
   } else if constexpr (std::is_same_v<M, algorithm_config>) {
     // As the configuration reads it, except that the kind is only checked to be a non-empty
     // string: the engine that adopts it checks it knows the kind.
@@ -84,7 +102,7 @@ void decode_field(field_reader& r, const F& f, M& out) {
           r.absorb(decode_fields(e, path, x));
           out.push_back(std::move(x));
         },
-        request_limits::max_resources, required);
+        f.most, required);
   } else if constexpr (is_optional_v<M>) {
     if (const json* v = r.object(f.name, required)) {
       typename M::value_type x;
@@ -122,18 +140,21 @@ void to_json(nlohmann::json& j, const T& v) {
       } else if (f.when == presence::null_when_absent) {
         j[f.name] = nullptr;
       }
+    } else if constexpr (detail::is_vector_v<std::remove_cvref_t<decltype(m)>>) {
+      if (!m.empty() || f.when == presence::required) j[f.name] = m;
     } else {
       j[f.name] = m;
     }
   });
 }
 
-/// Decodes the params of `get_capacity` or `get_server_capacity`, or the result of a capacity
-/// call, `discovery` or `release_capacity`; the error names the field
-/// (`params.resources[0].wants: ...`).
+/// Decodes the params of `get_capacity`, `get_server_capacity`, `count_hits` or
+/// `release_capacity`, or the result of a capacity call, `count_hits`, `discovery`,
+/// `release_capacity` or `status` (a node's own fields, `id`, `role`, `level`, are the caller's
+/// to read); the error names the field (`params.resources[0].wants: ...`).
 template <described_message T>
 requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_request> ||
-         std::same_as<T, count_request>)
+         std::same_as<T, count_request> || std::same_as<T, release_request>)
     [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
   out = {};
   return detail::decode_fields(j, "params", out);
@@ -141,7 +162,8 @@ requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_re
 
 template <described_message T>
 requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_response> ||
-         std::same_as<T, discovery_response> || std::same_as<T, count_response>)
+         std::same_as<T, discovery_response> || std::same_as<T, count_response> ||
+         std::same_as<T, status_response>)
     [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
   out = {};
   return detail::decode_fields(j, "result", out);
@@ -149,43 +171,12 @@ requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_r
 
 // ---- requests ------------------------------------------------------------------------------
 
-inline void to_json(nlohmann::json& j, const release_request& r) {
-  j = {{"client_id", r.client_id}, {"resources", r.resources}};
-}
-
-inline void to_json(nlohmann::json& j, const status_request& r) {
-  j = nlohmann::json::object();
-  if (r.resource_id) j["resource_id"] = *r.resource_id;
-}
-
-/// Decodes `release_capacity` params.
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         release_request& out) {
-  out = {};
-  detail::field_reader r(j, "params");
-  r.string("client_id", out.client_id);
-  r.array(
-      "resources",
-      [&](const nlohmann::json& e, const std::string& path) {
-        if (!e.is_string()) {
-          r.absorb(request_error{errc::invalid_params, path + ": must be a string", path});
-          return;
-        }
-        out.resources.push_back(e.get<std::string>());
-      },
-      request_limits::max_resources);
-  return r.error();
-}
-
 /// Decodes `status` params (absent, `{}` or `{"resource_id": ...}`).
 [[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
                                                          status_request& out) {
   out = {};
   if (j.is_null()) return std::nullopt;
-  detail::field_reader r(j, "params");
-  std::string id;
-  if (r.string("resource_id", id, false)) out.resource_id = std::move(id);
-  return r.error();
+  return detail::decode_fields(j, "params", out);
 }
 
 /// Decodes `status` params with the page of leases (`offset`, `limit`).
@@ -198,105 +189,6 @@ inline void to_json(nlohmann::json& j, const status_request& r) {
   r.integer("offset", out.page.offset, false);
   std::int64_t limit = 0;
   if (r.integer("limit", limit, false)) out.page.limit = limit;
-  return r.error();
-}
-
-// ---- responses -----------------------------------------------------------------------------
-
-inline void to_json(nlohmann::json& j, const status_response& r) {
-  j = {{"mastership", r.mastership}, {"resources", nlohmann::json::array()}};
-  for (const auto& s : r.resources) {
-    j["resources"].push_back({{"resource_id", s.resource_id},
-                              {"capacity", s.capacity},
-                              {"sum_has", s.sum_has},
-                              {"sum_wants", s.sum_wants},
-                              {"clients", s.clients},
-                              {"subclients", s.subclients},
-                              {"learning", s.learning},
-                              {"algorithm", s.algorithm}});
-  }
-  if (!r.leases.empty()) {
-    nlohmann::json leases = nlohmann::json::array();
-    for (const auto& l : r.leases) {
-      nlohmann::json bands = nlohmann::json::array();
-      for (const auto& b : l.bands) {
-        bands.push_back(
-            {{"priority", b.priority}, {"num_clients", b.subclients}, {"wants", b.wants}});
-      }
-      leases.push_back({{"client_id", l.client_id},
-                        {"has", l.has},
-                        {"wants", l.wants},
-                        {"subclients", l.subclients},
-                        {"is_server", l.is_server},
-                        {"outstanding", l.outstanding},
-                        {"bands", std::move(bands)}});
-    }
-    j["leases"] = std::move(leases);
-  }
-  if (r.lease_count) j["lease_count"] = *r.lease_count;
-}
-
-namespace detail {
-
-// A count on the wire (clients, lease_count): an integer from 0 to 1e15.
-inline void read_count(field_reader& r, const char* key, std::size_t& out) {
-  std::int64_t n = 0;
-  if (r.integer(key, n, false) && r.within(key, static_cast<double>(n), 0, 1e15))
-    out = static_cast<std::size_t>(n);
-}
-
-inline std::optional<request_error> decode_resource_status(const json& j, const std::string& path,
-                                                           resource_status& s) {
-  field_reader x(j, path);
-  x.string("resource_id", s.resource_id);
-  for (auto [key, out] :
-       {std::pair{"capacity", &s.capacity}, std::pair{"sum_has", &s.sum_has},
-        std::pair{"sum_wants", &s.sum_wants}, std::pair{"subclients", &s.subclients}}) {
-    if (x.number(key, *out, false)) x.within(key, *out, -1, request_limits::max_quantity);
-  }
-  read_count(x, "clients", s.clients);
-  x.boolean("learning", s.learning, false);
-  x.string("algorithm", s.algorithm, false);
-  return x.error();
-}
-
-inline std::optional<request_error> decode_lease_status(const json& j, const std::string& path,
-                                                        lease_status& l) {
-  field_reader x(j, path);
-  x.string("client_id", l.client_id);
-  decode_field(x, field("has", &lease_status::has, presence::optional), l.has);
-  if (x.number("wants", l.wants, false))
-    x.within("wants", l.wants, 0, request_limits::max_quantity);
-  x.boolean("is_server", l.is_server, false);
-  return x.error();
-}
-
-}  // namespace detail
-
-/// Decodes a `status` result (from a node: untrusted too): mastership, the resources and, when
-/// present, the leases and their count. Numbers are bounded (quantities within ±1e15, counts
-/// integers from 0 to 1e15), lists by the protocol's limits; the node's own fields (`id`,
-/// `role`, `level`) are the caller's to read.
-[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
-                                                         status_response& out) {
-  out = {};
-  detail::field_reader r(j, "result");
-  detail::decode_field(r, field("mastership", &status_response::mastership), out.mastership);
-  r.array(
-      "resources",
-      [&](const nlohmann::json& e, const std::string& path) {
-        r.absorb(detail::decode_resource_status(e, path, out.resources.emplace_back()));
-      },
-      static_cast<std::size_t>(request_limits::max_status_limit), false);
-  r.array(
-      "leases",
-      [&](const nlohmann::json& e, const std::string& path) {
-        r.absorb(detail::decode_lease_status(e, path, out.leases.emplace_back()));
-      },
-      static_cast<std::size_t>(request_limits::max_status_limit), false);
-  std::size_t count = 0;
-  detail::read_count(r, "lease_count", count);
-  if (j.is_object() && j.contains("lease_count") && !r.error()) out.lease_count = count;
   return r.error();
 }
 

@@ -187,16 +187,18 @@ template <described_message T>
 bool read_fields(wire_reader& in, T& out);
 
 // Reads one field's value into `out` (its member). An optional field may be null (absent). A
-// type the streaming reader does not take gives up (the DOM path reads it).
+// type the streaming reader does not take, or a number outside the field's range, gives up (the
+// DOM path reads it, and names the problem).
 template <class F, class M>
 bool read_value(wire_reader& in, const F& f, M& out) {
   if (f.when != presence::required && in.null()) return true;
   if constexpr (std::is_same_v<M, std::string>) {
     return in.string(out);
   } else if constexpr (std::is_same_v<M, double>) {
-    return in.number(out);
+    return in.number(out) && (!f.bounded() || (out >= f.low && out <= f.high));
   } else if constexpr (std::is_same_v<M, std::int64_t>) {
-    return in.integer(out);
+    return in.integer(out) && (!f.bounded() || (static_cast<double>(out) >= f.low &&
+                                                static_cast<double>(out) <= f.high));
   } else if constexpr (described_message<M>) {
     return read_fields(in, out);
   } else if constexpr (is_optional_v<M>) {
@@ -209,8 +211,7 @@ bool read_value(wire_reader& in, const F& f, M& out) {
       return false;
     }
   } else if constexpr (is_vector_v<M> && described_message<typename M::value_type>) {
-    return in.array(request_limits::max_resources,
-                    [&] { return read_fields(in, out.emplace_back()); });
+    return in.array(f.most, [&] { return read_fields(in, out.emplace_back()); });
   } else {
     return false;
   }
@@ -293,7 +294,8 @@ inline void write_value(std::string& out, double v) {
 inline void write_value(std::string& out, bool v) {
   out += v ? "true" : "false";
 }
-inline void write_value(std::string& out, std::int64_t v) {
+template <std::integral I>
+requires(!std::same_as<I, bool>) void write_value(std::string& out, I v) {
   std::array<char, 24> buffer;
   const auto r = std::to_chars(buffer.data(), buffer.data() + buffer.size(), v);
   out.append(buffer.data(), static_cast<std::size_t>(r.ptr - buffer.data()));
@@ -323,6 +325,8 @@ void write_member(std::string& out, const T& v, bool& first) {
   constexpr bool optional = is_optional_v<std::remove_cvref_t<decltype(m)>>;
   if constexpr (optional) {
     if (!m && f.when != presence::null_when_absent) return;
+  } else if constexpr (is_vector_v<std::remove_cvref_t<decltype(m)>>) {
+    if (m.empty() && f.when != presence::required) return;  // an optional list left empty
   }
   if (!first) out += ',';
   first = false;
