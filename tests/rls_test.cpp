@@ -234,10 +234,23 @@ TEST_CASE(
   replace_file(s.dir / "config" / "edge.yaml",
                "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n"
                "      unit: hour\n      requests_per_unit: 100\n");
-  REQUIRE(s.rls->wait_for("configuration reloaded"));
+  REQUIRE(s.rls->wait_for("configuration reloaded (files changed)"));
   const auto a = s.ask(request({{{"remote_address", "3.3.3.3"}}}));
   CHECK(a.statuses(0).current_limit().requests_per_unit() == 100);
   CHECK(a.statuses(0).current_limit().unit() == pb::RateLimitResponse::RateLimit::HOUR);
+
+  // SIGHUP reads them again, changed or not; a file added or removed is a change, named.
+  s.rls->signal(SIGHUP);
+  REQUIRE(s.rls->wait_for("configuration reloaded (SIGHUP)"));
+  const auto other = s.dir / "config" / "other.yml";
+  replace_file(other,
+               "domain: other\ndescriptors:\n  - key: k\n    rate_limit:\n"
+               "      unit: hour\n      requests_per_unit: 1\n");
+  REQUIRE(s.rls->wait_for(other.string() + " changed: reloading"));
+  REQUIRE(s.rls->wait_for("configuration reloaded (files changed)"));
+  std::filesystem::remove(other);
+  REQUIRE(s.rls->wait_for(other.string() + " changed: reloading"));
+  REQUIRE(s.rls->wait_for("configuration reloaded (files changed)"));
 }
 
 TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process][docs]") {
