@@ -9,6 +9,6 @@
 #include "doorman/node/election.hpp"
 #include "doorman/node/etcd_election.hpp"
 #include "doorman/node/file_watch.hpp"
-#include "doorman/node/source_follower.hpp"
 #include "doorman/node/node.hpp"
+#include "doorman/node/source_follower.hpp"
 #include "doorman/node/status_page.hpp"
