@@ -1359,6 +1359,204 @@ TEST_CASE("election_term: renewals extend the term, a lost lease ends it", "[cor
   }
 }
 
+namespace {
+
+using campaign_t = doorman::election_campaign<manual_clock::time_point>;
+using campaign_kind = campaign_t::kind;
+
+// A campaign of task "a:1" on key "/k" with a 10 s lease (a 2 s period, a 1 s margin).
+campaign_t campaign_of_a(bool watch = true) {
+  using namespace std::chrono_literals;
+  return campaign_t(
+      {.key = "/k", .advertise = "a:1", .watch = watch, .standby_poll = doorman::seconds(0.25)},
+      10s);
+}
+
+// Drives `c` from its start to mastership at `t0` with lease 42: what it says on the way.
+std::vector<std::string> win(campaign_t& c, manual_clock::time_point t0) {
+  using namespace std::chrono_literals;
+  auto a = c.start(t0);
+  REQUIRE(a.what == campaign_kind::grant);
+  a = c.granted(t0, 42, 10);
+  REQUIRE(a.what == campaign_kind::claim);
+  a = c.claimed(t0, 5, 42, "a:1");
+  REQUIRE(a.what == campaign_kind::sleep);
+  return c.take_log();
+}
+
+}  // namespace
+
+TEST_CASE("election campaign: a task wins, renews every period, and reports only changes",
+          "[core][election]") {
+  using namespace std::chrono_literals;
+  using kind = campaign_kind;
+  auto c = campaign_of_a();
+  const manual_clock::time_point t0{};
+  auto a = c.start(t0);
+  CHECK(a == campaign_t::action{kind::grant, t0 + 2s, 0, 0});  // a round takes a period at most
+  a = c.granted(t0 + 10ms, 42, 10);
+  CHECK(a == campaign_t::action{kind::claim, t0 + 2010ms, 42, 0});
+  a = c.claimed(t0 + 20ms, 5, 42, "a:1");
+  // Won: the term runs from when the round was sent, the TTL less the margin.
+  CHECK(c.valid_until() == t0 + 9s);
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{true, "a:1"}});
+  CHECK(c.take_log() == std::vector<std::string>{"etcd: won the election on /k"});
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 2020ms, 0, 0});
+
+  // The next round renews; a master's round never runs past its term.
+  a = c.woke(t0 + 8500ms);
+  CHECK(a == campaign_t::action{kind::keep_alive, t0 + 9s, 42, 0});
+  a = c.kept_alive(t0 + 8600ms, 9);
+  CHECK(c.valid_until() == t0 + 17500ms);  // confirmed as sent at 8.5 s
+  CHECK(a.what == kind::claim);
+  a = c.claimed(t0 + 8700ms, 5, 42, "a:1");
+  CHECK(c.take_reports().empty());  // no change, nothing said
+  CHECK(c.take_log().empty());
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 10700ms, 0, 0});
+}
+
+TEST_CASE(
+    "election campaign: a standby redirects, watches, polls when watching fails, and "
+    "campaigns when the key is freed",
+    "[core][election]") {
+  using namespace std::chrono_literals;
+  using kind = campaign_kind;
+  auto c = campaign_of_a();
+  const manual_clock::time_point t0{};
+  (void)c.start(t0);
+  (void)c.granted(t0, 42, 10);
+  auto a = c.claimed(t0, 7, 9, "b:1");  // another task's lease holds the key
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{false, "b:1"}});
+  CHECK(c.take_log() == std::vector<std::string>{"etcd: b:1 holds /k"});
+  CHECK_FALSE(c.valid_until() > t0);
+  CHECK(a == campaign_t::action{kind::watch, t0 + 2s, 0, 8});  // changes after the claim's
+
+  // The watch ends (a change, or the round is due): a round.
+  a = c.watched(t0 + 1s, std::nullopt);
+  CHECK(a == campaign_t::action{kind::keep_alive, t0 + 3s, 42, 0});
+  (void)c.kept_alive(t0 + 1s, 10);
+  a = c.claimed(t0 + 1s, 8, 9, "b:1");
+  CHECK(c.take_reports().empty());
+  CHECK(a.what == kind::watch);
+
+  // A watch that fails: said once; the key is read every standby_poll instead.
+  a = c.watched(t0 + 1100ms, std::string("watch refused"));
+  CHECK(c.take_log() ==
+        std::vector<std::string>{"warning: etcd: cannot watch /k (watch refused); reading it every "
+                                 "0.25 s instead"});
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 1350ms, 0, 0});
+  a = c.woke(t0 + 1350ms);
+  CHECK(a == campaign_t::action{kind::read, t0 + 1600ms, 0, 0});
+  a = c.read_key(t0 + 1360ms, true, std::string("b:1"));  // the same master: look again
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 1610ms, 0, 0});
+  a = c.read_key(t0 + 1360ms, false, std::nullopt);  // a failed read: look again
+  CHECK(a.what == kind::sleep);
+  a = c.woke(t0 + 1610ms);
+  a = c.read_key(t0 + 1620ms, true, std::nullopt);  // free: campaign at once
+  CHECK(a == campaign_t::action{kind::keep_alive, t0 + 3620ms, 42, 0});
+  (void)c.kept_alive(t0 + 1630ms, 10);
+  a = c.claimed(t0 + 1640ms, 9, 42, "a:1");
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{true, "a:1"}});
+  CHECK(c.valid_until() == t0 + 10620ms);
+  CHECK(a.what == kind::sleep);
+
+  // Polling reaches the round's time: a round, not a read.
+  auto d = campaign_of_a(false);
+  (void)d.start(t0);
+  (void)d.granted(t0, 43, 10);
+  a = d.claimed(t0, 7, 9, "b:1");
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 250ms, 0, 0});  // no watch: polls
+  for (int i = 1; i < 8; ++i) {
+    a = d.woke(t0 + i * 250ms);
+    REQUIRE(a.what == kind::read);
+    a = d.read_key(t0 + i * 250ms, true, std::string("b:1"));
+  }
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 2s, 0, 0});
+  CHECK(d.woke(t0 + 2s).what == kind::keep_alive);
+}
+
+TEST_CASE(
+    "election campaign: a master rides out an etcd outage within its term, then steps "
+    "down; a lease that expired is replaced",
+    "[core][election]") {
+  using namespace std::chrono_literals;
+  using kind = campaign_kind;
+  auto c = campaign_of_a();
+  const manual_clock::time_point t0{};
+  (void)win(c, t0);
+  (void)c.take_reports();
+  auto a = c.woke(t0 + 2s);
+  a = c.failed(t0 + 2500ms, "no etcd member answered");
+  CHECK(c.take_log() == std::vector<std::string>{
+                            "warning: etcd: renewal failed (no etcd member answered); retrying, "
+                            "the term is safe for 6500 ms"});
+  CHECK(a == campaign_t::action{kind::sleep, t0 + 3s, 0, 0});  // a quarter period
+  a = c.woke(t0 + 3s);
+  CHECK(a.until == t0 + 5s);
+  (void)c.failed(t0 + 5s, "no etcd member answered");
+  CHECK(c.take_log().empty());  // said once
+  CHECK(c.take_reports().empty());
+  (void)c.woke(t0 + 8s);
+  a = c.failed(t0 + 9s, "no etcd member answered");  // the term is over: step down
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{false, std::nullopt}});
+  CHECK(c.take_log() == std::vector<std::string>{
+                            "warning: etcd: mastership could not be confirmed before the lease is "
+                            "at risk; stepping down"});
+  CHECK_FALSE(c.is_master());
+
+  // Back: said, and the lease is found expired; a new one is asked for at the next round.
+  a = c.woke(t0 + 9500ms);
+  CHECK(a.what == kind::keep_alive);
+  a = c.kept_alive(t0 + 9600ms, 0);
+  CHECK(c.take_log() == std::vector<std::string>{
+                            "warning: etcd: our lease has expired; campaigning with a new one"});
+  CHECK(c.lease() == 0);
+  CHECK(a.what == kind::watch);
+  a = c.watched(t0 + 9700ms, std::nullopt);
+  CHECK(a.what == kind::grant);
+  a = c.granted(t0 + 9700ms, 50, 10);
+  a = c.claimed(t0 + 9800ms, 12, 50, "a:1");
+  CHECK(c.take_log() ==
+        std::vector<std::string>{"etcd: reachable again", "etcd: won the election on /k"});
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{true, "a:1"}});
+
+  // The lease expired between the renewal and the claim: not master, a new lease next.
+  a = c.woke(t0 + 11800ms);
+  (void)c.kept_alive(t0 + 11800ms, 10);
+  a = c.claim_lease_gone(t0 + 11900ms);
+  CHECK(c.take_reports() == std::vector<doorman::mastership_change>{{false, std::nullopt}});
+  CHECK_FALSE(c.valid_until() > t0 + 11900ms);
+  CHECK(c.lease() == 0);
+}
+
+TEST_CASE("election campaign: a stop revokes the lease, and without one ends at once",
+          "[core][election]") {
+  using namespace std::chrono_literals;
+  using kind = campaign_kind;
+  auto c = campaign_of_a();
+  const manual_clock::time_point t0{};
+  (void)win(c, t0);
+  auto a = c.stop(t0 + 1s);
+  CHECK(a == campaign_t::action{kind::revoke, t0 + 2s, 42, 0});
+  CHECK_FALSE(c.valid_until() > t0);  // no decision as master from the stop on
+  a = c.revoked(t0 + 1100ms, std::nullopt);
+  CHECK(a.what == kind::done);
+  CHECK(c.take_log() ==
+        std::vector<std::string>{"etcd: lease revoked; another task can take over at once"});
+  CHECK(c.start(t0 + 2s).what == kind::done);  // over for good
+
+  auto d = campaign_of_a();
+  (void)d.start(t0);
+  CHECK(d.stop(t0).what == kind::done);  // no lease yet: nothing to revoke
+
+  auto e = campaign_of_a();
+  (void)win(e, t0);
+  (void)e.stop(t0);
+  (void)e.revoked(t0, std::string("timed out"));
+  CHECK(e.take_log().back() ==
+        "etcd: could not revoke the lease (timed out); it expires by itself");
+}
+
 TEST_CASE("fencing: a master past its term steps down before it decides anything",
           "[core][engine][election]") {
   using namespace std::chrono_literals;

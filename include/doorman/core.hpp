@@ -10,6 +10,7 @@
 #include "doorman/core/client_state.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/config_follower.hpp"
+#include "doorman/core/election_campaign.hpp"
 #include "doorman/core/election_term.hpp"
 #include "doorman/core/engine.hpp"
 #include "doorman/core/error.hpp"

@@ -38,6 +38,7 @@
 #include <fmt/format.h>
 #include <asio.hpp>
 
+#include "doorman/core/election_campaign.hpp"
 #include "doorman/core/election_term.hpp"
 #include "doorman/core/linkage.hpp"
 #include "doorman/core/time.hpp"
@@ -82,6 +83,11 @@ class etcd_election {
 
   DOORMAN_DECL void start(std::string advertise, mastership_callback cb);
 
+  /// The campaign's state (on the election's strand; for tests and status).
+  [[nodiscard]] const election_campaign<clock::time_point>& campaign() const noexcept {
+    return state_->campaign;
+  }
+
   /// Re-reads the TLS files of its etcd client (thread-safe); throws on a bad one.
   void reload_tls() { state_->etcd.reload_tls(); }
 
@@ -112,12 +118,15 @@ class etcd_election {
           etcd(strand, o.endpoints, o.tls),
           timer(strand),
           options(std::move(o)),
-          term(to_duration<clock::duration>(options.ttl.count())) {}
+          campaign({.key = options.key,
+                    .advertise = {},
+                    .watch = options.watch,
+                    .standby_poll = options.standby_poll},
+                   to_duration<clock::duration>(options.ttl.count())) {}
     asio::strand<asio::any_io_executor> strand;
     net::etcd_client etcd;
     asio::steady_timer timer;
     etcd_election_options options;
-    std::string advertise;
     std::mutex mutex;  // guards callback
     mastership_callback callback;
     bool stopping = false;
@@ -125,85 +134,33 @@ class etcd_election {
     std::atomic<clock::rep> valid_until{clock::time_point::min().time_since_epoch().count()};
 
     // Only on the strand:
-    std::int64_t lease = 0;
-    election_term<clock::time_point> term;
-    bool is_master = false;
-    std::optional<std::string> master;
-    bool reported = false;
-    std::string last_error;
-    std::int64_t revision = 0;        // of the last claim's answer: a standby watches after it
-    std::function<void()> end_watch;  // ends the standby's watch in progress
-    bool watch_failed = false;        // logged once until a watch works again
+    election_campaign<clock::time_point> campaign;  // every decision of the campaign
+    std::function<void()> end_watch;                // ends the standby's watch in progress
 
-    void log(const std::string& s) const {
-      if (options.log) options.log(s);
-    }
-
-    void report(bool m, std::optional<std::string> where) {
-      if (reported && m == is_master && where == master) return;
-      reported = true;
-      is_master = m;
-      master = std::move(where);
-      std::lock_guard lock(mutex);
-      if (callback) callback(is_master, master);
-    }
-
-    // The term's news, published to the node before any report that depends on it.
-    void confirmed(clock::time_point sent) {
-      term.confirmed(sent);
-      publish();
-    }
-    void lost() {
-      term.lost();
-      publish();
-    }
+    // What the campaign learnt, passed on: the term's end first (the node fences with it),
+    // then the changes of mastership, then the log lines.
     void publish() {
-      valid_until.store(term.valid_until().time_since_epoch().count(), std::memory_order_release);
+      valid_until.store(campaign.valid_until().time_since_epoch().count(),
+                        std::memory_order_release);
+      for (auto& r : campaign.take_reports()) {
+        std::lock_guard lock(mutex);
+        if (callback) callback(r.is_master, std::move(r.master));
+      }
+      for (const auto& line : campaign.take_log())
+        log(line);
+    }
+    void log(std::string_view line) const {
+      if (options.log) options.log(line);
     }
   };
 
+  using action = election_campaign<clock::time_point>::action;
+
+  // Performs the campaign's actions on etcd until it is done.
   static DOORMAN_DECL asio::awaitable<void> run(std::shared_ptr<state> s);
 
-  // One renewal and one claim. False when etcd could not be reached (retry soon).
-  static DOORMAN_DECL asio::awaitable<bool> round(state& s);
-
-  // A standby's wait for its next round at `next`: watches the key (or, when that fails, reads
-  // it every `standby_poll`), and returns early when it changes: free, or held by another
-  // master than the one it knows.
-  static DOORMAN_DECL asio::awaitable<void> look_until(state& s, clock::time_point next);
-
-  static void lease_gone(state& s) {
-    s.lease = 0;
-    s.lost();
-    if (s.is_master) s.report(false, std::nullopt);
-  }
-
-  static bool unreachable(state& s, const std::string& why) {
-    const auto now = clock::now();
-    const auto left = s.term.valid(now) ? to_ms(s.term.valid_until() - now) : -1;
-    if (s.last_error.empty()) {
-      s.log(!s.is_master ? fmt::format("warning: etcd: unreachable ({}); retrying", why)
-            : left > 0
-                ? fmt::format(
-                      "warning: etcd: renewal failed ({}); retrying, the term is safe for {} ms",
-                      why, left)
-                : fmt::format("warning: etcd: renewal failed ({}); the term is over, no decision "
-                              "is made as master until a renewal succeeds",
-                              why));
-    }
-    s.last_error = why;
-    if (s.is_master && !s.term.valid(now)) {
-      s.log(
-          "warning: etcd: mastership could not be confirmed before the lease is at risk; stepping "
-          "down");
-      s.report(false, std::nullopt);
-    }
-    return false;
-  }
-
-  static long long to_ms(clock::duration d) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-  }
+  // Performs one action; what happened, as the campaign's next action.
+  static DOORMAN_DECL asio::awaitable<action> perform(state& s, const action& a);
 
   std::shared_ptr<state> state_;
 };

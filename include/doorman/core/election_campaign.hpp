@@ -1,0 +1,324 @@
+#pragma once
+
+/// \file
+/// A task's campaign for mastership through a lock service with leases (etcd), sans-I/O: the
+/// whole sequence of rounds, renewals, claims, a standby's watch or polling, and the revocation
+/// on a stop, as a machine that says what to do next and takes what happened. It reads no
+/// clock and does no I/O: `etcd_election` (node/etcd_election.hpp) performs its actions on
+/// etcd, and a simulation can perform them on a model of etcd.
+///
+///     doorman::election_campaign<clock::time_point> c({.advertise = "10.0.0.7:7700"}, ttl);
+///     auto a = c.start(now);
+///     for (;;) {
+///       switch (a.what) {                               // perform it, then report:
+///         case kind::grant: a = ok ? c.granted(now, id, ttl) : c.failed(now, why); break;
+///         ...
+///       }
+///       publish(c.valid_until());                       // before any report
+///       for (auto& r : c.take_reports()) tell(r);
+///       for (auto& line : c.take_log()) log(line);
+///     }
+///
+/// A round renews the lease (or asks for one) and claims the key (a put-if-absent attached to
+/// the lease). The task whose lease holds the key is master, until its term ends
+/// (`election_term`); the others learn the holder and redirect there. Between rounds a master
+/// sleeps a period; a standby watches the key (or, when watching fails, reads it every
+/// `standby_poll`) and begins a round at once when the key is freed or changes hands.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "doorman/core/election_term.hpp"
+#include "doorman/core/time.hpp"
+
+namespace doorman {
+
+/// What a campaign needs to know of its task.
+struct election_campaign_options {
+  std::string key = "/doorman/master";  ///< the election key
+  std::string advertise;                ///< this task's address, the key's value when it wins
+  bool watch = true;                    ///< a standby watches the key between rounds
+  seconds standby_poll{0.25};           ///< else reads it this often (0: only the rounds)
+};
+
+/// Who is master, as the campaign learnt it.
+struct mastership_change {
+  bool is_master = false;
+  std::optional<std::string> master;  ///< the holder's address, when another task holds it
+
+  friend bool operator==(const mastership_change&, const mastership_change&) = default;
+};
+
+template <class TimePoint>
+class election_campaign {
+ public:
+  using time_point = TimePoint;
+  using duration = typename TimePoint::duration;
+
+  /// What to do next. Calls to the lock service end by `until` at the latest (their deadline);
+  /// `sleep` wakes at `until`; `watch` watches until `until`, for a change after `revision`.
+  struct action {
+    enum class kind {
+      grant,       ///< ask for a lease of `ttl` (whole seconds) → `granted` or `failed`
+      keep_alive,  ///< renew `lease` → `kept_alive` or `failed`
+      claim,   ///< put-if-absent of the key, attached to `lease` → `claimed`, `claim_lease_gone`
+      watch,   ///< watch the key from `revision` until `until` → `watched`
+      read,    ///< read the key → `read_key`
+      sleep,   ///< wake at `until` → `woke`
+      revoke,  ///< revoke `lease` (a stop) → `revoked`
+      done,    ///< the campaign is over
+    };
+    kind what = kind::done;
+    time_point until{};
+    std::int64_t lease = 0;
+    std::int64_t revision = 0;
+
+    friend bool operator==(const action&, const action&) = default;
+  };
+  using kind = typename action::kind;
+
+  election_campaign(election_campaign_options options, duration ttl)
+      : options_(std::move(options)), term_(ttl) {}
+
+  /// This task's address (the key's value when it wins), when it is known only at the start.
+  void set_advertise(std::string advertise) { options_.advertise = std::move(advertise); }
+  [[nodiscard]] const std::string& advertise() const noexcept { return options_.advertise; }
+
+  /// Begins a round (also after the driver restarted: the lease and the term are kept).
+  action start(time_point now) { return begin_round(now); }
+
+  /// The lease asked for: granted, with `ttl` seconds as the lock service granted it.
+  action granted(time_point now, std::int64_t lease, std::int64_t ttl_seconds) {
+    lease_ = lease;
+    term_.set_ttl(std::chrono::duration_cast<duration>(std::chrono::seconds(ttl_seconds)));
+    return claim(now);
+  }
+
+  /// The lease renewed: `ttl_left` seconds left on it (<= 0: it had expired).
+  action kept_alive(time_point now, std::int64_t ttl_left) {
+    if (ttl_left <= 0) {
+      log("warning: etcd: our lease has expired; campaigning with a new one");
+      lease_gone();
+      return end_round(now, true);
+    }
+    if (is_master_) term_.confirmed(sent_);  // our lease holds the key: the term runs on
+    return claim(now);
+  }
+
+  /// The claim answered: the key's revision, and the lease and value of its holder.
+  action claimed(time_point now, std::int64_t revision, std::int64_t holder_lease,
+                 const std::string& holder_value) {
+    if (!last_error_.empty()) {
+      log("etcd: reachable again");
+      last_error_.clear();
+    }
+    revision_ = revision;
+    if (holder_lease == lease_) {
+      // The key is held by our lease, granted or renewed by a message sent at `sent_`.
+      term_.confirmed(sent_);
+      if (!is_master_) log(fmt::format("etcd: won the election on {}", options_.key));
+      report(true, options_.advertise);
+    } else {
+      term_.lost();
+      // A key left by an earlier run of this task (same address, older lease) names no one to
+      // redirect to until it expires.
+      std::optional<std::string> m;
+      if (holder_value != options_.advertise) m = holder_value;
+      if (is_master_ || m != master_) {
+        log(fmt::format("etcd: {} holds {}", m.value_or("an earlier run of this task"),
+                        options_.key));
+      }
+      report(false, std::move(m));
+    }
+    return end_round(now, true);
+  }
+
+  /// The claim found no lease: it expired between the renewal and the claim.
+  action claim_lease_gone(time_point now) {
+    lease_gone();
+    return end_round(now, true);
+  }
+
+  /// A call of the round (grant, renewal, claim) failed: `why`.
+  action failed(time_point now, const std::string& why) {
+    const auto left = term_.valid(now) ? to_ms(term_.valid_until() - now) : -1;
+    if (last_error_.empty()) {
+      log(!is_master_ ? fmt::format("warning: etcd: unreachable ({}); retrying", why)
+          : left > 0
+              ? fmt::format(
+                    "warning: etcd: renewal failed ({}); retrying, the term is safe for {} ms", why,
+                    left)
+              : fmt::format("warning: etcd: renewal failed ({}); the term is over, no decision "
+                            "is made as master until a renewal succeeds",
+                            why));
+    }
+    last_error_ = why;
+    if (is_master_ && !term_.valid(now)) {
+      log("warning: etcd: mastership could not be confirmed before the lease is at risk; "
+          "stepping down");
+      report(false, std::nullopt);
+    }
+    return end_round(now, false);
+  }
+
+  /// The standby's watch ended: a change, or the round's time (nothing), or it failed (`why`).
+  action watched(time_point now, const std::optional<std::string>& why) {
+    if (!why) {  // a change: a round now; none before the round: the round is due
+      if (watch_failed_) log("etcd: watching " + options_.key + " again");
+      watch_failed_ = false;
+      return begin_round(now);
+    }
+    if (!watch_failed_) {
+      log(fmt::format("warning: etcd: cannot watch {} ({}); reading it every {} s instead",
+                      options_.key, *why, options_.standby_poll.count()));
+      watch_failed_ = true;
+    }
+    return poll(now);
+  }
+
+  /// The standby's read of the key: its value (nothing: the key is free), or a failure (`ok`
+  /// false). A free key or another holder than the one known begins a round; else it looks
+  /// again.
+  action read_key(time_point now, bool ok, const std::optional<std::string>& value) {
+    if (!ok) return poll(now);
+    if (!value) return begin_round(now);
+    std::optional<std::string> holder;
+    if (*value != options_.advertise) holder = *value;
+    if (holder != master_) return begin_round(now);
+    return poll(now);
+  }
+
+  /// A `sleep` ended.
+  action woke(time_point now) {
+    if (phase_ == phase::polling && wake_ < next_round_) return read_at(now);
+    return begin_round(now);
+  }
+
+  /// The task stops: mastership ends now; the lease, if any, is revoked so that another task
+  /// takes over at once.
+  action stop(time_point now) {
+    stopping_ = true;
+    term_.lost();
+    if (lease_ == 0) return finish();
+    phase_ = phase::revoking;
+    return {kind::revoke, now + std::chrono::duration_cast<duration>(std::chrono::seconds(1)),
+            lease_, 0};
+  }
+
+  /// The revocation answered (`why` it failed, or nothing).
+  action revoked(time_point, const std::optional<std::string>& why) {
+    log(!why ? std::string("etcd: lease revoked; another task can take over at once")
+             : fmt::format("etcd: could not revoke the lease ({}); it expires by itself", *why));
+    lease_ = 0;
+    return finish();
+  }
+
+  /// Until when this task's mastership is certainly valid (publish it before any report).
+  [[nodiscard]] time_point valid_until() const noexcept { return term_.valid_until(); }
+  [[nodiscard]] bool is_master() const noexcept { return is_master_; }
+  [[nodiscard]] const std::optional<std::string>& master() const noexcept { return master_; }
+  [[nodiscard]] std::int64_t lease() const noexcept { return lease_; }
+  [[nodiscard]] bool stopping() const noexcept { return stopping_; }
+  [[nodiscard]] const election_term<time_point>& term() const noexcept { return term_; }
+
+  /// The changes of mastership since the last call, oldest first (each one a change).
+  [[nodiscard]] std::vector<mastership_change> take_reports() {
+    return std::exchange(reports_, {});
+  }
+  /// The log lines since the last call, oldest first.
+  [[nodiscard]] std::vector<std::string> take_log() { return std::exchange(log_, {}); }
+
+ private:
+  enum class phase { round, waiting, watching, polling, reading, revoking, finished };
+
+  action begin_round(time_point now) {
+    if (stopping_) return finish();
+    phase_ = phase::round;
+    sent_ = now;
+    const auto deadline = term_.round_deadline(sent_, is_master_);
+    if (lease_ == 0) return {kind::grant, deadline, 0, 0};
+    return {kind::keep_alive, deadline, lease_, 0};
+  }
+
+  action claim(time_point now) {
+    return {kind::claim, term_.round_deadline(now, is_master_), lease_, 0};
+  }
+
+  action end_round(time_point now, bool answered) {
+    next_round_ = term_.next_round(now, answered);
+    if (answered && !is_master_) {
+      if (options_.watch && revision_ > 0) {
+        phase_ = phase::watching;
+        return {kind::watch, next_round_, 0, revision_ + 1};
+      }
+      return poll(now);
+    }
+    phase_ = phase::waiting;
+    wake_ = next_round_;
+    return {kind::sleep, wake_, 0, 0};
+  }
+
+  // Between a standby's rounds, without a watch: sleep until the next look or the round.
+  action poll(time_point now) {
+    const auto every = to_duration<duration>(options_.standby_poll.count());
+    phase_ = phase::polling;
+    wake_ = every > duration::zero() ? std::min(next_round_, now + every) : next_round_;
+    return {kind::sleep, wake_, 0, 0};
+  }
+
+  action read_at(time_point now) {
+    phase_ = phase::reading;
+    const auto every = to_duration<duration>(options_.standby_poll.count());
+    return {kind::read, now + every, 0, 0};
+  }
+
+  action finish() {
+    phase_ = phase::finished;
+    return {kind::done, {}, 0, 0};
+  }
+
+  void lease_gone() {
+    lease_ = 0;
+    term_.lost();
+    if (is_master_) report(false, std::nullopt);
+  }
+
+  void report(bool m, std::optional<std::string> where) {
+    if (reported_ && m == is_master_ && where == master_) return;
+    reported_ = true;
+    is_master_ = m;
+    master_ = std::move(where);
+    reports_.push_back({is_master_, master_});
+  }
+
+  void log(std::string line) { log_.push_back(std::move(line)); }
+
+  static long long to_ms(duration d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  }
+
+  election_campaign_options options_;
+  election_term<time_point> term_;
+  phase phase_ = phase::round;
+  time_point sent_{};        // when the round's first call was sent
+  time_point next_round_{};  // when the next round begins
+  time_point wake_{};        // when the sleep under way ends
+  std::int64_t lease_ = 0;
+  std::int64_t revision_ = 0;  // of the last claim's answer: a standby watches after it
+  bool is_master_ = false;
+  std::optional<std::string> master_;
+  bool reported_ = false;
+  bool stopping_ = false;
+  bool watch_failed_ = false;  // said once until a watch works again
+  std::string last_error_;
+  std::vector<mastership_change> reports_;
+  std::vector<std::string> log_;
+};
+
+}  // namespace doorman
