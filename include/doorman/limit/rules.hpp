@@ -267,8 +267,12 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     if (j.is_array()) {
       if (j.size() > rule_limits::max_descriptors)
         throw config_error("", "must hold at most 1000 domains");
-      for (std::size_t i = 0; i < j.size(); ++i)
-        set.read_domain(j[i], "[" + std::to_string(i) + "]", state);
+      for (std::size_t i = 0; i < j.size(); ++i) {
+        std::string at = "[";  // appended: GCC 12 at -O3 warns falsely on "[" + std::string
+        at += std::to_string(i);
+        at += ']';
+        set.read_domain(j[i], at, state);
+      }
     } else {
       set.read_domain(j, "", state);
     }
