@@ -1477,7 +1477,7 @@ TEST_CASE(
 
 TEST_CASE(
     "election campaign: a master rides out an etcd outage within its term, then steps "
-    "down; a lease that expired is replaced",
+    "down, and a lease that expired is replaced",
     "[core][election]") {
   using namespace std::chrono_literals;
   using kind = campaign_kind;
