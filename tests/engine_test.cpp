@@ -1384,14 +1384,19 @@ std::vector<std::string> win(campaign_t& c, manual_clock::time_point t0) {
   return c.take_log();
 }
 
+// A campaign of task "a:1", and the start of time.
+struct campaign_fixture {
+  using kind = campaign_kind;
+  campaign_t c = campaign_of_a();
+  const manual_clock::time_point t0{};
+};
+
 }  // namespace
 
-TEST_CASE("election campaign: a task wins, renews every period, and reports only changes",
-          "[core][election]") {
+TEST_CASE_METHOD(campaign_fixture,
+                 "election campaign: a task wins, renews every period, and reports only changes",
+                 "[core][election]") {
   using namespace std::chrono_literals;
-  using kind = campaign_kind;
-  auto c = campaign_of_a();
-  const manual_clock::time_point t0{};
   auto a = c.start(t0);
   CHECK(a == campaign_t::action{kind::grant, t0 + 2s, 0, 0});  // a round takes a period at most
   a = c.granted(t0 + 10ms, 42, 10);
@@ -1415,14 +1420,11 @@ TEST_CASE("election campaign: a task wins, renews every period, and reports only
   CHECK(a == campaign_t::action{kind::sleep, t0 + 10700ms, 0, 0});
 }
 
-TEST_CASE(
-    "election campaign: a standby redirects, watches, polls when watching fails, and "
-    "campaigns when the key is freed",
-    "[core][election]") {
+TEST_CASE_METHOD(campaign_fixture,
+                 "election campaign: a standby redirects, watches, polls when watching fails, and "
+                 "campaigns when the key is freed",
+                 "[core][election]") {
   using namespace std::chrono_literals;
-  using kind = campaign_kind;
-  auto c = campaign_of_a();
-  const manual_clock::time_point t0{};
   (void)c.start(t0);
   (void)c.granted(t0, 42, 10);
   auto a = c.claimed(t0, 7, 9, "b:1");  // another task's lease holds the key
@@ -1475,14 +1477,11 @@ TEST_CASE(
   CHECK(d.woke(t0 + 2s).what == kind::keep_alive);
 }
 
-TEST_CASE(
-    "election campaign: a master rides out an etcd outage within its term, then steps "
-    "down, and a lease that expired is replaced",
-    "[core][election]") {
+TEST_CASE_METHOD(campaign_fixture,
+                 "election campaign: a master rides out an etcd outage within its term, then steps "
+                 "down, and a lease that expired is replaced",
+                 "[core][election]") {
   using namespace std::chrono_literals;
-  using kind = campaign_kind;
-  auto c = campaign_of_a();
-  const manual_clock::time_point t0{};
   (void)win(c, t0);
   (void)c.take_reports();
   auto a = c.woke(t0 + 2s);
@@ -1529,12 +1528,10 @@ TEST_CASE(
   CHECK(c.lease() == 0);
 }
 
-TEST_CASE("election campaign: a stop revokes the lease, and without one ends at once",
-          "[core][election]") {
+TEST_CASE_METHOD(campaign_fixture,
+                 "election campaign: a stop revokes the lease, and without one ends at once",
+                 "[core][election]") {
   using namespace std::chrono_literals;
-  using kind = campaign_kind;
-  auto c = campaign_of_a();
-  const manual_clock::time_point t0{};
   (void)win(c, t0);
   auto a = c.stop(t0 + 1s);
   CHECK(a == campaign_t::action{kind::revoke, t0 + 2s, 42, 0});
