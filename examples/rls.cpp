@@ -103,10 +103,9 @@ int serve(const options& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::optional<doorman::rls::root_options> root;
   if (o.client.server_given) {
-    root =
-        doorman::rls::root_options{o.client.client_options(),
-                                   doorman::to_duration<std::chrono::nanoseconds>(o.exact_timeout),
-                                   {.block_fraction = o.block_fraction, .max_keys = o.max_keys}};
+    root = doorman::rls::root_options{o.client.client_options(),
+                                      doorman::seconds(o.exact_timeout),
+                                      {.block_fraction = o.block_fraction, .max_keys = o.max_keys}};
   }
   doorman::rls::rules_service service(load(o.config_dir), std::move(root));
   asio::io_context io;

@@ -166,11 +166,11 @@ class rules_service::root_draws {
 
  private:
   static doorman::net::channel_options channel_options(const doorman::client_options& c,
-                                                       std::chrono::nanoseconds timeout) {
+                                                       seconds timeout) {
     doorman::net::channel_options o;
     o.addresses = c.addresses;
     o.tls = c.tls;
-    o.call_timeout = doorman::seconds(std::chrono::duration<double>(timeout).count());
+    o.call_timeout = timeout;
     o.log = c.log;
     return o;
   }

@@ -31,8 +31,8 @@ namespace doorman::rls {
 
 // The doorman tree's root that counts every request key (doorman-rls --server).
 struct root_options {
-  client_options client;  // its addresses, TLS, client id, log
-  std::chrono::nanoseconds call_timeout{std::chrono::seconds(1)};  // a call to it
+  client_options client;      // its addresses, TLS, client id, log
+  seconds call_timeout{1};    // a call to it, as the channel takes it
   window_draw_options draws;  // the blocks drawn, the keys held
 };
 
