@@ -349,6 +349,76 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("etcd model: leases run out, the key follows its lease, a change is seen by a watch",
+          "[sim][election]") {
+  using tp = doorman::sim::time_point;
+  doorman::sim::etcd_model<tp> etcd;
+  const tp t0 = doorman::sim::at(0);
+  const auto a = etcd.grant(t0, 4);
+  const auto b = etcd.grant(t0, 4);
+  const auto claim_a = etcd.put_if_absent(t0, a, "0");
+  REQUIRE(claim_a);
+  CHECK(claim_a->second.lease == a);
+  const auto won_at = claim_a->first;
+  CHECK_FALSE(etcd.changed_since(won_at + 1));
+  const auto claim_b = etcd.put_if_absent(t0, b, "1");  // held: the holder is answered
+  REQUIRE(claim_b);
+  CHECK(claim_b->second.value == "0");
+  CHECK(claim_b->first == won_at);
+  CHECK(etcd.keep_alive(doorman::sim::at(3), a) == 4);  // now runs out at 7 s
+  CHECK(etcd.keep_alive(doorman::sim::at(3.5), b) == 4);
+  CHECK(etcd.get(doorman::sim::at(6.9)) == "0");
+  CHECK(etcd.expiry(a) == doorman::sim::at(7));
+  etcd.expire(doorman::sim::at(7));
+  CHECK(etcd.get(doorman::sim::at(7)) == std::nullopt);  // the key went with its lease
+  CHECK(etcd.changed_since(won_at + 1));
+  CHECK(etcd.keep_alive(doorman::sim::at(7), a) == 0);
+  CHECK_FALSE(etcd.put_if_absent(doorman::sim::at(7), a, "0"));  // no lease: nothing
+  const auto claim_b2 = etcd.put_if_absent(doorman::sim::at(7), b, "1");
+  REQUIRE(claim_b2);
+  CHECK(claim_b2->second.lease == b);
+  etcd.revoke(doorman::sim::at(8), b);
+  CHECK(etcd.key().lease == 0);
+  CHECK(etcd.expiry(b) == tp::max());
+}
+
+TEST_CASE("simulation: tasks elect with the node's campaign machine against a model of etcd",
+          "[sim][election][fault]") {
+  fault_tree tree;
+  const auto& root = tree.sim.jobs()[tree.root];
+  REQUIRE(root.tasks.size() == 2);
+  // At the start task 0 won, and task 1 knows it (it would redirect there).
+  CHECK(root.master_task == 0);
+  CHECK(root.etcd.key().value == "0");
+  REQUIRE(root.tasks[1].campaign);
+  CHECK(root.tasks[1].campaign->master() == "0");
+
+  // A stop revokes the lease: the standby, watching the key, wins within a few latencies (not
+  // a TTL), and the stopped task campaigns again as a standby.
+  tree.sim.at(30, [&] { tree.sim.elect_master(tree.root); });
+  tree.sim.run_until(doorman::sim::at(31));
+  CHECK(root.master_task == 1);
+  CHECK(root.etcd.key().value == "1");
+  CHECK(doorman::sim::seconds_of(root.elected_at) - 30 < 0.05);
+  CHECK(root.elections == 2);
+  REQUIRE(root.tasks[0].campaign);
+  CHECK(root.tasks[0].campaign->master() == "1");
+
+  // A pause past the TTL: task 0 takes over once task 1's lease has run out at the store; task
+  // 1 resumes, learns from its next round that it lost, and does not take the key back.
+  tree.sim.at(60, [&] { tree.sim.pause_master(tree.root, 10); });
+  tree.sim.run_until(doorman::sim::at(80));
+  CHECK(root.master_task == 0);
+  CHECK(root.elections == 3);
+  const double took = doorman::sim::seconds_of(root.elected_at) - 60;
+  CHECK(took > 4 - 0.8 - 0.01);  // the TTL after its last renewal (one every 0.8 s) ...
+  CHECK(took < 4 + 0.05);        // ... and a few latencies
+  REQUIRE(root.tasks[1].campaign);
+  CHECK_FALSE(root.tasks[1].campaign->is_master());
+  CHECK(root.tasks[1].campaign->master() == "0");
+  CHECK_FALSE(root.tasks[1].engine);
+}
+
 TEST_CASE("simulation faults: a cut link heals within a refresh interval", "[sim][fault]") {
   fault_tree tree;
   tree.sim.at(60, [&] { tree.sim.cut_parent(tree.left, 30); });

@@ -222,7 +222,7 @@ class campaign_runner {
     if (i < timed.size()) {
       (sim_.*timed[i])(j, d);
     } else if (f == campaign_fault::hang_master) {
-      sim_.hang_master(j);
+      sim_.hang_master(j, 30);
     } else if (f == campaign_fault::elect_master) {
       sim_.elect_master(j);
     } else {

@@ -16,11 +16,11 @@
 ///     s.at(120.0, [&] { s.lose_master(root, 20.0); });
 ///     s.run_until(doorman::sim::at(600.0));
 ///
-/// Each position of the tree is a *job* of several tasks of which one is master; only the
-/// master holds state (the others would redirect), so a job is modelled as its master's engine
-/// and upstream state. A new master starts empty, in learning mode. Same options and seed, same
-/// run, bit for bit (invariant 4 of docs/design.md): no wall clock, no unordered iteration, and the
-/// random numbers come from the seed alone.
+/// Each position of the tree is a *job* of tasks that elect their master as the node's do: each
+/// runs the node's `election_campaign` against the job's model of etcd (`etcd_model`). The
+/// acting master holds the job's engine; a new master starts empty, in learning mode. Same
+/// options and seed, same run, bit for bit (invariant 4 of docs/design.md): no wall clock, no
+/// unordered iteration, and the random numbers come from the seed alone.
 
 #include <algorithm>
 #include <array>
@@ -40,11 +40,12 @@
 #include "doorman/core/backoff.hpp"
 #include "doorman/core/call.hpp"
 #include "doorman/core/client_state.hpp"
-#include "doorman/core/election_term.hpp"
+#include "doorman/core/election_campaign.hpp"
 #include "doorman/core/engine.hpp"
 #include "doorman/core/failover.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/core/upstream.hpp"
+#include "doorman/sim/etcd_model.hpp"
 
 namespace doorman::sim {
 
@@ -142,7 +143,7 @@ struct exchange {
   std::optional<call_machine<time_point>> call;
 };
 
-/// A request waiting in the socket of a paused master, answered when it resumes.
+/// A request waiting in the socket of a paused task, answered when it resumes.
 struct queued_request {
   bool from_node = false;  ///< an intermediate's, else a client's
   std::size_t who = 0;
@@ -150,36 +151,63 @@ struct queued_request {
   std::variant<capacity_request, server_capacity_request> request;
 };
 
+/// What the election store answered to a task's call (or why the call failed).
+struct etcd_answer {
+  std::optional<std::string> error;
+  std::int64_t number = 0;  ///< grant: the lease; keep-alive: the seconds left; claim: revision
+  std::optional<etcd_model<time_point>::holder> holder;  ///< claim: the key's (none: lease gone)
+  std::optional<std::string> value;                      ///< read: the key's value
+};
+
+/// One task of a job: a process that campaigns for mastership with the real campaign machine
+/// (`election_campaign`) against its job's model of etcd, on a clock of its own.
+struct task {
+  using campaign_type = election_campaign<time_point>;
+  std::optional<campaign_type> campaign;  ///< none while the process is down
+  campaign_type::action doing{};          ///< the campaign's action under way
+  std::uint32_t generation = 0;           ///< of `doing`'s events (older ones are stale)
+  etcd_answer answer;                     ///< to the call of `doing`
+  /// Whether it takes itself for master: since the campaign reported so, until it reported
+  /// otherwise (without fencing: until it learnt another holder).
+  bool believes = false;
+  bool paused = false;
+  bool hung = false;
+  time_point etcd_cut_until{};  ///< its link to etcd is cut until then (`cut_election`)
+  double clock_rate = 1;        ///< its clock against real time, since `base_real`
+  time_point base_real{};
+  time_point base_local{};
+  /// A master's engine it keeps while it is not the job's acting master (paused, or deposed
+  /// while it still believes): it answers what reaches the task, fenced by the task's term.
+  std::unique_ptr<engine_type> engine;
+  std::vector<queued_request> queued;  ///< requests waiting in a paused task's socket
+};
+
 /// One task group at one position of the tree.
 struct job {
   std::string name;
   std::optional<std::size_t> parent;
   int level = 0;                            ///< 0 at the root
-  std::unique_ptr<engine_type> engine;      ///< the master's; null while there is none
-  std::unique_ptr<upstream_type> upstream;  ///< the master's, below the root
-  std::uint64_t epoch = 0;                  ///< bumped whenever the master changes
+  std::unique_ptr<engine_type> engine;      ///< the acting master's; null while there is none
+  std::unique_ptr<upstream_type> upstream;  ///< the acting master's, below the root
+  std::uint64_t epoch = 0;                  ///< bumped whenever the acting master changes
   std::uint64_t requests = 0;               ///< requests received (any method)
   std::uint64_t elections = 0;
   exchange up;                             ///< with the parent
   time_point wake_at = time_point::max();  ///< of the wake-up pending
-  std::size_t master_task = 0;             ///< the task that is master (when `engine`)
-  time_point elected_at{};                 ///< the master's election (it renews every poll)
-  double clock_rate = 1;                   ///< the master's clock against real time
-  // Faults (`pause_master`, `hang_master`, `cut_election`, `cut_clients`, `cut_parent`,
-  // `refuse`):
-  std::unique_ptr<engine_type> stopped;  ///< a paused or hung master's engine, fenced
-  std::size_t stopped_task = 0;
-  bool hung = false;
-  time_point key_expires{};  ///< when the stopped master's election lease runs out
-  std::vector<queued_request> queued;
+  std::size_t master_task = 0;             ///< the acting master's task (when `engine`)
+  time_point elected_at{};                 ///< when it became the acting master
+  std::vector<task> tasks;
+  etcd_model<time_point> etcd;  ///< the store the tasks elect through
+  /// Tasks watching the key: (task, generation of its watch).
+  std::vector<std::pair<std::size_t, std::uint32_t>> watchers;
+  // Faults (`lose_master`, `hang_answers`, `cut_clients`, `cut_parent`, `refuse`; the others
+  // are the tasks'):
+  bool down = false;  ///< every task down (`lose_master`)
+  time_point down_since{};
+  duration quiet{};  ///< how long the position was unreachable, for its next master
   time_point refusing_until{};
   time_point answers_hung_until{};    ///< its master answers no one until then (`hang_answers`)
   time_point clients_cut_until{};     ///< the links from its clients
-  std::size_t election_cut_task = 0;  ///< the task cut from the election store (`cut_election`)
-  time_point election_cut_until{};    ///< until then
-  /// Without fencing: a master cut from the election store past its term, still answering as
-  /// master (from what it knew) until the cut heals, beside the new master.
-  std::unique_ptr<engine_type> deposed;
   time_point parent_cut_until{};      ///< the link to its parent
   std::uint64_t in_flight_epoch = 0;  ///< this job's epoch when the request went out
   server_capacity_request request;
@@ -216,16 +244,22 @@ class simulation {
   [[nodiscard]] const simulation_options& options() const noexcept { return options_; }
   [[nodiscard]] time_point now() const noexcept { return clock_.now(); }
 
-  /// Adds a job under `parent` (none: the root) with a master elected now. Returns its index.
+  /// Adds a job under `parent` (none: the root) of `simulation_options::tasks` tasks, which
+  /// campaign at once (task 0 wins). Returns its index.
   std::size_t add_job(std::string name, std::optional<std::size_t> parent) {
     if (parent && *parent >= jobs_.size()) throw std::out_of_range("add_job: no such parent");
     job j;
     j.name = std::move(name);
     j.parent = parent;
     j.level = parent ? jobs_[*parent].level + 1 : 0;
+    if (options_.tasks > max_tasks) throw std::invalid_argument("simulation: more than 256 tasks");
+    j.tasks.resize(std::max<std::size_t>(options_.tasks, 1));
     jobs_.push_back(std::move(j));
     const std::size_t index = jobs_.size() - 1;
-    elect(index);
+    // The tree stands when the run begins: each task's first round is answered at once, in
+    // task order (task 0 wins).
+    for (std::size_t t = 0; t < jobs_[index].tasks.size(); ++t)
+      start_task(index, t, true);
     return index;
   }
 
@@ -291,81 +325,89 @@ class simulation {
     }
   }
 
-  /// The job's master is gone for `for_seconds`: requests to the job go unanswered; then a new
-  /// master is elected (empty, in learning mode).
+  /// Every task of the job is down for `for_seconds` (their processes gone, their election
+  /// leases left to run out): requests to the job go unanswered; then they start again and
+  /// campaign, and the winner starts empty, in learning mode.
   void lose_master(std::size_t index, double for_seconds) {
     job& j = jobs_.at(index);
-    if (!j.engine) return;  // already lost: the earlier loss decides when it comes back
-    j.engine.reset();
-    j.upstream.reset();
-    ++j.epoch;
-    j.up.in_flight = 0;
-    ++j.up.wake_generation;
-    // The master that returns knows how long the position was unreachable: nobody was granted
-    // anything meanwhile, so its learning mode is that much shorter.
-    const double quiet = std::max(0.0, for_seconds);
-    at(seconds_of(now()) + quiet, [this, index, quiet] {
-      if (!jobs_[index].engine) elect(index, quiet);
+    if (j.down) return;  // already down: the earlier loss decides when it comes back
+    j.down = true;
+    j.down_since = now();
+    for (task& k : j.tasks)
+      crash(k);
+    step_down(j);
+    at(seconds_of(now()) + std::max(0.0, for_seconds), [this, index] {
+      job& k = jobs_[index];
+      k.down = false;
+      // The master that returns knows how long the position was unreachable: nobody was
+      // granted anything meanwhile, so its learning mode is that much shorter.
+      k.quiet = now() - k.down_since;
+      for (std::size_t t = 0; t < k.tasks.size(); ++t)
+        start_task(index, t);
     });
   }
 
-  /// Another task of the job takes over at once (empty, in learning mode).
+  /// The acting master stops (a restart): it steps down, revokes its election lease so that
+  /// another task wins at once (empty, in learning mode), and campaigns again a period later.
   void elect_master(std::size_t index) {
     job& j = jobs_.at(index);
-    j.engine.reset();
-    j.upstream.reset();
-    elect(index);
+    if (!j.engine) return;
+    const std::size_t t = j.master_task;
+    task& k = j.tasks[t];
+    step_down(j);
+    k.believes = false;
+    step(index, t, k.campaign->stop(local(k)));
   }
 
-  /// The job's master process is paused for `for_seconds` (SIGSTOP), then resumes. Requests
-  /// that reach it wait in its socket. Its election lease runs out `election_ttl` after its
-  /// last renewal and another task wins a poll later; on resume it answers what waited, each
-  /// fenced by its term (`election_term`, as the node does), and is a standby from then on. A
-  /// pause that ends while its lease holds keeps it master (re-elected: learning mode again
-  /// when its term had ended).
+  /// The job's acting master is paused for `for_seconds` (SIGSTOP), then resumes. Requests
+  /// that reach it wait in its socket, and its campaign stands still: its election lease runs
+  /// out `election_ttl` after its last renewal and a standby wins. On resume it answers what
+  /// waited, each fenced by its term (`election_term`, as the node does), and its campaign
+  /// goes on from where it stood.
   void pause_master(std::size_t index, double for_seconds) {
-    if (!stop_master(index, false)) return;
-    at(seconds_of(now()) + std::max(0.0, for_seconds), [this, index] { resume_master(index); });
+    job& j = jobs_.at(index);
+    if (!j.engine) return;
+    const std::size_t t = j.master_task;
+    task& k = j.tasks[t];
+    k.paused = true;
+    ++k.generation;  // what the campaign waited for is heard on resume
+    step_down(j, &k.engine);
+    const std::uint32_t generation = k.generation;
+    at(seconds_of(now()) + std::max(0.0, for_seconds),
+       [this, index, t, generation] { resume(index, t, generation); });
   }
 
-  /// The job's master hangs for good: it accepts requests and answers none, and renews nothing;
-  /// another task wins once its election lease has run out.
-  void hang_master(std::size_t index) { stop_master(index, true); }
+  /// The job's acting master hangs: it accepts requests and answers none, and renews nothing;
+  /// a standby wins once its election lease has run out. A supervisor restarts it after
+  /// `restart_after` seconds (negative: never).
+  void hang_master(std::size_t index, double restart_after = -1) {
+    job& j = jobs_.at(index);
+    if (!j.engine) return;
+    const std::size_t t = j.master_task;
+    task& k = j.tasks[t];
+    k.hung = true;
+    ++k.generation;
+    step_down(j);
+    if (restart_after < 0) return;
+    const std::uint32_t generation = k.generation;
+    at(seconds_of(now()) + restart_after, [this, index, t, generation] {
+      task& h = jobs_[index].tasks[t];
+      if (!h.hung || h.generation != generation || jobs_[index].down) return;
+      crash(h);
+      start_task(index, t);
+    });
+  }
 
-  /// The job's master loses the election store (etcd) for `for_seconds`, and only that: it
-  /// still answers its clients. Its renewals fail, so it steps down when its term ends and
-  /// from then on answers that it knows no master until the link heals; another task wins a
-  /// poll after the election lease has run out at the store. A cut that heals within the term
+  /// The job's acting master loses the election store (etcd) for `for_seconds`, and only
+  /// that: it still answers its requesters. Its renewals fail, so its campaign steps down when
+  /// its term ends, and it answers that it knows no master until the link heals; a standby
+  /// wins once the election lease has run out at the store. A cut that heals within the term
   /// changes nothing.
   void cut_election(std::size_t index, double for_seconds) {
     job& j = jobs_.at(index);
     if (!j.engine) return;
-    j.election_cut_task = j.master_task;
-    j.election_cut_until = now() + to_duration<duration>(std::max(0.0, for_seconds));
-    const election_term<time_point> term = current_term(j);
-    const duration period = term.period();
-    const time_point key_expires = term.valid_until() + term.margin();
-    const std::uint64_t epoch = j.epoch;
-    at(seconds_of(term_end(j, term)), [this, index, epoch] {
-      job& k = jobs_[index];
-      if (k.epoch != epoch || now() >= k.election_cut_until) return;  // healed in time
-      if (options_.fencing) {
-        k.engine.reset();  // steps down
-      } else {             // answers on as master until the cut heals
-        k.deposed = std::move(k.engine);
-        at(seconds_of(k.election_cut_until), [this, index] { jobs_[index].deposed.reset(); });
-      }
-      k.upstream.reset();
-      ++k.epoch;
-      k.up.in_flight = 0;
-      ++k.up.wake_generation;
-    });
-    at(seconds_of(key_expires + period), [this, index, epoch] {
-      job& k = jobs_[index];
-      if (k.engine || k.epoch != epoch + 1) return;
-      k.master_task = (k.election_cut_task + 1) % std::max<std::size_t>(options_.tasks, 1);
-      elect(index);
-    });
+    j.tasks[j.master_task].etcd_cut_until =
+        now() + to_duration<duration>(std::max(0.0, for_seconds));
   }
 
   /// The job's master stops answering its requesters for `for_seconds` (it accepts their
@@ -460,6 +502,9 @@ class simulation {
     node_arrives,  // an intermediate's get_server_capacity reaches its parent
     node_answer,
     node_timeout,
+    task_step,    // what a task's campaign waited for: an answer of etcd, a deadline, a wake-up
+    etcd_call,    // a task's call reaches its job's etcd
+    etcd_expiry,  // a lease of a job's etcd may have run out
   };
   // The pending events, earliest first (among equal times, in the order scheduled).
   //
@@ -691,17 +736,29 @@ class simulation {
     return failover<time_point>(std::move(tasks), o);
   }
 
-  void elect(std::size_t index, double quiet = 0) {
+  // Task `t` becomes the job's acting master: with the engine it kept if that is still master
+  // (a pause that ended within its term: the process goes on with what it knew), else a new
+  // one, empty, in learning mode (shorter by the time the position was unreachable); fenced
+  // by the task's term.
+  void elect(std::size_t index, std::size_t t) {
     job& j = jobs_[index];
+    task& k = j.tasks[t];
     engine_options eo = options_.engine;
     eo.is_root = !j.parent;
     eo.log = nullptr;
-    j.engine = std::make_unique<engine_type>(config_, eo);
-    j.engine->set_mastership(true, j.name, now(), to_duration<duration>(quiet));
+    if (k.engine && (k.engine->fence(now()), k.engine->mastership().is_master)) {
+      j.engine = std::move(k.engine);
+    } else {
+      k.engine.reset();
+      j.engine = std::make_unique<engine_type>(config_, eo);
+      j.engine->set_mastership(true, j.name, now(), std::exchange(j.quiet, duration::zero()));
+    }
+    j.master_task = t;
     j.elected_at = now();
     if (options_.clock_rate_error > 0) {
-      j.clock_rate = 1 + options_.clock_rate_error * (2 * random_.uniform() - 1);
+      set_clock_rate(k, 1 + options_.clock_rate_error * (2 * random_.uniform() - 1));
     }
+    if (options_.fencing) j.engine->set_valid_until(real(k, k.campaign->valid_until()));
     ++j.epoch;
     ++j.elections;
     j.up.in_flight = 0;
@@ -714,6 +771,17 @@ class simulation {
       j.up.route = route(mix(options_.seed, 0xfb, index * 1000 + j.elections));
       node_side{*this, index}.wake_at(now());
     }
+  }
+
+  // The acting master steps down (its engine handed to `keep`, else dropped).
+  void step_down(job& j, std::unique_ptr<engine_type>* keep = nullptr) {
+    if (!j.engine) return;
+    if (keep) *keep = std::move(j.engine);
+    j.engine.reset();
+    j.upstream.reset();
+    ++j.epoch;
+    j.up.in_flight = 0;
+    ++j.up.wake_generation;
   }
 
   void dispatch(const event& e) {
@@ -739,6 +807,15 @@ class simulation {
       case kind::node_answer:
       case kind::node_timeout:
         on_exchange(node_side{*this, e.who}, e.what(), e.tag);
+        break;
+      case kind::task_step:
+        on_task_step(e.who, e.tag);
+        break;
+      case kind::etcd_call:
+        on_etcd_call(e.who, e.tag);
+        break;
+      case kind::etcd_expiry:
+        on_etcd_expiry(e.who);
         break;
     }
   }
@@ -1043,49 +1120,39 @@ class simulation {
 
   // ---- tasks and faults ----
 
-  // The request reaches the task its route names: the master decides; a standby answers that
-  // it is not the master, naming the election key's holder or none (the call machine then
-  // follows it: one more round trip); a paused master keeps it until it resumes; a hung one
-  // never answers; a refusing job closes the connection at once.
+  // The request reaches the task its route names: the acting master decides; a task that
+  // still takes itself for master with an engine of its own (deposed, or without fencing)
+  // decides with it, fenced by its term; a standby answers that it is not the master, naming
+  // the holder its campaign knows or none (the call machine then follows it); a paused task
+  // keeps the request until it resumes; a hung or stopped one never answers; a refusing job
+  // closes the connection at once.
   template <class Side>
   void arrive_at_task(const Side& side, std::size_t target) {
     exchange& x = side.up();
     job& j = jobs_[target];
     if (now() < j.refusing_until) return fail_soon(side, failure::refused);
-    const std::size_t task = std::stoul(x.route->current());
-    if (j.deposed && task == j.election_cut_task) {
-      return decide_and_answer(side, target, *j.deposed, duration::zero());
-    }
-    const bool master = j.engine && task == j.master_task;
-    const bool stopped = j.stopped && task == j.stopped_task;
-    if (!master && !stopped) {
-      // A task cut from the election store knows no master, whoever holds the key; another
-      // standby names the election key's holder. Either way its answer says so.
-      std::optional<std::size_t> holder;
-      if (j.engine) holder = j.master_task;
-      if (!j.engine && j.stopped && now() < j.key_expires) holder = j.stopped_task;
-      if (task == j.election_cut_task && now() < j.election_cut_until) holder.reset();
-      x.not_master = holder ? std::to_string(*holder) : std::string();
-      answer(x, duration::zero(), Side::answered, Side::timed_out, side.index, x.in_flight,
-             side.link_cut());
+    const std::size_t t = std::stoul(x.route->current());
+    task& k = j.tasks[t];
+    if (!k.campaign || k.hung || k.paused) {  // the caller waits in vain, unless it resumes
+      schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
+      if (k.paused) {
+        k.queued.push_back(
+            {std::is_same_v<Side, node_side>, side.index, x.in_flight, side.me().request});
+      }
       return;
     }
-    if (j.engine && task == j.master_task) {
+    if (j.engine && t == j.master_task) {
       if (now() < j.answers_hung_until) {  // wedged: the caller waits in vain
         schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
         return;
       }
       return decide_and_answer(side, target, duration::zero());
     }
-    // The stopped master: the caller waits in vain, unless it resumes in time.
-    schedule(gives_up_at(x), Side::timed_out, side.index, x.in_flight);
-    if (j.hung) return;
-    queued_request q;
-    q.from_node = std::is_same_v<Side, node_side>;
-    q.who = side.index;
-    q.number = x.in_flight;
-    q.request = side.me().request;
-    j.queued.push_back(std::move(q));
+    if (k.engine) return decide_and_answer(side, target, *k.engine, duration::zero());
+    const auto& holder = k.campaign->master();
+    x.not_master = holder && !k.campaign->is_master() ? *holder : std::string();
+    answer(x, duration::zero(), Side::answered, Side::timed_out, side.index, x.in_flight,
+           side.link_cut());
   }
 
   // The request fails for `why`, as soon as the answer saying so is back.
@@ -1096,62 +1163,281 @@ class simulation {
     schedule(now() + one_way(), Side::timed_out, side.index, x.in_flight);
   }
 
-  // The master's term as it stands now: it renewed every poll since it was elected, so it runs
-  // from the latest renewal before now.
-  [[nodiscard]] election_term<time_point> current_term(const job& j) const {
-    election_term<time_point> term(to_duration<duration>(options_.election_ttl));
-    const duration period = term.period();
-    term.confirmed(j.elected_at + ((now() - j.elected_at) / period) * period);
-    return term;
+  // ---- the tasks' campaigns, against each job's etcd ----
+  //
+  // Each task runs `election_campaign`, the machine `etcd_election` drives in the node, and
+  // performs its actions here: a sleep is an event on the task's clock, a call to etcd
+  // travels one network latency each way (none while the task's link is cut; then it fails at
+  // its deadline), and a watch waits at the store until the key changes or its deadline.
+  // After each step `sync` turns what the campaign reports into who acts as the job's master.
+
+  using campaign_action = task::campaign_type::action;
+  using campaign_kind = campaign_action::kind;
+  static constexpr std::size_t max_tasks = 256;  // a task's number is 8 bits of an event's tag
+
+  [[nodiscard]] static std::uint32_t tag_of(const task& k, std::size_t t) noexcept {
+    return (k.generation << 8) | static_cast<std::uint32_t>(t);
+  }
+  [[nodiscard]] static bool current(const task& k, std::uint32_t tag) noexcept {
+    return k.campaign && (tag >> 8) == (k.generation & 0xffffffu);
   }
 
-  // When the master's own clock reaches the end of `term`, in real time: its clock runs at
-  // `clock_rate` from the last renewal on.
-  [[nodiscard]] static time_point term_end(const job& j, const election_term<time_point>& term) {
-    const time_point renewed = term.valid_until() - term.ttl() + term.margin();
-    return renewed + to_duration<duration>(to_seconds(term.valid_until() - renewed) / j.clock_rate);
+  // The task's clock at the real `now()`, and the real time at which it reads `l`.
+  [[nodiscard]] time_point local(const task& k) const {
+    return k.base_local + to_duration<duration>(to_seconds(now() - k.base_real) * k.clock_rate);
+  }
+  [[nodiscard]] static time_point real(const task& k, time_point l) {
+    if (l == time_point::min() || l == time_point::max()) return l;
+    return k.base_real + to_duration<duration>(to_seconds(l - k.base_local) / k.clock_rate);
+  }
+  void set_clock_rate(task& k, double rate) {
+    k.base_local = local(k);
+    k.base_real = now();
+    k.clock_rate = rate;
   }
 
-  // Stops the job's master (paused or hung): its engine is kept aside, fenced by its term.
-  bool stop_master(std::size_t index, bool hang) {
-    job& j = jobs_.at(index);
-    if (!j.engine) return false;
-    const election_term<time_point> term = current_term(j);
-    const duration period = term.period();
-    if (options_.fencing) j.engine->set_valid_until(term_end(j, term));
-    j.stopped = std::move(j.engine);
-    j.stopped_task = j.master_task;
-    j.hung = hang;
-    j.key_expires = term.valid_until() + term.margin();
-    j.queued.clear();
-    ++j.epoch;
-    j.up.in_flight = 0;
-    ++j.up.wake_generation;
-    // Another task wins at its first poll after the key is gone.
-    const std::uint64_t epoch = j.epoch;
-    at(seconds_of(j.key_expires + period), [this, index, epoch] {
-      job& k = jobs_[index];
-      if (k.engine || k.epoch != epoch) return;  // it resumed in time
-      k.master_task = (k.stopped_task + 1) % std::max<std::size_t>(options_.tasks, 1);
-      if (k.hung) k.stopped.reset();  // its key is gone: it is nobody's master
-      elect(index);
-    });
-    return true;
+  [[nodiscard]] bool etcd_cut(const task& k) const noexcept { return now() < k.etcd_cut_until; }
+  [[nodiscard]] duration etcd_latency() const {
+    return to_duration<duration>(options_.network.latency);
+  }
+  [[nodiscard]] static bool is_call(const campaign_action& a) noexcept {
+    return a.what != campaign_kind::sleep && a.what != campaign_kind::watch &&
+           a.what != campaign_kind::done;
   }
 
-  // A paused master resumes: it answers what waited (fenced), then is master again only if
-  // its election lease still held (re-elected), else a standby.
-  void resume_master(std::size_t index) {
+  // The task's process is gone, and all it had with it.
+  static void crash(task& k) {
+    k.campaign.reset();
+    ++k.generation;
+    k.believes = k.paused = k.hung = false;
+    k.engine.reset();
+    k.queued.clear();
+  }
+
+  // The task's process starts and campaigns; `at_once`: its calls are answered without delay
+  // until it first waits.
+  void start_task(std::size_t index, std::size_t t, bool at_once = false) {
     job& j = jobs_[index];
-    if (!j.stopped || j.hung) return;
-    std::unique_ptr<engine_type> engine = std::move(j.stopped);
-    for (queued_request& q : j.queued)
-      answer_queued(*engine, q);
-    j.queued.clear();
-    if (!j.engine && now() < j.key_expires) {
-      j.master_task = j.stopped_task;
-      elect(index);
+    task& k = j.tasks[t];
+    crash(k);
+    std::string key = "/doorman/";
+    key += j.name;
+    k.campaign.emplace(election_campaign_options{.key = key, .advertise = std::to_string(t)},
+                       to_duration<duration>(options_.election_ttl));
+    campaign_action a = k.campaign->start(local(k));
+    while (at_once && is_call(a)) {
+      k.doing = a;
+      sync(index, t);
+      call_etcd(index, t);
+      a = heard(index, t);
     }
+    step(index, t, a);
+  }
+
+  // The campaign's next action: under way from now.
+  void step(std::size_t index, std::size_t t, campaign_action a) {
+    task& k = jobs_[index].tasks[t];
+    ++k.generation;  // what the earlier action waited for is stale
+    k.doing = a;
+    sync(index, t);
+    if (a.what == campaign_kind::done) return stopped(index, t);
+    const std::uint32_t tag = tag_of(k, t);
+    if (a.what == campaign_kind::sleep) {
+      schedule(std::max(now(), real(k, a.until)), kind::task_step, index, tag);
+    } else if (etcd_cut(k)) {  // the call is lost: it fails at its deadline
+      k.answer = {.error = "context deadline exceeded"};
+      schedule(std::max(now(), real(k, a.until)), kind::task_step, index, tag);
+    } else {
+      schedule(now() + etcd_latency(), kind::etcd_call, index, tag);
+    }
+  }
+
+  // A task's call reaches etcd: etcd does it, and the answer travels back (a watch waits at the
+  // store for a change). A call of a task that stopped or paused since is lost with it.
+  void on_etcd_call(std::size_t index, std::uint32_t tag) {
+    job& j = jobs_[index];
+    const std::size_t t = tag & 0xffu;
+    task& k = j.tasks[t];
+    if (!current(k, tag) || k.paused || k.hung) return;
+    const time_point deadline = std::max(now(), real(k, k.doing.until));
+    if (etcd_cut(k)) {
+      k.answer = {.error = "context deadline exceeded"};
+      schedule(deadline, kind::task_step, index, tag);
+      return;
+    }
+    if (k.doing.what == campaign_kind::watch) {
+      k.answer = {};  // a change, or the deadline: either way it ends without an error
+      if (j.etcd.changed_since(k.doing.revision)) {
+        schedule(now() + etcd_latency(), kind::task_step, index, tag);
+      } else {
+        j.watchers.emplace_back(t, k.generation);
+        schedule(deadline, kind::task_step, index, tag);
+      }
+      return;
+    }
+    call_etcd(index, t);
+    const time_point back = now() + etcd_latency();
+    if (back > deadline) {
+      k.answer = {.error = "context deadline exceeded"};
+      schedule(deadline, kind::task_step, index, tag);
+    } else {
+      schedule(back, kind::task_step, index, tag);
+    }
+  }
+
+  // Does the task's call (`doing`) at its job's etcd now; `answer` holds what etcd answered.
+  void call_etcd(std::size_t index, std::size_t t) {
+    job& j = jobs_[index];
+    task& k = j.tasks[t];
+    const campaign_action& a = k.doing;
+    const std::int64_t before = j.etcd.revision();
+    k.answer = {};
+    switch (a.what) {
+      case campaign_kind::grant:
+        k.answer.number = j.etcd.grant(now(), std::llround(options_.election_ttl));
+        expire_at(index, k.answer.number);
+        break;
+      case campaign_kind::keep_alive:
+        k.answer.number = j.etcd.keep_alive(now(), a.lease);
+        expire_at(index, a.lease);
+        break;
+      case campaign_kind::claim:
+        if (auto r = j.etcd.put_if_absent(now(), a.lease, k.campaign->advertise())) {
+          k.answer.number = r->first;
+          k.answer.holder = std::move(r->second);
+        }
+        break;
+      case campaign_kind::read:
+        k.answer.value = j.etcd.get(now());
+        break;
+      case campaign_kind::revoke:
+        j.etcd.revoke(now(), a.lease);
+        break;
+      default:
+        break;
+    }
+    if (j.etcd.revision() != before) notify_watchers(index);
+  }
+
+  // The campaign hears what its action came to (`answer`), and says what to do next.
+  campaign_action heard(std::size_t index, std::size_t t) {
+    task& k = jobs_[index].tasks[t];
+    auto& c = *k.campaign;
+    const time_point now_there = local(k);
+    const etcd_answer& r = k.answer;
+    switch (k.doing.what) {
+      case campaign_kind::grant:
+        return r.error ? c.failed(now_there, *r.error)
+                       : c.granted(now_there, r.number, std::llround(options_.election_ttl));
+      case campaign_kind::keep_alive:
+        return r.error ? c.failed(now_there, *r.error) : c.kept_alive(now_there, r.number);
+      case campaign_kind::claim:
+        if (r.error) return c.failed(now_there, *r.error);
+        if (!r.holder) return c.claim_lease_gone(now_there);
+        return c.claimed(now_there, r.number, r.holder->lease, r.holder->value);
+      case campaign_kind::watch:
+        return c.watched(now_there, r.error);
+      case campaign_kind::read:
+        return c.read_key(now_there, !r.error, r.value);
+      case campaign_kind::sleep:
+        return c.woke(now_there);
+      case campaign_kind::revoke:
+        return c.revoked(now_there, r.error);
+      case campaign_kind::done:
+        break;
+    }
+    return k.doing;
+  }
+
+  void on_task_step(std::size_t index, std::uint32_t tag) {
+    task& k = jobs_[index].tasks[tag & 0xffu];
+    if (!current(k, tag) || k.paused || k.hung) return;
+    step(index, tag & 0xffu, heard(index, tag & 0xffu));
+  }
+
+  // A lease that may run out at `lease`'s expiry: the store looks then.
+  void expire_at(std::size_t index, std::int64_t lease) {
+    const time_point t = jobs_[index].etcd.expiry(lease);
+    if (t != time_point::max()) schedule(t, kind::etcd_expiry, index, 0);
+  }
+
+  void on_etcd_expiry(std::size_t index) {
+    job& j = jobs_[index];
+    const std::int64_t before = j.etcd.revision();
+    j.etcd.expire(now());
+    if (j.etcd.revision() != before) notify_watchers(index);
+  }
+
+  // The key changed: every watch under way ends, its news a latency away.
+  void notify_watchers(std::size_t index) {
+    job& j = jobs_[index];
+    for (const auto& [t, generation] : std::exchange(j.watchers, {})) {
+      task& k = j.tasks[t];
+      if (!k.campaign || k.generation != generation || etcd_cut(k)) continue;
+      schedule(now() + etcd_latency(), kind::task_step, index, tag_of(k, t));
+    }
+  }
+
+  // A task's campaign ended (a stop): the process restarts a renewal period later.
+  void stopped(std::size_t index, std::size_t t) {
+    task& k = jobs_[index].tasks[t];
+    crash(k);
+    const std::uint32_t generation = k.generation;
+    at(seconds_of(now()) + options_.election_ttl / 5, [this, index, t, generation] {
+      const task& h = jobs_[index].tasks[t];
+      if (h.campaign || h.generation != generation || jobs_[index].down) return;
+      start_task(index, t);
+    });
+  }
+
+  // A paused task resumes: it answers what waited (with the engine it kept, fenced by its
+  // term), and its campaign hears that what it waited for is over (a call or a watch ran past
+  // its deadline, a sleep ended).
+  void resume(std::size_t index, std::size_t t, std::uint32_t generation) {
+    task& k = jobs_[index].tasks[t];
+    if (!k.paused || k.generation != generation) return;
+    k.paused = false;
+    if (k.engine) {
+      for (queued_request& q : k.queued)
+        answer_queued(*k.engine, q);
+    }
+    k.queued.clear();
+    if (is_call(k.doing)) k.answer = {.error = "context deadline exceeded"};
+    if (k.doing.what == campaign_kind::watch) k.answer = {};
+    step(index, t, heard(index, t));
+  }
+
+  // What the campaign of task `t` reported, into who acts as the job's master: a task acts
+  // while it believes it is master and its term (on its own clock) runs; without fencing, for
+  // as long as it believes. A task that takes over deposes the acting one, which keeps its
+  // engine, fenced by its own term, while it still believes.
+  void sync(std::size_t index, std::size_t t) {
+    job& j = jobs_[index];
+    task& k = j.tasks[t];
+    auto& c = *k.campaign;
+    for (const mastership_change& r : c.take_reports()) {
+      if (r.is_master) {
+        k.believes = true;
+      } else if (options_.fencing || r.master) {
+        k.believes = false;
+      }
+    }
+    (void)c.take_log();
+    const time_point valid = real(k, c.valid_until());
+    const bool may = k.believes && !k.paused && !k.hung && (!options_.fencing || now() < valid);
+    if (j.engine && j.master_task == t) {
+      if (!may) return step_down(j);
+      if (options_.fencing) j.engine->set_valid_until(valid);
+      // Fenced at a call, and confirmed again since: learning mode again, as the node does.
+      if (!j.engine->mastership().is_master) elect(index, t);
+      return;
+    }
+    if (k.engine && !k.believes) k.engine.reset();
+    if (k.engine && options_.fencing) k.engine->set_valid_until(valid);
+    if (!may) return;
+    task& acting = j.tasks[j.master_task];
+    step_down(j, acting.believes ? &acting.engine : nullptr);
+    elect(index, t);
   }
 
   // A paused master's answer to a request that waited for it, if its caller still waits.
