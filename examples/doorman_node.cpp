@@ -340,8 +340,8 @@ void use_grpc_parent(doorman::node_options& o) {
 }
 
 template <class Node>
-int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
-          double reload_interval) {
+int serve(asio::io_context& io, Node& node, doorman::file_watch files,
+          const std::string& grpc_listen, double reload_interval) {
   // The signals are caught before anything says "listening": a SIGTERM sent on that line
   // stops the node gracefully instead of killing it.
   asio::signal_set hup(io, SIGHUP);
@@ -356,8 +356,8 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
   // The files the node reads, followed: a change (a Kubernetes ConfigMap swaps a symlink and
   // sends no signal) reloads them as SIGHUP does.
   doorman::file_follower follower(
-      io.get_executor(), "files", doorman::file_watch(node.options().files()),
-      doorman::seconds(reload_interval), [&](const auto&) { reload(); },
+      io.get_executor(), "files", std::move(files), doorman::seconds(reload_interval),
+      [&](const auto&) { reload(); },
       [](std::string_view line) { doorman_examples::log_line(line); });
   node.start();
   std::thread stopper;
@@ -396,8 +396,12 @@ int serve(asio::io_context& io, Node& node, const std::string& grpc_listen,
 template <class Node, class... Election>
 int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::string& grpc_listen,
                     double reload_interval, Election&&... election) {
+  // The files' stamps before the node reads them: a change between the two is seen at the
+  // next look.
+  std::optional<doorman::file_watch> files;
   std::optional<Node> node;
   try {
+    files.emplace(o.files());
     node.emplace(io.get_executor(), std::move(o), std::forward<Election>(election)...);
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "doorman-node: --{}\n", e.what());
@@ -407,7 +411,7 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::s
     return 2;
   }
   try {
-    return serve(io, *node, grpc_listen, reload_interval);
+    return serve(io, *node, std::move(*files), grpc_listen, reload_interval);
   } catch (const std::exception& e) {
     doorman_examples::log_line(fmt::format("fatal: {}", e.what()));
     return 1;

@@ -107,6 +107,8 @@ int serve(const options& o) {
                                       doorman::seconds(o.exact_timeout),
                                       {.block_fraction = o.block_fraction, .max_keys = o.max_keys}};
   }
+  // The stamps first, then the rules: a file changed between the two is read at the next look.
+  auto watch = doorman::file_watch::directory(o.config_dir, {".yaml", ".yml"});
   doorman::rls::rules_service service(load(o.config_dir), std::move(root));
   asio::io_context io;
   std::optional<doorman::net::http_server> metrics;
@@ -116,9 +118,7 @@ int serve(const options& o) {
   log(fmt::format("envoy.service.ratelimit.v3.RateLimitService listening on {}:{}",
                   doorman::net::parse_address(o.listen)->host, door.port()));
   doorman::file_follower rules(
-      io.get_executor(), o.config_dir,
-      doorman::file_watch::directory(o.config_dir, {".yaml", ".yml"}),
-      doorman::seconds(o.reload_interval),
+      io.get_executor(), o.config_dir, std::move(watch), doorman::seconds(o.reload_interval),
       [&](const std::vector<std::string>& changed) {
         try {
           service.replace(load(o.config_dir));

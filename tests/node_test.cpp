@@ -226,7 +226,10 @@ TEST_CASE("file_watch: a rewrite, a symlink swap, a missing file", "[node]") {
   std::ofstream(gone) << "pem";
   doorman::file_watch watch({config, "", plain, gone});
   CHECK(watch.size() == 3);
+  const auto at_start = watch.version();  // what its construction saw
+  CHECK(at_start != 0);
   auto look = watch.look();
+  CHECK(look.version == at_start);
   CHECK(look.changed.empty());
   const auto first = look.version;
   CHECK(watch.look().version == first);  // nothing changed, the same version
@@ -244,6 +247,7 @@ TEST_CASE("file_watch: a rewrite, a symlink swap, a missing file", "[node]") {
   look = watch.look();
   REQUIRE(look.unreachable);
   CHECK(*look.unreachable == gone + ": cannot be reached");
+  CHECK(watch.version() == 0);
   std::filesystem::remove_all(cm.dir);
 }
 

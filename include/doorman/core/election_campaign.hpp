@@ -196,7 +196,7 @@ class election_campaign {
 
   /// A `sleep` ended.
   action woke(time_point now) {
-    if (phase_ == phase::polling && wake_ < next_round_) return read_at(now);
+    if (wake_ < next_round_) return read_at(now);  // a standby's look between two rounds
     return begin_round(now);
   }
 
@@ -206,7 +206,6 @@ class election_campaign {
     stopping_ = true;
     term_.lost();
     if (lease_ == 0) return finish();
-    phase_ = phase::revoking;
     return {kind::revoke, now + std::chrono::duration_cast<duration>(std::chrono::seconds(1)),
             lease_, 0};
   }
@@ -225,7 +224,6 @@ class election_campaign {
   [[nodiscard]] const std::optional<std::string>& master() const noexcept { return master_; }
   [[nodiscard]] std::int64_t lease() const noexcept { return lease_; }
   [[nodiscard]] bool stopping() const noexcept { return stopping_; }
-  [[nodiscard]] const election_term<time_point>& term() const noexcept { return term_; }
 
   /// The changes of mastership since the last call, oldest first (each one a change).
   [[nodiscard]] std::vector<mastership_change> take_reports() {
@@ -235,11 +233,8 @@ class election_campaign {
   [[nodiscard]] std::vector<std::string> take_log() { return std::exchange(log_, {}); }
 
  private:
-  enum class phase { round, waiting, watching, polling, reading, revoking, finished };
-
   action begin_round(time_point now) {
     if (stopping_) return finish();
-    phase_ = phase::round;
     sent_ = now;
     const auto deadline = term_.round_deadline(sent_, is_master_);
     if (lease_ == 0) return {kind::grant, deadline, 0, 0};
@@ -254,12 +249,10 @@ class election_campaign {
     next_round_ = term_.next_round(now, answered);
     if (answered && !is_master_) {
       if (options_.watch && revision_ > 0) {
-        phase_ = phase::watching;
         return {kind::watch, next_round_, 0, revision_ + 1};
       }
       return poll(now);
     }
-    phase_ = phase::waiting;
     wake_ = next_round_;
     return {kind::sleep, wake_, 0, 0};
   }
@@ -267,21 +260,16 @@ class election_campaign {
   // Between a standby's rounds, without a watch: sleep until the next look or the round.
   action poll(time_point now) {
     const auto every = to_duration<duration>(options_.standby_poll.count());
-    phase_ = phase::polling;
     wake_ = every > duration::zero() ? std::min(next_round_, now + every) : next_round_;
     return {kind::sleep, wake_, 0, 0};
   }
 
   action read_at(time_point now) {
-    phase_ = phase::reading;
     const auto every = to_duration<duration>(options_.standby_poll.count());
     return {kind::read, now + every, 0, 0};
   }
 
-  action finish() {
-    phase_ = phase::finished;
-    return {kind::done, {}, 0, 0};
-  }
+  action finish() { return {kind::done, {}, 0, 0}; }
 
   void lease_gone() {
     lease_ = 0;
@@ -305,7 +293,6 @@ class election_campaign {
 
   election_campaign_options options_;
   election_term<time_point> term_;
-  phase phase_ = phase::round;
   time_point sent_{};        // when the round's first call was sent
   time_point next_round_{};  // when the next round begins
   time_point wake_{};        // when the sleep under way ends

@@ -83,11 +83,6 @@ class etcd_election {
 
   DOORMAN_DECL void start(std::string advertise, mastership_callback cb);
 
-  /// The campaign's state (on the election's strand; for tests and status).
-  [[nodiscard]] const election_campaign<clock::time_point>& campaign() const noexcept {
-    return state_->campaign;
-  }
-
   /// Re-reads the TLS files of its etcd client (thread-safe); throws on a bad one.
   void reload_tls() { state_->etcd.reload_tls(); }
 

@@ -70,7 +70,8 @@ struct files_look {
 /// directory whose names end in one of the extensions given, listed again at every look.
 class file_watch {
  public:
-  /// The files at `paths`; their stamps as they are now count as seen.
+  /// The files at `paths`; their stamps as they are now count as seen (make the watch before
+  /// the first read of the files: a change between the two is then seen at the next look).
   explicit file_watch(std::vector<std::string> paths) {
     for (auto& p : paths)
       if (!p.empty()) paths_.push_back(std::move(p));
@@ -111,6 +112,7 @@ class file_watch {
         paths = files_in(dir_, extensions_);
       } catch (const std::invalid_argument& e) {
         out.unreachable = e.what();
+        version_ = 0;
         return out;
       }
     }
@@ -120,6 +122,7 @@ class file_watch {
       auto s = stamp_of(p);
       if (!s.exists) {
         out.unreachable = p + ": cannot be reached";
+        version_ = 0;
         return out;
       }
       for (const std::string_view part : {std::string_view(p), std::string_view(s.target)})
@@ -138,8 +141,12 @@ class file_watch {
     }
     seen_ = std::move(now);
     out.version = static_cast<std::int64_t>(digest & 0x7fff'ffff'ffff'ffffULL);
+    version_ = out.version;
     return out;
   }
+
+  /// The version the last look found (0 when it could not look).
+  [[nodiscard]] std::int64_t version() const noexcept { return version_; }
 
   /// The fixed paths watched (none for a directory).
   [[nodiscard]] std::size_t size() const noexcept { return paths_.size(); }
@@ -157,6 +164,7 @@ class file_watch {
     return (h ^ 0xff) * 1099511628211ULL;  // a separator: ("ab","c") is not ("a","bc")
   }
 
+  std::int64_t version_ = 0;
   std::vector<std::string> paths_;
   std::string dir_;
   std::vector<std::string> extensions_;

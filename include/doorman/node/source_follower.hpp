@@ -82,7 +82,7 @@ class file_follower {
                 seconds interval, apply_type apply, std::function<void(std::string_view)> log)
       : executor_(std::move(executor)),
         watch_(std::move(watch)),
-        follower_(std::move(name), interval, watch_.look().version, follow_clock::now(), false),
+        follower_(std::move(name), interval, watch_.version(), follow_clock::now(), false),
         apply_(std::move(apply)),
         log_(std::move(log)),
         wake_(executor_) {}

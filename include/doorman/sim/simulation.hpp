@@ -1200,6 +1200,11 @@ class simulation {
   [[nodiscard]] duration etcd_latency() const {
     return to_duration<duration>(options_.network.latency);
   }
+  [[nodiscard]] static etcd_answer past_deadline() {
+    etcd_answer a;
+    a.error = "context deadline exceeded";
+    return a;
+  }
   [[nodiscard]] static bool is_call(const campaign_action& a) noexcept {
     return a.what != campaign_kind::sleep && a.what != campaign_kind::watch &&
            a.what != campaign_kind::done;
@@ -1245,7 +1250,7 @@ class simulation {
     if (a.what == campaign_kind::sleep) {
       schedule(std::max(now(), real(k, a.until)), kind::task_step, index, tag);
     } else if (etcd_cut(k)) {  // the call is lost: it fails at its deadline
-      k.answer = {.error = "context deadline exceeded"};
+      k.answer = past_deadline();
       schedule(std::max(now(), real(k, a.until)), kind::task_step, index, tag);
     } else {
       schedule(now() + etcd_latency(), kind::etcd_call, index, tag);
@@ -1261,7 +1266,7 @@ class simulation {
     if (!current(k, tag) || k.paused || k.hung) return;
     const time_point deadline = std::max(now(), real(k, k.doing.until));
     if (etcd_cut(k)) {
-      k.answer = {.error = "context deadline exceeded"};
+      k.answer = past_deadline();
       schedule(deadline, kind::task_step, index, tag);
       return;
     }
@@ -1278,7 +1283,7 @@ class simulation {
     call_etcd(index, t);
     const time_point back = now() + etcd_latency();
     if (back > deadline) {
-      k.answer = {.error = "context deadline exceeded"};
+      k.answer = past_deadline();
       schedule(deadline, kind::task_step, index, tag);
     } else {
       schedule(back, kind::task_step, index, tag);
@@ -1402,7 +1407,7 @@ class simulation {
         answer_queued(*k.engine, q);
     }
     k.queued.clear();
-    if (is_call(k.doing)) k.answer = {.error = "context deadline exceeded"};
+    if (is_call(k.doing)) k.answer = past_deadline();
     if (k.doing.what == campaign_kind::watch) k.answer = {};
     step(index, t, heard(index, t));
   }
