@@ -352,7 +352,7 @@ TEST_CASE(
 TEST_CASE("etcd model: leases run out, the key follows its lease, a change is seen by a watch",
           "[sim][election]") {
   using tp = doorman::sim::time_point;
-  doorman::sim::etcd_model<tp> etcd;
+  doorman::sim::etcd_model etcd;
   const tp t0 = doorman::sim::at(0);
   const auto a = etcd.grant(t0, 4);
   const auto b = etcd.grant(t0, 4);

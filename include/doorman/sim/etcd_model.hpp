@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "doorman/core/time.hpp"
+
 namespace doorman::sim {
 
-template <class TimePoint>
 class etcd_model {
  public:
-  using time_point = TimePoint;
-  using duration = typename TimePoint::duration;
+  using time_point = manual_clock::time_point;  ///< the simulation's
 
   /// The key's holder: its lease (0: the key is free) and value.
   struct holder {

@@ -155,8 +155,8 @@ struct queued_request {
 struct etcd_answer {
   std::optional<std::string> error;
   std::int64_t number = 0;  ///< grant: the lease; keep-alive: the seconds left; claim: revision
-  std::optional<etcd_model<time_point>::holder> holder;  ///< claim: the key's (none: lease gone)
-  std::optional<std::string> value;                      ///< read: the key's value
+  std::optional<etcd_model::holder> holder;  ///< claim: the key's (none: lease gone)
+  std::optional<std::string> value;          ///< read: the key's value
 };
 
 /// One task of a job: a process that campaigns for mastership with the real campaign machine
@@ -197,7 +197,7 @@ struct job {
   std::size_t master_task = 0;             ///< the acting master's task (when `engine`)
   time_point elected_at{};                 ///< when it became the acting master
   std::vector<task> tasks;
-  etcd_model<time_point> etcd;  ///< the store the tasks elect through
+  etcd_model etcd;  ///< the store the tasks elect through
   /// Tasks watching the key: (task, generation of its watch).
   std::vector<std::pair<std::size_t, std::uint32_t>> watchers;
   // Faults (`lose_master`, `hang_answers`, `cut_clients`, `cut_parent`, `refuse`; the others
