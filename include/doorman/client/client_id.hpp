@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <string>
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 namespace doorman {
@@ -18,7 +17,12 @@ inline std::string default_client_id() {
   static std::atomic<std::uint64_t> counter{0};
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  return fmt::format("{}:{}:{}", host[0] ? host : "localhost", ::getpid(), counter++);
+  std::string id = host[0] ? host : "localhost";  // without fmt: the client's header is light
+  id += ':';
+  id += std::to_string(::getpid());
+  id += ':';
+  id += std::to_string(counter++);
+  return id;
 }
 
 }  // namespace doorman

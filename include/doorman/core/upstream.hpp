@@ -61,7 +61,6 @@ class basic_upstream {
  public:
   using engine_type = Engine;
   using time_point = typename Engine::time_point;
-  using duration = typename Engine::duration;
 
   explicit basic_upstream(upstream_options options)
       : options_(std::move(options)), schedule_(options_.refresh) {}
