@@ -419,6 +419,20 @@ TEST_CASE("simulation: tasks elect with the node's campaign machine against a mo
   CHECK_FALSE(root.tasks[1].engine);
 }
 
+TEST_CASE("simulation: a job of one task that stops campaigns again at once and wins",
+          "[sim][election]") {
+  doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",
+      "capacity": 100, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 8,
+      "refresh_interval": 2}}]})"});
+  const auto root = s.add_job("root", std::nullopt);
+  s.at(30, [&] { s.elect_master(root); });
+  s.run_until(doorman::sim::at(30.5));
+  const auto& j = s.jobs()[root];
+  CHECK(j.elections == 2);
+  CHECK(j.engine);
+  CHECK(doorman::sim::seconds_of(j.elected_at) - 30 < 0.01);  // a revoke, a grant, a claim
+}
+
 TEST_CASE("simulation faults: a cut link heals within a refresh interval", "[sim][fault]") {
   fault_tree tree;
   tree.sim.at(60, [&] { tree.sim.cut_parent(tree.left, 30); });

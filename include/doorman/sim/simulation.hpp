@@ -348,7 +348,8 @@ class simulation {
   }
 
   /// The acting master stops (a restart): it steps down, revokes its election lease so that
-  /// another task wins at once (empty, in learning mode), and campaigns again a period later.
+  /// another task wins at once (empty, in learning mode), and campaigns again a period later
+  /// (the job's only task: at once, and wins again).
   void elect_master(std::size_t index) {
     job& j = jobs_.at(index);
     if (!j.engine) return;
@@ -1383,12 +1384,14 @@ class simulation {
     }
   }
 
-  // A task's campaign ended (a stop): the process restarts a renewal period later.
+  // A task's campaign ended (a stop): the process restarts a renewal period later, so that
+  // another task wins; at once when it is the job's only task.
   void stopped(std::size_t index, std::size_t t) {
     task& k = jobs_[index].tasks[t];
     crash(k);
     const std::uint32_t generation = k.generation;
-    at(seconds_of(now()) + options_.election_ttl / 5, [this, index, t, generation] {
+    const double later = jobs_[index].tasks.size() > 1 ? options_.election_ttl / 5 : 0;
+    at(seconds_of(now()) + later, [this, index, t, generation] {
       const task& h = jobs_[index].tasks[t];
       if (h.campaign || h.generation != generation || jobs_[index].down) return;
       start_task(index, t);
