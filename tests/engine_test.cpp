@@ -1394,6 +1394,40 @@ struct campaign_fixture {
 }  // namespace
 
 TEST_CASE_METHOD(campaign_fixture,
+                 "election campaign: resume maps each action's outcome to the event it makes",
+                 "[core][election]") {
+  // Two campaigns through the same path, one told each event, one handed the outcomes (as
+  // etcd_election and the simulator hand them): the same actions, reports and term.
+  using namespace std::chrono_literals;
+  using outcome = campaign_t::outcome;
+  campaign_t by_outcome = campaign_of_a();
+  auto a = c.start(t0);
+  CHECK(by_outcome.start(t0) == a);
+  const auto both = [&](campaign_t::action expected, kind done, const outcome& o) {
+    CHECK(by_outcome.resume(t0 + 1s, done, o) == expected);
+    CHECK(by_outcome.take_reports() == c.take_reports());
+    CHECK(by_outcome.valid_until() == c.valid_until());
+  };
+  both(c.granted(t0 + 1s, 42, 10), kind::grant, {.lease = 42, .ttl = 10});
+  both(c.claimed(t0 + 1s, 5, 42, "a:1"), kind::claim,
+       {.revision = 5, .holder = doorman::election_holder{42, "a:1"}});
+  both(c.woke(t0 + 1s), kind::sleep, {});
+  both(c.kept_alive(t0 + 1s, 0), kind::keep_alive, {.ttl = 0});  // expired: steps down
+  both(c.granted(t0 + 1s, 43, 10), kind::grant, {.lease = 43, .ttl = 10});
+  both(c.claim_lease_gone(t0 + 1s), kind::claim, {});  // no holder: our lease went
+  both(c.woke(t0 + 1s), kind::sleep, {});
+  both(c.failed(t0 + 1s, "refused"), kind::grant, {.error = "refused"});
+  both(c.woke(t0 + 1s), kind::sleep, {});
+  both(c.granted(t0 + 1s, 44, 10), kind::grant, {.lease = 44, .ttl = 10});
+  both(c.claimed(t0 + 1s, 7, 9, "b:1"), kind::claim,
+       {.revision = 7, .holder = doorman::election_holder{9, "b:1"}});
+  both(c.watched(t0 + 1s, "no watch"), kind::watch, {.error = "no watch"});
+  both(c.woke(t0 + 1s), kind::sleep, {});
+  both(c.read_key(t0 + 1s, true, "b:1"), kind::read, {.value = "b:1"});
+  CHECK(by_outcome.resume(t0 + 1s, kind::done, {}).what == kind::done);  // nothing follows
+}
+
+TEST_CASE_METHOD(campaign_fixture,
                  "election campaign: a task wins, renews every period, and reports only changes",
                  "[core][election]") {
   using namespace std::chrono_literals;

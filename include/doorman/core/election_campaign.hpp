@@ -47,6 +47,12 @@ struct election_campaign_options {
   seconds standby_poll{0.25};           ///< else reads it this often (0: only the rounds)
 };
 
+/// The election key's holder: its lease (0: the key is free) and value.
+struct election_holder {
+  std::int64_t lease = 0;
+  std::string value;
+};
+
 /// Who is master, as the campaign learnt it.
 struct mastership_change {
   bool is_master = false;
@@ -83,6 +89,17 @@ class election_campaign {
   };
   using kind = typename action::kind;
 
+  /// What came of an action, for `resume`: what the lock service answered, or why the call
+  /// failed. Each action reads its own fields.
+  struct outcome {
+    std::optional<std::string> error{};  ///< the call failed (a watch: it could not watch)
+    std::int64_t lease = 0;              ///< grant: the lease granted
+    std::int64_t ttl = 0;  ///< grant: its TTL in seconds; keep-alive: the seconds left (<= 0: gone)
+    std::int64_t revision = 0;                ///< claim: the store's revision
+    std::optional<election_holder> holder{};  ///< claim: the key's holder (none: our lease is gone)
+    std::optional<std::string> value{};       ///< read: the key's value (none: the key is free)
+  };
+
   election_campaign(election_campaign_options options, duration ttl)
       : options_(std::move(options)), term_(ttl) {}
 
@@ -92,6 +109,32 @@ class election_campaign {
 
   /// Begins a round (also after the driver restarted: the lease and the term are kept).
   action start(time_point now) { return begin_round(now); }
+
+  /// Action `done` came to `o`: the event it makes, and what to do next. A driver performs an
+  /// action and hands its outcome here, so that what each answer means is said once.
+  action resume(time_point now, kind done, const outcome& o) {
+    switch (done) {
+      case kind::grant:
+        return o.error ? failed(now, *o.error) : granted(now, o.lease, o.ttl);
+      case kind::keep_alive:
+        return o.error ? failed(now, *o.error) : kept_alive(now, o.ttl);
+      case kind::claim:
+        if (o.error) return failed(now, *o.error);
+        if (!o.holder) return claim_lease_gone(now);
+        return claimed(now, o.revision, o.holder->lease, o.holder->value);
+      case kind::watch:
+        return watched(now, o.error);
+      case kind::read:
+        return read_key(now, !o.error, o.value);
+      case kind::sleep:
+        return woke(now);
+      case kind::revoke:
+        return revoked(now, o.error);
+      case kind::done:
+        break;
+    }
+    return finish();
+  }
 
   /// The lease asked for: granted, with `ttl` seconds as the lock service granted it.
   action granted(time_point now, std::int64_t lease, std::int64_t ttl_seconds) {

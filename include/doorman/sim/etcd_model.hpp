@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "doorman/core/election_campaign.hpp"
 #include "doorman/core/time.hpp"
 
 namespace doorman::sim {
@@ -22,11 +23,7 @@ class etcd_model {
  public:
   using time_point = manual_clock::time_point;  ///< the simulation's
 
-  /// The key's holder: its lease (0: the key is free) and value.
-  struct holder {
-    std::int64_t lease = 0;
-    std::string value;
-  };
+  using holder = election_holder;  ///< the key's holder: its lease (0: free) and value
 
   /// A lease of `ttl` seconds, from `now`. Returns its id.
   std::int64_t grant(time_point now, std::int64_t ttl) {

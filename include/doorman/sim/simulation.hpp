@@ -151,14 +151,6 @@ struct queued_request {
   std::variant<capacity_request, server_capacity_request> request;
 };
 
-/// What the election store answered to a task's call (or why the call failed).
-struct etcd_answer {
-  std::optional<std::string> error;
-  std::int64_t number = 0;  ///< grant: the lease; keep-alive: the seconds left; claim: revision
-  std::optional<etcd_model::holder> holder;  ///< claim: the key's (none: lease gone)
-  std::optional<std::string> value;          ///< read: the key's value
-};
-
 /// One task of a job: a process that campaigns for mastership with the real campaign machine
 /// (`election_campaign`) against its job's model of etcd, on a clock of its own.
 struct task {
@@ -166,7 +158,7 @@ struct task {
   std::optional<campaign_type> campaign;  ///< none while the process is down
   campaign_type::action doing{};          ///< the campaign's action under way
   std::uint32_t generation = 0;           ///< of `doing`'s events (older ones are stale)
-  etcd_answer answer;                     ///< to the call of `doing`
+  campaign_type::outcome answer;          ///< what came of `doing`
   /// Whether it takes itself for master: since the campaign reported so, until it reported
   /// otherwise (without fencing: until it learnt another holder).
   bool believes = false;
@@ -394,8 +386,7 @@ class simulation {
     at(seconds_of(now()) + restart_after, [this, index, t, generation] {
       task& h = jobs_[index].tasks[t];
       if (!h.hung || h.generation != generation || jobs_[index].down) return;
-      crash(h);
-      start_task(index, t);
+      start_task(index, t);  // a new process
     });
   }
 
@@ -747,7 +738,8 @@ class simulation {
     engine_options eo = options_.engine;
     eo.is_root = !j.parent;
     eo.log = nullptr;
-    if (k.engine && (k.engine->fence(now()), k.engine->mastership().is_master)) {
+    if (k.engine) k.engine->fence(now());  // its term may have ended meanwhile
+    if (k.engine && k.engine->mastership().is_master) {
       j.engine = std::move(k.engine);
     } else {
       k.engine.reset();
@@ -1201,8 +1193,8 @@ class simulation {
   [[nodiscard]] duration etcd_latency() const {
     return to_duration<duration>(options_.network.latency);
   }
-  [[nodiscard]] static etcd_answer past_deadline() {
-    etcd_answer a;
+  [[nodiscard]] static task::campaign_type::outcome past_deadline() {
+    task::campaign_type::outcome a;
     a.error = "context deadline exceeded";
     return a;
   }
@@ -1264,7 +1256,7 @@ class simulation {
     job& j = jobs_[index];
     const std::size_t t = tag & 0xffu;
     task& k = j.tasks[t];
-    if (!current(k, tag) || k.paused || k.hung) return;
+    if (!current(k, tag)) return;  // a pause, a hang or a crash made it stale
     const time_point deadline = std::max(now(), real(k, k.doing.until));
     if (etcd_cut(k)) {
       k.answer = past_deadline();
@@ -1300,16 +1292,17 @@ class simulation {
     k.answer = {};
     switch (a.what) {
       case campaign_kind::grant:
-        k.answer.number = j.etcd.grant(now(), std::llround(options_.election_ttl));
-        expire_at(index, k.answer.number);
+        k.answer.ttl = std::llround(options_.election_ttl);
+        k.answer.lease = j.etcd.grant(now(), k.answer.ttl);
+        expire_at(index, k.answer.lease);
         break;
       case campaign_kind::keep_alive:
-        k.answer.number = j.etcd.keep_alive(now(), a.lease);
+        k.answer.ttl = j.etcd.keep_alive(now(), a.lease);
         expire_at(index, a.lease);
         break;
       case campaign_kind::claim:
         if (auto r = j.etcd.put_if_absent(now(), a.lease, k.campaign->advertise())) {
-          k.answer.number = r->first;
+          k.answer.revision = r->first;
           k.answer.holder = std::move(r->second);
         }
         break;
@@ -1328,36 +1321,12 @@ class simulation {
   // The campaign hears what its action came to (`answer`), and says what to do next.
   campaign_action heard(std::size_t index, std::size_t t) {
     task& k = jobs_[index].tasks[t];
-    auto& c = *k.campaign;
-    const time_point now_there = local(k);
-    const etcd_answer& r = k.answer;
-    switch (k.doing.what) {
-      case campaign_kind::grant:
-        return r.error ? c.failed(now_there, *r.error)
-                       : c.granted(now_there, r.number, std::llround(options_.election_ttl));
-      case campaign_kind::keep_alive:
-        return r.error ? c.failed(now_there, *r.error) : c.kept_alive(now_there, r.number);
-      case campaign_kind::claim:
-        if (r.error) return c.failed(now_there, *r.error);
-        if (!r.holder) return c.claim_lease_gone(now_there);
-        return c.claimed(now_there, r.number, r.holder->lease, r.holder->value);
-      case campaign_kind::watch:
-        return c.watched(now_there, r.error);
-      case campaign_kind::read:
-        return c.read_key(now_there, !r.error, r.value);
-      case campaign_kind::sleep:
-        return c.woke(now_there);
-      case campaign_kind::revoke:
-        return c.revoked(now_there, r.error);
-      case campaign_kind::done:
-        break;
-    }
-    return k.doing;
+    return k.campaign->resume(local(k), k.doing.what, k.answer);
   }
 
   void on_task_step(std::size_t index, std::uint32_t tag) {
     task& k = jobs_[index].tasks[tag & 0xffu];
-    if (!current(k, tag) || k.paused || k.hung) return;
+    if (!current(k, tag)) return;
     step(index, tag & 0xffu, heard(index, tag & 0xffu));
   }
 

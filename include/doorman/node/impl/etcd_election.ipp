@@ -33,48 +33,60 @@ DOORMAN_DECL asio::awaitable<etcd_election::action> etcd_election::perform(state
                                                                            const action& a) {
   using kind = action::kind;
   auto& c = s.campaign;
+  election_campaign<clock::time_point>::outcome o;
+  const auto ok = [&o](const auto& r) {  // a failed call's message becomes the outcome's error
+    if (!r) o.error = r.message;
+    return static_cast<bool>(r);
+  };
   switch (a.what) {
     case kind::grant: {
       const auto g = co_await s.etcd.grant(std::llround(s.options.ttl.count()), a.until);
-      co_return g ? c.granted(clock::now(), g.value.id, g.value.ttl)
-                  : c.failed(clock::now(), g.message);
+      if (ok(g)) {
+        o.lease = g.value.id;
+        o.ttl = g.value.ttl;
+      }
+      break;
     }
     case kind::keep_alive: {
       const auto k = co_await s.etcd.keep_alive(a.lease, a.until);
-      co_return k ? c.kept_alive(clock::now(), k.value) : c.failed(clock::now(), k.message);
+      if (ok(k)) o.ttl = k.value;
+      break;
     }
     case kind::claim: {
       const auto r = co_await s.etcd.put_if_absent(s.options.key, c.advertise(), a.lease, a.until);
-      if (r.error == net::etcd_errc::not_found) co_return c.claim_lease_gone(clock::now());
-      if (!r) co_return c.failed(clock::now(), r.message);
-      co_return c.claimed(clock::now(), r.value.revision, r.value.holder.lease,
-                          r.value.holder.value);
+      if (r) {
+        o.revision = r.value.revision;
+        o.holder = election_holder{r.value.holder.lease, r.value.holder.value};
+      } else if (r.error != net::etcd_errc::not_found) {  // not found: our lease is gone
+        o.error = r.message;
+      }
+      break;
     }
     case kind::watch: {
       const auto w = co_await s.etcd.watch(s.options.key, a.revision, a.until,
                                            [&s](std::function<void()> end) { s.end_watch = end; });
       s.end_watch = nullptr;
-      co_return c.watched(clock::now(), w ? std::nullopt : std::optional<std::string>(w.message));
+      ok(w);
+      break;
     }
     case kind::read: {
       const auto g = co_await s.etcd.get(s.options.key, a.until);
-      std::optional<std::string> value;
-      if (g && g.value) value = g.value->value;
-      co_return c.read_key(clock::now(), static_cast<bool>(g), value);
+      if (ok(g) && g.value) o.value = g.value->value;
+      break;
     }
-    case kind::sleep: {
+    case kind::sleep:
       s.timer.expires_at(a.until);
       co_await net::wait_on(s.timer);
-      co_return c.woke(clock::now());
-    }
+      break;
     case kind::revoke: {
       const auto r = co_await s.etcd.revoke(a.lease, a.until);
-      co_return c.revoked(clock::now(), r ? std::nullopt : std::optional<std::string>(r.message));
+      ok(r);
+      break;
     }
     case kind::done:
-      break;
+      co_return a;
   }
-  co_return a;
+  co_return c.resume(clock::now(), a.what, o);
 }
 
 DOORMAN_DECL void etcd_election::start(std::string advertise, mastership_callback cb) {
