@@ -13,6 +13,7 @@
 
 #include <doorman/core.hpp>
 #include <doorman/node/status_page.hpp>
+#include <doorman/protocol/hot_path.hpp>
 
 #include "drift.hpp"
 
@@ -193,6 +194,39 @@ void status_page(benchmark::State& state) {
   state.counters["leases"] = static_cast<double>(state.range(0));
 }
 
+// A parent link's request of `n` resources, one band each, with a lease held.
+doorman::server_capacity_request upstream_request(std::size_t n) {
+  doorman::server_capacity_request r{"intermediate-7", {}};
+  for (std::size_t i = 0; i < n; ++i) {
+    r.resources.push_back({"resource-" + std::to_string(i),
+                           doorman::lease_info{12.5, 41.25, 16},
+                           12.5,
+                           {{0, 3, 17.75}}});
+  }
+  return r;
+}
+
+// The params of that request as a channel writes them: through the JSON DOM (`to_line`, the
+// untyped call), or by the streaming writer (a typed call). The same bytes either way.
+void request_params_dom(benchmark::State& state) {
+  const auto r = upstream_request(static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(doorman::to_line(nlohmann::json(r)));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void request_params_stream(benchmark::State& state) {
+  const auto r = upstream_request(static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state) {
+    std::string line;
+    doorman::detail::write_fields(line, r);
+    benchmark::DoNotOptimize(line);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+BENCHMARK(request_params_dom)->RangeMultiplier(100)->Range(1, 10'000)->MinTime(0.5);
+BENCHMARK(request_params_stream)->RangeMultiplier(100)->Range(1, 10'000)->MinTime(0.5);
 BENCHMARK(fair_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(proportional_share)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);
 BENCHMARK(share_index_update)->RangeMultiplier(10)->Range(1'000, 1'000'000)->MinTime(0.5);

@@ -33,7 +33,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
-using nlohmann::json;
 
 struct scripted_client {
   std::string id;
@@ -45,7 +44,7 @@ struct scripted_client {
   double leave_at;  // when it releases and stops (< 0: never)
   double gets = 0;  // current lease
   bool active = false;
-  std::optional<json> has{};
+  std::optional<doorman::lease_info> has{};
 };
 
 // Weighted max-min fairness of `wants` within `capacity` (one subclient each): the reference.
@@ -74,23 +73,22 @@ asio::awaitable<void> run_client(scripted_client& c, doorman::net::channel& ch,
   while (!stop && clock_type::now() < end) {
     const double t = doorman::to_seconds(clock_type::now() - t0);
     if (c.leave_at >= 0 && t >= c.leave_at) {
-      // GCC 12 cannot take braced initializers inside co_await: build the params first.
-      const json release = {{"client_id", c.id}, {"resources", json::array({"api"})}};
-      co_await ch.call("release_capacity", release);
+      // GCC 12 cannot take braced initializers inside co_await: build the request first.
+      doorman::release_request release{c.id, {"api"}};
+      co_await ch.call<doorman::methods::release_capacity>(std::move(release));
       c.active = false;
       c.gets = 0;
       co_return;
     }
     if (c.change_at >= 0 && t >= c.change_at) c.wants = c.later_wants;
-    json r = {{"resource_id", "api"}, {"wants", c.wants}};
-    if (c.has) r["has"] = *c.has;
-    const json params = {{"client_id", c.id}, {"resources", json::array({r})}};
-    const auto reply = co_await ch.call("get_capacity", params);
+    doorman::capacity_request request{c.id,
+                                      {{.resource_id = "api", .wants = c.wants, .has = c.has}}};
+    const auto reply = co_await ch.call<doorman::methods::get_capacity>(std::move(request));
     double refresh = 1;
-    if (reply && !reply.result["resources"].empty()) {
-      c.has = reply.result["resources"][0]["gets"];
-      c.gets = (*c.has)["capacity"].get<double>();
-      refresh = std::clamp((*c.has)["refresh_interval"].get<double>(), 0.1, 5.0);
+    if (reply && !reply.result.resources.empty()) {
+      c.has = reply.result.resources[0].gets;
+      c.gets = c.has->capacity;
+      refresh = std::clamp(c.has->refresh_interval, 0.1, 5.0);
     }
     // Come back when the lease asks, or at the next script event, whichever is first.
     double next = t + refresh;

@@ -65,6 +65,103 @@ TEST_CASE("a change to the call machine changes the channel and the simulator al
   }
 }
 
+TEST_CASE("typed calls: each method's request in, its row's response out",
+          "[net][channel][typed]") {
+  namespace m = doorman::methods;
+  running_node root(fast_config(10));
+  asio::io_context io;
+  doorman::net::channel ch(io.get_executor(), {.addresses = {root.address()}});
+  const auto got = run_coroutine_test(io, [&] {
+    return ch.call<m::get_capacity>({"a", {{.resource_id = "db", .wants = 4}}});
+  });
+  REQUIRE(got);
+  REQUIRE(got.result.resources.size() == 1);
+  CHECK(got.result.resources[0].resource_id == "db");
+  CHECK(got.result.resources[0].gets.capacity == 4);
+  CHECK(got.result.mastership.is_master);
+
+  const auto st = run_coroutine_test(io, [&] { return ch.call<m::status>({{"db"}, {}}); });
+  REQUIRE(st);
+  CHECK(st.result.identity.role == "root");
+  CHECK(st.result.identity.level == 0);
+  REQUIRE(st.result.status.resources.size() == 1);
+  CHECK(st.result.status.resources[0].sum_has == 4);
+  REQUIRE(st.result.status.leases.size() == 1);
+  CHECK(st.result.status.leases[0].client_id == "a");
+
+  const auto d = run_coroutine_test(io, [&] { return ch.call<m::discovery>({}); });
+  REQUIRE(d);
+  CHECK(d.result.mastership.is_master);
+  const auto rel = run_coroutine_test(io, [&] {
+    return ch.call<m::release_capacity>({"a", {"db"}});
+  });
+  REQUIRE(rel);
+  const auto after = run_coroutine_test(io, [&] { return ch.call<m::status>({{"db"}, {}}); });
+  REQUIRE(after);
+  CHECK(after.result.status.leases.empty());
+
+  // A request the node refuses is its error answer, code and message.
+  const auto bad = run_coroutine_test(io, [&] {
+    return ch.call<m::get_capacity>({"a", {{.resource_id = "db", .wants = -1}}});
+  });
+  CHECK(bad.error == doorman::errc::error_answer);
+  CHECK(bad.code == -32602);
+  CHECK_THAT(bad.message, Catch::Contains("params.resources[0].wants"));
+}
+
+TEST_CASE(
+    "typed calls: what is sent is the request's wire form, a wrongly typed answer a bad "
+    "answer naming the field",
+    "[net][channel][typed][bounds]") {
+  // A peer that records each request and answers status with a level out of range, and
+  // get_capacity with a capacity that is a string.
+  std::vector<json> seen;
+  std::vector<std::string> lines;
+  asio::io_context io;
+  auto answer = [&](std::string_view line) -> std::optional<std::string> {
+    const auto j = json::parse(line);
+    seen.push_back(j);
+    lines.emplace_back(line);
+    const std::string id = j["id"].dump();
+    if (j["method"] == "status") {
+      return R"({"jsonrpc":"2.0","id":)" + id +
+             R"(,"result":{"mastership":{"is_master":true},"resources":[],"level":1000}})";
+    }
+    return R"({"jsonrpc":"2.0","id":)" + id +
+           R"(,"result":{"mastership":{"is_master":true},"resources":[{"resource_id":"db",)"
+           R"("gets":{"capacity":"x","expires_in":1,"refresh_interval":1}}]}})";
+  };
+  doorman::net::server server(io.get_executor(), {}, answer);
+  server.listen({"127.0.0.1", "0"});
+  server.start();
+  doorman::net::channel ch(
+      io.get_executor(),
+      {.addresses = {"127.0.0.1:" + std::to_string(server.local_endpoint().port())}});
+  const auto st = run_coroutine_test(io, [&] {
+    return ch.call<doorman::methods::status>({{"db"}, {2, 5}});
+  });
+  CHECK(st.error == doorman::errc::bad_answer);
+  CHECK(st.message == "bad answer: result.level: must be an integer from 0 to 999");
+  const auto got = run_coroutine_test(io, [&] {
+    return ch.call<doorman::methods::get_capacity>({"a", {{.resource_id = "db", .wants = 4}}});
+  });
+  CHECK(got.error == doorman::errc::bad_answer);
+  CHECK_THAT(got.message, Catch::Contains("result.resources[0].gets.capacity"));
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0]["method"] == "status");
+  CHECK(seen[0]["params"] == json{{"resource_id", "db"}, {"offset", 2}, {"limit", 5}});
+  CHECK(seen[1]["method"] == "get_capacity");
+  CHECK(seen[1]["params"] ==
+        json{{"client_id", "a"},
+             {"resources", {{{"resource_id", "db"}, {"priority", 0}, {"wants", 4.0}}}}});
+  // Written without a DOM, byte for byte what the DOM writes.
+  const doorman::capacity_request asked{"a", {{.resource_id = "db", .wants = 4}}};
+  CHECK(lines[1] ==
+        doorman::to_line(
+            json{{"jsonrpc", "2.0"}, {"id", 2}, {"method", "get_capacity"}, {"params", asked}}));
+  server.stop();
+}
+
 TEST_CASE("calls made together on a fresh channel share one connection attempt",
           "[net][channel][fault]") {
   running_node root(fast_config(10));
@@ -285,11 +382,12 @@ struct counting_requester {
     if (answered + failed < calls) return {true, now};
     return {false, now + 24h};
   }
-  doorman::net::outgoing_call request(clock::time_point) const {
-    return {"discovery", json::object(), std::nullopt};
+  doorman::net::outgoing_call<doorman::methods::discovery> request(clock::time_point) const {
+    return {};
   }
-  asio::awaitable<void> on_reply(doorman::net::call_reply reply, clock::time_point) {
-    if (reply && reply.result.contains("mastership")) {
+  asio::awaitable<void> on_reply(doorman::net::reply_of<doorman::methods::discovery> reply,
+                                 clock::time_point) {
+    if (reply && reply.result.mastership.is_master) {
       ++answered;
     } else {
       ++failed;

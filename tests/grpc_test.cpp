@@ -24,6 +24,7 @@
 #include "etcd_server.hpp"
 #include "line_client.hpp"
 #include "mapping.hpp"
+#include "parent_channel.hpp"
 #include "process.hpp"
 #include "support.hpp"
 
@@ -203,6 +204,32 @@ TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRP
     if (l["client_id"] == "mid") leased_to_mid = l["is_server"] && l["has"]["capacity"] >= 30;
   }
   CHECK(leased_to_mid);
+}
+
+TEST_CASE("grpc: the parent channel maps typed calls straight to Doorman's messages",
+          "[grpc][process][typed]") {
+  grpc_node root("typed");
+  asio::io_context io;
+  auto ch =
+      doorman::grpc_door::make_parent_channel(io.get_executor(), {.addresses = {root.address}});
+  doorman::server_capacity_request req{"mid", {{"api", std::nullopt, 0, {{0, 2, 30}}}}};
+  const auto r = doorman_test::run_coroutine_test(
+      io, [&] { return ch->call<doorman::methods::get_server_capacity>(req); });
+  REQUIRE(r);
+  CHECK(r.result.mastership.is_master);
+  REQUIRE(r.result.resources.size() == 1);
+  CHECK(r.result.resources[0].resource_id == "api");
+  CHECK(r.result.resources[0].gets.capacity == 30);
+  CHECK(r.result.resources[0].algorithm.kind == "FAIR_SHARE");
+
+  // Doorman's protocol has no status: the call fails at once, before any deadline.
+  const auto start = std::chrono::steady_clock::now();
+  const auto st =
+      doorman_test::run_coroutine_test(io, [&] { return ch->call<doorman::methods::status>({}); });
+  CHECK(st.error == doorman::errc::error_answer);
+  CHECK(st.message == "Doorman's protocol has no status (the parent speaks gRPC)");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  ch->shutdown();
 }
 
 TEST_CASE("grpc: a parent link over gRPC to an address that refuses backs off and says why",

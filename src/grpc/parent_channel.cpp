@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
@@ -19,7 +20,6 @@
 
 #include <doorman/core/call.hpp>
 #include <doorman/core/failover.hpp>
-#include <doorman/protocol/codec.hpp>
 
 #include "doorman.grpc.pb.h"
 #include "mapping.hpp"
@@ -80,23 +80,25 @@ class parent_channel final : public net::call_channel {
     calls_.wait_empty();
   }
 
-  asio::awaitable<net::call_reply> call(std::string method, nlohmann::json params,
-                                        bool follow_redirects,
-                                        std::optional<seconds> timeout) override {
+  asio::awaitable<net::call_status> call_any(net::any_request request, net::any_response response,
+                                             net::call_options options) override {
     if (shut_) co_return fail(errc::shut_down, "channel shut down");
-    if (method != "get_server_capacity") {
+    const auto* req = std::get_if<const server_capacity_request*>(&request);
+    auto* const* resp = std::get_if<server_capacity_response*>(&response);
+    if (!req || !resp) {
+      const std::string_view method = std::visit(
+          [](const auto* r) { return method_of_request<std::remove_cvref_t<decltype(*r)>>::name; },
+          request);
       co_return fail(errc::error_answer,
                      fmt::format("Doorman's protocol has no {} (the parent speaks gRPC)", method));
     }
-    server_capacity_request request;
-    if (auto err = decode(params, request)) co_return fail(errc::bad_answer, err->message);
     const auto start = clock::now();
-    const auto deadline =
-        start + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
+    const auto deadline = start + to_duration<clock::duration>(
+                                      options.timeout.value_or(options_.call_timeout).count());
     call_machine<clock::time_point> m(policy_, start, deadline,
-                                      {options_.max_redirects, follow_redirects});
+                                      {options_.max_redirects, options.follow_redirects});
     const std::uint64_t cancels = cancels_;
-    net::call_reply reply;
+    net::call_status status;
     auto a = m.resume(start, false, problem());
     for (;;) {
       if (shut_) co_return fail(errc::shut_down, "channel shut down");
@@ -109,7 +111,7 @@ class parent_channel final : public net::call_channel {
         case step::kind::connect:  // gRPC connects as it sends
         case step::kind::send: {
           const std::string address = policy_.current();
-          a = co_await send_step(m, address, request, method, reply);
+          a = co_await send_step(m, address, **req, **resp, status);
           if (cancels_ != cancels) co_return fail(asio::error::operation_aborted, "call cancelled");
           break;
         }
@@ -117,7 +119,7 @@ class parent_channel final : public net::call_channel {
           a = m.resume(clock::now(), false, problem());
           break;
         case step::kind::done:
-          co_return std::move(reply);
+          co_return std::move(status);
         case step::kind::fail:
           co_return fail(a.error, std::move(a.message));
       }
@@ -143,8 +145,8 @@ class parent_channel final : public net::call_channel {
   }
 
  private:
-  static net::call_reply fail(std::error_code ec, std::string message) {
-    net::call_reply r;
+  static net::call_status fail(std::error_code ec, std::string message) {
+    net::call_status r;
     r.error = ec;
     r.message = std::move(message);
     return r;
@@ -201,12 +203,14 @@ class parent_channel final : public net::call_channel {
 
   std::string problem() const { return problem_.empty() ? "" : "; " + problem_; }
 
-  // The machine's `send`: one GetServerCapacity to `address`; the machine's next step, with
-  // the reply in `reply`. A hung parent ends the call (the route moves on), an unreachable one
-  // is left for the next address while the deadline allows, a refusal is the call's answer.
+  // The machine's `send`: one GetServerCapacity to `address`; the machine's next step, the
+  // answer in `answer` and how the call went in `status`. A hung parent ends the call (the
+  // route moves on), an unreachable one is left for the next address while the deadline
+  // allows, a refusal is the call's answer.
   asio::awaitable<step> send_step(call_machine<clock::time_point>& m, const std::string& address,
-                                  const server_capacity_request& request, const std::string& method,
-                                  net::call_reply& reply) {
+                                  const server_capacity_request& request,
+                                  server_capacity_response& answer, net::call_status& status) {
+    static constexpr std::string_view method = methods::get_server_capacity::name;
     ::doorman::GetServerCapacityRequest req;
     to_proto(request, unix_now(), req);
     ::doorman::GetServerCapacityResponse resp;
@@ -222,17 +226,16 @@ class parent_channel final : public net::call_channel {
         problem_ = fmt::format("cannot reach {}: {}", address, s.error_message());
         co_return m.connect_failed(clock::now(), true, problem());
       case grpc::StatusCode::CANCELLED:
-        reply = fail(asio::error::operation_aborted, "call cancelled");
+        status = fail(asio::error::operation_aborted, "call cancelled");
         co_return step::to(step::kind::done);
       default:
-        reply =
+        status =
             fail(errc::error_answer, fmt::format("parent refused: {} {}: {} ({})", address, method,
                                                  s.error_message(), int(s.error_code())));
         co_return m.error_answer();
     }
-    auto answer = from_proto(resp, unix_now());
-    reply = net::call_reply{};
-    reply.result = nlohmann::json(answer);
+    answer = from_proto(resp, unix_now());
+    status = net::call_status{};
     std::optional<std::string> master;
     if (answer.mastership.master && net::parse_address(*answer.mastership.master))
       master = answer.mastership.master;

@@ -94,22 +94,19 @@ class rules_service::root_draws {
   void send(std::vector<doorman::hit_count> sends) {
     if (sends.empty()) return;
     doorman::count_request request{client_id_, std::move(sends)};
-    nlohmann::json params = request;  // the wire form (doorman/protocol/codec.hpp)
     asio::co_spawn(
         io_,
-        [this, params = std::move(params),
-         request = std::move(request)]() mutable -> asio::awaitable<void> {
-          auto reply = co_await channel_.call("count_hits", std::move(params));
-          doorman::count_response answer;
+        [this, request = std::move(request)]() mutable -> asio::awaitable<void> {
+          auto reply = co_await channel_.call<doorman::methods::count_hits>(request);
           std::string why;
-          if (!reply) {
+          if (reply.error == doorman::errc::bad_answer) {
+            why = "the root's count_hits answer: " + reply.message;
+          } else if (!reply) {
             why = "the root did not count: " + reply.message;
-          } else if (auto e = doorman::decode(reply.result, answer)) {
-            why = "the root's count_hits answer: " + e->message;
-          } else if (auto p = problem(answer, request.resources)) {
+          } else if (auto p = problem(reply.result, request.resources)) {
             why = "the root's count_hits answer: " + *p;
           }
-          answered(request.resources, why.empty() ? &answer.resources : nullptr, why);
+          answered(request.resources, why.empty() ? &reply.result.resources : nullptr, why);
         },
         asio::detached);
   }

@@ -48,7 +48,7 @@ struct resource_request {
   std::string resource_id;
   std::int64_t priority = 0;
   double wants = 0;
-  std::optional<lease_info> has;
+  std::optional<lease_info> has{};
 };
 
 /// `get_capacity`: a client asks for capacity on one or more resources.

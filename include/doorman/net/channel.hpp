@@ -9,8 +9,9 @@
 /// over-limit refusal) backs off, jittered and capped. Used by intermediate nodes and clients.
 ///
 ///     doorman::net::channel ch(io.get_executor(), {.addresses = {"10.0.0.7:7700"}});
-///     auto reply = co_await ch.call("get_capacity", params);
-///     if (reply) use(reply.result); else log(reply.message);
+///     auto reply = co_await ch.call<doorman::methods::get_capacity>(request);
+///     if (reply) use(reply.result); else log(reply.message);  // a capacity_response
+///     auto any = co_await ch.call("status", nlohmann::json::object());  // untyped: JSON
 ///
 /// All of a channel's work runs on its executor; call it from there (a strand if the
 /// io_context has several threads). Destroy it only once the io_context has stopped.
@@ -26,8 +27,10 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -44,7 +47,9 @@
 #include "doorman/net/address.hpp"
 #include "doorman/net/framing.hpp"
 #include "doorman/net/tls.hpp"
+#include "doorman/protocol/hot_path.hpp"
 #include "doorman/protocol/json_rpc.hpp"
+#include "doorman/protocol/service.hpp"
 
 namespace doorman::net {
 
@@ -62,30 +67,80 @@ struct channel_options {
   tls_options tls{};
 };
 
-/// The outcome of a call: a result, or why there is none.
-struct call_reply {
+/// How a call ended: well (then the reply holds the result), or why not.
+struct call_status {
   /// Empty when ok; else `errc::unreachable`, `timed_out`, `error_answer` (see `code`),
   /// `bad_answer`, `no_master`, `too_many_redirects`, `shut_down`, or
   /// `asio::error::operation_aborted` (`cancel()`).
   std::error_code error;
-  nlohmann::json result;  ///< when ok
-  int code = 0;           ///< the JSON-RPC error code, when `error_answer`
-  std::string message;    ///< what went wrong, when not ok, in words
+  int code = 0;         ///< the JSON-RPC error code, when `error_answer`
+  std::string message;  ///< what went wrong, when not ok, in words
 
   explicit operator bool() const noexcept { return !error; }
 };
 
-/// What a refresh driver calls through: `channel` (doorman's JSON-RPC lines), or a channel of
-/// another protocol (the compiled gRPC layer has one that speaks Doorman's, for a parent that
-/// is a Doorman server). Each call is on the channel's executor.
+/// The outcome of a call: a result of type `T`, or why there is none.
+template <class T>
+struct reply : call_status {
+  T result{};  ///< when ok
+};
+
+/// The outcome of an untyped call (`channel::call(method, params)`): the answer's `result`.
+using call_reply = reply<nlohmann::json>;
+
+/// The outcome of a call of method `M` (a row of doorman/protocol/service.hpp's table).
+template <class M>
+using reply_of = reply<typename M::response>;
+
+/// How to make one call.
+struct call_options {
+  bool follow_redirects = true;      ///< follow `mastership` answers to the master
+  std::optional<seconds> timeout{};  ///< the call's deadline; none: the channel's `call_timeout`
+};
+
+namespace detail {
+
+template <class Table>
+struct any_call_of;
+template <class... M>
+struct any_call_of<std::tuple<M...>> {
+  using request = std::variant<const typename M::request*...>;
+  using response = std::variant<typename M::response*...>;
+};
+
+}  // namespace detail
+
+/// A request of any method of the table, by address (what `call_channel::call_any` takes).
+using any_request = detail::any_call_of<method_table>::request;
+/// Where its answer goes: the response of the same method.
+using any_response = detail::any_call_of<method_table>::response;
+
+/// What a refresh driver and a client call through: `channel` (doorman's JSON-RPC lines), or a
+/// channel of another protocol (the compiled gRPC layer has one that speaks Doorman's, for a
+/// parent that is a Doorman server). Calls are typed: each channel maps the method's request
+/// and response to its own wire. Each call is on the channel's executor.
+///
+///     auto r = co_await ch.call<doorman::methods::get_capacity>(request);
+///     if (r) use(r.result); else log(r.message);  // r.result: a capacity_response
 class call_channel {
  public:
   virtual ~call_channel() = default;
 
-  /// Calls `method` with `params` on the master, as `channel::call` does.
-  virtual asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
-                                           bool follow_redirects,
-                                           std::optional<seconds> timeout) = 0;
+  /// Calls method `M` with `request` on the master (following redirects unless told not to)
+  /// within the call's deadline; the answer decoded, or why there is none (an answer that does
+  /// not decode is `errc::bad_answer`, naming the field).
+  template <class M>
+  asio::awaitable<reply_of<M>> call(typename M::request request, call_options options = {}) {
+    reply_of<M> out;
+    call_status s = co_await call_any(&request, &out.result, std::move(options));
+    static_cast<call_status&>(out) = std::move(s);
+    co_return out;
+  }
+
+  /// The typed call's work: `request` and `response` are of one method (`call<M>` sees to it).
+  /// A method the channel's protocol lacks fails at once (`errc::error_answer`).
+  virtual asio::awaitable<call_status> call_any(any_request request, any_response response,
+                                                call_options options) = 0;
   /// Ends the calls in flight at once with `asio::error::operation_aborted`.
   virtual void cancel() = 0;
   /// Closes for good: pending and later calls fail at once.
@@ -100,6 +155,16 @@ class call_channel {
   call_channel(const call_channel&) = default;
   call_channel& operator=(const call_channel&) = default;
 };
+
+/// A refresh answer that is not the master's (`mastership.is_master` false) as a failure,
+/// `errc::no_master`: the caller's machine counts it so.
+template <class T>
+void require_master(reply<T>& r) {
+  if (r && !r.result.mastership.is_master) {
+    r.error = errc::no_master;
+    r.message = "answered as not master";
+  }
+}
 
 class channel final : public call_channel {
  public:
@@ -170,14 +235,22 @@ class channel final : public call_channel {
     drop();
   }
 
+  using call_channel::call;
+
   /// Calls `method` with `params` on the master: follows `mastership` redirects (when
   /// `follow_redirects`), reconnects and retries other addresses until the call's deadline
   /// (`timeout`, or else the options' `call_timeout`). A call that passes its deadline leaves
   /// its connection (the peer may be hung or cut off): the next call goes to the next address.
   /// A call that finds the channel backing off until after its deadline fails at once.
-  DOORMAN_DECL asio::awaitable<call_reply> call(
-      std::string method, nlohmann::json params, bool follow_redirects = true,
-      std::optional<seconds> timeout = std::nullopt) override;
+  DOORMAN_DECL asio::awaitable<call_reply> call(std::string method, nlohmann::json params,
+                                                bool follow_redirects = true,
+                                                std::optional<seconds> timeout = std::nullopt);
+
+  /// A typed call as JSON-RPC: the request written straight into its line by the streaming
+  /// writer the server answers with (doorman/protocol/hot_path.hpp: the bytes `to_line` would
+  /// write, without a DOM), sent as `call` sends params; the answer's `result` decoded.
+  DOORMAN_DECL asio::awaitable<call_status> call_any(any_request request, any_response response,
+                                                     call_options options) override;
 
  private:
   using clock = std::chrono::steady_clock;
@@ -245,11 +318,14 @@ class channel final : public call_channel {
   // (or, while another call's attempt is under way, its outcome); the machine's next step.
   DOORMAN_DECL asio::awaitable<call_step> connect_step(call_fsm& m, std::uint64_t cancels);
 
+  // A call with its params already written (JSON text): the machine's loop.
+  DOORMAN_DECL asio::awaitable<call_reply> call_written(std::string method, std::string params,
+                                                        call_options options);
+
   // The machine's `send`: the call on the connection; the machine's next step, with the
   // reply in `reply` (an error answer ends the call as it is: `done`).
   DOORMAN_DECL asio::awaitable<call_step> send_step(call_fsm& m, const std::string& method,
-                                                    const nlohmann::json& params,
-                                                    call_reply& reply);
+                                                    std::string_view params, call_reply& reply);
 
   // The machine's `moved`: the route left this address (for the master it names, or past a
   // non-master that names none); the connection is closed unless it already is the master's.
@@ -293,8 +369,7 @@ class channel final : public call_channel {
   // One attempt at the current address, bounded by connect_timeout and the deadline.
   DOORMAN_DECL asio::awaitable<attempt> connect(clock::time_point deadline);
 
-  DOORMAN_DECL asio::awaitable<call_reply> send(const std::string& method,
-                                                const nlohmann::json& params,
+  DOORMAN_DECL asio::awaitable<call_reply> send(const std::string& method, std::string_view params,
                                                 clock::time_point deadline);
 
   static DOORMAN_DECL asio::awaitable<void> write_loop(std::shared_ptr<connection_state> s);

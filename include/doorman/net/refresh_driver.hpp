@@ -15,10 +15,10 @@
 /// A `Requester` is called on the driver's executor only:
 /// - `refresh_step<clock::time_point> next(clock::time_point now)`: send now, or look again at
 ///   `at` (it may do its own bookkeeping here, e.g. the client measures demand);
-/// - `outgoing_call request(clock::time_point now)`: the call to make (the machine marks it in
-///   flight);
-/// - `asio::awaitable<void> on_reply(call_reply reply, clock::time_point now)`: the answer, or
-///   why there is none (`reply.error`).
+/// - `request(clock::time_point now)`: the call to make (the machine marks it in flight), an
+///   `outgoing_call<M>` or a `std::variant` of them (a client sends releases and refreshes);
+/// - `asio::awaitable<void> on_reply(reply_of<M> reply, clock::time_point now)` for each such
+///   `M`: the typed answer, or why there is none (`reply.error`).
 ///
 /// The run never ends by itself: it ends when stopped, completing with `operation_aborted`.
 /// Should the requester throw, the loop logs it and starts again (`supervised`).
@@ -30,41 +30,33 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <variant>
 
 #include <asio.hpp>
-#include <nlohmann/json.hpp>
 
 #include "doorman/core/refresh.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/net/channel.hpp"
 #include "doorman/net/completion.hpp"
 #include "doorman/net/supervise.hpp"
-#include "doorman/protocol/codec.hpp"
 
 namespace doorman::net {
 
-/// A call a requester wants made: `method` with `params`, within `timeout` (else the channel's
-/// `call_timeout`).
+/// A call of method `M` a requester wants made: its request, within `timeout` (else the
+/// channel's `call_timeout`).
+template <class M>
 struct outgoing_call {
-  std::string method;
-  nlohmann::json params;
+  using method = M;
+  typename M::request request;
   std::optional<seconds> timeout{};
 };
 
-/// Decodes the answer of a refresh (`get_capacity`, `get_server_capacity`) into `out`. An
-/// answer that does not decode, or a non-master's, turns `reply` into a failure
-/// (`errc::bad_answer`, `errc::no_master`) with its reason in `reply.message`.
-template <class Response>
-void decode_refresh(call_reply& reply, Response& out) {
-  if (!reply) return;
-  if (auto err = decode(reply.result, out)) {
-    reply.error = errc::bad_answer;
-    reply.message = "bad answer: " + err->message;
-  } else if (!out.mastership.is_master) {
-    reply.error = errc::no_master;
-    reply.message = "answered as not master";
-  }
-}
+namespace detail {
+template <class T>
+inline constexpr bool is_variant_v = false;
+template <class... T>
+inline constexpr bool is_variant_v<std::variant<T...>> = true;
+}  // namespace detail
 
 template <class Requester>
 class refresh_driver {
@@ -125,16 +117,29 @@ class refresh_driver {
     while (!stopped_) {
       const auto step = requester_.next(clock::now());
       if (step.send) {
-        outgoing_call call = requester_.request(clock::now());
-        auto reply = co_await channel_.call(std::move(call.method), std::move(call.params), true,
-                                            call.timeout);
-        if (stopped_) break;
-        co_await requester_.on_reply(std::move(reply), clock::now());
+        auto call = requester_.request(clock::now());
+        if constexpr (detail::is_variant_v<decltype(call)>) {
+          co_await std::visit([this](auto& c) { return exchange(std::move(c)); }, call);
+        } else {
+          co_await exchange(std::move(call));
+        }
         continue;
       }
       timer_.expires_at(step.at);
       co_await wait_on(timer_);
     }
+  }
+
+  // One typed call and its answer to the requester (none once stopped: a call the stop cut
+  // short is no answer).
+  template <class Call>
+  asio::awaitable<void> exchange(Call call) {
+    using M = typename Call::method;
+    // Named, not braced inside co_await (GCC 12 destroys such a temporary twice).
+    call_options options{.follow_redirects = true, .timeout = call.timeout};
+    auto reply = co_await channel_.template call<M>(std::move(call.request), std::move(options));
+    if (stopped_) co_return;
+    co_await requester_.on_reply(std::move(reply), clock::now());
   }
 
   Requester& requester_;

@@ -24,7 +24,6 @@
 
 #include <fmt/format.h>
 #include <asio.hpp>
-#include <nlohmann/json.hpp>
 
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/channel.hpp"
@@ -98,9 +97,6 @@ class basic_parent_link {
   }
 
  private:
-  // The deepest tree `status` reports a level for (a parent's level is checked against it).
-  static constexpr int max_level = 1000;
-
   static std::unique_ptr<net::call_channel> make_channel(const asio::any_io_executor& strand,
                                                          const parent_link_options& o) {
     net::channel_options c{
@@ -113,6 +109,8 @@ class basic_parent_link {
     if (options_.log) options_.log(s);
   }
 
+  using refresh_reply = net::reply_of<methods::get_server_capacity>;
+
   // The link's side of its refresh driver: the upstream machine over the engine.
   struct requester {
     basic_parent_link& link;
@@ -121,24 +119,23 @@ class basic_parent_link {
       return link.upstream_.next(link.engine_, now);
     }
 
-    net::outgoing_call request(clock::time_point now) const {
+    net::outgoing_call<methods::get_server_capacity> request(clock::time_point now) const {
       const seconds timeout = link.upstream_.call_timeout(now, link.options_.timeout);
       auto r = link.upstream_.make_request(link.engine_, now);
       link.asked_ = r.resources.size();
-      return {"get_server_capacity", nlohmann::json(r), timeout};
+      return {std::move(r), timeout};
     }
 
-    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+    asio::awaitable<void> on_reply(refresh_reply reply, clock::time_point now) const {
       co_await link.on_reply(std::move(reply), now);
     }
   };
 
-  asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) {
+  asio::awaitable<void> on_reply(refresh_reply reply, clock::time_point now) {
     if (on_answer_) on_answer_();  // the engine decides with the term as it is now
-    server_capacity_response resp;
-    net::decode_refresh(reply, resp);
-    const refresh_event event =
-        reply ? upstream_.on_reply(engine_, resp, now) : upstream_.on_reply(reply.error, now);
+    net::require_master(reply);
+    const refresh_event event = reply ? upstream_.on_reply(engine_, reply.result, now)
+                                      : upstream_.on_reply(reply.error, now);
     if (reply) {
       ++metrics_.parent_requests_ok;
       success_ = now;
@@ -153,7 +150,7 @@ class basic_parent_link {
     }
   }
 
-  void log_event(refresh_event event, const net::call_reply& reply) const {
+  void log_event(refresh_event event, const net::call_status& reply) const {
     if (event == refresh_event::lost) {
       log(fmt::format(
           "warning: parent lost ({}); leases run out as they expire, retrying with backoff",
@@ -167,17 +164,16 @@ class basic_parent_link {
 
   // The parent's level, for `status`.
   asio::awaitable<void> learn_level() {
+    // Named, not braced inside co_await (GCC 12 destroys such a temporary twice).
+    status_params all{};
+    net::call_options here{.follow_redirects = false, .timeout = std::nullopt};
     const auto reply =
-        co_await channel_->call("status", nlohmann::json::object(), false, std::nullopt);
-    // A failed call leaves `result` null, where `find` finds nothing.
-    if (const auto level = reply.result.find("level"); level != reply.result.end()) {
-      // An integer below max_level; anything else is the parent's mistake, not a level.
-      if (const auto v = as_int64(*level); v && *v >= 0 && *v < max_level) {
-        identity_.level = static_cast<int>(*v) + 1;
-      } else {
-        log(fmt::format("warning: parent {} reports level {}, not an integer from 0 to {}; ignored",
-                        channel_->current(), to_line(*level), max_level - 1));
-      }
+        co_await channel_->template call<methods::status>(std::move(all), std::move(here));
+    if (reply) {
+      identity_.level = reply.result.identity.level + 1;
+    } else if (reply.error == errc::bad_answer) {  // a level out of range among them
+      log(fmt::format("warning: parent {} answers status wrongly ({}); its level ignored",
+                      channel_->current(), reply.message));
     }
     identity_.parent = channel_->current();
   }

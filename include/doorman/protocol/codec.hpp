@@ -163,7 +163,7 @@ requires(std::same_as<T, capacity_request> || std::same_as<T, server_capacity_re
 template <described_message T>
 requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_response> ||
          std::same_as<T, discovery_response> || std::same_as<T, count_response> ||
-         std::same_as<T, status_response>)
+         std::same_as<T, status_response> || std::same_as<T, release_response>)
     [[nodiscard]] std::optional<request_error> decode(const nlohmann::json& j, T& out) {
   out = {};
   return detail::decode_fields(j, "result", out);
@@ -190,6 +190,13 @@ requires(std::same_as<T, capacity_response> || std::same_as<T, server_capacity_r
   std::int64_t limit = 0;
   if (r.integer("limit", limit, false)) out.page.limit = limit;
   return r.error();
+}
+
+/// `status` params as a channel sends them: `resource_id`, then `offset` and `limit` when set.
+inline void to_json(nlohmann::json& j, const status_params& p) {
+  j = p.request;
+  if (p.page.offset != 0) j["offset"] = p.page.offset;
+  if (p.page.limit) j["limit"] = *p.page.limit;
 }
 
 /// Throwing conversion for trusted input: `auto req = json.get<doorman::capacity_request>();`

@@ -37,6 +37,9 @@ struct node_identity {
   std::string role = "root";  ///< "root" or "intermediate"
   int level = 0;              ///< 0 at the root, parent's level + 1 below it
   std::optional<std::string> parent;
+
+  /// The deepest level a node reports (a parent's level is checked against it).
+  static constexpr int max_level = 999;
 };
 
 /// The methods a node serves, for counting requests (`other`: an unknown method, or a line that
@@ -104,6 +107,11 @@ struct node_status {
   return std::nullopt;
 }
 
+/// `discovery` params as a channel sends them: `{}`.
+inline void to_json(nlohmann::json& j, const discovery_request&) {
+  j = nlohmann::json::object();
+}
+
 inline void to_json(nlohmann::json& j, const node_status& s) {
   j = s.status;
   j["id"] = s.identity.id;
@@ -111,6 +119,28 @@ inline void to_json(nlohmann::json& j, const node_status& s) {
   j["level"] = s.identity.level;
   j["parent"] = s.identity.parent ? nlohmann::json(*s.identity.parent) : nullptr;
   j["master"] = j["mastership"]["master"];
+}
+
+/// Decodes a node's `status` answer, as a channel reads it: the engine's part as
+/// `status_response` reads it, then who the node is (`id`, `role`, `parent` strings, `level`
+/// an integer from 0 to `node_identity::max_level`); the error names the field.
+[[nodiscard]] inline std::optional<request_error> decode(const nlohmann::json& j,
+                                                         node_status& out) {
+  out = {};
+  if (auto e = decode(j, out.status)) return e;
+  detail::field_reader r(j, "result");
+  r.string("id", out.identity.id, false);
+  r.string("role", out.identity.role, false);
+  std::int64_t level = 0;
+  if (r.integer("level", level, false)) {
+    if (level < 0 || level > node_identity::max_level) {
+      r.fail("level", "must be an integer from 0 to " + std::to_string(node_identity::max_level));
+    }
+    out.identity.level = static_cast<int>(level);
+  }
+  std::string parent;
+  if (r.string("parent", parent, false)) out.identity.parent = std::move(parent);
+  return r.error();
 }
 
 /// A call's outcome: the answer, or the error code and message a door reports.
@@ -138,38 +168,43 @@ inline constexpr std::array<const char*, 7> rpc_method_names = {
     "get_capacity", "get_server_capacity", "release_capacity", "discovery", "status", "count_hits",
     "other"};
 
-/// What every row of the table says: `name` (on the wire and in metrics), `id`, `request` and
-/// `guarded` (whether the call guard is asked). A row adds `decide`, the engine call.
-template <rpc_method Id, class Request, bool Guarded = true>
+/// What every row of the table says: `name` (on the wire and in metrics), `id`, `request`,
+/// `response` (what the caller receives) and `guarded` (whether the call guard is asked). A row
+/// adds `decide`, the engine call, whose answer is the `response` (checked by `call_method`).
+template <rpc_method Id, class Request, class Response, bool Guarded = true>
 struct method_row {
   static constexpr rpc_method id = Id;
   static constexpr std::string_view name = rpc_method_names[static_cast<std::size_t>(Id)];
   static constexpr bool guarded = Guarded;
   using request = Request;
+  using response = Response;
 };
 
 /// The methods, one row each. Adding a method is a row here, its place in `method_table`,
-/// `rpc_method` and `rpc_method_names`, and a `decode` and `to_json` for its messages.
+/// `rpc_method` and `rpc_method_names`, and a `decode` and `to_json` for its messages (both
+/// ways: a node decodes the request, a channel the response).
 namespace methods {
 
 template <class Engine>
 using time_of = typename Engine::time_point;
 
-struct get_capacity : method_row<rpc_method::get_capacity, capacity_request> {
+struct get_capacity : method_row<rpc_method::get_capacity, capacity_request, capacity_response> {
   template <class E>
   static auto decide(E& e, const request& r, time_of<E> now, const call_context&) {
     return e.get_capacity(r, now);
   }
 };
 
-struct get_server_capacity : method_row<rpc_method::get_server_capacity, server_capacity_request> {
+struct get_server_capacity : method_row<rpc_method::get_server_capacity, server_capacity_request,
+                                        server_capacity_response> {
   template <class E>
   static auto decide(E& e, const request& r, time_of<E> now, const call_context&) {
     return e.get_server_capacity(r, now);
   }
 };
 
-struct release_capacity : method_row<rpc_method::release_capacity, release_request> {
+struct release_capacity
+    : method_row<rpc_method::release_capacity, release_request, release_response> {
   template <class E>
   static auto decide(E& e, const request& r, time_of<E> now, const call_context&) {
     return e.release_capacity(r, now);
@@ -177,7 +212,7 @@ struct release_capacity : method_row<rpc_method::release_capacity, release_reque
 };
 
 // Who the master is: anyone may ask.
-struct discovery : method_row<rpc_method::discovery, discovery_request, false> {
+struct discovery : method_row<rpc_method::discovery, discovery_request, discovery_response, false> {
   template <class E>
   static result<discovery_response> decide(E& e, const request&, time_of<E> now,
                                            const call_context&) {
@@ -185,7 +220,7 @@ struct discovery : method_row<rpc_method::discovery, discovery_request, false> {
   }
 };
 
-struct status : method_row<rpc_method::status, status_params> {
+struct status : method_row<rpc_method::status, status_params, node_status> {
   template <class E>
   static result<node_status> decide(E& e, const request& r, time_of<E> now,
                                     const call_context& ctx) {
@@ -196,7 +231,7 @@ struct status : method_row<rpc_method::status, status_params> {
 };
 
 // Exact counts at the root, for limits too small to split into leases.
-struct count_hits : method_row<rpc_method::count_hits, count_request> {
+struct count_hits : method_row<rpc_method::count_hits, count_request, count_response> {
   template <class E>
   static auto decide(E& e, const request& r, time_of<E> now, const call_context&) {
     return e.count_hits(r, now);
@@ -246,6 +281,8 @@ template <class M, class Engine>
 call_result<answer_of<M, Engine>> call_method(Engine& eng, const typename M::request& request,
                                               typename Engine::time_point now,
                                               const call_context& ctx) {
+  static_assert(std::is_same_v<answer_of<M, Engine>, typename M::response>,
+                "a method's decide answers its row's response");
   if constexpr (M::guarded) {
     if (ctx.guard) {
       if (auto why = detail::guard_says(*ctx.guard, request)) {
@@ -257,6 +294,25 @@ call_result<answer_of<M, Engine>> call_method(Engine& eng, const typename M::req
   if (!decided) return {rpc_code::invalid_params, "params." + decided.error().message};
   return std::move(decided).value();
 }
+
+namespace detail {
+
+template <class Request, class Table>
+struct row_of_request;
+template <class Request, class... M>
+struct row_of_request<Request, std::tuple<M...>> {
+  static_assert((std::is_same_v<Request, typename M::request> + ...) == 1,
+                "one method per request type");
+  using type = std::tuple_element_t<
+      ((std::is_same_v<Request, typename M::request> ? static_cast<std::size_t>(M::id) : 0) + ...),
+      std::tuple<M...>>;
+};
+
+}  // namespace detail
+
+/// The method whose request is `Request` (each request type belongs to one method).
+template <class Request>
+using method_of_request = typename detail::row_of_request<Request, method_table>::type;
 
 /// Calls `f.template operator()<M>()` for each method `M` of the table, in order, until one
 /// returns true; returns whether one did.

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <unistd.h>
@@ -310,8 +311,11 @@ class client_core {
     for (auto& id : std::exchange(releasing_, {}))
       all.push_back(std::move(id));
     if (!all.empty()) {
-      const auto reply = co_await channel_.call("release_capacity", release_params(std::move(all)),
-                                                true, options_.release_timeout);
+      // Named, not braced inside co_await (GCC 12 destroys such a temporary twice).
+      release_request release{options_.client_id, std::move(all)};
+      net::call_options within{.follow_redirects = true, .timeout = options_.release_timeout};
+      const auto reply =
+          co_await channel_.call<methods::release_capacity>(std::move(release), std::move(within));
       if (!reply) log_release_failure(reply);
     }
     channel_.shutdown();
@@ -320,13 +324,23 @@ class client_core {
       f();
   }
 
+  // What the client sends: its releases first, then its refreshes.
+  using next_call = std::variant<net::outgoing_call<methods::release_capacity>,
+                                 net::outgoing_call<methods::get_capacity>>;
+
   // The client's side of its refresh driver: measures demand, pushes capacities into the
   // limiters, and sends releases first, then the state's refreshes.
   struct requester {
     client_core& c;
     refresh_step<clock::time_point> next(clock::time_point now) const { return c.next_step(now); }
-    net::outgoing_call request(clock::time_point now) const { return c.next_call(now); }
-    asio::awaitable<void> on_reply(net::call_reply reply, clock::time_point now) const {
+    next_call request(clock::time_point now) const { return c.make_call(now); }
+    asio::awaitable<void> on_reply(net::reply_of<methods::release_capacity> reply,
+                                   clock::time_point) const {
+      c.on_release(reply);
+      co_return;
+    }
+    asio::awaitable<void> on_reply(net::reply_of<methods::get_capacity> reply,
+                                   clock::time_point now) const {
       c.on_reply(std::move(reply), now);
       co_return;
     }
@@ -345,30 +359,28 @@ class client_core {
     return step;
   }
 
-  net::outgoing_call next_call(clock::time_point now) {
+  next_call make_call(clock::time_point now) {
     releasing_ = std::exchange(releases_, {});
-    if (!releasing_.empty()) return {"release_capacity", release_params(releasing_)};
+    if (!releasing_.empty()) {
+      return net::outgoing_call<methods::release_capacity>{{options_.client_id, releasing_}};
+    }
     const seconds timeout = state_.call_timeout(now, options_.call_timeout);
-    return {"get_capacity", nlohmann::json(state_.make_request(now)), timeout};
+    return net::outgoing_call<methods::get_capacity>{state_.make_request(now), timeout};
   }
 
-  nlohmann::json release_params(std::vector<std::string> ids) const {
-    return nlohmann::json(release_request{options_.client_id, std::move(ids)});
-  }
-
-  void log_release_failure(const net::call_reply& reply) const {
+  void log_release_failure(const net::call_status& reply) const {
     log(fmt::format("warning: client {}: release failed ({})", options_.client_id, reply.message));
   }
 
-  void on_reply(net::call_reply reply, clock::time_point now) {
-    if (!releasing_.empty()) {
-      releasing_.clear();
-      // Not retried: the server lets the lease run out (a refresh must not wait behind it).
-      if (!reply) log_release_failure(reply);
-      return;
-    }
-    capacity_response resp;
-    net::decode_refresh(reply, resp);
+  // Not retried: the server lets the lease run out (a refresh must not wait behind it).
+  void on_release(const net::call_status& reply) {
+    releasing_.clear();
+    if (!reply) log_release_failure(reply);
+  }
+
+  void on_reply(net::reply_of<methods::get_capacity> reply, clock::time_point now) {
+    net::require_master(reply);
+    const capacity_response& resp = reply.result;
     const refresh_event event =
         reply ? state_.on_reply(resp, now) : state_.on_reply(reply.error, now);
     connected_ = state_.failures() == 0;

@@ -13,10 +13,17 @@ namespace doorman::net {
 DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohmann::json params,
                                                        bool follow_redirects,
                                                        std::optional<seconds> timeout) {
+  call_options options{.follow_redirects = follow_redirects, .timeout = timeout};
+  co_return co_await call_written(std::move(method), to_line(params), std::move(options));
+}
+
+DOORMAN_DECL asio::awaitable<call_reply> channel::call_written(std::string method,
+                                                               std::string params,
+                                                               call_options options) {
   const auto start = clock::now();
   const auto deadline =
-      start + to_duration<clock::duration>(timeout.value_or(options_.call_timeout).count());
-  call_fsm m(policy_, start, deadline, {options_.max_redirects, follow_redirects});
+      start + to_duration<clock::duration>(options.timeout.value_or(options_.call_timeout).count());
+  call_fsm m(policy_, start, deadline, {options_.max_redirects, options.follow_redirects});
   const std::uint64_t cancels = cancels_;
   call_reply reply;
   call_step a = m.resume(start, state_->open, last_problem());
@@ -44,6 +51,37 @@ DOORMAN_DECL asio::awaitable<call_reply> channel::call(std::string method, nlohm
         co_return fail(a.error, std::move(a.message));
     }
   }
+}
+
+DOORMAN_DECL asio::awaitable<call_status> channel::call_any(any_request request,
+                                                            any_response response,
+                                                            call_options options) {
+  std::string method;
+  std::string params;
+  std::visit(
+      [&](const auto* r) {
+        using request_type = std::remove_cvref_t<decltype(*r)>;
+        method = method_of_request<request_type>::name;
+        if constexpr (described_message<request_type>) {
+          doorman::detail::write_fields(params, *r);
+        } else {
+          params = to_line(nlohmann::json(*r));
+        }
+      },
+      request);
+  call_reply reply =
+      co_await call_written(std::move(method), std::move(params), std::move(options));
+  if (reply) {
+    std::visit(
+        [&](auto* out) {
+          if (auto err = decode(reply.result, *out)) {
+            reply.error = errc::bad_answer;
+            reply.message = "bad answer: " + err->message;
+          }
+        },
+        response);
+  }
+  co_return std::move(static_cast<call_status&>(reply));
 }
 
 DOORMAN_DECL asio::awaitable<channel::call_step> channel::connect_step(call_fsm& m,
@@ -76,7 +114,7 @@ DOORMAN_DECL asio::awaitable<channel::call_step> channel::connect_step(call_fsm&
 
 DOORMAN_DECL asio::awaitable<channel::call_step> channel::send_step(call_fsm& m,
                                                                     const std::string& method,
-                                                                    const nlohmann::json& params,
+                                                                    std::string_view params,
                                                                     call_reply& reply) {
   reply = co_await send(method, params, m.deadline());
   if (reply.error == errc::timed_out) {
@@ -152,14 +190,21 @@ DOORMAN_DECL asio::awaitable<channel::attempt> channel::connect(clock::time_poin
 }
 
 DOORMAN_DECL asio::awaitable<call_reply> channel::send(const std::string& method,
-                                                       const nlohmann::json& params,
+                                                       std::string_view params,
                                                        clock::time_point deadline) {
   auto s = state_;
   const std::int64_t id = next_id_++;
   pending_call p(executor_);
   s->pending.emplace(id, &p);
-  s->out += to_line({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
-  s->out += '\n';
+  // The envelope as to_line writes it (members by name): {"id":..,"jsonrpc":..,"method":..,
+  // "params":..}.
+  s->out += R"({"id":)";
+  doorman::detail::write_value(s->out, id);
+  s->out += R"(,"jsonrpc":"2.0","method":)";
+  doorman::detail::write_string(s->out, method);
+  s->out += R"(,"params":)";
+  s->out += params;
+  s->out += "}\n";
   if (!s->writing) {
     s->writing = true;
     asio::co_spawn(executor_, write_loop(s), asio::detached);
