@@ -99,9 +99,7 @@ class rules_service::root_draws {
         [this, request = std::move(request)]() mutable -> asio::awaitable<void> {
           auto reply = co_await channel_.call<doorman::methods::count_hits>(request);
           std::string why;
-          if (reply.error == doorman::errc::bad_answer) {
-            why = "the root's count_hits answer: " + reply.message;
-          } else if (!reply) {
+          if (!reply) {  // a malformed answer among them: "bad answer: result...."
             why = "the root did not count: " + reply.message;
           } else if (auto p = problem(reply.result, request.resources)) {
             why = "the root's count_hits answer: " + *p;

@@ -135,8 +135,9 @@ inline void to_json(nlohmann::json& j, const node_status& s) {
   if (r.integer("level", level, false)) {
     if (level < 0 || level > node_identity::max_level) {
       r.fail("level", "must be an integer from 0 to " + std::to_string(node_identity::max_level));
+    } else {
+      out.identity.level = static_cast<int>(level);
     }
-    out.identity.level = static_cast<int>(level);
   }
   std::string parent;
   if (r.string("parent", parent, false)) out.identity.parent = std::move(parent);
