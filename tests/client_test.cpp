@@ -190,18 +190,47 @@ TEST_CASE("async waits complete through asio completion tokens", "[client][net]"
   g.release();
 }
 
-TEST_CASE("every local algorithm enforces a rate resource's lease", "[client][net][algorithms]") {
+namespace {
+// A user's local algorithm, unknown to the compiled client: a fixed window under its own name.
+inline constexpr doorman::rate_algorithm strict_name{"strict_window"};
+using strict = doorman::window_algorithm<strict_name, doorman::compact_fixed_window_limiter>;
+using with_strict = doorman::default_local_algorithms::with<strict>;
+}  // namespace
+
+TEST_CASE("a resource that cannot be made leaves nothing behind", "[client][net][algorithms]") {
+  running_node root(fast_config(100));
+  doorman::client cl(fast_client(root.address()));
+  static constexpr doorman::rate_algorithm nowhere{"nowhere"};
+  CHECK_THROWS_WITH(doorman::rate_resource(cl, "api", {.algorithm = nowhere}),
+                    "unknown local rate algorithm: nowhere");
+  // The client goes on and stops cleanly (it once kept an empty entry for the id, which
+  // stopping dereferenced); the id is free.
+  doorman::gauge_resource g(cl, "db", {.wants = 1});
+  CHECK(eventually([&] { return g.leased(); }));
+  cl.stop();
+  CHECK_FALSE(g.try_acquire());
+  doorman::gauge_resource api(cl, "api", {.wants = 1});
+  CHECK_FALSE(api.try_acquire());  // made after stop(): admits nothing
+}
+
+TEST_CASE("every local algorithm, a user's included, enforces a rate resource's lease",
+          "[client][net][algorithms]") {
   running_node root(fast_config(100));
   doorman::client cl(fast_client(root.address()));
   using doorman::rate_algorithm;
-  for (const auto algorithm : {rate_algorithm::fixed_window, rate_algorithm::sliding_log,
-                               rate_algorithm::sliding_window, rate_algorithm::leaky_bucket}) {
+  CHECK_THROWS_AS(doorman::rate_resource(cl, "strict", {.algorithm = strict_name}),
+                  std::invalid_argument);
+  for (const auto algorithm :
+       {rate_algorithm::fixed_window, rate_algorithm::sliding_log, rate_algorithm::sliding_window,
+        rate_algorithm::leaky_bucket, strict_name}) {
     INFO(doorman::to_string(algorithm));
     const std::string id = fmt::format("algo-{}", doorman::to_string(algorithm));
-    doorman::rate_resource r(
+    doorman::basic_rate_resource<with_strict> r(
         cl, id,
         {.wants = 40, .algorithm = algorithm, .window = 200ms, .sub_windows = 4, .queue = 2});
     CHECK(r.limiter().algorithm() == algorithm);
+    CHECK((r.limiter().get_if<doorman::compact_fixed_window_limiter>() != nullptr) ==
+          (algorithm == strict_name));
     REQUIRE(eventually([&] { return r.leased() && r.capacity() == Approx(40); }));
     CHECK(r.limiter().rate() == Approx(40));
     if (algorithm != rate_algorithm::leaky_bucket) {

@@ -1162,6 +1162,37 @@ TEST_CASE("local algorithms are an open list: a user's joins by name, in a limit
       ++admitted;
     CHECK(admitted == 5);  // half of 10 per hour
   }
+  SECTION("a user's algorithm in the built-in limiter, behind one virtual call") {
+    using mine = doorman::default_local_algorithms::with<half_window<doorman::coarse_clock>>;
+    const auto other = &doorman::make_other_rate_limiter<mine>;
+    doorman::any_rate_limiter lim(
+        {.algorithm = half_name, .window = std::chrono::seconds(3600), .other = other},
+        10.0 / 3600);
+    CHECK(lim.algorithm() == half_name);
+    CHECK_FALSE(lim.reserves());
+    CHECK(lim.reserve(1) == doorman::any_rate_limiter::time_point::max());
+    auto* half = lim.get_if<half_window_limiter<doorman::coarse_clock>>();
+    REQUIRE(half != nullptr);
+    CHECK(lim.get_if<doorman::rate_limiter>() == nullptr);
+    CHECK(half->status().limit == Approx(5));
+    int admitted = 0;
+    while (lim.try_acquire(1) && admitted < 100)
+      ++admitted;
+    CHECK(admitted == 5);
+    CHECK(lim.attempted() == Approx(6));
+    CHECK(lim.refused() == 1);
+    lim.set_rate(20.0 / 3600);  // a new lease reaches the limiter behind the pointer
+    CHECK(lim.rate() == Approx(20.0 / 3600));
+    CHECK(lim.status().limit == Approx(20));  // (this one halves only its first options)
+    // A built-in name with the maker set runs the built-in limiter itself.
+    doorman::any_rate_limiter gcra({.other = other}, 10);
+    CHECK(gcra.get_if<doorman::rate_limiter>() != nullptr);
+    CHECK(gcra.reserves());
+    // A name in neither list throws once, naming it.
+    static constexpr doorman::rate_algorithm nowhere{"nowhere"};
+    CHECK_THROWS_WITH(doorman::any_rate_limiter({.algorithm = nowhere, .other = other}, 10),
+                      "unknown local rate algorithm: nowhere");
+  }
   SECTION("a rules domain chooses its algorithm, a user's included") {
     using list = doorman::rule_algorithms<clock_ref>::with<half_window<clock_ref>>;
     manual_clock clock;

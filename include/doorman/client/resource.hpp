@@ -93,7 +93,10 @@ inline std::system_error stopped_error() {
 
 class resource_handle {
  public:
-  resource_handle(client& c, std::string_view id, resource_kind kind, const resource_options& o)
+  using make_other = decltype(rate_algorithm_options::other);
+
+  resource_handle(client& c, std::string_view id, resource_kind kind, const resource_options& o,
+                  make_other other = nullptr)
       : client_(&c),
         entry_(c.attach(id, kind,
                         {o.priority, o.wants.value_or(o.initial_wants), o.mode, o.safe_capacity,
@@ -105,7 +108,8 @@ class resource_handle {
                          .window = o.window,
                          .sub_windows = o.sub_windows,
                          .max_log_entries = o.max_log_entries,
-                         .queue = o.queue})) {}
+                         .queue = o.queue,
+                         .other = other})) {}
 
   resource_handle(const resource_handle& other) : client_(other.client_), entry_(other.entry_) {
     if (entry_) client_->attach(entry_->id, entry_->kind, entry_->options, entry_->estimate, {});
@@ -148,6 +152,8 @@ class rate_resource : public detail::resource_handle {
  public:
   using acquire_result = any_rate_limiter::acquire_result;
 
+  /// Throws `std::invalid_argument` when `o.algorithm` is not a built-in one (a user's runs
+  /// in a `basic_rate_resource`).
   rate_resource(client& c, std::string_view id, const resource_options& o = {})
       : resource_handle(c, id, detail::resource_kind::rate, o) {}
 
@@ -211,6 +217,25 @@ class rate_resource : public detail::resource_handle {
 
   /// The local limiter (e.g. to change its burst), running `resource_options::algorithm`.
   [[nodiscard]] any_rate_limiter& limiter() noexcept { return entry_->rate; }
+
+ protected:
+  rate_resource(client& c, std::string_view id, const resource_options& o, make_other other)
+      : resource_handle(c, id, detail::resource_kind::rate, o, other) {}
+};
+
+/// A rate resource whose local algorithm may be one of `List`'s, as the server's engine takes
+/// its algorithm list (`default_local_algorithms::with<mine>`): a built-in algorithm runs as in
+/// `rate_resource`; one of yours behind one virtual call, in the same `any_rate_limiter` (so a
+/// compiled client runs it too; `limiter().get_if<your_limiter>()` reaches it). Throws
+/// `std::invalid_argument` when `o.algorithm` is in neither list.
+///
+///     using mine = doorman::default_local_algorithms::with<strict>;
+///     doorman::basic_rate_resource<mine> api(client, "api", {.algorithm = strict_name});
+template <class List>
+class basic_rate_resource : public rate_resource {
+ public:
+  basic_rate_resource(client& c, std::string_view id, const resource_options& o = {})
+      : rate_resource(c, id, o, &make_other_rate_limiter<List>) {}
 };
 
 /// A gauge resource: at most `capacity()` operations in flight, following the lease.

@@ -25,6 +25,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
@@ -32,6 +33,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <variant>
 
@@ -45,12 +47,13 @@ namespace doorman {
 
 namespace detail {
 
-/// Alternative `index` of `Variant`, built in place from `make(integral_constant<I>)` (limiters
-/// neither copy nor move).
-template <class Variant, std::size_t I = 0, class Make>
+/// Alternative `index` (below `Count`) of `Variant`, built in place from
+/// `make(integral_constant<I>)` (limiters neither copy nor move).
+template <class Variant, std::size_t Count = std::variant_size_v<Variant>, std::size_t I = 0,
+          class Make>
 Variant variant_at(std::size_t index, Make&& make) {
-  if constexpr (I + 1 < std::variant_size_v<Variant>) {
-    if (index != I) return variant_at<Variant, I + 1>(index, make);
+  if constexpr (I + 1 < Count) {
+    if (index != I) return variant_at<Variant, Count, I + 1>(index, make);
   }
   return Variant(std::in_place_index<I>, make(std::integral_constant<std::size_t, I>{}));
 }
@@ -84,6 +87,8 @@ constexpr std::string_view to_string(rate_algorithm a) noexcept {
   return a.name;
 }
 
+class other_rate_limiter;
+
 /// The algorithm and its parameters (each applies to the algorithms it names).
 struct rate_algorithm_options {
   rate_algorithm algorithm = rate_algorithm::gcra;
@@ -92,6 +97,10 @@ struct rate_algorithm_options {
   unsigned sub_windows = 1;                                   ///< sliding_window
   std::size_t max_log_entries = 4096;                         ///< sliding_log
   double queue = 10;  ///< leaky_bucket: permits that may wait
+  /// Where `algorithm` is not in the limiter's own list: a maker of limiters of another list
+  /// (`make_other_rate_limiter<List>`), run behind one virtual call. How a compiled client's
+  /// `any_rate_limiter` runs a user's algorithm (`basic_rate_resource<List>` sets it).
+  std::unique_ptr<other_rate_limiter> (*other)(const rate_algorithm_options&, double) = nullptr;
 };
 
 /// What a limiter must offer to run behind `basic_any_rate_limiter`: the surface of
@@ -215,9 +224,43 @@ constexpr std::optional<rate_algorithm> rate_algorithm_from(std::string_view nam
   return default_local_algorithms::find(name);
 }
 
+/// A limiter of another algorithm list behind virtual calls, with the surface of
+/// `basic_any_rate_limiter`: what lets `any_rate_limiter`, built with the built-in list (in a
+/// compiled client too), run a user's algorithm. `make_other_rate_limiter<List>` makes one.
+class other_rate_limiter {
+ public:
+  using duration = coarse_clock::duration;
+  using time_point = coarse_clock::time_point;
+  using acquire_result = basic_acquire_result<duration>;
+
+  other_rate_limiter() = default;
+  other_rate_limiter(const other_rate_limiter&) = delete;
+  other_rate_limiter& operator=(const other_rate_limiter&) = delete;
+  virtual ~other_rate_limiter() = default;
+
+  [[nodiscard]] virtual rate_algorithm algorithm() const noexcept = 0;
+  virtual acquire_result try_acquire(double n) noexcept = 0;
+  virtual acquire_result try_again(double n) noexcept = 0;
+  virtual bool wait(double n, std::stop_token stop) = 0;
+  virtual void set_rate(double rate) noexcept = 0;
+  virtual void set_burst(double burst) noexcept = 0;
+  [[nodiscard]] virtual double rate() const noexcept = 0;
+  [[nodiscard]] virtual limit_status status() noexcept = 0;
+  [[nodiscard]] virtual double attempted() const noexcept = 0;
+  [[nodiscard]] virtual std::uint64_t refused() const noexcept = 0;
+  [[nodiscard]] virtual std::uint64_t delayed() const noexcept = 0;
+  [[nodiscard]] virtual bool reserves() const noexcept = 0;
+  virtual time_point reserve(double n) noexcept = 0;
+  virtual bool cancel_reservation(double n, time_point at) noexcept = 0;
+  /// The limiter when its type is `type`, else null.
+  [[nodiscard]] virtual void* target(const std::type_info& type) noexcept = 0;
+};
+
 /// A rate limiter whose algorithm, one of `List`'s, is chosen at run time by name: what a
 /// `rate_resource` holds (`any_rate_limiter`, the built-in list), so that any local algorithm
-/// can enforce a lease. Throws `std::invalid_argument` for a name not in the list.
+/// can enforce a lease. A name not in the list is made by `rate_algorithm_options::other` when
+/// it is set (another list's limiter, behind one virtual call); else it throws
+/// `std::invalid_argument`.
 template <class List>
 class basic_any_rate_limiter;
 
@@ -233,114 +276,198 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   /// A limiter running `options.algorithm` at `rate` permits per second (< 0 unlimited, 0
   /// blocked).
   explicit basic_any_rate_limiter(const rate_algorithm_options& options = {}, double rate = -1)
-      : impl_(detail::variant_at<variant>(checked(options.algorithm), [&](auto i) {
-          using A = std::tuple_element_t<decltype(i)::value, std::tuple<Algorithms...>>;
-          return A::options(options, rate);
-        })) {}
+      : impl_(make(options, rate)) {}
 
   basic_any_rate_limiter(const basic_any_rate_limiter&) = delete;
   basic_any_rate_limiter& operator=(const basic_any_rate_limiter&) = delete;
 
   [[nodiscard]] rate_algorithm algorithm() const noexcept {
+    if (const auto* other = std::get_if<other_index>(&impl_)) return (*other)->algorithm();
     return rate_algorithm{list::names[impl_.index()]};
   }
 
   acquire_result try_acquire(double n = 1) noexcept {
-    return std::visit([n](auto& l) { return l.try_acquire(n); }, impl_);
+    return visit([n](auto& l) { return l.try_acquire(n); });
   }
   /// `try_acquire` again for a caller already counted (a retried wait): the demand counters
   /// do not count it twice.
   acquire_result try_again(double n = 1) noexcept {
-    return std::visit(
-        [n](auto& l) {
-          if constexpr (requires { l.try_again(n); }) {
-            return l.try_again(n);
-          } else {
-            return l.try_acquire(n);
-          }
-        },
-        impl_);
+    return visit([n](auto& l) {
+      if constexpr (requires { l.try_again(n); }) {
+        return l.try_again(n);
+      } else {
+        return l.try_acquire(n);
+      }
+    });
   }
   /// Blocks until admitted: true; false when `stop` came first (or, for the window algorithms,
   /// `n` exceeds the limit; for the leaky bucket, its queue is full).
   bool wait(double n, std::stop_token stop) {
-    return std::visit([&](auto& l) { return l.wait(n, stop); }, impl_);
+    return visit([&](auto& l) { return l.wait(n, stop); });
   }
   void set_rate(double rate) noexcept {
-    std::visit([rate](auto& l) { l.set_rate(rate); }, impl_);
+    visit([rate](auto& l) { l.set_rate(rate); });
   }
   void set_burst(double burst) noexcept {
-    std::visit([burst](auto& l) { l.set_burst(burst); }, impl_);
+    visit([burst](auto& l) { l.set_burst(burst); });
   }
   [[nodiscard]] double rate() const noexcept {
-    return std::visit([](const auto& l) { return l.rate(); }, impl_);
+    return visit([](const auto& l) -> double { return l.rate(); });
   }
   [[nodiscard]] limit_status status() noexcept {
-    return std::visit([](auto& l) { return l.status(); }, impl_);
+    return visit([](auto& l) { return l.status(); });
   }
   [[nodiscard]] double attempted() const noexcept {
-    return std::visit([](const auto& l) { return l.attempted(); }, impl_);
+    return visit([](const auto& l) -> double { return l.attempted(); });
   }
   [[nodiscard]] std::uint64_t refused() const noexcept {
-    return std::visit([](const auto& l) { return l.refused(); }, impl_);
+    return visit([](const auto& l) -> std::uint64_t { return l.refused(); });
   }
   [[nodiscard]] std::uint64_t delayed() const noexcept {
-    return std::visit([](const auto& l) { return l.delayed(); }, impl_);
+    return visit([](const auto& l) -> std::uint64_t { return l.delayed(); });
   }
 
   /// Whether waits are served first come, first served through reservations (`gcra` and
   /// `leaky_bucket`); the others are retried when their refusal says.
   [[nodiscard]] bool reserves() const noexcept {
-    return std::visit(
-        [](const auto& l) {
-          return requires(std::remove_cvref_t<decltype(l)> & m, double n) {
-            m.reserve(n);
-          };
-        },
-        impl_);
+    return visit([](const auto& l) {
+      if constexpr (requires { l.reserves(); }) {
+        return l.reserves();
+      } else {
+        return requires(std::remove_cvref_t<decltype(l)> & m, double n) {
+          m.reserve(n);
+        };
+      }
+    });
   }
   /// With `reserves()`: see `rate_limiter::reserve` and `leaky_bucket_limiter::reserve`. Otherwise
   /// `time_point::max()`.
   time_point reserve(double n) noexcept {
-    return std::visit(
-        [n](auto& l) {
-          if constexpr (requires { l.reserve(n); }) {
-            return l.reserve(n);
-          } else {
-            return time_point::max();
-          }
-        },
-        impl_);
+    return visit([n](auto& l) {
+      if constexpr (requires { l.reserve(n); }) {
+        return l.reserve(n);
+      } else {
+        return time_point::max();
+      }
+    });
   }
   bool cancel_reservation(double n, time_point at) noexcept {
+    return visit([&](auto& l) {
+      if constexpr (requires { l.cancel_reservation(n, at); }) {
+        return l.cancel_reservation(n, at);
+      } else {
+        return false;
+      }
+    });
+  }
+
+  /// The limiter, when it runs `L`'s algorithm (one of this list's or, made by
+  /// `rate_algorithm_options::other`, of another's).
+  template <class L>
+  [[nodiscard]] L* get_if() noexcept {
+    return static_cast<L*>(target(typeid(L)));
+  }
+  /// The limiter when its type is `type`, else null: `get_if` across a virtual call.
+  [[nodiscard]] void* target(const std::type_info& type) noexcept {
+    if (auto* other = std::get_if<other_index>(&impl_)) return (*other)->target(type);
     return std::visit(
-        [&](auto& l) {
-          if constexpr (requires { l.cancel_reservation(n, at); }) {
-            return l.cancel_reservation(n, at);
+        [&](auto& l) -> void* {
+          using L = std::remove_cvref_t<decltype(l)>;
+          if constexpr (std::is_same_v<L, std::unique_ptr<other_rate_limiter>>) {
+            return nullptr;
           } else {
-            return false;
+            return typeid(L) == type ? static_cast<void*>(&l) : nullptr;
           }
         },
         impl_);
-  }
-
-  /// The limiter, when it runs `L`'s algorithm.
-  template <class L>
-  [[nodiscard]] L* get_if() noexcept {
-    return std::get_if<L>(&impl_);
   }
 
  private:
-  using variant = typename list::variant;
+  static constexpr std::size_t other_index = sizeof...(Algorithms);
+  using variant =
+      std::variant<typename Algorithms::limiter..., std::unique_ptr<other_rate_limiter>>;
 
-  static std::size_t checked(rate_algorithm a) {
-    const auto i = list::index_of(a.name);
-    if (!i) throw std::invalid_argument("unknown local rate algorithm: " + std::string(a.name));
-    return *i;
+  static variant make(const rate_algorithm_options& options, double rate) {
+    const auto i = list::index_of(options.algorithm.name);
+    if (!i && options.other) {
+      return variant(std::in_place_index<other_index>, options.other(options, rate));
+    }
+    if (!i) {
+      throw std::invalid_argument("unknown local rate algorithm: " +
+                                  std::string(options.algorithm.name));
+    }
+    return detail::variant_at<variant, other_index>(*i, [&](auto at) {
+      using A = std::tuple_element_t<decltype(at)::value, std::tuple<Algorithms...>>;
+      return A::options(options, rate);
+    });
+  }
+
+  // `f(limiter)` on the limiter held, through the pointer for another list's.
+  template <class F>
+  decltype(auto) visit(F&& f) {
+    return std::visit(
+        [&](auto& l) -> decltype(auto) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(l)>,
+                                       std::unique_ptr<other_rate_limiter>>) {
+            return f(*l);
+          } else {
+            return f(l);
+          }
+        },
+        impl_);
+  }
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return const_cast<basic_any_rate_limiter*>(this)->visit(
+        [&](const auto& l) -> decltype(auto) { return f(l); });
   }
 
   variant impl_;
 };
+
+/// Makes a limiter of `List`'s running `options.algorithm` (`rate_algorithm_options::other`).
+template <class List>
+std::unique_ptr<other_rate_limiter> make_other_rate_limiter(const rate_algorithm_options& options,
+                                                            double rate);
+
+namespace detail {
+
+template <class List>
+class other_limiter_of final : public other_rate_limiter {
+ public:
+  other_limiter_of(const rate_algorithm_options& options, double rate) : impl_(options, rate) {}
+
+  rate_algorithm algorithm() const noexcept override { return impl_.algorithm(); }
+  acquire_result try_acquire(double n) noexcept override { return impl_.try_acquire(n); }
+  acquire_result try_again(double n) noexcept override { return impl_.try_again(n); }
+  bool wait(double n, std::stop_token stop) override { return impl_.wait(n, std::move(stop)); }
+  void set_rate(double rate) noexcept override { impl_.set_rate(rate); }
+  void set_burst(double burst) noexcept override { impl_.set_burst(burst); }
+  double rate() const noexcept override { return impl_.rate(); }
+  limit_status status() noexcept override { return impl_.status(); }
+  double attempted() const noexcept override { return impl_.attempted(); }
+  std::uint64_t refused() const noexcept override { return impl_.refused(); }
+  std::uint64_t delayed() const noexcept override { return impl_.delayed(); }
+  bool reserves() const noexcept override { return impl_.reserves(); }
+  time_point reserve(double n) noexcept override { return impl_.reserve(n); }
+  bool cancel_reservation(double n, time_point at) noexcept override {
+    return impl_.cancel_reservation(n, at);
+  }
+  void* target(const std::type_info& type) noexcept override { return impl_.target(type); }
+
+ private:
+  basic_any_rate_limiter<List> impl_;
+};
+
+}  // namespace detail
+
+template <class List>
+std::unique_ptr<other_rate_limiter> make_other_rate_limiter(const rate_algorithm_options& options,
+                                                            double rate) {
+  auto own = options;
+  own.other = nullptr;  // a name in neither list throws, once
+  return std::make_unique<detail::other_limiter_of<List>>(own, rate);
+}
 
 /// The built-in algorithms' run-time choice.
 using any_rate_limiter = basic_any_rate_limiter<default_local_algorithms>;

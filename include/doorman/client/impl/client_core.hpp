@@ -137,8 +137,8 @@ class client_core {
     }
     require_quantity(opts.wants, "wants");
     std::lock_guard lock(mutex_);
-    auto& slot = registry_[std::string(id)];
-    if (slot) {
+    if (const auto held = registry_.find(id); held != registry_.end()) {
+      auto& slot = held->second;
       if (slot->kind != kind) {
         throw std::invalid_argument("resource " + std::string(id) +
                                     " is already held as a different kind");
@@ -146,7 +146,10 @@ class client_core {
       ++slot->handles;
       return slot;
     }
-    slot = std::make_shared<resource_entry>(strand_, std::string(id), kind, opts, estimate, local);
+    // Made before it is registered: an entry that throws (an unknown algorithm) leaves nothing.
+    auto made =
+        std::make_shared<resource_entry>(strand_, std::string(id), kind, opts, estimate, local);
+    auto& slot = registry_[std::string(id)] = std::move(made);
     slot->handles = 1;
     slot->wants = opts.wants;
     if (closed_) slot->stop_source.request_stop();  // made after stop(): admits nothing
