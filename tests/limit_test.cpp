@@ -278,6 +278,43 @@ TEST_CASE("rate limiter: a cancelled reservation gives its permits back while it
   CHECK_FALSE(lim.try_acquire());
 }
 
+TEST_CASE(
+    "rate limiter: settling a call's real cost runs into debt or gives back, within the "
+    "burst",
+    "[limit][costs]") {
+  manual_clock clock;
+  test_limiter lim({.rate = 10, .burst = 5}, clock_ref{&clock});
+  // Reserved 2, used 9: 7 more taken, so the whole burst is spent and 4 permits are owed.
+  REQUIRE(lim.try_acquire(2));
+  CHECK(lim.settle(2, 9));
+  auto r = lim.try_acquire(1);
+  REQUIRE_FALSE(r);
+  CHECK(r.retry_after == 500ms);  // the debt of 4 repaid and one permit due: 5 / 10 per second
+  clock.advance(500ms);
+  CHECK(lim.try_acquire(1));
+  // Reserved 3, used 1: 2 given back at once.
+  clock.advance(1s);  // the burst whole again
+  REQUIRE(lim.try_acquire(5));
+  CHECK_FALSE(lim.try_acquire(2));
+  CHECK(lim.settle(3, 1));
+  CHECK(lim.try_acquire(2));
+  CHECK_FALSE(lim.try_acquire(1));
+  // A refund never makes more than the burst: a limiter idle since gets nothing back.
+  clock.advance(10s);
+  REQUIRE(lim.try_acquire(5));
+  clock.advance(10s);
+  CHECK(lim.settle(5, 0));
+  CHECK(lim.try_acquire(5));
+  CHECK_FALSE(lim.try_acquire(1));
+  // The demand measured is what was asked and the use beyond it: 2 + 7 + 1 + 1 + 5 + 2 + 2 +
+  // 1 + 5 + 5 + 1 (refusals count as attempts; refunds lower nothing).
+  CHECK(lim.attempted() == Approx(32));
+  // Not numbers of permits: refused, nothing moved, nothing counted.
+  CHECK_FALSE(lim.settle(-1, 3));
+  CHECK_FALSE(lim.settle(1, std::nan("")));
+  CHECK(lim.attempted() == Approx(32));
+}
+
 // GCC 12 warns, at -O1 and above, of a use after free inside libstdc++'s <stop_token> when a
 // std::stop_token is destroyed on another thread's stack (a false positive: the state is
 // reference-counted).

@@ -158,6 +158,35 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     return true;
   }
 
+  /// Settles a call admitted for `reserved` permits (by `try_acquire`, `wait` or `reserve`)
+  /// that turned out to use `used`: a call that used more runs the limiter into debt by the
+  /// difference (later calls wait until it is repaid at the rate, as after a call larger than
+  /// the burst); one that used less gives the difference back, never more than makes an idle
+  /// limiter whole (`burst` permits). A use above the reservation counts as attempted (the
+  /// demand measured grows by it); a refund does not lower what was attempted (the counters
+  /// only grow). False, changing nothing, when either is not a number of permits
+  /// (`valid_permits`). Unlimited or blocked: nothing to move in time (true).
+  bool settle(double reserved, double used) noexcept {
+    if (!valid_permits(reserved) || !valid_permits(used)) return false;
+    if (used > reserved) this->count_attempt(used - reserved);
+    const double interval = interval_.load(std::memory_order_relaxed);
+    if (!(interval > 0) || std::isinf(interval) || used == reserved) return true;
+    const std::int64_t now = ticks(precise_now());
+    std::int64_t tat = tat_.load(std::memory_order_relaxed);
+    if (used > reserved) {
+      const std::int64_t debt = increment_for(used - reserved, interval);
+      while (
+          !tat_.compare_exchange_weak(tat, std::max(tat, now) + debt, std::memory_order_relaxed)) {
+      }
+    } else {
+      const std::int64_t refund = increment_for(reserved - used, interval);
+      while (tat > now && !tat_.compare_exchange_weak(tat, std::max(tat - refund, now),
+                                                      std::memory_order_relaxed)) {
+      }
+    }
+    return true;
+  }
+
   /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
   /// new rate; reservations already made keep their times. Wakes waiters blocked at rate 0.
   void set_rate(double rate) noexcept {
