@@ -6,9 +6,6 @@
 //   refused path (rate 1/s, so nearly every call is refused): nanoseconds per call.
 // - try_acquire, 2 threads on one limiter: calls per second in total.
 // - wait() scheduling error: at 1 000/s, how late each caller runs after its permit was due.
-// - try_acquire through `any_rate_limiter`, one thread, admitted: the built-in GCRA through the
-//   variant, and a user's algorithm (GCRA again, under its own name) behind the virtual call
-//   `basic_rate_resource` makes, each against the plain `rate_limiter` in the same run.
 // The baseline is the token bucket people write first: a std::mutex around
 // {tokens, last refill}, refilled from std::chrono::steady_clock on every call.
 
@@ -107,18 +104,6 @@ double calls_per_second(F f, int threads, double seconds) {
   return static_cast<double>(total) / std::chrono::duration<double>(steady::now() - start).count();
 }
 
-// A user's algorithm as a compiled client meets it: not in the built-in list.
-constexpr doorman::rate_algorithm users_gcra{"users_gcra"};
-struct users_gcra_algorithm {
-  static constexpr std::string_view name = users_gcra.name;
-  using limiter = doorman::rate_limiter;
-  static doorman::rate_limiter_options options(const doorman::rate_algorithm_options& o,
-                                               double rate) noexcept {
-    return {.rate = rate, .burst = o.burst};
-  }
-};
-using users_list = doorman::default_local_algorithms::with<users_gcra_algorithm>;
-
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
@@ -176,17 +161,6 @@ int main(int argc, char** argv) {
   const double late_p50 = percentile(late_us, 0.5);
   const double late_p99 = percentile(late_us, 0.99);
 
-  // The run-time choice, admitted path: built-in, and a user's behind the virtual call.
-  doorman::rate_limiter plain({.rate = 1e9, .burst = 1000});
-  doorman::any_rate_limiter builtin({.burst = 1000}, 1e9);
-  doorman::any_rate_limiter users({.algorithm = users_gcra,
-                                   .burst = 1000,
-                                   .other = &doorman::make_other_rate_limiter<users_list>},
-                                  1e9);
-  const double plain_ns = ns_per_call([&] { return plain.try_acquire().admitted; }, seconds);
-  const double builtin_ns = ns_per_call([&] { return builtin.try_acquire().admitted; }, seconds);
-  const double users_ns = ns_per_call([&] { return users.try_acquire().admitted; }, seconds);
-
   std::printf("| measure | doorman::rate_limiter | mutex token bucket | ratio |\n");
   std::printf("|---|---:|---:|---:|\n");
   std::printf("| try_acquire, 1 thread, admitted (ns/call) | %.1f | %.1f | %.2fx faster |\n",
@@ -197,22 +171,16 @@ int main(int argc, char** argv) {
               base_2t / 1e6, ours_2t / base_2t);
   std::printf("| wait() at 1000/s, lateness p50 / p99 (us) | %.0f / %.0f | | |\n", late_p50,
               late_p99);
-  std::printf(
-      "\n| try_acquire, 1 thread, admitted (ns/call) | rate_limiter | any_rate_limiter, gcra | "
-      "any_rate_limiter, a user's (virtual) |\n|---|---:|---:|---:|\n");
-  std::printf("| ns/call | %.1f | %.1f (%.2fx) | %.1f (%.2fx) |\n", plain_ns, builtin_ns,
-              builtin_ns / plain_ns, users_ns, users_ns / plain_ns);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << fmt::format(
         R"({{"try_acquire_admitted_ns": {{"doorman": {:.2f}, "mutex": {:.2f}}},
  "try_acquire_refused_ns": {{"doorman": {:.2f}, "mutex": {:.2f}}},
  "two_threads_calls_per_s": {{"doorman": {:.0f}, "mutex": {:.0f}, "ratio": {:.3f}}},
- "wait_lateness_us": {{"p50": {:.1f}, "p99": {:.1f}}},
- "run_time_choice_admitted_ns": {{"rate_limiter": {:.2f}, "builtin": {:.2f}, "users": {:.2f}}}}}
+ "wait_lateness_us": {{"p50": {:.1f}, "p99": {:.1f}}}}}
 )",
         ours_admit, base_admit, ours_refuse, base_refuse, ours_2t, base_2t, ours_2t / base_2t,
-        late_p50, late_p99, plain_ns, builtin_ns, users_ns);
+        late_p50, late_p99);
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
       return 1;

@@ -162,6 +162,33 @@ TEST_CASE("releasing the last handle releases the capacity on the node", "[clien
   }
 }
 
+TEST_CASE("a call's real cost settles after it: a debt waits, a refund admits at once",
+          "[client][net][costs]") {
+  running_node root(fast_config(100));
+  doorman::client cl(fast_client(root.address()));
+  doorman::rate_resource debt(cl, "tokens", {.wants = 10, .burst = 5});
+  doorman::rate_resource refund(cl, "bytes", {.wants = 10, .burst = 5});
+  REQUIRE(eventually([&] {
+    return debt.leased() && debt.capacity() == Approx(10) && refund.leased() &&
+           refund.capacity() == Approx(10);
+  }));
+  REQUIRE(debt.try_acquire(5));  // reserved 5, the whole burst ...
+  CHECK(debt.settle(5, 25));     // ... and it cost 25: 20 owed, 2 s at 10/s
+  const auto refused = debt.try_acquire(1);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.retry_after > 1800ms);  // 2.1 s: the debt, then one permit
+  CHECK(refused.retry_after < 2400ms);
+  REQUIRE(refund.try_acquire(5));  // reserved 5 ...
+  CHECK_FALSE(refund.try_acquire(1));
+  CHECK(refund.settle(5, 1));  // ... and it cost 1: 4 back at once
+  CHECK(refund.try_acquire(4));
+  CHECK_FALSE(refund.settle(1, -1));  // not a cost
+  // A window algorithm counts each call at its reservation.
+  doorman::rate_resource window(cl, "window",
+                                {.wants = 10, .algorithm = doorman::rate_algorithm::fixed_window});
+  CHECK_FALSE(window.settle(1, 2));
+}
+
 TEST_CASE("async waits complete through asio completion tokens", "[client][net]") {
   running_node root(fast_config(100));
   doorman::client cl(fast_client(root.address()));

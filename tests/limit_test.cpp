@@ -689,6 +689,22 @@ TEST_CASE("leaky bucket: admissions spaced by 1/rate, a bounded queue served in 
     CHECK(lim.try_acquire());
     CHECK(lim.refused() == 2);
   }
+  SECTION("settling a call's real cost") {
+    leaky lim({.rate = 10, .queue = 5}, clock_ref{&clock});
+    const auto start = clock.now();
+    REQUIRE(lim.try_acquire(1));            // leaves now; the next at +100 ms
+    CHECK(lim.settle(1, 4));                // it cost 4: the next at +400 ms
+    CHECK(lim.reserve() == start + 400ms);  // (the next after it at +500 ms)
+    CHECK(lim.settle(1, 0));                // that one cost nothing: +400 ms again
+    CHECK(lim.reserve() == start + 400ms);
+    CHECK(lim.attempted() == Approx(1 + 3 + 1 + 1));
+    clock.advance(10s);  // idle: a refund makes no room before now
+    CHECK(lim.settle(5, 0));
+    CHECK(lim.reserve() == clock.now());
+    CHECK(lim.reserve() == clock.now() + 100ms);
+    CHECK_FALSE(lim.settle(1, -2));
+    CHECK_FALSE(lim.settle(std::numeric_limits<double>::infinity(), 1));
+  }
 }
 
 TEST_CASE("window limiters and the leaky bucket are exact under concurrent callers",
@@ -1218,6 +1234,8 @@ TEST_CASE("local algorithms are an open list: a user's joins by name, in a limit
     CHECK(admitted == 5);
     CHECK(lim.attempted() == Approx(6));
     CHECK(lim.refused() == 1);
+    CHECK_FALSE(lim.settle(1, 2));  // a window algorithm cannot settle: nothing changes
+    CHECK(lim.attempted() == Approx(6));
     lim.set_rate(20.0 / 3600);  // a new lease reaches the limiter behind the pointer
     CHECK(lim.rate() == Approx(20.0 / 3600));
     CHECK(lim.status().limit == Approx(20));  // (this one halves only its first options)

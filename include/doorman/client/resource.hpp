@@ -215,6 +215,15 @@ class rate_resource : public detail::resource_handle {
     return detail::async_pending(entry_, n, std::forward<CompletionToken>(token));
   }
 
+  /// Settles a call admitted for `reserved` permits (by `try_acquire`, `wait` or `async_wait`)
+  /// whose real cost, known after it, was `used` (tokens, bytes, money): above the reservation
+  /// the limiter runs into debt, admitting nothing more until the rate has repaid it; below, the
+  /// difference is given back at once (never more than makes an idle limiter whole). The use
+  /// above the reservation counts as demand, so the wants sent grow with the real cost. With
+  /// `gcra` (the default) and `leaky_bucket`; false, changing nothing, with a window algorithm,
+  /// or when either is not a finite number >= 0.
+  bool settle(double reserved, double used) noexcept { return entry_->rate.settle(reserved, used); }
+
   /// The local limiter (e.g. to change its burst), running `resource_options::algorithm`.
   [[nodiscard]] any_rate_limiter& limiter() noexcept { return entry_->rate; }
 

@@ -224,6 +224,60 @@ constexpr std::optional<rate_algorithm> rate_algorithm_from(std::string_view nam
   return default_local_algorithms::find(name);
 }
 
+namespace detail {
+
+inline std::invalid_argument unknown_algorithm(rate_algorithm a) {
+  return std::invalid_argument("unknown local rate algorithm: " + std::string(a.name));
+}
+
+// The optional parts of a `local_rate_limiter`, for one that lacks them: `try_again` is
+// `try_acquire`; without `reserve` waits are retried, nothing is reserved or cancelled;
+// without `settle` a call stays counted at its reservation.
+template <class L>
+auto try_again(L& l, double n) noexcept {
+  if constexpr (requires { l.try_again(n); }) {
+    return l.try_again(n);
+  } else {
+    return l.try_acquire(n);
+  }
+}
+template <class L>
+bool reserves(const L& l) noexcept {
+  if constexpr (requires { l.reserves(); }) {
+    return l.reserves();
+  } else {
+    return requires(L & m, double n) {
+      m.reserve(n);
+    };
+  }
+}
+template <class L>
+coarse_clock::time_point reserve(L& l, double n) noexcept {
+  if constexpr (requires { l.reserve(n); }) {
+    return l.reserve(n);
+  } else {
+    return coarse_clock::time_point::max();
+  }
+}
+template <class L>
+bool cancel_reservation(L& l, double n, coarse_clock::time_point at) noexcept {
+  if constexpr (requires { l.cancel_reservation(n, at); }) {
+    return l.cancel_reservation(n, at);
+  } else {
+    return false;
+  }
+}
+template <class L>
+bool settle(L& l, double reserved, double used) noexcept {
+  if constexpr (requires { l.settle(reserved, used); }) {
+    return l.settle(reserved, used);
+  } else {
+    return false;
+  }
+}
+
+}  // namespace detail
+
 /// A limiter of another algorithm list behind virtual calls, with the surface of
 /// `basic_any_rate_limiter`: what lets `any_rate_limiter`, built with the built-in list (in a
 /// compiled client too), run a user's algorithm. `make_other_rate_limiter<List>` makes one.
@@ -252,6 +306,7 @@ class other_rate_limiter {
   [[nodiscard]] virtual bool reserves() const noexcept = 0;
   virtual time_point reserve(double n) noexcept = 0;
   virtual bool cancel_reservation(double n, time_point at) noexcept = 0;
+  virtual bool settle(double reserved, double used) noexcept = 0;
   /// The limiter when its type is `type`, else null.
   [[nodiscard]] virtual void* target(const std::type_info& type) noexcept = 0;
 };
@@ -292,13 +347,7 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   /// `try_acquire` again for a caller already counted (a retried wait): the demand counters
   /// do not count it twice.
   acquire_result try_again(double n = 1) noexcept {
-    return visit([n](auto& l) {
-      if constexpr (requires { l.try_again(n); }) {
-        return l.try_again(n);
-      } else {
-        return l.try_acquire(n);
-      }
-    });
+    return visit([n](auto& l) { return detail::try_again(l, n); });
   }
   /// Blocks until admitted: true; false when `stop` came first (or, for the window algorithms,
   /// `n` exceeds the limit; for the leaky bucket, its queue is full).
@@ -330,35 +379,23 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   /// Whether waits are served first come, first served through reservations (`gcra` and
   /// `leaky_bucket`); the others are retried when their refusal says.
   [[nodiscard]] bool reserves() const noexcept {
-    return visit([](const auto& l) {
-      if constexpr (requires { l.reserves(); }) {
-        return l.reserves();
-      } else {
-        return requires(std::remove_cvref_t<decltype(l)> & m, double n) {
-          m.reserve(n);
-        };
-      }
-    });
+    return visit([](const auto& l) { return detail::reserves(l); });
   }
   /// With `reserves()`: see `rate_limiter::reserve` and `leaky_bucket_limiter::reserve`. Otherwise
   /// `time_point::max()`.
   time_point reserve(double n) noexcept {
-    return visit([n](auto& l) {
-      if constexpr (requires { l.reserve(n); }) {
-        return l.reserve(n);
-      } else {
-        return time_point::max();
-      }
-    });
+    return visit([n](auto& l) { return detail::reserve(l, n); });
   }
   bool cancel_reservation(double n, time_point at) noexcept {
-    return visit([&](auto& l) {
-      if constexpr (requires { l.cancel_reservation(n, at); }) {
-        return l.cancel_reservation(n, at);
-      } else {
-        return false;
-      }
-    });
+    return visit([&](auto& l) { return detail::cancel_reservation(l, n, at); });
+  }
+
+  /// Settles a call admitted for `reserved` permits that used `used` (see
+  /// `rate_limiter::settle`): a debt for a use above the reservation, a refund below it. False,
+  /// changing nothing, when either is not a number of permits or the algorithm cannot settle
+  /// (the window algorithms: the call stays counted as reserved).
+  bool settle(double reserved, double used) noexcept {
+    return visit([&](auto& l) { return detail::settle(l, reserved, used); });
   }
 
   /// The limiter, when it runs `L`'s algorithm (one of this list's or, made by
@@ -393,8 +430,7 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
       return variant(std::in_place_index<other_index>, options.other(options, rate));
     }
     if (!i) {
-      throw std::invalid_argument("unknown local rate algorithm: " +
-                                  std::string(options.algorithm.name));
+      throw detail::unknown_algorithm(options.algorithm);
     }
     return detail::variant_at<variant, other_index>(*i, [&](auto at) {
       using A = std::tuple_element_t<decltype(at)::value, std::tuple<Algorithms...>>;
@@ -425,21 +461,18 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   variant impl_;
 };
 
-/// Makes a limiter of `List`'s running `options.algorithm` (`rate_algorithm_options::other`).
-template <class List>
-std::unique_ptr<other_rate_limiter> make_other_rate_limiter(const rate_algorithm_options& options,
-                                                            double rate);
-
 namespace detail {
 
-template <class List>
+// `A`'s limiter behind `other_rate_limiter`'s virtual calls (one call, no second dispatch).
+template <local_algorithm A>
 class other_limiter_of final : public other_rate_limiter {
  public:
-  other_limiter_of(const rate_algorithm_options& options, double rate) : impl_(options, rate) {}
+  other_limiter_of(const rate_algorithm_options& options, double rate)
+      : impl_(A::options(options, rate)) {}
 
-  rate_algorithm algorithm() const noexcept override { return impl_.algorithm(); }
+  rate_algorithm algorithm() const noexcept override { return rate_algorithm{A::name}; }
   acquire_result try_acquire(double n) noexcept override { return impl_.try_acquire(n); }
-  acquire_result try_again(double n) noexcept override { return impl_.try_again(n); }
+  acquire_result try_again(double n) noexcept override { return detail::try_again(impl_, n); }
   bool wait(double n, std::stop_token stop) override { return impl_.wait(n, std::move(stop)); }
   void set_rate(double rate) noexcept override { impl_.set_rate(rate); }
   void set_burst(double burst) noexcept override { impl_.set_burst(burst); }
@@ -448,25 +481,49 @@ class other_limiter_of final : public other_rate_limiter {
   double attempted() const noexcept override { return impl_.attempted(); }
   std::uint64_t refused() const noexcept override { return impl_.refused(); }
   std::uint64_t delayed() const noexcept override { return impl_.delayed(); }
-  bool reserves() const noexcept override { return impl_.reserves(); }
-  time_point reserve(double n) noexcept override { return impl_.reserve(n); }
+  bool reserves() const noexcept override { return detail::reserves(impl_); }
+  time_point reserve(double n) noexcept override { return detail::reserve(impl_, n); }
   bool cancel_reservation(double n, time_point at) noexcept override {
-    return impl_.cancel_reservation(n, at);
+    return detail::cancel_reservation(impl_, n, at);
   }
-  void* target(const std::type_info& type) noexcept override { return impl_.target(type); }
+  bool settle(double reserved, double used) noexcept override {
+    return detail::settle(impl_, reserved, used);
+  }
+  void* target(const std::type_info& type) noexcept override {
+    return typeid(typename A::limiter) == type ? &impl_ : nullptr;
+  }
 
  private:
-  basic_any_rate_limiter<List> impl_;
+  typename A::limiter impl_;
+};
+
+template <class List>
+struct other_limiters;
+template <class... Algorithms>
+struct other_limiters<local_algorithm_list<Algorithms...>> {
+  static std::unique_ptr<other_rate_limiter> make(const rate_algorithm_options& options,
+                                                  double rate) {
+    std::unique_ptr<other_rate_limiter> made;
+    (void)((Algorithms::name == options.algorithm.name
+                ? (made = std::make_unique<other_limiter_of<Algorithms>>(options, rate), true)
+                : false) ||
+           ...);
+    if (!made) {
+      throw detail::unknown_algorithm(options.algorithm);
+    }
+    return made;
+  }
 };
 
 }  // namespace detail
 
+/// Makes a limiter of `List`'s running `options.algorithm`, behind one virtual call (what
+/// `rate_algorithm_options::other` takes). Throws `std::invalid_argument` for a name not in
+/// `List`.
 template <class List>
 std::unique_ptr<other_rate_limiter> make_other_rate_limiter(const rate_algorithm_options& options,
                                                             double rate) {
-  auto own = options;
-  own.other = nullptr;  // a name in neither list throws, once
-  return std::make_unique<detail::other_limiter_of<List>>(own, rate);
+  return detail::other_limiters<List>::make(options, rate);
 }
 
 /// The built-in algorithms' run-time choice.

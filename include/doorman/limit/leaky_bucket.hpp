@@ -98,6 +98,19 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
     return true;
   }
 
+  /// Settles a call admitted for `reserved` permits that turned out to use `used`, as
+  /// `rate_limiter::settle` does: more moves the permits queued after it later by the
+  /// difference (a debt; later callers leave later), less gives the difference back (never
+  /// making room before now). A use above the reservation counts as attempted. False, changing
+  /// nothing, when either is not a number of permits; unlimited or blocked: true.
+  bool settle(double reserved, double used) noexcept {
+    const double interval = interval_.load(std::memory_order_relaxed);
+    return this->settle_schedule(
+        next_, interval, reserved, used,
+        [this](std::int64_t, bool) { return ticks::point(ticks::precise(clock_)); },
+        [interval](double n) { return span(n, interval); });
+  }
+
   /// Queues for `n` permits and blocks until they leave: true then; false when the queue was
   /// full, or `stop` was requested first (a stopped wait gives its place back). While the
   /// shaper is blocked (rate 0) it waits for a rate change.

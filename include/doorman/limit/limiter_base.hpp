@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <condition_variable>
 #include <cstdint>
@@ -160,6 +161,35 @@ class limiter_counters {
   void count_attempt(double n) noexcept { attempted_.add(n); }
   void count_refusal() noexcept { refused_.fetch_add(1, std::memory_order_relaxed); }
   void count_delay() noexcept { delayed_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// `settle(reserved, used)` for a limiter whose state is the time `t` its schedule is next
+  /// free (GCRA's theoretical arrival time, the leaky bucket's next departure), at `interval`
+  /// ns per permit: false for a number that is not one of permits; the use above the
+  /// reservation counted as attempted; `t` moved later by `span(used − reserved)` (a debt,
+  /// counted from `now(t, true)` when the schedule was already free) or earlier by
+  /// `span(reserved − used)`, never before `now(t, false)` (a refund makes an idle limiter no
+  /// more than whole). Unlimited or blocked: nothing to move (true).
+  template <class Now, class Span>
+  bool settle_schedule(std::atomic<std::int64_t>& t, double interval, double reserved, double used,
+                       Now now, Span span) noexcept {
+    if (!valid_permits(reserved) || !valid_permits(used)) return false;
+    if (used > reserved) count_attempt(used - reserved);
+    if (!(interval > 0) || std::isinf(interval) || used == reserved) return true;
+    std::int64_t at = t.load(std::memory_order_relaxed);
+    const bool debt = used > reserved;
+    const std::int64_t from = now(at, debt);
+    if (debt) {
+      const std::int64_t shift = span(used - reserved);
+      while (!t.compare_exchange_weak(at, std::max(at, from) + shift, std::memory_order_relaxed)) {
+      }
+    } else {
+      const std::int64_t shift = span(reserved - used);
+      while (at > from &&
+             !t.compare_exchange_weak(at, std::max(at - shift, from), std::memory_order_relaxed)) {
+      }
+    }
+    return true;
+  }
 
  private:
   demand_counter<Stripes> attempted_;

@@ -167,24 +167,20 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   /// only grow). False, changing nothing, when either is not a number of permits
   /// (`valid_permits`). Unlimited or blocked: nothing to move in time (true).
   bool settle(double reserved, double used) noexcept {
-    if (!valid_permits(reserved) || !valid_permits(used)) return false;
-    if (used > reserved) this->count_attempt(used - reserved);
     const double interval = interval_.load(std::memory_order_relaxed);
-    if (!(interval > 0) || std::isinf(interval) || used == reserved) return true;
-    const std::int64_t now = ticks(precise_now());
-    std::int64_t tat = tat_.load(std::memory_order_relaxed);
-    if (used > reserved) {
-      const std::int64_t debt = increment_for(used - reserved, interval);
-      while (
-          !tat_.compare_exchange_weak(tat, std::max(tat, now) + debt, std::memory_order_relaxed)) {
+    // A time already passed (the cheap clock, or the latest precise reading) serves a refund,
+    // whose floor it only lowers, and a debt on a limiter busy past it; a debt on a limiter
+    // idle within the cheap clock's lag counts from the precise time, so none is forgiven.
+    const auto now = [this](std::int64_t tat, bool debt) {
+      std::int64_t t = std::max(ticks(clock_.now()), seen_.load(std::memory_order_relaxed));
+      if (has_precise_clock && debt && tat < t + lag_) {
+        t = ticks(precise_now());
+        seen_.store(t, std::memory_order_relaxed);
       }
-    } else {
-      const std::int64_t refund = increment_for(reserved - used, interval);
-      while (tat > now && !tat_.compare_exchange_weak(tat, std::max(tat - refund, now),
-                                                      std::memory_order_relaxed)) {
-      }
-    }
-    return true;
+      return t;
+    };
+    return this->settle_schedule(tat_, interval, reserved, used, now,
+                                 [&](double n) { return increment_for(n, interval); });
   }
 
   /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
