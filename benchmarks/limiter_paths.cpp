@@ -1,6 +1,6 @@
 // One path of the local limiters per executable, for counting instructions per call without
-// the other paths' code around it (in one binary, the placement of the others moved a path's
-// cost by up to 60 %):
+// the other paths' code around it (in one binary, the placement of the others changed a path's
+// instructions per call by about 1.5x):
 //
 //   valgrind --tool=callgrind --callgrind-out-file=/dev/null PROGRAM 1000000
 //
