@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/algorithm.hpp"
+#include "doorman/core/budget.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/glob.hpp"
 #include "doorman/core/json_reader.hpp"
@@ -54,6 +55,8 @@ struct resource_template {
   std::optional<double> safe_capacity;  ///< -1: unlimited; absent: dynamic (capacity / clients)
   std::string description;
   algorithm_config algorithm;
+  /// A budget: `capacity` units per window (docs/budgets.md), not per second. Absent: a rate.
+  std::optional<budget_config> budget;
 
   friend bool operator==(const resource_template&, const resource_template&) = default;
 };
@@ -211,7 +214,7 @@ class config_reader {
   std::optional<request_error> read_template(const nlohmann::json& j, const std::string& path,
                                              std::vector<resource_template>& out) const {
     json_reader r(j, path);
-    r.only({"identifier_glob", "capacity", "safe_capacity", "description", "algorithm"});
+    r.only({"identifier_glob", "capacity", "safe_capacity", "description", "algorithm", "budget"});
     resource_template t;
     if (r.string("identifier_glob", t.identifier_glob)) check_glob(r, t.identifier_glob, out);
     if (r.number("capacity", t.capacity)) {
@@ -227,8 +230,43 @@ class config_reader {
     }
     r.string("description", t.description, false);
     read_algorithm(r, "algorithm", t.algorithm, kinds_, true);
+    read_budget(r, t);
     if (!r.error()) out.push_back(std::move(t));
     return r.error();
+  }
+
+  // `"budget": {"window": "day"}`: a name (minute, hour, day, month) or a whole number of
+  // seconds from 1 to 31622400 (366 days). A budget is shared: not with NO_ALGORITHM.
+  static void read_budget(json_reader& r, resource_template& t) {
+    const nlohmann::json* j = r.object("budget", false);
+    if (j == nullptr) return;
+    json_reader b(*j, r.at("budget"));
+    b.only({"window"});
+    budget_config out;
+    const nlohmann::json* w = j->contains("window") ? &(*j)["window"] : nullptr;
+    constexpr std::string_view names[] = {"minute", "hour", "day", "month"};
+    constexpr const char* which = "must be minute, hour, day, month or a number of seconds";
+    if (w == nullptr) {
+      b.fail("window", "is required");
+    } else if (!w->is_string() && !w->is_number()) {
+      b.fail("window", which);
+    } else if (w->is_string()) {
+      const auto at = std::find(std::begin(names), std::end(names), w->get<std::string>());
+      if (at == std::end(names)) {
+        b.fail("window", which);
+      } else {
+        out.period = static_cast<budget_period>(at - std::begin(names));
+      }
+    } else if (std::int64_t n = 0; b.integer("window", n)) {
+      if (n < 1 || n > 31'622'400) b.fail("window", "must be between 1 and 31622400 seconds");
+      out.period = budget_period::fixed;
+      out.fixed_seconds = n;
+    }
+    if (!b.error() && t.algorithm.kind == "NO_ALGORITHM") {
+      b.fail("window", "a budget is shared: its algorithm must not be NO_ALGORITHM");
+    }
+    r.absorb(b.error());
+    if (!b.error()) t.budget = out;
   }
 
   static void check_glob(json_reader& r, const std::string& glob,
@@ -308,6 +346,11 @@ class resource_repository {
                           {"algorithm", nlohmann::json(t.algorithm)}};
       if (t.safe_capacity) j["safe_capacity"] = *t.safe_capacity;
       if (!t.description.empty()) j["description"] = t.description;
+      if (t.budget) {
+        j["budget"]["window"] = t.budget->period == budget_period::fixed
+                                    ? nlohmann::json(t.budget->fixed_seconds)
+                                    : nlohmann::json(period_name(*t.budget));
+      }
       list.push_back(std::move(j));
     }
     return {{"resources", std::move(list)}};

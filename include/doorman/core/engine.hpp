@@ -49,11 +49,13 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   using resource = typename base::resource;
   using base::decide;
   using base::excess_released_;
+  using base::expire_leases;
   using base::learning_until;
   using base::master_since_;
   using base::options_;
   using base::own_capacity;
   using base::safe_capacity;
+  using base::utc;
 
  public:
   using clock_type = Clock;
@@ -107,6 +109,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   }
 
   [[nodiscard]] const mastership_info& mastership() const noexcept { return mastership_; }
+
+  /// Sets `engine_options::utc_offset` (a node corrects it as the system clock moves).
+  void set_utc_offset(double seconds_since_epoch_at_clock_zero) noexcept {
+    options_.utc_offset = seconds_since_epoch_at_clock_zero;
+  }
 
   /// Fencing: a master answers as master only before `t`, its election's validity deadline
   /// (`election_term::valid_until`). Every call at or after it steps the engine down first
@@ -228,8 +235,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
                                                        time_point now) {
     return decide_each<capacity_response>(req, now, [&](const resource_request& x, resource& r) {
       const band_demand band{x.priority, x.wants, 1};
+      if (r.budget) charge(r, req.client_id, x, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
-      return resource_grant{x.resource_id, to_lease_info(l, now), safe_capacity(r, now)};
+      // Nothing of a budget may be spent without an allotment: no safe capacity.
+      return resource_grant{x.resource_id, to_lease_info(l, now),
+                            r.budget ? 0.0 : safe_capacity(r, now), budget_of(r, now)};
     });
   }
 
@@ -237,6 +247,18 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// as many subclients as it reports clients, per priority band.
   [[nodiscard]] result<server_capacity_response> get_server_capacity(
       const server_capacity_request& req, time_point now) {
+    if (options_.is_root) {
+      // A budget is counted at the root, from its clients' reports: not through intermediates
+      // (yet), which would hand allotments on unreported.
+      for (std::size_t i = 0; i < req.resources.size(); ++i) {
+        if (config_.find(req.resources[i].resource_id).budget) {
+          return request_error{errc::invalid_params,
+                               detail::element("resources", i, ".resource_id") +
+                                   ": a budget: its clients ask the root directly",
+                               detail::element("resources", i, ".resource_id")};
+        }
+      }
+    }
     std::vector<band_demand> bands;
     return decide_each<server_capacity_response>(
         req, now, [&](const server_resource_request& x, resource& r) {
@@ -259,8 +281,9 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       for (const auto& id : req.resources) {
         const auto it = resources_.find(id);
         if (it == resources_.end()) continue;
+        if (it->second.budget) settle_release(it->second, req, now);
         it->second.store.erase(req.client_id);
-        it->second.store.expire(now);
+        expire_leases(it->second, now);
       }
     }
     return release_response{mastership_};
@@ -324,9 +347,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     counts_.sweep(now);
     for (auto it = resources_.begin(); it != resources_.end();) {
       resource& r = it->second;
-      r.store.expire(now);
+      expire_leases(r, now);
       const bool parent_lease_live = r.parent_lease && !r.parent_lease->expired(now);
-      if (r.store.size() == 0 && !parent_lease_live) {
+      // A budget's count lives until its window ends, with or without leases.
+      const bool counting = r.budget && (r.budget->spent() > 0 || r.budget->reporters() > 0);
+      if (r.store.size() == 0 && !parent_lease_live && !counting) {
         it = resources_.erase(it);
       } else {
         ++it;
@@ -365,9 +390,61 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   }
 
   void configure(resource& r) const {
+    const bool was_budget = r.tmpl.budget.has_value();
     r.tmpl = config_.find(r.id);
     if (r.parent_algorithm) r.tmpl.algorithm = *r.parent_algorithm;
     r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
+    // Budgets are counted at the root (an intermediate passing allotments down is to come).
+    if (!r.tmpl.budget || !options_.is_root) {
+      r.budget.reset();
+    } else if (!r.budget || !was_budget || r.budget_period != *r.tmpl.budget) {
+      r.budget.emplace();  // a new budget, or another window: counted from now
+    }
+    if (r.budget) r.budget_period = *r.tmpl.budget;
+  }
+
+  // A budget resource's report, before its decision: what the client spent since its last
+  // report comes off its allotment and into the window's count. A client that says it holds
+  // nothing while the engine knows a live allotment of its (its process restarted, or the
+  // answer granting it was lost) may have spent all of it: it counts as spent.
+  void charge(resource& r, std::string_view client_id, const resource_request& x, time_point now) {
+    expire_leases(r, now);
+    const auto* c = r.store.find(client_id);
+    if (c != nullptr && !(x.has && x.has->expires_in > 0)) {
+      r.budget->add(store_type::held(*c));
+      r.store.consume(*c, store_type::held(*c));
+    }
+    const double added = x.spend ? r.budget->report(client_id, *x.spend) : 0.0;
+    if (c != nullptr && added > 0) r.store.consume(*c, added);
+    if (r.budget->reporters() > 2 * r.store.size() + 1024) {
+      r.budget->forget_unless([&](const std::string& id) { return r.store.find(id) != nullptr; });
+    }
+  }
+
+  // A budget resource released: the client's last report, if it gave one, and the rest of
+  // what it held is free; without one, all it held counts as spent.
+  void settle_release(resource& r, const release_request& req, time_point now) {
+    expire_leases(r, now);
+    const auto* c = r.store.find(req.client_id);
+    const auto s = std::find_if(req.spends.begin(), req.spends.end(),
+                                [&](const resource_spend& x) { return x.resource_id == r.id; });
+    if (s != req.spends.end()) {
+      r.budget->report(req.client_id, {s->window, s->spent});
+    } else if (c != nullptr) {
+      r.budget->add(store_type::held(*c));
+    }
+  }
+
+  // A budget's state for an answer: its window and count, as of `now`.
+  [[nodiscard]] std::optional<budget_info> budget_of(const resource& r, time_point now) const {
+    if (!r.budget) return std::nullopt;
+    const auto& w = r.budget->window();
+    const double spent = r.budget->spent();
+    return budget_info{.window = w.start,
+                       .reset = std::max(0.0, static_cast<double>(w.end) - utc(now)),
+                       .limit = r.tmpl.capacity,
+                       .spent = detail::bounded_quantity(spent),
+                       .left = std::max(0.0, r.tmpl.capacity - spent - r.store.sum_held())};
   }
 
   resource& resource_for(std::string_view id, time_point) {
@@ -414,7 +491,16 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     s.learning = learning(id, now);
     const auto it = resources_.find(id);
     if (it == resources_.end()) {
-      s.algorithm = config_.find(id).algorithm.kind;
+      const auto& t = config_.find(id);
+      s.algorithm = t.algorithm.kind;
+      if (t.budget && options_.is_root) {  // nothing counted: a whole window
+        const auto w = window_at(*t.budget, utc(now));
+        s.budget = budget_info{.window = w.start,
+                               .reset = std::max(0.0, static_cast<double>(w.end) - utc(now)),
+                               .limit = t.capacity,
+                               .spent = 0,
+                               .left = t.capacity};
+      }
       return s;
     }
     const resource& r = it->second;
@@ -424,6 +510,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     s.sum_wants = totals.wants;
     s.subclients = totals.subclients;
     s.clients = r.store.size();
+    s.budget = budget_of(r, now);
     return s;
   }
 

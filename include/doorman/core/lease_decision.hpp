@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "doorman/core/algorithm.hpp"
+#include "doorman/core/budget.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/lease.hpp"
 #include "doorman/core/lease_store.hpp"
@@ -90,6 +91,11 @@ struct engine_options {
   /// counts that excess (`count_outstanding`), hears of it at once.
   bool report_releases = true;
 
+  /// Budgets count in windows of UTC time (docs/budgets.md): the UTC time of a `now` is its
+  /// count of seconds since its clock's epoch plus this offset. The node sets it from the
+  /// system clock when it starts; a test or a simulation picks its own.
+  double utc_offset = 0;
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -118,13 +124,33 @@ class lease_decision {
     std::optional<lease_type> parent_lease;
     time_point parent_answers_at{};  // when this node asks its parent again, by its lease
     std::optional<algorithm_config> parent_algorithm;
+    std::optional<budget_count> budget;  // a budget resource at a root: its window's count
+    budget_config budget_period{};       // the window `budget` counts in
   };
+
+  [[nodiscard]] double utc(time_point now) const noexcept {
+    return std::chrono::duration<double>(now.time_since_epoch()).count() + options_.utc_offset;
+  }
+
+  // Removes the leases ended by `now`. For a budget, what they held counts as spent (their
+  // holders did not say what they spent of it), then the count moves to `now`'s window.
+  void expire_leases(resource& r, time_point now) {
+    if (!r.budget) {
+      r.store.expire(now);
+      return;
+    }
+    const double before = r.store.sum_held();
+    r.store.expire(now);
+    r.budget->add(before - r.store.sum_held());
+    r.budget->roll(*r.tmpl.budget, utc(now));
+  }
 
   [[nodiscard]] time_point learning_until(const resource_template& t) const {
     return master_since_ + to_duration<duration>(t.algorithm.learning_mode_duration.count());
   }
 
   [[nodiscard]] double own_capacity(const resource& r, time_point now) const {
+    if (r.budget) return std::max(0.0, r.tmpl.capacity - r.budget->spent());
     if (options_.is_root) return r.tmpl.capacity;
     return r.parent_lease && !r.parent_lease->expired(now) ? r.parent_lease->capacity : 0.0;
   }
@@ -168,13 +194,13 @@ class lease_decision {
   lease_type decide(resource& r, std::string_view client_id, std::span<const band_demand> bands,
                     const std::optional<lease_info>& has, std::optional<double> outstanding,
                     time_point now) {
-    r.store.expire(now);
+    expire_leases(r, now);
     const decision d{.r = r,
                      .client_id = client_id,
                      .has = has,
                      .server = outstanding.has_value(),
                      .capacity = own_capacity(r, now),
-                     .sharing = shares_capacity(r),
+                     .sharing = shares_capacity(r) || r.budget.has_value(),
                      .learning = now < learning_until(r.tmpl),
                      .now = now};
     std::vector<band_demand> kept;
@@ -201,11 +227,13 @@ class lease_decision {
     }
     // A cut of a live lease counts as the larger lease until the client confirms it (the
     // store's `uncut`): the client is asked back soon, so that what it gave back is free soon.
-    const bool cut = options_.count_unconfirmed_cuts && !c.lease.expired(d.now) &&
-                     gets < c.lease.capacity * (1 - 1e-9);
+    // A budget's allotment spent in the answer's flight would be lost from the count: always.
+    const bool keep_cuts = options_.count_unconfirmed_cuts || d.r.budget;
+    const bool cut = keep_cuts && !c.lease.expired(d.now) && gets < c.lease.capacity * (1 - 1e-9);
     lease_type l = shape(d, gets, owed, cut);
     if (!options_.is_root) bound_by_parent(d, l);
-    d.r.store.set_lease(c, l, d.now, options_.count_unconfirmed_cuts);
+    if (d.r.budget) within_window(d, l);
+    d.r.store.set_lease(c, l, d.now, keep_cuts);
     return l;
   }
 
@@ -400,6 +428,14 @@ class lease_decision {
       l.refresh_interval =
           std::min(l.refresh_interval, std::max(soon, d.r.parent_answers_at - d.now + soon));
     }
+  }
+
+  // A budget's allotment ends with its window, and its holder comes back then for the next.
+  void within_window(const decision& d, lease_type& l) const {
+    const double left = static_cast<double>(d.r.budget->window().end) - utc(d.now);
+    const time_point end = d.now + to_duration<duration>(std::max(0.0, left));
+    l.expiry = std::min(l.expiry, end);
+    l.refresh_interval = std::min(l.refresh_interval, l.expiry - d.now);
   }
 
   // A server child that held a live lease here reports none: it lost its state.

@@ -275,6 +275,18 @@ class basic_lease_store {
     sum_held_.add(held(c));
   }
 
+  /// Client `who` spent `units` of what it holds (a budget's allotment): its lease, and a
+  /// larger one it may still hold, shrink by them (never below 0).
+  void consume(const client& who, double units) {
+    client& c = clients_[who.slot_];
+    sum_has_.add(-c.lease.capacity);
+    sum_held_.add(-held(c));
+    c.lease.capacity = std::max(0.0, c.lease.capacity - units);
+    c.uncut = std::max(0.0, c.uncut - units);
+    sum_has_.add(c.lease.capacity);
+    sum_held_.add(held(c));
+  }
+
   /// A server child `who` lost its state: what it held counts as outstanding until `until`.
   void set_relearn(const client& who, double floor, time_point until) {
     client& c = clients_[who.slot_];

@@ -48,6 +48,8 @@ struct request_limits {
   static constexpr double max_hits = 1e9;
   static constexpr double min_window_seconds = 0.001;
   static constexpr double max_window_seconds = 366 * 86'400.0;
+  /// A budget window's start on the wire: Unix seconds up to the year 5138.
+  static constexpr double max_window_start = 1e11;
 };
 
 }  // namespace doorman

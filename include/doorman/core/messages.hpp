@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "doorman/core/budget.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
@@ -49,6 +50,9 @@ struct resource_request {
   std::int64_t priority = 0;
   double wants = 0;
   std::optional<lease_info> has{};
+  /// A budget resource: what the client has spent in the window, in all. Its `has` is then
+  /// what it has left of its allotment (docs/budgets.md).
+  std::optional<budget_spend> spend{};
 };
 
 /// `get_capacity`: a client asks for capacity on one or more resources.
@@ -61,7 +65,8 @@ struct capacity_request {
 struct resource_grant {
   std::string resource_id;
   lease_info gets;
-  double safe_capacity = 0;  ///< -1: unlimited
+  double safe_capacity = 0;             ///< -1: unlimited
+  std::optional<budget_info> budget{};  ///< a budget resource: its window, as the root counts
 };
 
 struct capacity_response {
@@ -106,6 +111,9 @@ struct server_capacity_response {
 struct release_request {
   std::string client_id;
   std::vector<std::string> resources;
+  /// For budget resources among `resources`: what the client spent in all, so that the rest
+  /// of its allotment is free at once (without it, the rest counts as spent).
+  std::vector<resource_spend> spends{};
 };
 
 struct release_response {
@@ -173,6 +181,7 @@ struct resource_status {
   double subclients = 0;
   bool learning = false;
   std::string algorithm;
+  std::optional<budget_info> budget{};
 };
 
 struct lease_status {
@@ -267,12 +276,20 @@ struct wire_message<mastership_info> {
 };
 
 template <>
+struct wire_message<budget_spend> {
+  static constexpr auto fields =
+      std::tuple{field("window", &budget_spend::window).within(0, request_limits::max_window_start),
+                 field("spent", &budget_spend::spent).within(0, request_limits::max_quantity)};
+};
+
+template <>
 struct wire_message<resource_request> {
   static constexpr auto fields =
       std::tuple{field("resource_id", &resource_request::resource_id),
                  field("priority", &resource_request::priority, presence::optional),
                  field("wants", &resource_request::wants),
-                 field("has", &resource_request::has, presence::optional)};
+                 field("has", &resource_request::has, presence::optional),
+                 field("spend", &resource_request::spend, presence::optional)};
 };
 
 template <>
@@ -305,6 +322,18 @@ struct wire_message<server_capacity_request> {
 };
 
 // What the two grants and the two capacity answers share: they differ only in their types.
+// A budget's state as a node writes it (read by clients and the CLI: bounded as it is read).
+template <>
+struct wire_message<budget_info> {
+  using B = budget_info;
+  static constexpr double most = request_limits::max_quantity;
+  static constexpr auto fields = std::tuple{
+      field("window", &B::window).within(0, request_limits::max_window_start),
+      field("reset", &B::reset).within(0, request_limits::max_window_seconds),
+      field("limit", &B::limit).within(0, most), field("spent", &B::spent).within(0, most),
+      field("left", &B::left).within(0, most)};
+};
+
 template <class Grant>
 constexpr auto grant_fields() noexcept {
   return std::tuple{field("resource_id", &Grant::resource_id), field("gets", &Grant::gets),
@@ -322,7 +351,9 @@ constexpr auto capacity_answer_fields() noexcept {
 
 template <>
 struct wire_message<resource_grant> {
-  static constexpr auto fields = grant_fields<resource_grant>();
+  static constexpr auto fields =
+      std::tuple_cat(grant_fields<resource_grant>(),
+                     std::tuple{field("budget", &resource_grant::budget, presence::optional)});
 };
 
 template <>
@@ -379,9 +410,19 @@ struct wire_message<count_response> {
 };
 
 template <>
+struct wire_message<resource_spend> {
+  static constexpr auto fields = std::tuple{
+      field("resource_id", &resource_spend::resource_id),
+      field("window", &resource_spend::window).within(0, request_limits::max_window_start),
+      field("spent", &resource_spend::spent).within(0, request_limits::max_quantity)};
+};
+
+template <>
 struct wire_message<release_request> {
-  static constexpr auto fields = std::tuple{field("client_id", &release_request::client_id),
-                                            field("resources", &release_request::resources)};
+  static constexpr auto fields =
+      std::tuple{field("client_id", &release_request::client_id),
+                 field("resources", &release_request::resources),
+                 field("spends", &release_request::spends, presence::optional)};
 };
 
 template <>
@@ -404,7 +445,8 @@ struct wire_message<resource_status> {
                  field("clients", &S::clients, presence::optional),
                  field("subclients", &S::subclients, presence::optional).within(-1, most),
                  field("learning", &S::learning, presence::optional),
-                 field("algorithm", &S::algorithm, presence::optional)};
+                 field("algorithm", &S::algorithm, presence::optional),
+                 field("budget", &S::budget, presence::optional)};
 };
 
 template <>
@@ -543,6 +585,15 @@ inline std::optional<request_error> check_lease(const lease_info& l, std::string
   if (const auto p = check_lease_values(l)) {
     return invalid(element(list, i, std::string(".has") + p->field), p->reason);
   }
+  return std::nullopt;
+}
+
+// A budget report at `path`: its window a start in Unix seconds, its spend a quantity.
+inline std::optional<request_error> check_spend(const budget_spend& s, const std::string& path) {
+  if (!(s.window >= 0 && static_cast<double>(s.window) <= request_limits::max_window_start)) {
+    return invalid(path + ".window", "must be an integer between 0 and 1e11");
+  }
+  if (!valid_quantity(s.spent)) return invalid(path + ".spent", quantity_problem);
   return std::nullopt;
 }
 
@@ -705,7 +756,11 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
           return detail::invalid(detail::element("resources", i, ".wants"),
                                  detail::quantity_problem);
         }
-        if (x.has) return detail::check_lease(*x.has, "resources", i);
+        if (x.has) {
+          if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
+        }
+        if (x.spend)
+          return detail::check_spend(*x.spend, detail::element("resources", i, ".spend"));
         return std::nullopt;
       });
 }
@@ -751,8 +806,27 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
 /// Why `r` is invalid (the message names the field), or nothing.
 [[nodiscard]] inline std::optional<request_error> validate(const release_request& r) {
   if (auto e = detail::check_id(r.client_id, "client_id")) return e;
-  return detail::check_resource_ids(
-      r.resources, [](const std::string& x) -> std::string_view { return x; }, "");
+  if (auto e = detail::check_resource_ids(
+          r.resources, [](const std::string& x) -> std::string_view { return x; }, "")) {
+    return e;
+  }
+  if (r.spends.empty()) return std::nullopt;
+  std::vector<std::string_view> listed(r.resources.begin(), r.resources.end());
+  std::sort(listed.begin(), listed.end());
+  for (std::size_t i = 0; i < r.spends.size(); ++i) {
+    const auto at = [i](std::string_view f) { return detail::element("spends", i, f); };
+    if (!std::binary_search(listed.begin(), listed.end(), r.spends[i].resource_id)) {
+      return detail::invalid(at(".resource_id"), "must be one of resources");
+    }
+    if (auto e = detail::check_spend({r.spends[i].window, r.spends[i].spent}, at(""))) return e;
+  }
+  if (const auto dup = detail::first_duplicate(r.spends.size(), [&](std::size_t k) {
+        return std::string_view(r.spends[k].resource_id);
+      })) {
+    return detail::invalid(detail::element("spends", dup->second, ".resource_id"),
+                           "duplicates spends[" + std::to_string(dup->first) + "].resource_id");
+  }
+  return std::nullopt;
 }
 
 /// Why `r` is invalid (the message names the field), or nothing.

@@ -4,6 +4,7 @@
 /// A node's options, and what the node makes of them before it starts: the options checked
 /// and completed, its access policy, its first configuration.
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -138,6 +139,11 @@ inline loaded_config initial_node_config(const node_options& o) {
 // `std::invalid_argument` naming it), with what follows from them filled in.
 inline node_options prepare_node_options(node_options o) {
   o.engine.is_root = o.parents.empty();
+  if (o.engine.utc_offset == 0) {  // budgets count in UTC windows: the steady clock's zero in it
+    using namespace std::chrono;
+    o.engine.utc_offset = duration<double>(system_clock::now().time_since_epoch()).count() -
+                          duration<double>(steady_clock::now().time_since_epoch()).count();
+  }
   o.upstream.decay_factor = o.engine.decay_factor;
   if (!net::parse_address(o.listen)) {
     throw std::invalid_argument("listen: expected host:port, got \"" + o.listen + "\"");

@@ -1,0 +1,178 @@
+#pragma once
+
+/// \file
+/// Budgets (docs/budgets.md): a resource of N units per window of UTC time — a minute, an
+/// hour, a day, a month, or a fixed number of seconds counted from the Unix epoch — instead of
+/// N per second. The root hands out allotments of what the window has left (leases of units,
+/// shared by the resource's algorithm on the clients' wants) and counts what the clients say
+/// they spent; this header holds the windows and the root's count, the engine
+/// (<doorman/core/engine.hpp>) the rest.
+///
+///     doorman::budget_config day{.period = doorman::budget_period::day};
+///     auto w = doorman::window_at(day, 1764417600.0);  // 2025-11-29 12:00 UTC
+///     // w.start == 1764374400 (00:00), w.end == 1764460800
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "doorman/core/string_hash.hpp"
+
+namespace doorman {
+
+/// The windows a budget counts in.
+enum class budget_period { minute, hour, day, month, fixed };
+
+/// A budget's window: `period`, and for `fixed` its length in whole seconds (windows start at
+/// multiples of it from 1970-01-01 00:00 UTC).
+struct budget_config {
+  budget_period period = budget_period::day;
+  std::int64_t fixed_seconds = 0;
+
+  friend bool operator==(const budget_config&, const budget_config&) = default;
+};
+
+/// The window's name in the configuration (`"day"`), or its length in seconds for `fixed`.
+[[nodiscard]] inline std::string period_name(const budget_config& b) {
+  switch (b.period) {
+    case budget_period::minute:
+      return "minute";
+    case budget_period::hour:
+      return "hour";
+    case budget_period::day:
+      return "day";
+    case budget_period::month:
+      return "month";
+    case budget_period::fixed:
+      break;
+  }
+  return std::to_string(b.fixed_seconds);
+}
+
+/// One window: [start, end) in seconds since the Unix epoch, UTC.
+struct budget_window {
+  std::int64_t start = 0;
+  std::int64_t end = 0;
+
+  friend bool operator==(const budget_window&, const budget_window&) = default;
+};
+
+/// The window of `b` holding the UTC time `utc` (seconds since the Unix epoch; leap seconds
+/// are not counted, as in Unix time). Months are calendar months.
+[[nodiscard]] inline budget_window window_at(const budget_config& b, double utc) noexcept {
+  const auto t = static_cast<std::int64_t>(std::floor(utc));
+  const auto aligned = [t](std::int64_t length) {
+    const std::int64_t q = t >= 0 ? t / length : -((-t + length - 1) / length);
+    return budget_window{q * length, q * length + length};
+  };
+  switch (b.period) {
+    case budget_period::minute:
+      return aligned(60);
+    case budget_period::hour:
+      return aligned(3600);
+    case budget_period::day:
+      return aligned(86400);
+    case budget_period::fixed:
+      return aligned(std::max<std::int64_t>(1, b.fixed_seconds));
+    case budget_period::month:
+      break;
+  }
+  namespace c = std::chrono;
+  const c::sys_days day = c::floor<c::days>(c::sys_seconds(c::seconds(t)));
+  const c::year_month_day ymd(day);
+  const c::year_month first = ymd.year() / ymd.month();
+  const auto unix_seconds = [](c::sys_days d) {
+    return static_cast<std::int64_t>(c::duration_cast<c::seconds>(d.time_since_epoch()).count());
+  };
+  return {unix_seconds(c::sys_days(first / 1)),
+          unix_seconds(c::sys_days((first + c::months(1)) / 1))};
+}
+
+/// What a budget's report and answer carry on the wire.
+///
+/// A client reports, per budget resource, what it has spent in total in the window the root
+/// named (`spend`): cumulative, so that a report sent twice (a retry) counts once, and a new
+/// master that hears it learns the whole of the client's spend in the window.
+struct budget_spend {
+  std::int64_t window = 0;  ///< the window's start (Unix seconds), as the root's answer named it
+  double spent = 0;         ///< units spent in that window by this client, in all
+};
+
+/// A budget's state in a grant and in `status`: the window and what the root counts in it.
+struct budget_info {
+  std::int64_t window = 0;  ///< the window's start, Unix seconds (UTC)
+  double reset = 0;         ///< seconds until it ends
+  double limit = 0;         ///< units per window (the resource's capacity)
+  double spent = 0;         ///< spent in the window as far as the root knows (see docs)
+  double left = 0;          ///< neither spent nor allotted
+};
+
+/// A `release_capacity`'s last report for one budget resource: what the client spent in all
+/// (its allotment's remainder is then free at once; without it, the remainder counts as spent).
+struct resource_spend {
+  std::string resource_id;
+  std::int64_t window = 0;
+  double spent = 0;
+};
+
+namespace detail {
+
+/// A budget resource's count at the root, in its current window: what its clients reported
+/// (cumulative per client, so that a repeated report adds nothing) and what was spent in all —
+/// reported spend, plus the allotments that ended unreported (a client that died, or let its
+/// lease lapse, may have spent all of it).
+class budget_count {
+ public:
+  /// Moves to the window holding `utc`: a new window starts with nothing spent.
+  void roll(const budget_config& b, double utc) {
+    const budget_window w = window_at(b, utc);
+    if (w == window_) return;
+    window_ = w;
+    spent_ = 0;
+    reported_.clear();
+  }
+
+  [[nodiscard]] const budget_window& window() const noexcept { return window_; }
+  [[nodiscard]] double spent() const noexcept { return spent_; }
+
+  /// Counts `units` as spent (an allotment that ended unreported).
+  void add(double units) noexcept {
+    if (units > 0) spent_ += units;
+  }
+
+  /// A client's report: what it has spent in `s.window` in all. Returns what is new since its
+  /// last report in this window: 0 for a report of another window or a repeated one. A report
+  /// below the last one comes from a new process under the same client id (one process's
+  /// reports only grow): its count starts again from 0.
+  double report(std::string_view client_id, const budget_spend& s) {
+    if (s.window != window_.start || !(s.spent >= 0)) return 0;
+    auto it = reported_.find(client_id);
+    if (it == reported_.end()) it = reported_.emplace(std::string(client_id), 0.0).first;
+    if (s.spent < it->second) it->second = 0;
+    const double added = s.spent - it->second;
+    it->second = s.spent;
+    spent_ += added;
+    return added;
+  }
+
+  /// Forgets the reports of the clients `known(id)` says are gone (bounded memory: a client
+  /// that comes back reports its whole spend again, counted twice: never under).
+  template <class Known>
+  void forget_unless(Known known) {
+    std::erase_if(reported_, [&](const auto& kv) { return !known(kv.first); });
+  }
+
+  [[nodiscard]] std::size_t reporters() const noexcept { return reported_.size(); }
+
+ private:
+  budget_window window_{};
+  double spent_ = 0;
+  std::unordered_map<std::string, double, string_hash, std::equal_to<>> reported_;
+};
+
+}  // namespace detail
+}  // namespace doorman

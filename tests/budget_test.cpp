@@ -1,0 +1,336 @@
+// Budgets at the root: windows of UTC time, their configuration, the root's count of what was
+// spent, and the tree's one promise for them: what the clients spend in a window never exceeds
+// its budget, whatever answers are lost and whoever dies or restarts.
+
+#include "core_support.hpp"
+
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
+
+namespace {
+
+// 2025-11-29 00:00:00 UTC, a Saturday.
+constexpr std::int64_t day_start = 1764374400;
+
+doorman::resource_repository budget_repo(const std::string& window, double units,
+                                         const std::string& kind = "FAIR_SHARE") {
+  return doorman::resource_repository::parse(R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": )" +
+                                             std::to_string(units) + R"(,
+     "budget": {"window": )" + window + R"(},
+     "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})");
+}
+
+// An engine whose clock's zero is `utc` (Unix seconds).
+doorman::engine_options at_utc(double utc) {
+  doorman::engine_options o;
+  o.utc_offset = utc;
+  return o;
+}
+
+struct budget_fixture : fixture {
+  explicit budget_fixture(const std::string& window = R"("day")", double units = 1000,
+                          double start = day_start + 3600.0)
+      : fixture(budget_repo(window, units), at_utc(start)) {}
+
+  doorman::resource_grant ask_budget(const std::string& client, double wants,
+                                     std::optional<doorman::lease_info> has = std::nullopt,
+                                     std::optional<double> spent = std::nullopt) {
+    doorman::resource_request x{"tokens", 0, wants, has};
+    if (spent) x.spend = doorman::budget_spend{window(), *spent};
+    auto r = engine.get_capacity({client, {x}}, clock.now());
+    REQUIRE(r);
+    REQUIRE(r.value().resources.size() == 1);
+    return r.value().resources[0];
+  }
+
+  std::int64_t window() {
+    const auto s = engine.status({"tokens"}, clock.now());
+    return s.value().resources[0].budget ? s.value().resources[0].budget->window : 0;
+  }
+
+  doorman::budget_info budget() {
+    auto s = engine.status({"tokens"}, clock.now());
+    REQUIRE(s);
+    REQUIRE(s.value().resources[0].budget);
+    return *s.value().resources[0].budget;
+  }
+};
+
+doorman::lease_info holding(double capacity) {
+  return {capacity, 30, 16};
+}
+
+}  // namespace
+
+TEST_CASE("budget windows are UTC minutes, hours, days, months or fixed lengths",
+          "[core][budget]") {
+  using doorman::budget_period;
+  const double noon = day_start + 12 * 3600 + 61.5;
+  CHECK(doorman::window_at({budget_period::minute}, noon).start == day_start + 12 * 3600 + 60);
+  CHECK(doorman::window_at({budget_period::hour}, noon).end == day_start + 13 * 3600);
+  CHECK(doorman::window_at({budget_period::day}, noon) ==
+        doorman::budget_window{day_start, day_start + 86400});
+  // November has 30 days; February 2028 29.
+  const auto nov = doorman::window_at({budget_period::month}, noon);
+  CHECK(nov.start == day_start - 28 * 86400);
+  CHECK(nov.end - nov.start == 30 * 86400);
+  const auto feb = doorman::window_at({budget_period::month}, 1835481600.0 + 5);  // 2028-03-01
+  CHECK(feb.start == 1835481600);
+  const auto leap = doorman::window_at({budget_period::month}, 1835481600.0 - 1);
+  CHECK(leap.end - leap.start == 29 * 86400);
+  CHECK(doorman::window_at({budget_period::fixed, 600}, noon).start == day_start + 12 * 3600);
+  CHECK(doorman::window_at({budget_period::fixed, 7}, 13.0) == doorman::budget_window{7, 14});
+}
+
+TEST_CASE("a budget's configuration names its window, and a bad one is refused naming it",
+          "[core][budget][config]") {
+  const auto repo = budget_repo(R"("month")", 5e6);
+  REQUIRE(repo.find("tokens").budget);
+  CHECK(repo.find("tokens").budget->period == doorman::budget_period::month);
+  CHECK_FALSE(repo.find("other").budget);
+  CHECK(doorman::resource_repository::from_json(repo.to_json()) == repo);
+  CHECK(budget_repo("3600", 10).find("tokens").budget->fixed_seconds == 3600);
+  CHECK(doorman::resource_repository::from_json(budget_repo("90", 1).to_json()) ==
+        budget_repo("90", 1));
+
+  const auto refused = [](const std::string& window, const std::string& kind = "FAIR_SHARE") {
+    try {
+      (void)budget_repo(window, 100, kind);
+    } catch (const doorman::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refused(R"("week")") ==
+        "resources[0].budget.window: must be minute, hour, day, month or a number of seconds");
+  CHECK(refused("[1]") ==
+        "resources[0].budget.window: must be minute, hour, day, month or a number of seconds");
+  CHECK(refused("0") == "resources[0].budget.window: must be between 1 and 31622400 seconds");
+  CHECK(refused("1.5") == "resources[0].budget.window: must be an integer");
+  CHECK(refused(R"("day", "units": 3)") == "resources[0].budget.units: unknown field");
+  CHECK_THAT(refused(R"("day")", "NO_ALGORITHM"), Contains("must not be NO_ALGORITHM"));
+}
+
+TEST_CASE("a budget's allotments share what the window has left, and spend comes off it",
+          "[core][budget][engine]") {
+  budget_fixture f;
+  auto a = f.ask_budget("a", 600);
+  CHECK(a.gets.capacity == 600);
+  REQUIRE(a.budget);
+  CHECK(a.budget->window == day_start);
+  CHECK(a.budget->limit == 1000);
+  CHECK(a.budget->reset == Approx(86400 - 3600));
+  CHECK(a.safe_capacity == 0);  // nothing is spent without an allotment
+  auto b = f.ask_budget("b", 600);
+  CHECK(b.gets.capacity == 400);  // what a's allotment leaves
+  CHECK(b.budget->left == 0);
+
+  // a spends 500 and says so: 100 left of its allotment, 500 gone from the budget.
+  f.clock.advance(16s);
+  a = f.ask_budget("a", 100, holding(100), 500);
+  CHECK(a.gets.capacity == Approx(100));
+  CHECK(f.budget().spent == 500);
+  // The same report again (a retry) counts once.
+  f.clock.advance(16s);
+  a = f.ask_budget("a", 100, holding(100), 500);
+  CHECK(f.budget().spent == 500);
+  // b spends its 400: the budget is all spent or allotted.
+  b = f.ask_budget("b", 600, holding(0), 400);
+  CHECK(f.budget().spent == 900);
+  CHECK(b.gets.capacity == Approx(0));
+  CHECK(f.budget().left == Approx(0));
+
+  SECTION("a lease that ends unreported counts as spent") {
+    f.clock.advance(61s);  // both leases end: a's 100 may have been spent
+    f.engine.expire(f.clock.now());
+    CHECK(f.budget().spent == Approx(1000));
+    CHECK(f.ask_budget("c", 10).gets.capacity == 0);
+  }
+  SECTION("a release with a last report frees the rest of the allotment") {
+    auto r =
+        f.engine.release_capacity({"a", {"tokens"}, {{"tokens", day_start, 520}}}, f.clock.now());
+    REQUIRE(r);
+    CHECK(f.budget().spent == Approx(920));
+    CHECK(f.budget().left == Approx(80));
+    CHECK(f.ask_budget("c", 500).gets.capacity == Approx(40));  // b wants its share of it too
+  }
+  SECTION("a release without one counts the allotment as spent") {
+    REQUIRE(f.engine.release_capacity({"a", {"tokens"}}, f.clock.now()));
+    CHECK(f.budget().spent == Approx(1000));
+  }
+  SECTION("a client that comes back holding nothing may have spent all it held") {
+    a = f.ask_budget("a", 50, std::nullopt, 0);  // a new process under a's id
+    CHECK(f.budget().spent == Approx(1000));
+    // Its count starts again from 0: what it spends from now on counts in full.
+    CHECK(a.gets.capacity == 0);
+  }
+  SECTION("the next window starts with the whole budget") {
+    f.clock.advance(std::chrono::seconds(86400 - 3600 - 32));
+    f.engine.expire(f.clock.now());
+    CHECK(f.budget().window == day_start + 86400);
+    CHECK(f.budget().spent == 0);
+    CHECK(f.ask_budget("a", 2000).gets.capacity == 1000);
+    // A report of the window before counts nothing in this one.
+    f.clock.advance(16s);
+    doorman::resource_request x{"tokens", 0, 100, holding(1000)};
+    x.spend = doorman::budget_spend{day_start, 700};
+    REQUIRE(f.engine.get_capacity({"a", {x}}, f.clock.now()));
+    CHECK(f.budget().spent == 0);
+  }
+}
+
+TEST_CASE("a budget's allotments end with its window, and their holders come back then",
+          "[core][budget][engine]") {
+  budget_fixture f(R"("minute")", 100, day_start + 50.0);
+  const auto a = f.ask_budget("a", 10);
+  CHECK(a.gets.expires_in == Approx(10));
+  CHECK(a.gets.refresh_interval == Approx(10));
+  CHECK(a.budget->reset == Approx(10));
+}
+
+TEST_CASE("a hostile budget report is refused naming its field, changing nothing",
+          "[core][budget][engine]") {
+  budget_fixture f;
+  const auto bad = [&](doorman::budget_spend s) {
+    doorman::resource_request x{"tokens", 0, 10, std::nullopt};
+    x.spend = s;
+    auto r = f.engine.get_capacity({"a", {x}}, f.clock.now());
+    REQUIRE_FALSE(r);
+    return r.error().message;
+  };
+  CHECK(bad({day_start, -1}) ==
+        "resources[0].spend.spent: must be a finite number between 0 and 1e15");
+  CHECK(bad({day_start, std::nan("")}) ==
+        "resources[0].spend.spent: must be a finite number between 0 and 1e15");
+  CHECK(bad({-5, 1}) == "resources[0].spend.window: must be an integer between 0 and 1e11");
+  CHECK(f.engine.store("tokens") == nullptr);
+
+  const auto release = [&](doorman::release_request r) {
+    auto out = f.engine.release_capacity(r, f.clock.now());
+    return out ? std::string("accepted") : out.error().message;
+  };
+  CHECK(release({"a", {"tokens"}, {{"other", day_start, 1}}}) ==
+        "spends[0].resource_id: must be one of resources");
+  CHECK(release({"a", {"tokens"}, {{"tokens", day_start, 1}, {"tokens", day_start, 2}}}) ==
+        "spends[1].resource_id: duplicates spends[0].resource_id");
+  CHECK(release({"a", {"tokens"}, {{"tokens", day_start, 1e16}}}) ==
+        "spends[0].spent: must be a finite number between 0 and 1e15");
+}
+
+TEST_CASE("what clients spend in a window never exceeds its budget, whatever is lost",
+          "[core][budget][engine]") {
+  // Clients that obey their allotments spend at random, their answers are lost at random
+  // (the root decided; the client never heard), some spend in the flight of a request, some
+  // die with an allotment (after spending all of it) and come back as new processes.
+  const std::uint32_t seed = GENERATE(1u, 2u, 3u, 4u, 5u);
+  std::mt19937 rng(seed);
+  INFO("seed " << seed);
+  budget_fixture f(R"("hour")", 10'000, day_start + 0.0);
+  struct client {
+    double remaining = 0;  // of its allotment, as it knows it
+    double spent = 0;      // this process, in the window
+    bool has = false;
+    manual_clock::time_point expiry{};
+  };
+  std::vector<client> cs(6);
+  double real = 0;  // what every process spent
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int step = 0; step < 3000; ++step) {
+    f.clock.advance(std::chrono::milliseconds(1000));
+    const std::size_t i = rng() % cs.size();
+    auto& c = cs[i];
+    const std::string id = "c" + std::to_string(i);
+    if (c.has && f.clock.now() >= c.expiry) c = {0, c.spent, false, {}};
+    const auto spend = [&](double x) {
+      x = std::min(x, c.remaining);
+      c.remaining -= x;
+      c.spent += x;
+      real += x;
+    };
+    if (u(rng) < 0.6) spend(u(rng) * 400);
+    if (u(rng) < 0.3) {  // refresh
+      const auto expires_in = std::chrono::duration<double>(c.expiry - f.clock.now()).count();
+      doorman::resource_request x{"tokens", 0, 300 + u(rng) * 600, std::nullopt};
+      if (c.has) x.has = doorman::lease_info{c.remaining, expires_in, 16};
+      x.spend = doorman::budget_spend{f.window() ? f.window() : day_start, c.spent};
+      auto r = f.engine.get_capacity({id, {x}}, f.clock.now());
+      REQUIRE(r);
+      const auto& g = r.value().resources[0];
+      if (u(rng) < 0.3) spend(u(rng) * 400);  // in the answer's flight, on the old allotment
+      const double flight = c.spent - x.spend->spent;
+      if (u(rng) < 0.9) {  // heard
+        c.remaining = std::max(0.0, g.gets.capacity - flight);
+        c.expiry = f.clock.now() + std::chrono::duration_cast<manual_clock::duration>(
+                                       std::chrono::duration<double>(g.gets.expires_in));
+        c.has = g.gets.expires_in > 0;
+      }
+    }
+    if (u(rng) < 0.01) {  // dies after spending all it had; a new process takes its id
+      spend(c.remaining);
+      c = {};
+    }
+    if (f.engine.store("tokens") != nullptr) {
+      const auto b = f.budget();
+      if (b.window != day_start) break;  // the hour is over
+      REQUIRE(real <= 10'000 + 1e-6);
+    }
+  }
+  CHECK(real <= 10'000 + 1e-6);
+  CHECK(real >= 5'000);  // most of it is spent: demand exceeds it
+}
+
+TEST_CASE("a budget over JSON-RPC lines: the hot path and the DOM path answer alike",
+          "[core][budget][protocol]") {
+  budget_fixture hot;
+  budget_fixture dom;
+  const doorman::node_identity identity{"127.0.0.1:7700", "root", 0, std::nullopt};
+  const auto both = [&](const std::string& line) {
+    std::string a;
+    std::string b;
+    doorman::handle_line_to(a, hot.engine, line, hot.clock.now(), identity);
+    doorman::detail::dispatch(b, dom.engine, line, dom.clock.now(), identity, nullptr, nullptr,
+                              false);
+    CHECK(a == b);
+    return nlohmann::json::parse(a);
+  };
+  const auto ask = [](const std::string& resource) {
+    return R"({"jsonrpc":"2.0","id":1,"method":"get_capacity","params":{"client_id":"a",
+      "resources":[)" +
+           resource + "]}}";
+  };
+  auto j = both(ask(R"({"resource_id":"tokens","wants":300})"));
+  CHECK(j["result"]["resources"][0]["gets"]["capacity"] == 300);
+  CHECK(j["result"]["resources"][0]["budget"]["window"] == day_start);
+  CHECK(j["result"]["resources"][0]["budget"]["left"] == 700);
+  hot.clock.advance(16s);
+  dom.clock.advance(16s);
+  j = both(ask(R"({"resource_id":"tokens","wants":300,
+      "has":{"capacity":180,"expires_in":44,"refresh_interval":16},
+      "spend":{"window":1764374400,"spent":120}})"));
+  CHECK(j["result"]["resources"][0]["budget"]["spent"] == 120);
+  j = both(ask(R"({"resource_id":"tokens","wants":300,"spend":{"window":1764374400}})"));
+  CHECK(j["error"]["message"] == "params.resources[0].spend.spent: is required");
+  j = both(ask(R"({"resource_id":"tokens","wants":300,"spend":{"window":1.5,"spent":1}})"));
+  CHECK(j["error"]["message"] == "params.resources[0].spend.window: must be an integer");
+  j = both(R"({"jsonrpc":"2.0","id":1,"method":"release_capacity","params":{"client_id":"a",
+      "resources":["tokens"],"spends":[{"resource_id":"tokens","window":1764374400,
+      "spent":150}]}})");
+  CHECK(j.contains("result"));
+  CHECK(hot.budget().spent == 150);
+  CHECK(hot.budget().left == 850);
+  CHECK(dom.budget().spent == 150);
+}
+
+TEST_CASE("budgets are counted at the root: a server child is refused on one",
+          "[core][budget][engine]") {
+  budget_fixture f;
+  auto r = f.engine.get_server_capacity({"mid", {{"tokens", std::nullopt, 0, {{0, 2, 100}}}}},
+                                        f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message ==
+        "resources[0].resource_id: a budget: its clients ask the root directly");
+  CHECK(f.engine.store("tokens") == nullptr);
+}
