@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -104,6 +105,31 @@ inline std::string resources_table(const node_status& st) {
   }
   if (rows.size() == 1) return "no resource has state yet\n";
   return table(rows);
+}
+
+// A Unix time as `2026-11-29 00:00 UTC`.
+inline std::string utc_text(std::int64_t unix_seconds) {
+  namespace c = std::chrono;
+  const c::sys_seconds t{c::seconds(unix_seconds)};
+  const auto day = c::floor<c::days>(t);
+  const c::year_month_day ymd(day);
+  const auto minutes = c::duration_cast<c::minutes>(t - day).count();
+  return fmt::format("{:04}-{:02}-{:02} {:02}:{:02} UTC", static_cast<int>(ymd.year()),
+                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
+                     minutes / 60, minutes % 60);
+}
+
+// The budgets among the resources (docs/budgets.md), or nothing when there are none.
+inline std::string budgets_table(const node_status& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN"}};
+  for (const auto& r : st.status.resources) {
+    if (!r.budget) continue;
+    const auto& b = *r.budget;
+    rows.push_back({shown(r.resource_id), utc_text(b.window), num(b.limit), num(b.spent),
+                    num(b.left), num(b.reset) + " s"});
+  }
+  return rows.size() == 1 ? std::string() : "\n" + table(rows);
 }
 
 inline std::string leases_table(const node_status& st) {

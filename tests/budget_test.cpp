@@ -315,6 +315,10 @@ TEST_CASE("a budget over JSON-RPC lines: the hot path and the DOM path answer al
   CHECK(j["error"]["message"] == "params.resources[0].spend.spent: is required");
   j = both(ask(R"({"resource_id":"tokens","wants":300,"spend":{"window":1.5,"spent":1}})"));
   CHECK(j["error"]["message"] == "params.resources[0].spend.window: must be an integer");
+  j = both(ask(R"({"resource_id":"tokens","wants":300,"spend":{"window":-5,"spent":1}})"));
+  CHECK(j["error"]["message"] == "params.resources[0].spend.window: must be between 0 and 1e11");
+  j = both(ask(R"({"resource_id":"tokens","wants":300,"spend":{"window":5,"spent":-1}})"));
+  CHECK(j["error"]["message"] == "params.resources[0].spend.spent: must be between 0 and 1e15");
   j = both(R"({"jsonrpc":"2.0","id":1,"method":"release_capacity","params":{"client_id":"a",
       "resources":["tokens"],"spends":[{"resource_id":"tokens","window":1764374400,
       "spent":150}]}})");

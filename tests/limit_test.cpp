@@ -998,6 +998,25 @@ TEST_CASE(
   CHECK(rules.check("rl", {{{"beta", "x"}}}).code == rule_code::ok);
   CHECK(rules.check("rl", {{{"beta", "x"}}}).shadow_exceeded);
 
+  // quota_mode: a quota rule over its limit refuses only when every quota rule is.
+  {
+    auto q = test_rules::parse(nlohmann::json::parse(R"({"domain": "q", "descriptors": [
+      {"key": "m", "quota_mode": true, "rate_limit": {"unit": "minute", "requests_per_unit": 1}},
+      {"key": "d", "quota_mode": true, "rate_limit": {"unit": "day", "requests_per_unit": 2}},
+      {"key": "h", "rate_limit": {"unit": "hour", "requests_per_unit": 5}}]})"),
+                               {}, clock_ref{&clock});
+    const std::vector<doorman::descriptor> md = {{{"m", "x"}}, {{"d", "x"}}};
+    CHECK(q.check("q", md).code == rule_code::ok);
+    auto each = q.check_each("q", {descriptor_check{{{"m", "x"}}}, descriptor_check{{{"d", "x"}}}});
+    CHECK(each[0].quota);
+    CHECK(doorman::over_limit(each[0]));
+    CHECK_FALSE(doorman::quota_refuses(each));
+    CHECK_FALSE(doorman::request_refused(each));
+    CHECK(q.check("q", md).code == rule_code::refused);  // both over now
+    const std::vector<doorman::descriptor> alone = {{{"h", "x"}}};
+    CHECK(q.check("q", alone).code == rule_code::ok);
+  }
+
   // A descriptor's own limit replaces its rule's, and applies where no rule matches.
   const doorman::limit_override three{3, std::chrono::seconds(60)};
   for (int i = 0; i < 3; ++i)
@@ -1030,8 +1049,8 @@ TEST_CASE("rules: ratelimit's fields are checked, naming the field", "[limit][ru
   CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit":
       "second", "requests_per_unit": 1, "name": "a", "replaces": [{"name": "a"}]}}]})"),
              Catch::Contains("descriptors[0].rate_limit.replaces[0].name: must not be the rule's"));
-  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "quota_mode": true}]})"),
-             Catch::Contains("quota_mode"));
+  CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k", "quota_mode": 1}]})"),
+             Catch::Contains("descriptors[0].quota_mode: must be a boolean"));
   CHECK_THAT(error_of(R"({"domain": "d", "descriptors": [{"key": "k",
       "rate_limit": {"unit": "fortnight", "requests_per_unit": 1}}]})"),
              Catch::Contains("one of second, minute, hour, day, week, month, year"));

@@ -209,6 +209,22 @@ TEST_CASE("status pages escape what clients and the configuration wrote", "[admi
   CHECK_THAT(page, Catch::Contains("&lt;node&gt;"));
 }
 
+TEST_CASE("the status page shows each budget: its window, limit, spend and what is left",
+          "[admin]") {
+  doorman::admin_snapshot s;
+  s.started = true;
+  doorman::admin_resource r;
+  r.status.resource_id = "tokens";
+  s.resources.push_back(r);
+  CHECK_THAT(doorman::render_status(s), !Catch::Contains("Budgets"));
+  s.resources[0].status.budget = doorman::budget_info{1764374400, 600, 1000, 250, 700};
+  const auto page = doorman::render_status(s);
+  CHECK_THAT(page, Catch::Contains("<h2>Budgets</h2>"));
+  CHECK_THAT(page, Catch::Contains("<tr><td>tokens</td><td class=\"n\">1764374400</td><td "
+                                   "class=\"n\">1000</td><td class=\"n\">250</td><td "
+                                   "class=\"n\">700</td><td class=\"n\">600</td></tr>"));
+}
+
 TEST_CASE("the status page says uptime as people read it", "[admin]") {
   CHECK(doorman::detail::duration_text(18.2584) == "18 s");
   CHECK(doorman::detail::duration_text(185) == "3 min 5 s");
@@ -928,6 +944,17 @@ TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a c
   refused("/resources/0/capacity", "5", "result.resources[0].capacity: must be a number");
   refused("/mastership", json::array(), "result.mastership: must be an object");
   refused("/resources", json::object(), "result.resources: must be an array");
+  // A budget: its own table; a hostile one is refused naming the field.
+  CHECK(doorman_examples::cli::budgets_table(st).empty());
+  json budget = good;
+  budget["resources"][0]["budget"] = {
+      {"window", 1764374400}, {"reset", 3600}, {"limit", 1e6}, {"spent", 250000}, {"left", 700000}};
+  CHECK(doorman_examples::cli::budgets_table(read_status(budget)) ==
+        "\nBUDGET  WINDOW                LIMIT  SPENT   LEFT    RESETS IN\n"
+        "db      2025-11-29 00:00 UTC  1e+06  250000  700000  3600 s\n");
+  refused("/resources/0/budget",
+          json{{"window", -1}, {"reset", 1}, {"limit", 1}, {"spent", 0}, {"left", 0}},
+          "result.resources[0].budget.window: must be between 0 and 1e11");
   CHECK_THROWS_AS(read_status(json::array()), failure);
   CHECK_THROWS_AS(read_status(nullptr), failure);
   // Control bytes a node sends are not written to the terminal.

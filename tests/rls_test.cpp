@@ -187,6 +187,30 @@ TEST_CASE("rls: unlimited, wildcards, replaces, shadow mode and a descriptor's o
   CHECK(week.statuses(0).limit_remaining() == 1);
 }
 
+TEST_CASE("rls: quota_mode lets a request through until every quota rule is over",
+          "[rls][process]") {
+  rls_service s("quota");
+  const std::vector<entries> both = {{{"tokens_minute", "t"}}, {{"tokens_day", "t"}}};
+  const auto ask = [&](std::uint32_t hits) { return s.ask(request(both, hits)); };
+  auto a = ask(6);  // 6 of 10 a minute, 6 of 20 a day
+  CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+  a = ask(6);  // over the minute's 10 (not counted there), 12 of the day's 20: still OK
+  CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+  CHECK(a.statuses(0).code() == pb::RateLimitResponse::OVER_LIMIT);
+  CHECK(a.statuses(0).limit_remaining() == 0);
+  CHECK(a.statuses(1).code() == pb::RateLimitResponse::OK);
+  CHECK(a.statuses(1).limit_remaining() == 8);
+  a = ask(6);  // 18 of 20
+  CHECK(a.overall_code() == pb::RateLimitResponse::OK);
+  a = ask(6);  // both over: refused
+  CHECK(a.overall_code() == pb::RateLimitResponse::OVER_LIMIT);
+  CHECK(a.statuses(1).code() == pb::RateLimitResponse::OVER_LIMIT);
+  // A rule that is not a quota rule, over its limit, refuses whatever the quota rules say.
+  CHECK(s.ask(request({{{"path", "/api/q"}}})).overall_code() == pb::RateLimitResponse::OK);
+  CHECK(s.ask(request({{{"path", "/api/q"}}, {{"tokens_day", "u"}}})).overall_code() ==
+        pb::RateLimitResponse::OVER_LIMIT);
+}
+
 TEST_CASE("rls: response headers as envoyproxy/ratelimit adds them", "[rls][process]") {
   rls_service s("headers", {"--response-headers", "--header-remaining", "X-RateLimit-Remaining"});
   s.ask(request({{{"remote_address", "9.9.9.9"}}}));

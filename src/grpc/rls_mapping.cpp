@@ -77,10 +77,6 @@ pb::RateLimitResponse::RateLimit::Unit unit_of(std::chrono::nanoseconds window) 
   return U::UNKNOWN;
 }
 
-bool over(const descriptor_status& s) {
-  return !s.shadow && (s.code == rule_code::refused || s.code == rule_code::delay);
-}
-
 std::uint32_t whole(double v) {
   return static_cast<std::uint32_t>(
       std::clamp(std::floor(v), 0.0, double(std::numeric_limits<std::uint32_t>::max())));
@@ -113,12 +109,12 @@ std::optional<request_error> from_proto(const pb::RateLimitRequest& r, check_req
 
 void to_proto(const std::vector<descriptor_status>& statuses, const header_names& headers,
               pb::RateLimitResponse& out) {
-  out.set_overall_code(pb::RateLimitResponse::OK);
+  out.set_overall_code(request_refused(statuses) ? pb::RateLimitResponse::OVER_LIMIT
+                                                 : pb::RateLimitResponse::OK);
   const descriptor_status* fewest = nullptr;  // the limit closest to its end, for the headers
   for (const auto& s : statuses) {
     auto& x = *out.add_statuses();
-    x.set_code(over(s) ? pb::RateLimitResponse::OVER_LIMIT : pb::RateLimitResponse::OK);
-    if (over(s)) out.set_overall_code(pb::RateLimitResponse::OVER_LIMIT);
+    x.set_code(over_limit(s) ? pb::RateLimitResponse::OVER_LIMIT : pb::RateLimitResponse::OK);
     if (s.unlimited) {
       x.set_limit_remaining(std::numeric_limits<std::uint32_t>::max());
       continue;
@@ -128,18 +124,20 @@ void to_proto(const std::vector<descriptor_status>& statuses, const header_names
     limit.set_requests_per_unit(whole(s.limit));
     limit.set_unit(unit_of(s.window));
     limit.set_name(s.name);
-    const double remaining = over(s) ? 0 : s.remaining;
+    const double remaining = over_limit(s) ? 0 : s.remaining;
     x.set_limit_remaining(whole(remaining));
     const auto reset = std::max(std::chrono::nanoseconds(0), s.reset);
     x.mutable_duration_until_reset()->set_seconds(
         std::chrono::duration_cast<std::chrono::seconds>(reset).count());
     x.mutable_duration_until_reset()->set_nanos(
         static_cast<std::int32_t>(reset.count() % 1'000'000'000));
-    if (!fewest || over(s) || (!over(*fewest) && remaining < fewest->remaining)) fewest = &s;
+    if (!fewest || over_limit(s) || (!over_limit(*fewest) && remaining < fewest->remaining))
+      fewest = &s;
   }
   if (!headers.enabled || !fewest) return;
   add_header(out, headers.limit, std::to_string(whole(fewest->limit)));
-  add_header(out, headers.remaining, std::to_string(over(*fewest) ? 0 : whole(fewest->remaining)));
+  add_header(out, headers.remaining,
+             std::to_string(over_limit(*fewest) ? 0 : whole(fewest->remaining)));
   add_header(out, headers.reset, std::to_string(header_seconds(fewest->reset)));
 }
 

@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -109,11 +110,40 @@ struct descriptor_status {
   bool unlimited = false;  ///< matched a rule marked `unlimited`: never limited, not counted
   bool replaced = false;   ///< its rule was replaced by another matched rule: not counted
   bool shadow = false;     ///< a shadow rule: `code` is what it would have been; nothing is refused
+  bool quota = false;      ///< a quota rule: over its limit, it refuses only with every quota rule
   double remaining = 0;    ///< requests left in the window (0 when over)
   std::chrono::nanoseconds reset{};        ///< until `remaining` is back to `limit`
   std::chrono::nanoseconds retry_after{};  ///< with `delay` and `refused`
   std::string key;                         ///< the request key counted, e.g. "api/user=ann"
 };
+
+/// Whether `s` is over its limit (refused, or delayed), shadow rules aside: the code of its own
+/// status in Envoy's answer.
+[[nodiscard]] inline bool over_limit(const descriptor_status& s) noexcept {
+  return !s.shadow && (s.code == rule_code::refused || s.code == rule_code::delay);
+}
+
+/// Whether the quota rules (`quota_mode`) among `statuses` refuse their request: at least one
+/// matched, and every one is over its limit. A quota rule over its limit alone lets the
+/// request through (its own status still says it is over), as envoyproxy/ratelimit does.
+[[nodiscard]] inline bool quota_refuses(std::span<const descriptor_status> statuses) noexcept {
+  bool any = false;
+  for (const auto& s : statuses) {
+    if (!s.quota || s.shadow || s.limit < 0) continue;
+    if (!over_limit(s)) return false;
+    any = true;
+  }
+  return any;
+}
+
+/// Whether a request whose descriptors fared as `statuses` is refused: a rule that is neither
+/// a shadow nor a quota rule is over its limit, or every quota rule is (`quota_refuses`).
+[[nodiscard]] inline bool request_refused(std::span<const descriptor_status> statuses) noexcept {
+  const bool quota = quota_refuses(statuses);
+  return std::any_of(statuses.begin(), statuses.end(), [&](const descriptor_status& s) {
+    return over_limit(s) && (!s.quota || quota);
+  });
+}
 
 /// What one rule has counted since its rules were loaded, as envoyproxy/ratelimit counts per
 /// key: hits (`hits_addend` summed), those over the limit, those admitted, those admitted past
@@ -239,6 +269,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     std::chrono::nanoseconds unit{};  // the window
     rule_mode mode = rule_mode::hard;
     bool shadow = false;
+    bool quota = false;                                           // quota_mode
     double overage = 0.5;                                         // soft
     std::chrono::nanoseconds max_delay{std::chrono::seconds(1)};  // elastic
     std::string path;                   // "<domain>/<key>=<value or *>/..."
@@ -288,8 +319,10 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     for (const auto& d : descriptors)
       each.push_back({d, n, std::nullopt});
     rule_verdict verdict;
-    for (const auto& s : check_each(domain, each))
-      fold(s, verdict);
+    const auto statuses = check_each(domain, each);
+    const bool quota = quota_refuses(statuses);
+    for (const auto& s : statuses)
+      if (!s.quota || quota) fold(s, verdict);
     return verdict;
   }
 
@@ -448,8 +481,8 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
 
   rule read_rule(detail::json_reader& r, const std::string& parent, std::size_t depth,
                  read_state& state) {
-    r.only({"key", "value", "rate_limit", "mode", "shadow", "shadow_mode", "overage", "max_delay",
-            "detailed_metric", "value_to_metric", "share_threshold", "descriptors"});
+    r.only({"key", "value", "rate_limit", "mode", "shadow", "shadow_mode", "quota_mode", "overage",
+            "max_delay", "detailed_metric", "value_to_metric", "share_threshold", "descriptors"});
     rule x;
     if (++state.rules > rule_limits::max_rules) r.fail("", "one rule too many (at most 10000)");
     if (depth > rule_limits::max_depth) r.fail("", "nests too deep (at most 8 levels)");
@@ -494,6 +527,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     r.boolean("shadow", x.shadow, false);
     bool shadow_mode = false;  // envoyproxy/ratelimit's name for it
     if (r.boolean("shadow_mode", shadow_mode, false)) x.shadow = x.shadow || shadow_mode;
+    r.boolean("quota_mode", x.quota, false);
     if (r.number("overage", x.overage, false)) r.within("overage", x.overage, 0, 10);
     double delay = 1;
     if (r.number("max_delay", delay, false))
@@ -695,6 +729,7 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     s.window = r.unit;
     s.name = r.name;
     s.shadow = r.shadow;
+    s.quota = r.quota;
     s.remaining = std::max(0.0, st.remaining - over);
     s.reset = st.reset;
     // A refusal in a window with nothing counted (more hits than the limit) still names the

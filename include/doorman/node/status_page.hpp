@@ -165,6 +165,26 @@ inline std::string template_table(const admin_snapshot& s) {
   return out + "</table>\n";
 }
 
+// The budgets among `resources` (docs/budgets.md): a table, or nothing when there are none.
+inline std::string budget_table(const std::vector<admin_resource>& resources) {
+  std::string rows;
+  for (const auto& r : resources) {
+    if (!r.status.budget) continue;
+    const auto& b = *r.status.budget;
+    rows += table_row({text(r.status.resource_id),
+                       {std::to_string(b.window), " class=\"n\""},
+                       number(b.limit),
+                       number(b.spent),
+                       number(b.left),
+                       number(b.reset)});
+  }
+  if (rows.empty()) return {};
+  return "<h2>Budgets</h2>\n" +
+         table_start("budgets", {"resource", "window (Unix s, UTC)", "limit", "spent", "left",
+                                 "resets in (s)"}) +
+         rows + "</table>\n";
+}
+
 }  // namespace detail
 
 /// `/status`: the node, its resources with state, and its configuration.
@@ -179,6 +199,7 @@ inline std::string template_table(const admin_snapshot& s) {
     for (const auto& r : s.resources)
       out += detail::resource_row(r, true);
     out += "</table>\n";
+    out += detail::budget_table(s.resources);
   }
   out += fmt::format("<h2>Configuration ({} templates)</h2>\n", s.templates.size());
   out += detail::template_table(s);
@@ -197,6 +218,7 @@ inline std::string template_table(const admin_snapshot& s) {
   out += detail::resource_table("resource");
   out += detail::resource_row(r, false);
   out += "</table>\n";
+  out += detail::budget_table(s.resources);
   const std::size_t pages =
       std::max<std::size_t>(1, (s.lease_count + leases_per_page - 1) / leases_per_page);
   out += fmt::format("<h2>Leases ({}; page {} of {})</h2>\n", s.lease_count, page, pages);
