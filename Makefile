@@ -26,15 +26,15 @@ demo-deps:
 
 ## Run the main job: a local capacity tree (root + 2 intermediates) with worker processes.
 demo: demo-deps
-	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman-client-demo
-	@./build/release/examples/doorman-client-demo
+	@cmake --preset demo >/dev/null
+	@cmake --build --preset demo -j $(JOBS) --target doorman-client-demo-all
+	@./build/demo/examples/doorman-client-demo
 
 ## The protocol-level tree demo: the same tree with six scripted JSON-RPC clients.
 tree-demo: demo-deps
-	@cmake --preset release >/dev/null
-	@cmake --build --preset release -j $(JOBS) --target doorman-tree-demo
-	@./build/release/examples/doorman-tree-demo
+	@cmake --preset demo >/dev/null
+	@cmake --build --preset demo -j $(JOBS) --target doorman-tree-demo-all
+	@./build/demo/examples/doorman-tree-demo
 
 # Doorman's convergence scenarios on the simulator: charts and CSVs in build/sim/.
 sim: demo-deps

@@ -18,7 +18,8 @@ set -eu
 # python3-build, python3-wheel, python3-setuptools, mypy, python3-pytest, python3-pytest-asyncio:
 # the Python client's wheel, its type check and its tests.
 # python3-yaml: the check of the Kubernetes kit (deploy/kubernetes/check_kit.py).
-build="cmake g++ make ccache libasio-dev nlohmann-json3-dev libfmt-dev"
+# ninja-build: the demo preset's generator (it compiles the demo's units side by side).
+build="cmake g++ make ninja-build ccache libasio-dev nlohmann-json3-dev libfmt-dev"
 packages="$build catch2 libbenchmark-dev etcd-server libyaml-cpp-dev prometheus chromium tmux libssl-dev openssl libgrpc++-dev protobuf-compiler-grpc golang-go golang-google-grpc-dev golang-goprotobuf-dev python3-grpcio python3-protobuf protobuf-compiler python3-build python3-wheel python3-setuptools mypy python3-pytest python3-pytest-asyncio python3-yaml"
 # kubectl (Debian's kubernetes-client unless one is there): the Kubernetes kit (deploy/) is
 # rendered with `kubectl kustomize` and checked against doorman-node.
