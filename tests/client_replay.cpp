@@ -9,6 +9,7 @@
 //   ["detach", id]                          a handle goes (the last one removes the resource)
 //   ["try", id, n]                          a rate handle's try_acquire: [admitted, retry_after]
 //   ["reserve", id, n]                      a wait's reservation: ns until due (or "never")
+//   ["settle", id, reserved, used]          a rate handle's settle: whether it settled
 //   ["gauge_try", id] / ["gauge_release", id]
 //   ["step"]                                the client's next step: release, refresh or wait
 //   ["answer", result] / ["fail"]           what came back for the step's call
@@ -109,6 +110,7 @@ class replay {
     if (op == "detach") return detach(s.at(1));
     if (op == "try") return try_acquire(s.at(1), s.at(2));
     if (op == "reserve") return reserve(s.at(1), s.at(2));
+    if (op == "settle") return settle(s.at(1), s.at(2), s.at(3));
     if (op == "gauge_try") return gauge_try(s.at(1));
     if (op == "gauge_release") {
       if (auto* e = find(s.at(1)); e && e->kind == "gauge" && e->gauge.in_flight() > 0) {
@@ -188,6 +190,14 @@ class replay {
     const time_point at = e->rate.reserve(n);
     if (at == time_point::max()) held_back(id, *e);
     return time_or_never(at, now());
+  }
+
+  // As `rate_resource::settle`: the limiter settles (a closed client's too: nothing admitted
+  // depends on it).
+  json settle(const std::string& id, double reserved, double used) {
+    auto* e = find(id);
+    if (e == nullptr || e->kind != "rate") return nullptr;
+    return e->rate.settle(reserved, used);
   }
 
   json gauge_try(const std::string& id) {

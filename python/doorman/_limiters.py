@@ -184,6 +184,31 @@ class RateLimiter(_Limiter):
             return math.inf, at
         return max(0.0, (at - self._clock()) / 1e9), at
 
+    def settle(self, reserved: float, used: float) -> bool:
+        """Settles a call admitted for `reserved` permits that turned out to use `used`: above
+        the reservation the limiter runs into debt by the difference (nothing more is admitted
+        until the rate has repaid it); below, the difference is given back, never more than
+        makes an idle limiter whole. The use above the reservation counts as asked for (the
+        demand measured grows by it). The C++ `rate_limiter::settle`, step for step. Raises
+        ValueError/TypeError naming `reserved` or `used` unless each is a finite number >= 0."""
+        for name, value in (("reserved", reserved), ("used", used)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"{name}: must be a number of permits, not {type(value).__name__}")
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name}: must be a finite number >= 0, not {value!r}")
+        with self._lock:
+            if used > reserved:
+                self.asked += used - reserved
+            interval = self._interval
+            if not 0 < interval < math.inf or used == reserved:
+                return True
+            now = self._clock()
+            if used > reserved:
+                self._tat = max(self._tat, now) + _ticks((used - reserved) * interval)
+            elif self._tat > now:
+                self._tat = max(self._tat - _ticks((reserved - used) * interval), now)
+            return True
+
     def cancel(self, n: float, at: int) -> bool:
         """Gives back `n` permits reserved for `at`, if `at` is still ahead (a wait that will
         not use them); false once it has come (they count as used)."""

@@ -326,6 +326,18 @@ class _RateHandle(_Handle):
             self._client._held_back(self._e)
         return got
 
+    def settle(self, reserved: float, used: float) -> bool:
+        """Settles a call admitted for `reserved` permits (by `try_acquire` or `wait`) whose
+        real cost, known after it, was `used` (tokens, bytes, money): above the reservation the
+        limiter runs into debt, admitting nothing more until the rate has repaid it; below, the
+        difference is given back (never more than makes an idle limiter whole). The use above
+        the reservation counts as demand. No call to the server. ValueError/TypeError naming
+        the argument unless each is a finite number >= 0; ValueError once the handle is
+        closed."""
+        if not self._open:
+            self._check()
+        return self._limiter.settle(reserved, used)
+
 
 class RateResource(_RateHandle):
     """A handle to a rate resource: `try_acquire(n)`, `wait(n)`."""

@@ -95,6 +95,22 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(ra.leased)
             self.assertEqual(n.leases("api"), {a.client_id: 50, b.client_id: 50})
 
+    def test_a_settled_debt_holds_the_next_call_back(self) -> None:
+        n = self.node(config(100))
+        with fast(n.address) as c:
+            api = c.rate("api", wants=10, burst=2)
+            self.assertTrue(eventually(lambda: api.capacity == 10))
+            self.assertTrue(api.try_acquire(2))  # the burst, at an estimate of 2
+            self.assertTrue(api.settle(2, 12))  # it cost 12: 10 owed, a second at 10/s
+            refused = api.try_acquire(1)
+            self.assertFalse(refused)
+            self.assertGreater(refused.retry_after, 0.9)
+            with self.assertRaisesRegex(ValueError, "^used: must be a finite number >= 0"):
+                api.settle(1, -1)
+            api.close()
+            with self.assertRaisesRegex(ValueError, "this handle is closed"):
+                api.settle(1, 1)
+
     def test_fast_start_then_measured_wants(self) -> None:
         n = self.node(config(100))
         with fast(n.address) as c:

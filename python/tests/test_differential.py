@@ -85,6 +85,10 @@ class PythonReplay:
                 core.held_back(s[1], now)
                 return "never"
             return at - now
+        if op == "settle":
+            if e is None or not isinstance(e.limiter, RateLimiter):
+                return None
+            return e.limiter.settle(s[2], s[3])
         if op == "gauge_try":
             if e is None or not isinstance(e.limiter, Gauge):
                 return None
@@ -214,8 +218,10 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
         return ["detach", rid]
     if r < 0.58:
         return ["try", rid, rng.choice([1, 1, 1, 0.5, 2, 7, 30])]
-    if r < 0.63:
+    if r < 0.60:
         return ["reserve", rid, rng.choice([1, 2, 10])]
+    if r < 0.63:
+        return ["settle", rid, rng.choice([1, 2, 10]), rng.choice([0, 0.5, 1, 3, 25])]
     if r < 0.70:
         return ["gauge_try", rid]
     if r < 0.74:

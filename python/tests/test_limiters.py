@@ -75,6 +75,31 @@ class RateLimiterTest(unittest.TestCase):
                         self.assertLessEqual(total, rate * w + burst + largest + 1e-6)
                 self.assertGreaterEqual(sum(n for _, n in admitted), rate * 60 * 0.9)
 
+    def test_settle_runs_into_debt_or_refunds_never_past_whole(self) -> None:
+        with manual_clock() as clock:
+            lim = RateLimiter(10, burst=2, clock=clock)
+            self.assertTrue(lim.try_acquire(2))  # the burst, at an estimate of 2
+            self.assertTrue(lim.settle(2, 5))  # it used 5: 3 owed, 0.3 s at 10/s
+            self.assertEqual(lim.asked, 5)  # the use above the estimate is demand
+            refused = lim.try_acquire(1)
+            self.assertAlmostEqual(refused.retry_after, 0.4)  # the debt, then the burst's room
+            clock.now += 0.4
+            self.assertTrue(lim.try_acquire(1))
+            # A refund gives back what was not used, never more than makes it whole.
+            idle = RateLimiter(10, burst=2, clock=clock)
+            self.assertTrue(idle.try_acquire(2))
+            self.assertTrue(idle.settle(2, 0))
+            self.assertTrue(idle.try_acquire(2))
+            self.assertTrue(idle.settle(2, 0))
+            self.assertTrue(idle.settle(50, 0))  # already whole: nothing more
+            self.assertTrue(idle.try_acquire(2))
+            self.assertFalse(idle.try_acquire(1))
+            for bad, name in (((-1, 1), "reserved"), ((1, math.inf), "used"), ((1, math.nan), "used")):
+                with self.assertRaisesRegex(ValueError, f"^{name}: must be a finite number >= 0"):
+                    lim.settle(*bad)
+            with self.assertRaisesRegex(TypeError, "^used: must be a number of permits"):
+                lim.settle(1, "2")  # type: ignore[arg-type]
+
     def test_bad_numbers_of_permits_name_n(self) -> None:
         lim = RateLimiter(10)
         for bad in (-1, math.nan, math.inf, -math.inf):
