@@ -12,13 +12,14 @@ namespace {
 constexpr std::int64_t day_start = 1764374400;
 
 doorman::resource_repository budget_repo(const std::string& window, double units,
-                                         const std::string& kind = "FAIR_SHARE") {
+                                         const std::string& kind = "FAIR_SHARE", int learning = 0) {
   return doorman::resource_repository::parse(R"({"resources": [
     {"identifier_glob": "tokens", "capacity": )" +
                                              std::to_string(units) + R"(,
      "budget": {"window": )" + window + R"(},
      "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
-                   "learning_mode_duration": 0}},
+                   "learning_mode_duration": )" +
+                                             std::to_string(learning) + R"(}},
     {"identifier_glob": "*", "capacity": 0,
      "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})");
 }
@@ -32,8 +33,8 @@ doorman::engine_options at_utc(double utc) {
 
 struct budget_fixture : fixture {
   explicit budget_fixture(const std::string& window = R"("day")", double units = 1000,
-                          double start = day_start + 3600.0)
-      : fixture(budget_repo(window, units), at_utc(start)) {}
+                          double start = day_start + 3600.0, int learning = 0)
+      : fixture(budget_repo(window, units, "FAIR_SHARE", learning), at_utc(start)) {}
 
   doorman::resource_grant ask_budget(const std::string& client, double wants,
                                      std::optional<doorman::lease_info> has = std::nullopt,
@@ -337,4 +338,34 @@ TEST_CASE("budgets are counted at the root: a server child is refused on one",
   CHECK(r.error().message ==
         "resources[0].resource_id: a budget: its clients ask the root directly");
   CHECK(f.engine.store("tokens") == nullptr);
+}
+
+TEST_CASE("a new master learns a budget's spend from the clients' cumulative reports",
+          "[core][budget][engine]") {
+  budget_fixture f(R"("day")", 1000, day_start + 3600.0, 60);
+  f.clock.advance(60s);  // the first master's learning mode is over
+  CHECK(f.ask_budget("a", 600).gets.capacity == 600);
+  CHECK(f.ask_budget("b", 600).gets.capacity == 400);
+  f.clock.advance(16s);
+  f.ask_budget("a", 600, holding(600), 500);
+  f.ask_budget("b", 600, holding(400), 100);
+  REQUIRE(f.budget().spent == 600);
+
+  // Mastership moves (here: lost and won back, which forgets every lease and count).
+  f.engine.set_mastership(false, "other:7700", f.clock.now());
+  f.engine.set_mastership(true, "self:7700", f.clock.now());
+  CHECK(f.budget().spent == 0);
+  f.clock.advance(1s);
+  // Each client's report is its whole spend in the window; its `has`, what it has left.
+  CHECK(f.ask_budget("a", 600, holding(100), 500).gets.capacity == 100);  // confirmed
+  CHECK(f.ask_budget("b", 600, holding(300), 100).gets.capacity == 300);
+  CHECK(f.budget().spent == 600);
+  CHECK(f.ask_budget("c", 1000).gets.capacity == 0);  // learning: nothing new
+  f.clock.advance(30s);
+  CHECK(f.budget().spent == 600);
+  CHECK(f.budget().left == Approx(0));  // a's 100 and b's 300 are still out
+  // Unrenewed, their allotments end and count as spent: they may have been.
+  f.clock.advance(31s);
+  CHECK(f.ask_budget("c", 1000).gets.capacity == 0);
+  CHECK(f.budget().spent == Approx(1000));
 }
