@@ -878,6 +878,62 @@ std::pair<int, std::string> cli(const std::string& args, bool quiet = false) {
 
 }  // namespace
 
+TEST_CASE("a budget through a real node: a report retried across a pause counts once",
+          "[budget][process][cli]") {
+  const auto dir = scratch("budget-node");
+  // One fixed window of 366 days: the test does not straddle a window's end.
+  std::ofstream(dir / "c.json") << R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": 31622400},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 16,
+                   "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})";
+  process node({DOORMAN_NODE_BINARY, "--listen", "127.0.0.1:0", "--admin", "off", "--config",
+                (dir / "c.json").string()},
+               (dir / "node.log").string());
+  const auto address = listening_address(node);
+  line_client c(address);
+  const auto ask = [](const json& extra) {
+    json r = {{"resource_id", "tokens"}, {"wants", 600}};
+    r.update(extra);
+    return json{{"client_id", "gw-1"}, {"resources", json::array({r})}};
+  };
+  const auto a = c.call("get_capacity", ask(json::object()));
+  const json& g = a["result"]["resources"][0];
+  CHECK(g["gets"]["capacity"] == 600);
+  const auto window = g["budget"]["window"].get<std::int64_t>();
+  // The node is paused (SIGSTOP) while a report is on its way; the client gives up waiting and
+  // sends it again; both arrive once the node runs again.
+  node.signal(SIGSTOP);
+  const json report =
+      ask({{"has", {{"capacity", 100}, {"expires_in", 50}, {"refresh_interval", 16}}},
+           {"spend", {{"window", window}, {"spent", 500}}}});
+  REQUIRE(c.send(request_line(2, "get_capacity", report)));
+  CHECK_FALSE(c.read_line(300ms));  // a stopped node answers nothing
+  REQUIRE(c.send(request_line(3, "get_capacity", report)));
+  node.signal(SIGCONT);
+  CHECK(c.read_line());
+  CHECK(c.read_line());
+  auto st = c.call("status", {{"resource_id", "tokens"}});
+  CHECK(st["result"]["resources"][0]["budget"]["spent"] == 500);
+  const auto [rc, out] = cli("status --server " + address);
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::Contains("BUDGET  WINDOW"));
+  CHECK_THAT(out, Catch::Contains("  1000   500    400"));
+  // Released with its last report: the rest of its allotment is free at once.
+  c.call(
+      "release_capacity",
+      {{"client_id", "gw-1"},
+       {"resources", {"tokens"}},
+       {"spends", json::array({{{"resource_id", "tokens"}, {"window", window}, {"spent", 520}}})}});
+  st = c.call("status", {{"resource_id", "tokens"}});
+  CHECK(st["result"]["resources"][0]["budget"]["spent"] == 520);
+  CHECK(st["result"]["resources"][0]["budget"]["left"] == 480);
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit() == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("doorman CLI: get, status, release and discovery against a root", "[cli][net]") {
   running_node<> root(fast_config(100));
   const std::string s = " --server " + root.address();
