@@ -9,12 +9,13 @@
 
 #include <doorman/protocol.hpp>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -109,14 +110,7 @@ inline std::string resources_table(const node_status& st) {
 
 // A Unix time as `2026-11-29 00:00 UTC`.
 inline std::string utc_text(std::int64_t unix_seconds) {
-  namespace c = std::chrono;
-  const c::sys_seconds t{c::seconds(unix_seconds)};
-  const auto day = c::floor<c::days>(t);
-  const c::year_month_day ymd(day);
-  const auto minutes = c::duration_cast<c::minutes>(t - day).count();
-  return fmt::format("{:04}-{:02}-{:02} {:02}:{:02} UTC", static_cast<int>(ymd.year()),
-                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
-                     minutes / 60, minutes % 60);
+  return fmt::format("{:%Y-%m-%d %H:%M} UTC", fmt::gmtime(static_cast<std::time_t>(unix_seconds)));
 }
 
 // The budgets among the resources (docs/budgets.md), or nothing when there are none.

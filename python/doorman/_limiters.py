@@ -29,13 +29,13 @@ ADMITTED = Acquired(True)  # every admission answers this one
 REFUSED_AT_ZERO = Acquired(False, math.inf)  # every refusal while the capacity is 0
 
 
-def check_permits(n: object) -> None:
-    """ValueError/TypeError naming `n` unless it is a finite number >= 0 (what the C++
-    limiters' `valid_permits` admits)."""
+def check_permits(n: object, name: str = "n") -> None:
+    """ValueError/TypeError naming the argument (`name`) unless `n` is a finite number >= 0
+    (what the C++ limiters' `valid_permits` admits)."""
     if not isinstance(n, (int, float)):
-        raise TypeError(f"n: must be a number of permits, not {type(n).__name__}")
+        raise TypeError(f"{name}: must be a number of permits, not {type(n).__name__}")
     if not 0 <= n < math.inf:
-        raise ValueError(f"n: must be a finite number >= 0, not {n!r}")
+        raise ValueError(f"{name}: must be a finite number >= 0, not {n!r}")
 
 
 def _ticks(ns: float) -> int:
@@ -191,11 +191,8 @@ class RateLimiter(_Limiter):
         makes an idle limiter whole. The use above the reservation counts as asked for (the
         demand measured grows by it). The C++ `rate_limiter::settle`, step for step. Raises
         ValueError/TypeError naming `reserved` or `used` unless each is a finite number >= 0."""
-        for name, value in (("reserved", reserved), ("used", used)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"{name}: must be a number of permits, not {type(value).__name__}")
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{name}: must be a finite number >= 0, not {value!r}")
+        check_permits(reserved, "reserved")
+        check_permits(used, "used")
         with self._lock:
             if used > reserved:
                 self.asked += used - reserved

@@ -129,6 +129,7 @@ class budget_count {
  public:
   /// Moves to the window holding `utc`: a new window starts with nothing spent.
   void roll(const budget_config& b, double utc) {
+    if (utc >= static_cast<double>(window_.start) && utc < static_cast<double>(window_.end)) return;
     const budget_window w = window_at(b, utc);
     if (w == window_) return;
     window_ = w;

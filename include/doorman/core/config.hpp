@@ -316,8 +316,14 @@ class resource_repository {
       std::span<const std::string_view> kinds = standard_algorithm_kinds) {
     resource_repository r;
     r.templates_ = detail::config_reader(kinds).read(doc);
+    r.has_budgets_ = std::any_of(r.templates_.begin(), r.templates_.end(),
+                                 [](const resource_template& t) { return t.budget.has_value(); });
     return r;
   }
+
+  /// Whether any template is a budget (so that paths that only budgets concern cost nothing
+  /// otherwise).
+  [[nodiscard]] bool has_budgets() const noexcept { return has_budgets_; }
 
   /// The templates in configured order.
   [[nodiscard]] const std::vector<resource_template>& templates() const noexcept {
@@ -361,6 +367,7 @@ class resource_repository {
  private:
   resource_repository() = default;
   std::vector<resource_template> templates_;
+  bool has_budgets_ = false;  // derived from templates_ when read
 };
 
 }  // namespace doorman

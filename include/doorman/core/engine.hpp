@@ -110,7 +110,8 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
 
   [[nodiscard]] const mastership_info& mastership() const noexcept { return mastership_; }
 
-  /// Sets `engine_options::utc_offset` (a node corrects it as the system clock moves).
+  /// Sets `engine_options::utc_offset` (an embedding that follows the system clock as it is
+  /// stepped calls it; doorman-node sets the offset once, when it starts).
   void set_utc_offset(double seconds_since_epoch_at_clock_zero) noexcept {
     options_.utc_offset = seconds_since_epoch_at_clock_zero;
   }
@@ -247,7 +248,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// as many subclients as it reports clients, per priority band.
   [[nodiscard]] result<server_capacity_response> get_server_capacity(
       const server_capacity_request& req, time_point now) {
-    if (options_.is_root) {
+    if (options_.is_root && config_.has_budgets()) {
       // A budget is counted at the root, from its clients' reports: not through intermediates
       // (yet), which would hand allotments on unreported.
       for (std::size_t i = 0; i < req.resources.size(); ++i) {
@@ -390,17 +391,16 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   }
 
   void configure(resource& r) const {
-    const bool was_budget = r.tmpl.budget.has_value();
+    const auto was = r.tmpl.budget;
     r.tmpl = config_.find(r.id);
     if (r.parent_algorithm) r.tmpl.algorithm = *r.parent_algorithm;
     r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
     // Budgets are counted at the root (an intermediate passing allotments down is to come).
     if (!r.tmpl.budget || !options_.is_root) {
       r.budget.reset();
-    } else if (!r.budget || !was_budget || r.budget_period != *r.tmpl.budget) {
+    } else if (!r.budget || was != r.tmpl.budget) {
       r.budget.emplace();  // a new budget, or another window: counted from now
     }
-    if (r.budget) r.budget_period = *r.tmpl.budget;
   }
 
   // A budget resource's report, before its decision: what the client spent since its last
@@ -438,13 +438,18 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   // A budget's state for an answer: its window and count, as of `now`.
   [[nodiscard]] std::optional<budget_info> budget_of(const resource& r, time_point now) const {
     if (!r.budget) return std::nullopt;
-    const auto& w = r.budget->window();
-    const double spent = r.budget->spent();
+    return budget_state(r.budget->window(), r.tmpl.capacity, r.budget->spent(), r.store.sum_held(),
+                        now);
+  }
+
+  // A window of `limit` units with `spent` of them spent and `held` allotted, at `now`.
+  [[nodiscard]] budget_info budget_state(const budget_window& w, double limit, double spent,
+                                         double held, time_point now) const {
     return budget_info{.window = w.start,
                        .reset = std::max(0.0, static_cast<double>(w.end) - utc(now)),
-                       .limit = r.tmpl.capacity,
+                       .limit = limit,
                        .spent = detail::bounded_quantity(spent),
-                       .left = std::max(0.0, r.tmpl.capacity - spent - r.store.sum_held())};
+                       .left = std::max(0.0, limit - spent - held)};
   }
 
   resource& resource_for(std::string_view id, time_point) {
@@ -494,12 +499,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       const auto& t = config_.find(id);
       s.algorithm = t.algorithm.kind;
       if (t.budget && options_.is_root) {  // nothing counted: a whole window
-        const auto w = window_at(*t.budget, utc(now));
-        s.budget = budget_info{.window = w.start,
-                               .reset = std::max(0.0, static_cast<double>(w.end) - utc(now)),
-                               .limit = t.capacity,
-                               .spent = 0,
-                               .left = t.capacity};
+        s.budget = budget_state(window_at(*t.budget, utc(now)), t.capacity, 0, 0, now);
       }
       return s;
     }

@@ -125,7 +125,6 @@ class lease_decision {
     time_point parent_answers_at{};  // when this node asks its parent again, by its lease
     std::optional<algorithm_config> parent_algorithm;
     std::optional<budget_count> budget;  // a budget resource at a root: its window's count
-    budget_config budget_period{};       // the window `budget` counts in
   };
 
   [[nodiscard]] double utc(time_point now) const noexcept {
