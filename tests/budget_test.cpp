@@ -2,6 +2,12 @@
 // spent, and the tree's one promise for them: what the clients spend in a window never exceeds
 // its budget, whatever answers are lost and whoever dies or restarts.
 
+#include <atomic>
+#include <numeric>
+#include <thread>
+
+#include <doorman/limit/budget_counter.hpp>
+
 #include "core_support.hpp"
 
 using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
@@ -368,4 +374,82 @@ TEST_CASE("a new master learns a budget's spend from the clients' cumulative rep
   f.clock.advance(31s);
   CHECK(f.ask_budget("c", 1000).gets.capacity == 0);
   CHECK(f.budget().spent == Approx(1000));
+}
+
+TEST_CASE("a client's budget counter: allotments set a ceiling, settling spends or refunds",
+          "[budget][limit]") {
+  using counter = doorman::budget_counter<manual_clock>;
+  manual_clock clock;
+  counter b;
+  CHECK_FALSE(b.try_acquire(1, clock.now()));  // no allotment: nothing
+  b.grant({.units = 100, .spent_at_send = 0, .expires = clock.now() + 10s});
+  CHECK(b.try_acquire(60, clock.now()));
+  CHECK_FALSE(b.try_acquire(50, clock.now()));  // 40 left: all or nothing
+  CHECK_FALSE(b.try_acquire(-1, clock.now()));
+  CHECK_FALSE(b.try_acquire(std::numeric_limits<double>::infinity(), clock.now()));
+  CHECK(b.left(clock.now()) == 40);
+  CHECK(b.settle(60, 90));  // it cost 30 more: 10 left
+  CHECK(b.left(clock.now()) == 10);
+  CHECK(b.report() == 90);
+  CHECK(b.settle(10, 0));  // a refund after the report ...
+  CHECK(b.spent() == 80);
+  CHECK(b.report() == 90);  // ... is not taken back from the root
+  CHECK_FALSE(b.settle(1, std::nan("")));
+  CHECK(b.settle(0, 50));  // a debt: 30 over
+  CHECK(b.left(clock.now()) == -30);
+  CHECK_FALSE(b.try_acquire(0.5, clock.now()));
+  // An allotment answering the report of 90 (sent before the debt) ...
+  b.grant({.units = 40, .spent_at_send = 90, .expires = clock.now() + 10s});
+  CHECK(b.left(clock.now()) == 0);  // ... covers the debt: 90 + 40 − 130
+  b.grant({.units = 40, .spent_at_send = 130, .expires = clock.now() + 10s});
+  CHECK(b.left(clock.now()) == 40);
+  clock.advance(10s);  // it expires unrenewed
+  CHECK_FALSE(b.try_acquire(1, clock.now()));
+  CHECK(b.left(clock.now()) == 0);
+  // A new window: what was spent since the report it answers (130) counts again.
+  b.grant({.units = 40, .spent_at_send = 100, .expires = clock.now() + 10s});
+  CHECK(b.left(clock.now()) == 10);
+  b.grant({.units = 25, .spent_at_send = 130, .new_window = true, .expires = clock.now() + 10s});
+  CHECK(b.spent() == 0);
+  CHECK(b.report() == 0);
+  CHECK(b.left(clock.now()) == 25);
+  CHECK(b.attempted() > 0);
+  CHECK(b.refused() == 4);  // the refusals above, not the invalid amounts
+  b.close();
+  CHECK_FALSE(b.try_acquire(1, clock.now()));
+}
+
+TEST_CASE("a client's budget counter loses no unit to threads racing its driver",
+          "[budget][limit][threads]") {
+  using counter = doorman::budget_counter<manual_clock>;
+  const manual_clock clock;  // never moves: the allotments do not expire
+  counter b;
+  b.grant({.units = 50, .spent_at_send = 0, .expires = clock.now() + 1h});
+  std::atomic<bool> done{false};
+  std::vector<double> taken(4, 0);
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < taken.size(); ++t) {
+    callers.emplace_back([&, t] {
+      std::mt19937 random(static_cast<unsigned>(t));
+      while (!done) {
+        const double n = 1 + static_cast<double>(random() % 10);
+        if (b.try_acquire(n, clock.now())) taken[t] += n;
+      }
+    });
+  }
+  double ceiling = 50;
+  for (int i = 0; i < 2000; ++i) {
+    // The driver's refresh: a report, and an allotment of 20 on top of it.
+    const double reported = b.report();
+    ceiling = std::max(ceiling, reported + 20);
+    b.grant({.units = 20, .spent_at_send = reported, .expires = clock.now() + 1h});
+    std::this_thread::yield();
+  }
+  done = true;
+  for (auto& c : callers)
+    c.join();
+  const double sum = std::accumulate(taken.begin(), taken.end(), 0.0);
+  CHECK(b.spent() == sum);      // every admission counted once
+  CHECK(b.spent() <= ceiling);  // never past a ceiling
+  CHECK(b.report() >= sum);
 }

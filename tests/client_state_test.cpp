@@ -504,3 +504,44 @@ TEST_CASE("window draws: replicas sharing the root's count never exceed a window
   }
   WARN("least share of a window's limit admitted under excess demand: " << worst);
 }
+
+TEST_CASE("client state: a budget reports its spend and hands each allotment to its driver once",
+          "[client][budget]") {
+  manual_clock clock;
+  state_t s({.client_id = "gw-1"});
+  s.add("tokens", {.wants = 600, .budget = true});
+  CHECK(s.capacity("tokens", clock.now()) == 0);  // no fallback: nothing without an allotment
+  auto req = s.make_request(clock.now());
+  CHECK_FALSE(req.resources[0].spend);  // no window named yet: nothing spent
+  auto resp = grant("tokens", 600);
+  resp.resources[0].budget = doorman::budget_info{1764374400, 3600, 1000, 0, 400};
+  s.on_reply(resp, clock.now());
+  auto a = s.take_allotment("tokens");
+  REQUIRE(a);
+  CHECK(a->units == 600);
+  CHECK(a->spent_at_send == 0);
+  CHECK_FALSE(a->new_window);
+  CHECK_FALSE(s.take_allotment("tokens"));  // once
+
+  // The driver spent 500 and has 100 left: the next request says so.
+  s.set_spend("tokens", 500, 100);
+  clock.advance(16s);
+  req = s.make_request(clock.now());
+  REQUIRE(req.resources[0].spend);
+  CHECK(req.resources[0].spend->window == 1764374400);
+  CHECK(req.resources[0].spend->spent == 500);
+  REQUIRE(req.resources[0].has);
+  CHECK(req.resources[0].has->capacity == 100);
+  // It spends 20 more while the request is in flight; the answer's allotment counts from the
+  // request: the driver takes what it spent since off it.
+  s.set_spend("tokens", 520, 80);
+  resp = grant("tokens", 300);
+  resp.resources[0].budget = doorman::budget_info{1764378000, 3600, 1000, 0, 0};
+  s.on_reply(resp, clock.now());
+  a = s.take_allotment("tokens");
+  REQUIRE(a);
+  CHECK(a->units == 300);
+  CHECK(a->spent_at_send == 500);
+  CHECK(a->new_window);  // the server counts in the next window now
+  CHECK_THROWS_AS(s.set_spend("tokens", -1, 0), std::invalid_argument);
+}

@@ -189,6 +189,90 @@ TEST_CASE("a call's real cost settles after it: a debt waits, a refund admits at
   CHECK_FALSE(window.settle(1, 2));
 }
 
+namespace {
+
+// The budget of `resource` as the node's status tells it.
+template <class Node>
+doorman::budget_info budget_at(Node& node, const std::string& resource) {
+  std::promise<doorman::budget_info> p;
+  node.node().post([&](auto& eng) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto st = eng.status({.resource_id = resource}, now, {});
+    p.set_value(st && !st.value().resources.empty() && st.value().resources[0].budget
+                    ? *st.value().resources[0].budget
+                    : doorman::budget_info{});
+  });
+  return p.get_future().get();
+}
+
+// One fixed window of 366 days: a test does not straddle a window's end.
+const std::string budget_config = R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": 31622400},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 3, "refresh_interval": 0.4,
+                   "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 3, "refresh_interval": 0.4}}]})";
+
+}  // namespace
+
+TEST_CASE("a budget resource spends its allotment, settles, reports and frees the rest",
+          "[client][net][budget]") {
+  running_node root(budget_config);
+  doorman::client a(fast_client(root.address()));
+  doorman::client b(fast_client(root.address()));
+  auto ta = std::make_unique<doorman::budget_resource>(a, "tokens",
+                                                       doorman::resource_options{.wants = 400});
+  doorman::budget_resource tb(b, "tokens", {.wants = 400});
+  REQUIRE(eventually([&] { return ta->left() == Approx(400) && tb.left() == Approx(400); }));
+  CHECK(ta->try_acquire(300));
+  CHECK_FALSE(ta->try_acquire(200));  // 100 left
+  CHECK_FALSE(ta->try_acquire(-1));
+  CHECK(ta->settle(300, 350));  // it cost more: 50 left
+  CHECK(ta->left() == Approx(50));
+  CHECK(ta->spent() == Approx(350));
+  CHECK(tb.try_acquire(100));
+  CHECK(tb.settle(100, 40));  // a refund: back at once
+  CHECK(tb.left() == Approx(360));
+  // The reports ride on the refreshes: the root counts 350 + 100 (a refund after a report is
+  // not taken back; before one, it never reached the root: 40).
+  REQUIRE(eventually([&] { return budget_at(root, "tokens").spent >= 390; }));
+  auto info = budget_at(root, "tokens");
+  CHECK(info.limit == 1000);
+  CHECK(info.spent <= 450);
+  CHECK(info.left >= 0);
+  // Released with its last report: the rest of a's allotment is free at once.
+  ta.reset();
+  REQUIRE(eventually([&] { return held_at(root, "tokens").second == 1; }));
+  info = budget_at(root, "tokens");
+  CHECK(info.spent <= 450);
+  CHECK(info.left >= 1000 - 450 - 400);  // b's allotment is the rest
+  // b asks for more than there is: its allotment grows to what is left of the window.
+  tb.set_wants(5000);
+  REQUIRE(eventually([&] { return tb.left() > 500; }));
+  // What b may spend in all is what a did not: 1000 − 350.
+  CHECK(tb.left() + tb.spent() <= 650 + 1e-6);
+  CHECK(tb.left() + tb.spent() > 600);
+  b.stop();
+  CHECK_FALSE(tb.try_acquire(1));  // closed is closed
+}
+
+TEST_CASE("a budget's measured wants grow while it refuses, and its allotment ends with its lease",
+          "[client][net][budget]") {
+  running_node root(budget_config);
+  doorman::client c(fast_client(root.address()));
+  doorman::budget_resource t(c, "tokens", {.initial_wants = 10});
+  REQUIRE(eventually([&] { return t.left() > 0; }));
+  // Callers want more than the allotment holds: the wants double until they get it.
+  REQUIRE(eventually([&] {
+    (void)t.try_acquire(50);
+    return t.spent() >= 500;
+  }));
+  CHECK(t.wants() > 10);
+  CHECK(t.spent() <= 1000);
+  root.stop();  // the allotment is not renewed: it ends with the lease (3 s)
+  REQUIRE(eventually([&] { return !t.try_acquire(1) && t.left() <= 0; }, 6s));
+}
+
 TEST_CASE("async waits complete through asio completion tokens", "[client][net]") {
   running_node root(fast_config(100));
   doorman::client cl(fast_client(root.address()));

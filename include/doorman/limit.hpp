@@ -4,6 +4,7 @@
 /// The local limiters: usable without any server.
 
 #include "doorman/limit/any_limiter.hpp"
+#include "doorman/limit/budget_counter.hpp"
 #include "doorman/limit/clock.hpp"
 #include "doorman/limit/demand_estimator.hpp"
 #include "doorman/limit/gauge_limiter.hpp"

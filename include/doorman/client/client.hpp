@@ -40,6 +40,7 @@
 #include "doorman/core/linkage.hpp"
 #include "doorman/core/time.hpp"
 #include "doorman/limit/any_limiter.hpp"
+#include "doorman/limit/budget_counter.hpp"
 #include "doorman/limit/demand_estimator.hpp"
 #include "doorman/limit/gauge_limiter.hpp"
 #include "doorman/net/completion.hpp"
@@ -72,7 +73,7 @@ struct client_options {
 namespace detail {
 
 /// The kind of local enforcement of a resource.
-enum class resource_kind { rate, gauge };
+enum class resource_kind { rate, gauge, budget };
 
 struct pending_wait;  // one asynchronous wait (client/impl/client_core.hpp)
 class client_core;
@@ -99,10 +100,11 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   const std::string id;
   const resource_kind kind;
   const client_resource_options options;
-  const bool estimate;    // wants measured from use (else fixed by the user)
-  any_rate_limiter rate;  // used when kind == rate
-  const bool auto_burst;  // the burst follows the capacity
-  gauge_limiter gauge;    // used when kind == gauge
+  const bool estimate;      // wants measured from use (else fixed by the user)
+  any_rate_limiter rate;    // used when kind == rate
+  const bool auto_burst;    // the burst follows the capacity
+  gauge_limiter gauge;      // used when kind == gauge
+  budget_counter<> budget;  // used when kind == budget
   std::atomic<double> capacity{0};
   std::atomic<double> wants{0};
   std::atomic<bool> leased{false};

@@ -1,8 +1,9 @@
 #pragma once
 
 /// \file
-/// The two kinds of client resource: `rate_resource` (at most L operations per second) and
-/// `gauge_resource` (at most L operations in flight). Each is a handle: several handles to one
+/// The kinds of client resource: `rate_resource` (at most L operations per second),
+/// `gauge_resource` (at most L operations in flight) and `budget_resource` (at most L units per
+/// window, shared by every client). Each is a handle: several handles to one
 /// resource id in one client share the lease, the limiter and the demand; the capacity is
 /// released at the server when the last handle goes. Handles must not outlive their client.
 ///
@@ -101,7 +102,8 @@ class resource_handle {
         entry_(c.attach(id, kind,
                         {o.priority, o.wants.value_or(o.initial_wants), o.mode, o.safe_capacity,
                          std::isnan(o.headroom) ? 1.0 : std::max(1.0, o.headroom),
-                         std::isnan(o.min_wants) ? 0.0 : std::max(0.0, o.min_wants)},
+                         std::isnan(o.min_wants) ? 0.0 : std::max(0.0, o.min_wants),
+                         kind == resource_kind::budget},
                         !o.wants.has_value(),
                         {.algorithm = o.algorithm,
                          .burst = o.burst,
@@ -348,6 +350,48 @@ class gauge_resource : public detail::resource_handle {
 };
 
 inline gauge_resource::slot::slot(gauge_resource* g) noexcept : entry_(g->entry_) {}
+
+/// A budget resource (docs/budgets.md): units per window (a UTC minute, hour, day or month)
+/// shared by every client of the root, spent from allotments the root hands out. Nothing is
+/// spent without an allotment (a budget has no fallback); what the process spent rides on each
+/// refresh and on its release, so the root frees what it did not spend.
+///
+///     doorman::budget_resource tokens(client, "tokens/day");
+///     if (tokens.try_acquire(estimate)) { auto used = call_model(); tokens.settle(estimate, used);
+///     } else reply_429();
+///
+/// Its wants (when measured) are the units its callers asked for at the rate they asked, for
+/// two refresh intervals; a refusal raises them to its allotment × `throttled_headroom`.
+class budget_resource : public detail::resource_handle {
+ public:
+  budget_resource(client& c, std::string_view id, const resource_options& o = {})
+      : resource_handle(c, id, detail::resource_kind::budget, o) {}
+
+  /// Takes `n` units if the allotment has them now (lock-free). False once the client is
+  /// stopped, once the allotment expired unrenewed, while a debt is unpaid, and for an `n`
+  /// that is negative or not finite.
+  [[nodiscard]] bool try_acquire(double n = 1) noexcept {
+    if (entry_->stopped()) [[unlikely]]
+      return false;
+    if (entry_->budget.try_acquire(n, coarse_clock::now())) return true;
+    if (valid_permits(n)) entry_->held_back();  // (when the capacity is 0)
+    return false;
+  }
+
+  /// Settles a call admitted for `reserved` units whose real cost was `used`: above the
+  /// reservation the rest is spent too (past the allotment, a debt that admits nothing until
+  /// the next allotment covers it); below, the difference is given back. False, changing
+  /// nothing, when either is not a finite number >= 0.
+  bool settle(double reserved, double used) noexcept {
+    return entry_->budget.settle(reserved, used);
+  }
+
+  /// What the allotment has left now (0 without one; negative: a debt).
+  [[nodiscard]] double left() const noexcept { return entry_->budget.left(coarse_clock::now()); }
+
+  /// Units this process spent in the root's current window.
+  [[nodiscard]] double spent() const noexcept { return entry_->budget.spent(); }
+};
 
 }  // namespace doorman
 

@@ -28,6 +28,9 @@ struct client_resource_options {
   double headroom = 1;
   /// Measured wants are at least this (see `resource_options::min_wants`).
   double min_wants = 0;
+  /// A budget (docs/budgets.md): its leases are allotments of units, it reports what it spent,
+  /// and it has no fallback (nothing is spent without an allotment).
+  bool budget = false;
 };
 
 }  // namespace doorman

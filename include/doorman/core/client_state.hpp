@@ -57,6 +57,7 @@ struct client_state_options {
 /// returned last (if any). −1: unlimited.
 [[nodiscard]] inline double fallback_capacity(const client_resource_options& o,
                                               std::optional<double> server_safe_capacity) {
+  if (o.budget) return 0;  // nothing of a budget is spent without an allotment
   switch (o.mode) {
     case fallback::pessimistic:
       return 0;
@@ -69,6 +70,24 @@ struct client_state_options {
   return 0;
 }
 
+/// A budget resource's account in the client: what its driver says it spent and has left, and
+/// what the server's last answer said (docs/budgets.md).
+struct budget_account {
+  double spent = 0;                   ///< units spent in the window the server named, in all
+  double left = 0;                    ///< of the allotment, as the driver counts it
+  double spent_at_send = 0;           ///< `spent` when the request in flight went out
+  std::optional<budget_info> info{};  ///< the server's last word on the budget
+};
+
+/// A new allotment for the driver to apply (`take_allotment`): `units`, granted on the
+/// request sent when the driver had spent `spent_at_send`; what it spent since comes off
+/// them. `new_window`: the server counts in a new window (the driver's count starts again).
+struct budget_allotment {
+  double units = 0;
+  double spent_at_send = 0;
+  bool new_window = false;
+};
+
 /// One resource as the client holds it.
 template <class TimePoint>
 struct client_resource {
@@ -77,6 +96,8 @@ struct client_resource {
   std::optional<double> server_safe_capacity;   ///< the last one the server returned
   bool held_back = false;                       ///< callers wait at capacity 0 for it (`hold_back`)
   bool fast_started = false;                    ///< its one request ahead of the floor was made
+  budget_account budget{};                      ///< a budget resource's account
+  std::optional<budget_allotment> allotment{};  ///< a grant the driver has not taken yet
 };
 
 /// The client state. `Clock` fixes the time types (`std::chrono::steady_clock` in the client,
@@ -128,6 +149,24 @@ class basic_client_state {
     // Held back: the start wants stay until capacity comes (see `hold_back`).
     if (r->held_back) wants = std::max(wants, start_wants(*r).value_or(0));
     r->options.wants = wants;
+  }
+
+  /// A budget resource's account, from its driver before each request: `spent` units in the
+  /// window the server named, in all (it only grows within a window), and `left` of the
+  /// allotment. Sent with the next request. Nothing for an unknown or non-budget id.
+  void set_spend(std::string_view id, double spent, double left) {
+    detail::require_quantity(spent, "spent");
+    auto* r = lookup(id);
+    if (r == nullptr || !r->options.budget) return;
+    r->budget.spent = spent;
+    r->budget.left = std::max(0.0, std::isfinite(left) ? left : 0.0);
+  }
+
+  /// The allotment of `id` granted by the last answer, once (nothing if none is new).
+  std::optional<budget_allotment> take_allotment(std::string_view id) {
+    auto* r = lookup(id);
+    if (r == nullptr) return std::nullopt;
+    return std::exchange(r->allotment, std::nullopt);
   }
 
   /// Fast start, for a resource whose wants are measured: its callers are held back by a
@@ -211,13 +250,14 @@ class basic_client_state {
   [[nodiscard]] capacity_request make_request(time_point now) {
     capacity_request req;
     req.client_id = options_.client_id;
-    for (const auto& [id, r] : resources_) {
+    for (auto& [id, r] : resources_) {
       if (req.resources.size() == request_limits::max_resources) break;
       resource_request rr;
       rr.resource_id = id;
       rr.priority = r.options.priority;
       rr.wants = r.options.wants;
       if (r.lease && !r.lease->expired(now)) rr.has = to_lease_info(*r.lease, now);
+      if (r.options.budget) add_spend(r, rr);
       req.resources.push_back(std::move(rr));
     }
     unasked_ = resources_.size() > req.resources.size();
@@ -244,6 +284,7 @@ class basic_client_state {
                      if (r == nullptr) return;  // removed since the request went out
                      r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
                      r->server_safe_capacity = g.safe_capacity;
+                     if (r->options.budget) adopt_allotment(*r, g);
                      interval =
                          std::min(interval, g.gets.refresh_interval > 0 ? g.gets.refresh_interval
                                                                         : idle_seconds());
@@ -301,6 +342,22 @@ class basic_client_state {
     if (!r.server_safe_capacity) return std::nullopt;
     const double hint = *r.server_safe_capacity;
     return hint > 1 ? std::min(hint, request_limits::max_quantity) : 1.0;
+  }
+
+  // A budget's report: its spend in the window the server last named (none before the first
+  // answer: nothing was spent), and what it has left of a live allotment.
+  static void add_spend(resource& r, resource_request& rr) {
+    auto& b = r.budget;
+    b.spent_at_send = b.spent;
+    if (b.info) rr.spend = budget_spend{b.info->window, b.spent};
+    if (rr.has) rr.has->capacity = std::min(rr.has->capacity, b.left);
+  }
+
+  // A budget's grant: the allotment for the driver, and the server's word on the window.
+  static void adopt_allotment(resource& r, const resource_grant& g) {
+    const bool new_window = r.budget.info && g.budget && g.budget->window != r.budget.info->window;
+    if (g.budget) r.budget.info = *g.budget;
+    r.allotment = budget_allotment{g.gets.capacity, r.budget.spent_at_send, new_window};
   }
 
   // News: a resource not asked for yet, or start wants not sent yet.

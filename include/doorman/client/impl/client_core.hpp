@@ -181,6 +181,7 @@ class client_core {
     asio::post(strand_, [this, e] {
       e->stop();  // its pending waits end: nothing will grant them any more
       if (stopping_) return;
+      if (auto s = spend_of(*e)) spends_.push_back(std::move(*s));
       active_.erase(e->id);
       state_.remove(e->id);
       driver_.reschedule();
@@ -242,8 +243,10 @@ class client_core {
     if (e.kind == resource_kind::rate) {
       if (e.auto_burst) e.rate.set_burst(std::max(1.0, capacity * 0.1));
       e.rate.set_rate(capacity);
-    } else {
+    } else if (e.kind == resource_kind::gauge) {
       e.gauge.set_limit(capacity);
+    } else if (!(capacity > 0)) {
+      e.budget.close();  // its allotment ended (an allotment comes with its answer: adopt)
     }
     e.capacity = capacity;
   }
@@ -272,6 +275,10 @@ class client_core {
     last_sample_ = now;
     for (auto& [id, e] : active_) {
       if (!e->estimate || !(span > 0)) continue;
+      if (e->kind == resource_kind::budget) {
+        state_.set_wants(id, budget_wants(*e, span));
+        continue;
+      }
       bool throttled = false;
       double value = 0;
       if (e->kind == resource_kind::rate) {
@@ -299,13 +306,48 @@ class client_core {
     return value;
   }
 
+  // A budget's wants: units to last two refreshes at the rate its callers asked for them; when
+  // one was refused, at least its allotment × headroom (so a client short of units doubles
+  // what it asks for each refresh, as a throttled rate does).
+  double budget_wants(resource_entry& e, double span) {
+    const auto* r = state_.find(e.id);
+    const double refresh = r != nullptr && r->lease ? to_seconds(r->lease->refresh_interval)
+                                                    : options_.sample_interval.count();
+    const double horizon = 2 * std::max(refresh, options_.sample_interval.count());
+    const double attempted = e.budget.attempted();
+    const std::uint64_t refused = e.budget.refused();
+    const bool throttled = refused != e.throttled_seen;
+    const double allotment = r != nullptr && r->lease ? r->lease->capacity : 0;
+    const double value = rate_demand(attempted - e.attempted_seen, span, throttled,
+                                     allotment / horizon, options_.throttled_headroom);
+    e.attempted_seen = attempted;
+    e.throttled_seen = refused;
+    const double per_second =
+        sampled_wants(e.demand, value, span, throttled, false, e.options.headroom, 0);
+    return std::min(std::max(per_second * horizon, e.options.min_wants), 1e15);
+  }
+
+  // A budget's last report, for a release (none before the root named a window: nothing was
+  // spent).
+  std::optional<resource_spend> spend_of(resource_entry& e) {
+    const auto* r = state_.find(e.id);
+    if (e.kind != resource_kind::budget || r == nullptr || !r->budget.info) return std::nullopt;
+    e.budget.close();
+    return resource_spend{e.id, r->budget.info->window, e.budget.report()};
+  }
+
   // Refreshes until stopped (the driver), then gives everything back and closes.
   asio::awaitable<void> run() {
     std::error_code ec;
     co_await driver_.async_run(asio::redirect_error(asio::use_awaitable, ec));
     std::vector<std::string> all;
-    for (const auto& [id, e] : active_)
+    std::vector<resource_spend> spends = std::exchange(spends_, {});
+    for (auto& s : std::exchange(spending_, {}))
+      spends.push_back(std::move(s));
+    for (const auto& [id, e] : active_) {
       all.push_back(id);
+      if (auto s = spend_of(*e)) spends.push_back(std::move(*s));
+    }
     for (auto& id : state_.take_releases())
       all.push_back(std::move(id));
     for (auto& id : std::exchange(releases_, {}))
@@ -315,7 +357,7 @@ class client_core {
       all.push_back(std::move(id));
     if (!all.empty()) {
       // Named, not braced inside co_await (GCC 12 destroys such a temporary twice).
-      release_request release{options_.client_id, std::move(all)};
+      release_request release{options_.client_id, std::move(all), std::move(spends)};
       net::call_options within{.follow_redirects = true, .timeout = options_.release_timeout};
       const auto reply =
           co_await channel_.call<methods::release_capacity>(std::move(release), std::move(within));
@@ -365,9 +407,15 @@ class client_core {
   next_call make_call(clock::time_point now) {
     releasing_ = std::exchange(releases_, {});
     if (!releasing_.empty()) {
-      return net::outgoing_call<methods::release_capacity>{{options_.client_id, releasing_}};
+      spending_ = std::exchange(spends_, {});
+      return net::outgoing_call<methods::release_capacity>{
+          {options_.client_id, releasing_, spending_}};
     }
     const seconds timeout = state_.call_timeout(now, options_.call_timeout);
+    for (auto& [id, e] : active_) {
+      if (e->kind == resource_kind::budget)
+        state_.set_spend(id, e->budget.report(), e->budget.left(coarse_clock::now()));
+    }
     return net::outgoing_call<methods::get_capacity>{state_.make_request(now), timeout};
   }
 
@@ -378,7 +426,24 @@ class client_core {
   // Not retried: the server lets the lease run out (a refresh must not wait behind it).
   void on_release(const net::call_status& reply) {
     releasing_.clear();
+    spending_.clear();
     if (!reply) log_release_failure(reply);
+  }
+
+  // Each budget's new allotment, into its counter (before any caller sees the new capacity).
+  void adopt_allotments() {
+    for (auto& [id, e] : active_) {
+      if (e->kind != resource_kind::budget) continue;
+      const auto a = state_.take_allotment(id);
+      const auto* r = state_.find(id);
+      if (!a || r == nullptr || !r->lease) continue;
+      // coarse_clock and steady_clock count from the same epoch (CLOCK_MONOTONIC*); ahead by
+      // the coarse clock's lag, so that nothing is admitted past the lease's end.
+      const coarse_clock::time_point expires(
+          std::chrono::duration_cast<coarse_clock::duration>(r->lease->expiry.time_since_epoch()) -
+          coarse_clock::resolution());
+      e->budget.grant({a->units, a->spent_at_send, a->new_window, expires});
+    }
   }
 
   void on_reply(net::reply_of<methods::get_capacity> reply, clock::time_point now) {
@@ -386,6 +451,7 @@ class client_core {
     const capacity_response& resp = reply.result;
     const refresh_event event =
         reply ? state_.on_reply(resp, now) : state_.on_reply(reply.error, now);
+    adopt_allotments();
     connected_ = state_.failures() == 0;
     if (event == refresh_event::reached || event == refresh_event::regained) {
       log(fmt::format("client {}: server {} answered for {} resources", options_.client_id,
@@ -416,8 +482,10 @@ class client_core {
   std::map<std::string, std::shared_ptr<resource_entry>, std::less<>> active_;
   clock::time_point next_sample_{};
   clock::time_point last_sample_{};
-  std::vector<std::string> releases_;   // to send before the next refresh
-  std::vector<std::string> releasing_;  // those of the release in flight (none: a refresh)
+  std::vector<std::string> releases_;     // to send before the next refresh
+  std::vector<std::string> releasing_;    // those of the release in flight (none: a refresh)
+  std::vector<resource_spend> spends_;    // the budgets' last reports, for the next release
+  std::vector<resource_spend> spending_;  // those of the release in flight
   bool stopping_ = false;
   bool finished_ = false;                             // run() is over
   std::vector<std::function<void()>> when_finished_;  // async_stop's waiters

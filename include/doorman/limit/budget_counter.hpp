@@ -1,0 +1,137 @@
+#pragma once
+
+/// \file
+/// A budget resource's count inside one process (docs/budgets.md): the units spent in the
+/// root's current window against a ceiling that each allotment sets, shared by any number of
+/// threads, lock-free. The client's refresh loop drives it (`grant`, `close`); callers take
+/// units (`try_acquire`) and settle a call's real cost after it (`settle`).
+///
+///     doorman::budget_counter<> b;
+///     b.grant({.units = 5000, .spent_at_send = 0, .expires = t + 30s});
+///     if (b.try_acquire(estimate, clock::now())) { call(); b.settle(estimate, used); }
+///
+/// The ceiling is the spend the allotment allows in all: what the client had reported when it
+/// asked, plus the units granted. `spent` only grows within a window, except by a refund
+/// (`settle` below the reservation), and the report the client sends never goes down (see
+/// `report`): what the root counted stays counted.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+
+#include "doorman/limit/clock.hpp"
+#include "doorman/limit/limiter_base.hpp"
+
+namespace doorman {
+
+template <class Clock = coarse_clock>
+class budget_counter {
+ public:
+  using clock = Clock;
+  using time_point = typename Clock::time_point;
+
+  /// An allotment as the driver applies it: `units` granted on the request sent when the
+  /// report said `spent_at_send`; `new_window`: the root counts in a new window, where what
+  /// was spent since that report counts again (never under); `expires`: the lease's end.
+  struct allotment {
+    double units = 0;
+    double spent_at_send = 0;
+    bool new_window = false;
+    time_point expires{};  ///< the lease's end, as the callers' clock reads it
+  };
+
+  budget_counter() = default;
+  budget_counter(const budget_counter&) = delete;
+  budget_counter& operator=(const budget_counter&) = delete;
+
+  /// Takes `n` units if the allotment has them at `now` (true); else nothing. Never admits an
+  /// `n` that is negative or not finite, nor anything once the allotment expired or while a
+  /// settled debt is unpaid.
+  [[nodiscard]] bool try_acquire(double n, time_point now) noexcept {
+    if (!valid_permits(n)) return false;
+    attempted_.fetch_add(n, std::memory_order_relaxed);
+    if (!(now < expires())) return refuse();
+    double s = spent_.load();
+    do {
+      if (s + n > ceiling_.load()) return refuse();
+    } while (!spent_.compare_exchange_weak(s, s + n));
+    return true;
+  }
+
+  /// A call admitted for `reserved` units cost `used`: above the reservation the difference
+  /// is spent too (a debt when it passes the ceiling: nothing is admitted until an allotment
+  /// covers it); below, it is given back. False, changing nothing, when either is not a
+  /// finite number >= 0.
+  bool settle(double reserved, double used) noexcept {
+    if (!valid_permits(reserved) || !valid_permits(used)) return false;
+    if (used > reserved) attempted_.fetch_add(used - reserved, std::memory_order_relaxed);
+    double s = spent_.load();
+    while (!spent_.compare_exchange_weak(s, std::max(0.0, s + (used - reserved)))) {
+    }
+    return true;
+  }
+
+  /// What the allotment has left at `now` (0 once expired; negative: a debt).
+  [[nodiscard]] double left(time_point now) const noexcept {
+    if (!(now < expires())) return std::min(0.0, ceiling_.load() - spent_.load());
+    return ceiling_.load() - spent_.load();
+  }
+
+  /// Units spent in the window, as this process counts them.
+  [[nodiscard]] double spent() const noexcept { return spent_.load(); }
+
+  /// Units asked for in all (admitted or not, and settled above their reservations): the
+  /// demand the driver measures.
+  [[nodiscard]] double attempted() const noexcept { return attempted_.load(); }
+
+  /// Refusals in all (the driver's sign that its callers want more than they hold).
+  [[nodiscard]] std::uint64_t refused() const noexcept { return refused_.load(); }
+
+  // The driver's side: one thread.
+
+  /// The spend to report: what was spent in the window, never less than a report before it
+  /// (a refund after a report is not taken back from the root).
+  [[nodiscard]] double report() noexcept {
+    reported_ = std::max(reported_, spent_.load());
+    return reported_;
+  }
+
+  /// Applies an allotment. In a new window the count starts again from what was spent since
+  /// the report the allotment answers.
+  void grant(const allotment& a) noexcept {
+    if (a.new_window) {
+      close();
+      double s = spent_.load();
+      while (!spent_.compare_exchange_weak(s, std::max(0.0, s - a.spent_at_send))) {
+      }
+      reported_ = 0;
+      ceiling_.store(a.units);
+    } else {
+      ceiling_.store(a.spent_at_send + a.units);
+    }
+    expires_.store(a.expires.time_since_epoch().count());
+  }
+
+  /// The allotment ended (expired unrenewed, or released): admits nothing more.
+  void close() noexcept { expires_.store(std::numeric_limits<std::int64_t>::min()); }
+
+ private:
+  [[nodiscard]] time_point expires() const noexcept {
+    return time_point(typename Clock::duration(expires_.load()));
+  }
+  bool refuse() noexcept {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  std::atomic<double> spent_{0};
+  std::atomic<double> ceiling_{0};
+  std::atomic<std::int64_t> expires_{std::numeric_limits<std::int64_t>::min()};
+  std::atomic<double> attempted_{0};
+  std::atomic<std::uint64_t> refused_{0};
+  double reported_ = 0;  // the driver's
+};
+
+}  // namespace doorman
