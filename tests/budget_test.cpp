@@ -453,3 +453,21 @@ TEST_CASE("a client's budget counter loses no unit to threads racing its driver"
   CHECK(b.spent() <= ceiling);  // never past a ceiling
   CHECK(b.report() >= sum);
 }
+
+TEST_CASE("a release carries one last report per budget it releases, the latest",
+          "[budget][client]") {
+  using doorman::resource_spend;
+  const std::vector<resource_spend> made = {
+      {"tokens", 60, 10}, {"bytes", 60, 5}, {"tokens", 60, 30}, {"gone", 60, 7}};
+  const auto out = doorman::spends_for({"bytes", "tokens", "other"}, made);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].resource_id == "bytes");
+  CHECK(out[1].resource_id == "tokens");
+  CHECK(out[1].spent == 30);  // the latest: a resource detached, attached again, detached
+  // What the release carries is valid on the wire: every spend names a released resource.
+  doorman::release_request r{"c", {"bytes", "tokens", "other"}, out};
+  CHECK_FALSE(doorman::validate(r));
+  r.spends = made;
+  CHECK(doorman::validate(r));
+  CHECK(doorman::spends_for({}, made).empty());
+}

@@ -11,14 +11,16 @@
 //   ["reserve", id, n]                      a wait's reservation: ns until due (or "never")
 //   ["settle", id, reserved, used]          a rate handle's settle: whether it settled
 //   ["gauge_try", id] / ["gauge_release", id]
+//   ["budget_try", id, n] / ["budget_settle", id, reserved, used]   a budget handle's
 //   ["step"]                                the client's next step: release, refresh or wait
 //   ["answer", result] / ["fail"]           what came back for the step's call
 //   ["close"]
-// Every op's decision, and after each op every resource's [capacity, leased, wants], are
-// written out; the Python core must write the same.
+// Every op's decision, and after each op every resource's [capacity, leased, wants] (and a
+// budget's [left, spent]), are written out; the Python core must write the same.
 //
 // It drives the client's own parts — `basic_client_state`, `basic_rate_limiter`,
-// `gauge_limiter`, `demand_estimator` with `rate_demand` and `sampled_wants` — on a manual
+// `gauge_limiter`, `budget_counter`, `demand_estimator` with `rate_demand`, `sampled_wants`
+// and `budget_wants` — on a manual
 // clock, in the order `client_core` calls them (its `next_step`, `next_call`, `on_reply`,
 // `push_capacities`, `sample`, and a handle's `held_back`).
 
@@ -31,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "doorman/core/client_state.hpp"
+#include "doorman/limit/budget_counter.hpp"
 #include "doorman/limit/demand_estimator.hpp"
 #include "doorman/limit/gauge_limiter.hpp"
 #include "doorman/limit/rate_limiter.hpp"
@@ -54,6 +57,7 @@ struct entry {
   bool auto_burst;
   doorman::basic_rate_limiter<doorman::manual_clock_ref> rate;
   doorman::gauge_limiter gauge{0};
+  doorman::budget_counter<manual_clock> budget;
   doorman::demand_estimator demand{std::chrono::seconds(10)};
   int handles = 1;
   double capacity = 0;
@@ -112,6 +116,12 @@ class replay {
     if (op == "reserve") return reserve(s.at(1), s.at(2));
     if (op == "settle") return settle(s.at(1), s.at(2), s.at(3));
     if (op == "gauge_try") return gauge_try(s.at(1));
+    if (op == "budget_try") return budget_try(s.at(1), s.at(2));
+    if (op == "budget_settle") {
+      auto* e = find(s.at(1));
+      if (e == nullptr || e->kind != "budget") return nullptr;
+      return e->budget.settle(s.at(2), s.at(3));
+    }
     if (op == "gauge_release") {
       if (auto* e = find(s.at(1)); e && e->kind == "gauge" && e->gauge.in_flight() > 0) {
         e->gauge.release();
@@ -145,6 +155,7 @@ class replay {
                 : mode == "pessimistic" ? doorman::fallback::pessimistic
                                         : doorman::fallback::safe;
     if (!o.at("safe_capacity").is_null()) opts.safe_capacity = o.at("safe_capacity").get<double>();
+    opts.budget = kind == "budget";
     auto e =
         std::make_unique<entry>(kind, o.at("wants").is_null(), o.at("burst").get<double>(), clock_);
     e->demand = doorman::demand_estimator(doorman::seconds(opt("demand_window")));
@@ -158,6 +169,7 @@ class replay {
     auto* e = find(id);
     if (e == nullptr) return false;
     if (--e->handles > 0) return false;
+    if (auto spend = spend_of(id, *e)) spends_.push_back(*spend);
     entries_.erase(id);
     state_.remove(id);
     return true;
@@ -209,12 +221,43 @@ class replay {
     return false;
   }
 
+  // A budget handle's try_acquire (`budget_resource::try_acquire`).
+  json budget_try(const std::string& id, double n) {
+    auto* e = find(id);
+    if (e == nullptr || e->kind != "budget") return nullptr;
+    if (closed_) return false;
+    if (e->budget.try_acquire(n, now())) return true;
+    held_back(id, *e);
+    return false;
+  }
+
+  // A budget's last report, for a release (`client_core::spend_of`).
+  std::optional<doorman::resource_spend> spend_of(const std::string& id, entry& e) {
+    const auto* r = state_.find(id);
+    if (e.kind != "budget" || r == nullptr || !r->budget.info) return std::nullopt;
+    e.budget.close();
+    return doorman::resource_spend{id, r->budget.info->window, e.budget.report()};
+  }
+
+  // Each budget's new allotment (`client_core::adopt_allotments`).
+  void adopt_allotments() {
+    for (auto& [id, e] : entries_) {
+      if (e->kind != "budget") continue;
+      const auto a = state_.take_allotment(id);
+      const auto* r = state_.find(id);
+      if (a && r != nullptr && r->lease)
+        e->budget.grant({a->units, a->spent_at_send, a->new_window, r->lease->expiry});
+    }
+  }
+
   void set_capacity(entry& e, double c) {
     if (e.kind == "rate") {
       if (e.auto_burst) e.rate.set_burst(std::max(1.0, c * 0.1));
       e.rate.set_rate(c);
-    } else {
+    } else if (e.kind == "gauge") {
       e.gauge.set_limit(c);
+    } else if (!(c > 0)) {
+      e.budget.close();
     }
     e.capacity = c;
   }
@@ -235,6 +278,21 @@ class replay {
     last_sample_ = now();
     for (auto& [id, e] : entries_) {
       if (!e->estimate || !(span > 0)) continue;
+      if (e->kind == "budget") {
+        const auto* r = state_.find(id);
+        const bool leased = r != nullptr && r->lease;
+        const std::uint64_t refused = e->budget.refused();
+        const double asked = e->budget.attempted() - e->asked_seen;
+        const bool throttled = refused != e->delayed_seen;
+        e->asked_seen = e->budget.attempted();
+        e->delayed_seen = refused;
+        state_.set_wants(id, doorman::budget_wants(
+                                 e->demand, asked, span, throttled, leased ? r->lease->capacity : 0,
+                                 leased ? doorman::to_seconds(r->lease->refresh_interval)
+                                        : opt("sample_interval"),
+                                 opt("sample_interval"), std::max(1.0, opt("throttled_headroom"))));
+        continue;
+      }
       bool throttled = false;
       double value = 0;
       if (e->kind == "rate") {
@@ -263,7 +321,8 @@ class replay {
     if (releases_.empty()) releases_ = state_.take_releases();
     if (!releases_.empty()) {
       releasing_ = std::exchange(releases_, {});
-      return {{"action", "release"}, {"params", releasing_}};
+      spending_ = doorman::spends_for(releasing_, std::exchange(spends_, {}));
+      return {{"action", "release"}, {"params", releasing_}, {"spends", spending_}};
     }
     auto next = state_.next(now());
     if (!next.send) {
@@ -271,6 +330,9 @@ class replay {
     }
     const double timeout =
         state_.call_timeout(now(), doorman::seconds(opt("call_timeout"))).count();
+    for (auto& [id, e] : entries_) {
+      if (e->kind == "budget") state_.set_spend(id, e->budget.report(), e->budget.left(now()));
+    }
     return {
         {"action", "refresh"}, {"params", json(state_.make_request(now()))}, {"timeout", timeout}};
   }
@@ -278,6 +340,7 @@ class replay {
   json answer(const json& result) {
     if (!releasing_.empty()) {
       releasing_.clear();
+      spending_.clear();
       return "none";
     }
     doorman::capacity_response resp;
@@ -287,6 +350,7 @@ class replay {
     } else {
       e = state_.on_reply(resp, now());
     }
+    adopt_allotments();
     push_capacities();
     return event_name(e);
   }
@@ -294,6 +358,7 @@ class replay {
   json fail() {
     if (!releasing_.empty()) {
       releasing_.clear();
+      spending_.clear();
       return "none";
     }
     const auto e = state_.on_reply(doorman::make_error_code(doorman::errc::unreachable), now());
@@ -305,15 +370,21 @@ class replay {
   // release has not gone out (as `client_core::run` gathers them).
   json close() {
     closed_ = true;
-    json ids = json::array();
-    for (const auto& [id, e] : entries_)
+    std::vector<std::string> ids;
+    auto spends = std::exchange(spends_, {});
+    for (auto& s : std::exchange(spending_, {}))
+      spends.push_back(std::move(s));
+    for (const auto& [id, e] : entries_) {
       ids.push_back(id);
+      if (auto spend = spend_of(id, *e)) spends.push_back(*spend);
+      e->budget.close();  // closed is closed (`client_core::stop`)
+    }
     auto removed = state_.take_releases();
     for (auto* more : {&removed, &releases_, &releasing_}) {
       for (auto& id : std::exchange(*more, {}))
         ids.push_back(std::move(id));
     }
-    return ids;
+    return json::array({ids, doorman::spends_for(ids, spends)});
   }
 
   static const char* event_name(doorman::refresh_event e) {
@@ -335,6 +406,10 @@ class replay {
     for (const auto& [id, e] : entries_) {
       const auto* r = state_.find(id);
       out[id] = {e->capacity, e->leased, r ? r->options.wants : 0.0};
+      if (e->kind == "budget") {
+        out[id].push_back(e->budget.left(now()));
+        out[id].push_back(e->budget.spent());
+      }
     }
     return out;
   }
@@ -347,6 +422,8 @@ class replay {
   time_point last_sample_{};
   std::vector<std::string> releases_;
   std::vector<std::string> releasing_;
+  std::vector<doorman::resource_spend> spends_;    // for the next release
+  std::vector<doorman::resource_spend> spending_;  // those of the release in flight
   bool closed_ = false;
 };
 

@@ -3,6 +3,7 @@
 from ._core import ResourceOptions
 from ._limiters import Acquired
 from .client import (
+    BudgetResource,
     Client,
     ClientClosed,
     GaugeResource,
@@ -12,6 +13,7 @@ from .client import (
 
 __all__ = [
     "Acquired",
+    "BudgetResource",
     "Client",
     "ClientClosed",
     "GaugeResource",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 from . import _wire
-from ._limiters import Gauge, RateLimiter
+from ._limiters import BudgetCounter, Gauge, RateLimiter
 
 NEVER = 2**63 - 1  # time_point::max(): no time
 FALLBACKS = ("safe", "optimistic", "pessimistic")
@@ -187,6 +187,20 @@ class _Held:
     server_safe: Optional[float] = None
     held_back: bool = False
     fast_started: bool = False
+    budget: bool = False  # a budget resource: it reports its spend, and has no fallback
+    spent: float = 0.0  # a budget's account, from its driver (`set_spend`)
+    left: float = 0.0
+    spent_at_send: float = 0.0
+    window: Optional[int] = None  # the window the root last named
+    allotment: Optional["Allotment"] = None  # a grant its driver has not taken yet
+
+
+class Allotment(NamedTuple):
+    """A budget's new allotment for its driver (the C++ `budget_allotment`)."""
+
+    units: float
+    spent_at_send: float
+    new_window: bool
 
 
 class ClientState:
@@ -211,11 +225,11 @@ class ClientState:
 
     # ---- resources ---------------------------------------------------------------------
 
-    def add(self, rid: str, o: ResourceOptions) -> bool:
+    def add(self, rid: str, o: ResourceOptions, budget: bool = False) -> bool:
         _wire.check_id(rid, "resource_id")
         wants = 0.0 if o.wants is None else float(o.wants)
         known = self._resources.get(rid)
-        self._resources[rid] = _Held(o.priority, wants, o.mode, o.safe_capacity)
+        self._resources[rid] = _Held(o.priority, wants, o.mode, o.safe_capacity, budget=budget)
         if known is None:
             self._unasked = True
             if rid in self._releases:
@@ -244,6 +258,24 @@ class ClientState:
         r = self._resources.get(rid)
         return r.wants if r is not None else 0.0
 
+    def set_spend(self, rid: str, spent: float, left: float) -> None:
+        """A budget's account, from its driver before each request (`set_spend`)."""
+        if not _quantity(spent):
+            raise ValueError("spent: must be a number between 0 and 1e15")
+        r = self._resources.get(rid)
+        if r is None or not r.budget:
+            return
+        r.spent = spent
+        r.left = max(0.0, left) if math.isfinite(left) else 0.0
+
+    def take_allotment(self, rid: str) -> Optional[Allotment]:
+        """The allotment of `rid` granted by the last answer, once."""
+        r = self._resources.get(rid)
+        if r is None:
+            return None
+        a, r.allotment = r.allotment, None
+        return a
+
     def hold_back(self, rid: str, now: int) -> None:
         """The fast start (`basic_client_state::hold_back`)."""
         r = self._resources.get(rid)
@@ -261,6 +293,15 @@ class ClientState:
     def capacity(self, rid: str, now: int) -> float:
         r = self._resources.get(rid)
         return 0.0 if r is None else _capacity(r, now)
+
+    def lease(self, rid: str) -> Optional[Lease]:
+        r = self._resources.get(rid)
+        return r.lease if r is not None else None
+
+    def window(self, rid: str) -> Optional[int]:
+        """A budget's window, as the root last named it."""
+        r = self._resources.get(rid)
+        return r.window if r is not None else None
 
     def leased(self, rid: str, now: int) -> bool:
         r = self._resources.get(rid)
@@ -304,6 +345,8 @@ class ClientState:
                     "expires_in": max(0.0, to_s(r.lease.expiry - now)),
                     "refresh_interval": to_s(r.lease.refresh_interval),
                 }
+            if r.budget:
+                _add_spend(r, item)
             items.append(item)
         self._unasked = len(self._resources) > len(items)
         self._start_unsent = False
@@ -329,6 +372,12 @@ class ClientState:
                 continue
             r.lease = Lease(g.capacity, sent + to_ns(g.expires_in), to_ns(g.refresh_interval))
             r.server_safe = g.safe_capacity
+            if r.budget:
+                new_window = r.window is not None and g.budget_window is not None \
+                    and g.budget_window != r.window
+                if g.budget_window is not None:
+                    r.window = g.budget_window
+                r.allotment = Allotment(g.capacity, r.spent_at_send, new_window)
             interval = min(interval, g.refresh_interval if g.refresh_interval > 0 else self._idle)
             left = to_s(r.lease.expiry - now)
             if left > 0:
@@ -375,6 +424,16 @@ class ClientState:
             self._schedule.expedite(now)
 
 
+def _add_spend(r: _Held, item: dict[str, Any]) -> None:
+    # A budget's report: its spend in the window the root last named (none before the first
+    # answer: nothing was spent), and what it has left of a live allotment.
+    r.spent_at_send = r.spent
+    if r.window is not None:
+        item["spend"] = {"window": r.window, "spent": r.spent}
+    if "has" in item:
+        item["has"]["capacity"] = min(item["has"]["capacity"], r.left)
+
+
 def _start_wants(r: _Held) -> Optional[float]:
     if r.server_safe is None:
         return None
@@ -384,6 +443,8 @@ def _start_wants(r: _Held) -> Optional[float]:
 def _capacity(r: _Held, now: int) -> float:
     if r.lease is not None and now < r.lease.expiry:
         return r.lease.capacity
+    if r.budget:
+        return 0.0  # nothing of a budget is spent without an allotment
     return fallback_capacity(r.mode, r.wants, r.safe_capacity, r.server_safe)
 
 
@@ -452,9 +513,9 @@ class Entry:
     """One resource as the client core holds it: its limiter and what measures its demand."""
 
     id: str
-    kind: str  # "rate" or "gauge"
+    kind: str  # "rate", "gauge" or "budget"
     estimate: bool  # wants measured from use
-    limiter: Union[RateLimiter, Gauge]
+    limiter: Union[RateLimiter, Gauge, BudgetCounter]
     demand: DemandEstimator
     handles: int = 1
     capacity: float = 0.0
@@ -488,6 +549,17 @@ TIMING = {
 }
 
 
+def spends_for(ids: list[str], spends: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last reports (`spends`, in the order made) a release of `ids` carries: the latest
+    per id, for the ids it releases, in their order (`doorman::spends_for`)."""
+    out: list[dict[str, Any]] = []
+    for rid in ids:
+        last = next((s for s in reversed(spends) if s["resource_id"] == rid), None)
+        if last is not None and all(s["resource_id"] != rid for s in out):
+            out.append(last)
+    return out
+
+
 class ClientCore:
     """The C++ `client_core` without its I/O: the state, a limiter per resource, demand
     sampling, and the order of calls (releases first, then refreshes)."""
@@ -518,6 +590,8 @@ class ClientCore:
         self._last_sample = now
         self._releases: list[str] = []
         self._releasing: list[str] = []
+        self._spends: list[dict[str, Any]] = []  # the budgets' last reports, for a release
+        self._spending: list[dict[str, Any]] = []  # those of the release in flight
 
     def attach(self, rid: str, kind: str, o: ResourceOptions, now: int) -> Entry:
         """The entry of `rid`: new, or shared with the other handles to it."""
@@ -527,14 +601,17 @@ class ClientCore:
                 raise ValueError(f"resource_id: {rid!r} is already a {known.kind} resource")
             known.handles += 1
             return known
-        limiter: Union[RateLimiter, Gauge] = (
-            RateLimiter(0.0, o.burst, self.clock) if kind == "rate" else Gauge()
-        )
+        limiter: Union[RateLimiter, Gauge, BudgetCounter]
+        if kind == "rate":
+            limiter = RateLimiter(0.0, o.burst, self.clock)
+        else:
+            limiter = Gauge() if kind == "gauge" else BudgetCounter(self.clock)
         e = Entry(rid, kind, o.wants is None, limiter, DemandEstimator(self.demand_window))
-        self.state.add(rid, o)
+        self.state.add(rid, o, budget=kind == "budget")
         self.entries[rid] = e
         wants = 0.0 if o.wants is None else float(o.wants)
-        self._apply(e, fallback_capacity(o.mode, wants, o.safe_capacity, None))
+        self._apply(e, 0.0 if kind == "budget" else
+                    fallback_capacity(o.mode, wants, o.safe_capacity, None))
         return e
 
     def detach(self, rid: str) -> bool:
@@ -546,6 +623,9 @@ class ClientCore:
         if e.handles > 0:
             return False
         del self.entries[rid]
+        spend = self._spend_of(e)
+        if spend is not None:
+            self._spends.append(spend)
         self.state.remove(rid)
         e.limiter.close()
         return True
@@ -578,34 +658,41 @@ class ClientCore:
         if not send:
             return Step("wait", at=min(at, self._next_sample))
         timeout = self.state.call_timeout(now, self.call_timeout)
+        for rid, e in self.entries.items():
+            if isinstance(e.limiter, BudgetCounter):
+                self.state.set_spend(rid, e.limiter.report(), e.limiter.left())
         return Step("refresh", self.state.make_request(now), timeout)
 
     def answered(self, result: Any, now: int) -> tuple[str, list[str]]:
         """The answer to the last step's call (its `result`)."""
         if self._releasing:
-            self._releasing = []
+            self._releasing, self._spending = [], []
             return "none", []
         event, problems = self.state.on_reply(result, now)
+        self._adopt_allotments()
         self.push_capacities(now)
         return event, problems
 
     def failed(self, now: int) -> str:
         """The last step's call failed (a release is not retried: its leases run out)."""
         if self._releasing:
-            self._releasing = []
+            self._releasing, self._spending = [], []
             return "none"
         event = self.state.on_failure(now)
         self.push_capacities(now)
         return event
 
-    def close(self) -> list[str]:
-        """Closed is closed: every limiter admits nothing from now on. The ids to release."""
+    def close(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """Closed is closed: every limiter admits nothing from now on. The ids to release, and
+        the budgets' last reports (the release's `spends`)."""
         self.closed = True
         for e in self.entries.values():
             e.limiter.close()
         ids = sorted(self.entries) + self.state.take_releases() + self._releases + self._releasing
-        self._releases, self._releasing = [], []
-        return ids
+        spends = self._spends + self._spending
+        spends += [s for _, e in sorted(self.entries.items()) if (s := self._spend_of(e))]
+        self._releases, self._releasing, self._spends, self._spending = [], [], [], []
+        return ids, spends_for(ids, spends)
 
     def push_capacities(self, now: int) -> list[Entry]:
         """Every resource's capacity into its limiter; the entries whose capacity changed."""
@@ -632,11 +719,47 @@ class ClientCore:
         e.limiter.set_capacity(c)  # a rate's burst follows it unless fixed
         e.capacity = c
 
+    def _adopt_allotments(self) -> None:
+        # Each budget's new allotment, into its counter (`client_core::adopt_allotments`).
+        for rid, e in self.entries.items():
+            if not isinstance(e.limiter, BudgetCounter):
+                continue
+            a = self.state.take_allotment(rid)
+            lease = self.state.lease(rid)
+            if a is not None and lease is not None:
+                e.limiter.grant(a.units, a.spent_at_send, a.new_window, lease.expiry)
+
+    def _spend_of(self, e: Entry) -> Optional[dict[str, Any]]:
+        # A budget's last report, for a release (none before the root named a window).
+        window = self.state.window(e.id)
+        if not isinstance(e.limiter, BudgetCounter) or window is None:
+            return None
+        e.limiter.close()
+        return {"resource_id": e.id, "window": window, "spent": e.limiter.report()}
+
+    def _budget_wants(self, e: Entry, span: float) -> float:
+        # `client_core::budget_wants`: units to last two refreshes at the rate asked.
+        assert isinstance(e.limiter, BudgetCounter)
+        lease = self.state.lease(e.id)
+        refresh = to_s(lease.refresh_interval) if lease is not None else self.sample_interval
+        horizon = 2 * max(refresh, self.sample_interval)
+        asked, refused = e.limiter.attempted, e.limiter.refused
+        throttled = refused != e.delayed_seen
+        allotment = lease.capacity if lease is not None else 0.0
+        value = rate_demand(asked - e.asked_seen, span, throttled, allotment / horizon,
+                            self.throttled_headroom)
+        e.asked_seen, e.delayed_seen = asked, refused
+        per_second = sampled_wants(e.demand, value, span, throttled, False)
+        return min(per_second * horizon, _wire.MAX_QUANTITY)
+
     def _sample(self, now: int) -> None:
         span = to_s(now - self._last_sample)
         self._last_sample = now
         for rid, e in self.entries.items():
             if not e.estimate or not span > 0:
+                continue
+            if isinstance(e.limiter, BudgetCounter):
+                self.state.set_wants(rid, self._budget_wants(e, span))
                 continue
             throttled = False
             if isinstance(e.limiter, RateLimiter):
@@ -651,4 +774,8 @@ class ClientCore:
             self.state.set_wants(rid, wants)
 
     def _release_params(self, ids: list[str]) -> dict[str, Any]:
-        return {"client_id": self.state.client_id, "resources": ids}
+        params: dict[str, Any] = {"client_id": self.state.client_id, "resources": ids}
+        self._spending, self._spends = spends_for(ids, self._spends), []
+        if self._spending:
+            params["spends"] = self._spending
+        return params

@@ -309,3 +309,97 @@ class Gauge(_Limiter):
     def wake_all(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+
+class BudgetCounter:
+    """A budget resource's count in the process (docs/budgets.md), the C++ `budget_counter`
+    step for step, behind one lock: units spent in the root's window against a ceiling each
+    allotment sets (the report it answers plus the units granted), until the lease's end."""
+
+    def __init__(self, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._spent = 0.0
+        self._ceiling = 0.0
+        self._expires = -NEVER  # no allotment
+        self._closed = False  # for good: no allotment applies any more
+        self._capacity = 0.0  # the lease's (its allotment)
+        self._reported = 0.0  # the driver's
+        self.attempted = 0.0  # units asked for (admitted or not, and settled above)
+        self.refused = 0
+
+    @property
+    def spent(self) -> float:
+        return self._spent
+
+    @property
+    def capacity(self) -> float:
+        """The allotment of the lease in hand (0 without one)."""
+        return self._capacity
+
+    def try_acquire(self, n: float = 1) -> bool:
+        """Takes `n` units if the allotment has them now (all or nothing). Raises
+        ValueError/TypeError naming `n` unless it is a finite number >= 0."""
+        check_permits(n)
+        with self._lock:
+            self.attempted += n
+            if not self._clock() < self._expires or self._spent + n > self._ceiling:
+                self.refused += 1
+                return False
+            self._spent += n
+            return True
+
+    def settle(self, reserved: float, used: float) -> bool:
+        """A call admitted for `reserved` units cost `used`: above, the rest is spent too (past
+        the ceiling, a debt); below, the difference is back. Raises as `try_acquire`."""
+        check_permits(reserved, "reserved")
+        check_permits(used, "used")
+        with self._lock:
+            if used > reserved:
+                self.attempted += used - reserved
+            self._spent = max(0.0, self._spent + (used - reserved))
+            return True
+
+    def left(self) -> float:
+        """What the allotment has left now (0 once it ended; negative: a debt)."""
+        with self._lock:
+            left = self._ceiling - self._spent
+            return left if self._clock() < self._expires else min(0.0, left)
+
+    # The driver's side.
+
+    def report(self) -> float:
+        """The spend to report: never less than a report before it."""
+        with self._lock:
+            self._reported = max(self._reported, self._spent)
+            return self._reported
+
+    def grant(self, units: float, spent_at_send: float, new_window: bool, expires: int) -> None:
+        """Applies an allotment of `units` answering the report `spent_at_send`, until
+        `expires` (the clock's nanoseconds); in a new window the count starts again from what
+        was spent since that report."""
+        with self._lock:
+            if self._closed:
+                return
+            if new_window:
+                self._spent = max(0.0, self._spent - spent_at_send)
+                self._reported = 0.0
+                self._ceiling = units
+            else:
+                self._ceiling = spent_at_send + units
+            self._expires = expires
+
+    def set_capacity(self, capacity: float) -> None:
+        """The lease's capacity: at 0 or below its allotment ended (an allotment itself comes
+        with its answer: `grant`)."""
+        with self._lock:
+            self._capacity = 0.0 if self._closed else capacity
+            if not capacity > 0:
+                self._expires = -NEVER
+
+    def close(self) -> None:
+        """Admits nothing from now on, whatever is granted after (the client closed)."""
+        with self._lock:
+            self._closed = True
+            self._capacity = 0.0
+            self._expires = -NEVER

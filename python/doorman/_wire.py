@@ -15,6 +15,8 @@ MAX_QUANTITY = 1e15  # capacities and wants
 MAX_SECONDS = 1e6  # expires_in and refresh_interval
 MAX_ID_BYTES = 256
 MAX_RESOURCES = 10_000  # resources in one request or answer
+MAX_WINDOW_START = 1e11  # a budget's window start, Unix seconds
+MAX_WINDOW_SECONDS = 366 * 86_400.0  # a budget's window length
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class RawGrant:
     expires_in: float
     refresh_interval: float
     safe_capacity: float
+    budget_window: Optional[int] = None  # a budget's window start, as the root names it
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,23 @@ def _read_number(obj: dict[str, Any], key: str, path: str, required: bool = True
     if not math.isfinite(x):
         raise _Bad(f"{path}.{key}: must be a finite number")
     return x
+
+
+def _read_budget(g: dict[str, Any], at: str) -> Optional[int]:
+    """A grant's optional `budget`, every field checked as the C++ codec does; its window."""
+    b = g.get("budget")
+    if b is None:
+        return None
+    at = f"{at}.budget"
+    b = _object(b, at)
+    window = _field(b, "window", at)
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise _Bad(f"{at}.window: must be an integer")
+    for key, most in (("window", MAX_WINDOW_START), ("reset", MAX_WINDOW_SECONDS),
+                      ("limit", MAX_QUANTITY), ("spent", MAX_QUANTITY), ("left", MAX_QUANTITY)):
+        if not 0 <= _read_number(b, key, at) <= most:
+            raise _Bad(f"{at}.{key}: must be between 0 and {most:g}")
+    return window
 
 
 def _object(v: Any, path: str) -> dict[str, Any]:
@@ -134,6 +154,7 @@ def read_answer(result: Any) -> "Answer | str":
                 _read_number(gets, "expires_in", f"{at}.gets"),
                 _read_number(gets, "refresh_interval", f"{at}.gets"),
                 _read_number(g, "safe_capacity", at, required=False),
+                _read_budget(g, at),
             ))
         return Answer(is_master, master or None, grants)
     except _Bad as e:

@@ -39,6 +39,11 @@ class Client:
     def gauge(self, resource_id: str, **options: Any) -> "GaugeResource":
         return GaugeResource(self.sync, self.sync._add(resource_id, "gauge", options))
 
+    def budget(self, resource_id: str, **options: Any) -> "_sync.BudgetResource":
+        """A budget resource (`doorman.Client.budget`): nothing in it waits, so the handle is
+        the synchronous one."""
+        return self.sync.budget(resource_id, **options)
+
     async def aclose(self) -> None:
         """`close()` off the event loop: ends every wait, releases within release_timeout."""
         await asyncio.get_running_loop().run_in_executor(None, self.sync.close)

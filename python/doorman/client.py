@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from . import _wire
 from ._channel import CallError, Channel
 from ._core import ClientCore, Entry, ResourceOptions, Step
-from ._limiters import Acquired, Gauge, RateLimiter
+from ._limiters import Acquired, BudgetCounter, Gauge, RateLimiter
 
 _ids = itertools.count()
 
@@ -102,6 +102,7 @@ class Client:
         )
         self._in_call = False  # a call is in flight (close() cuts it short)
         self._releasing: list[str] = []  # what close() left to release
+        self._spends: list[dict[str, Any]] = []  # and the budgets' last reports
         self._thread = threading.Thread(target=self._run, name="doorman-client", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -117,6 +118,11 @@ class Client:
         """At most the leased capacity of `resource_id` in flight at once (`ResourceOptions`,
         without `burst`)."""
         return GaugeResource(self, self._add(resource_id, "gauge", options))
+
+    def budget(self, resource_id: str, **options: Any) -> "BudgetResource":
+        """Units of a budget `resource_id` (docs/budgets.md) spent from the allotments the root
+        hands out (`ResourceOptions`, without `burst`; `wants` are units to hold)."""
+        return BudgetResource(self, self._add(resource_id, "budget", options))
 
     def _add(self, rid: str, kind: str, options: dict[str, Any]) -> Entry:
         """The entry of resource `rid` (new, or shared with the other handles to it)."""
@@ -157,7 +163,8 @@ class Client:
             if self._closed.is_set():
                 return
             self._closed.set()
-            self._releasing = self._core.close()  # closed is closed: no handle admits now
+            # Closed is closed: no handle admits now.
+            self._releasing, self._spends = self._core.close()
             if self._in_call:
                 self._channel.interrupt()  # a hung or gone server is not waited for
             self._changed.notify_all()
@@ -198,7 +205,7 @@ class Client:
         ids = self._releasing
         if ids:
             self._channel.resume()  # a call cut short by close() does not stop the release
-            self._release(ids, time.monotonic() + self.release_timeout)
+            self._release(ids, self._spends, time.monotonic() + self.release_timeout)
         self._channel.close()
 
     def _call(self, step: Step) -> None:
@@ -230,11 +237,12 @@ class Client:
             self._warn(f"server's answer: {len(problems)} of {total} grants ignored "
                        f"(first: {problems[0]})")
 
-    def _release(self, ids: list[str], deadline: float) -> None:
+    def _release(self, ids: list[str], spends: list[dict[str, Any]], deadline: float) -> None:
+        params: dict[str, Any] = {"client_id": self.client_id, "resources": ids}
+        if spends:
+            params["spends"] = spends
         try:
-            self._channel.call(
-                "release_capacity", {"client_id": self.client_id, "resources": ids}, deadline
-            )
+            self._channel.call("release_capacity", params, deadline)
         except CallError as e:
             self._warn(f"release of {len(ids)} resources failed: {e}")
 
@@ -414,6 +422,47 @@ class GaugeResource(_GaugeHandle):
                 raise TimeoutError(f"no slot of {self.id} in time")
             if g.acquire(0.25 if left is None else min(0.25, left), self._client._closed):
                 return _Slot(g)
+
+
+class BudgetResource(_Handle):
+    """A handle to a budget resource (docs/budgets.md): `try_acquire(n)` takes units from the
+    allotment, `settle(reserved, used)` after a call. No call to the server per request."""
+
+    def __init__(self, client: Client, e: Entry) -> None:
+        super().__init__(client, e)
+        assert isinstance(e.limiter, BudgetCounter)
+        self._counter: BudgetCounter = e.limiter
+
+    def try_acquire(self, n: float = 1) -> bool:
+        """Takes `n` units if the allotment has them now (all or nothing); refuses without an
+        allotment (before the first answer, after the lease ended unrenewed: a budget has no
+        fallback), while a debt is unpaid, and once closed. ValueError/TypeError naming `n`
+        unless it is a finite number >= 0."""
+        if not self._open:
+            self._check()
+        if self._counter.try_acquire(n):
+            return True
+        if self._counter.capacity == 0:
+            self._client._held_back(self._e)
+        return False
+
+    def settle(self, reserved: float, used: float) -> bool:
+        """A call admitted for `reserved` units cost `used`: below, the difference is back at
+        once; above, the rest is spent too (past the allotment, a debt the next allotment
+        covers first). Raises as `try_acquire`, naming the argument."""
+        if not self._open:
+            self._check()
+        return self._counter.settle(reserved, used)
+
+    @property
+    def left(self) -> float:
+        """What the allotment has left now (0 without one; negative: a debt)."""
+        return self._counter.left()
+
+    @property
+    def spent(self) -> float:
+        """Units this process spent in the root's current window."""
+        return self._counter.spent
 
 
 class _Slot:

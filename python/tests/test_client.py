@@ -111,6 +111,50 @@ class ClientTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "this handle is closed"):
                 api.settle(1, 1)
 
+    def test_a_budget_spends_its_allotment_settles_reports_and_frees_the_rest(self) -> None:
+        # One fixed window of 366 days: the test does not straddle a window's end.
+        budget = {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": 31622400},
+                  "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5, "refresh_interval": 1,
+                                "learning_mode_duration": 0}}
+        n = self.node({"resources": [budget] + config(0)["resources"]})
+
+        def at_root() -> dict[str, float]:
+            st = n.call("status", {"resource_id": "tokens"})["result"]
+            return st["resources"][0]["budget"]
+
+        with fast(n.address) as a, fast(n.address) as b:
+            ta = a.budget("tokens", wants=400)
+            tb = b.budget("tokens", wants=400)
+            self.assertFalse(ta.try_acquire(1) and ta.left < 0)
+            self.assertTrue(eventually(lambda: ta.left == 400 and tb.left == 400),
+                            (ta.left, tb.left))
+            self.assertTrue(ta.try_acquire(300))
+            self.assertFalse(ta.try_acquire(200))  # 100 left: all or nothing
+            self.assertTrue(ta.settle(300, 350))  # it cost more: 50 left
+            self.assertEqual(ta.left, 50)
+            self.assertEqual(ta.spent, 350)
+            with self.assertRaisesRegex(ValueError, "^n: must be a finite number >= 0"):
+                ta.try_acquire(-1)
+            self.assertTrue(tb.try_acquire(100))
+            self.assertTrue(tb.settle(100, 40))  # a refund: back at once
+            self.assertEqual(tb.left, 360)
+            # The reports ride on the refreshes.
+            self.assertTrue(eventually(lambda: at_root()["spent"] >= 390), at_root())
+            self.assertLessEqual(at_root()["spent"], 450)
+            # The last handle's release carries the last report: a's rest is free at once.
+            ta.close()
+            self.assertTrue(eventually(lambda: len(n.leases("tokens")) == 1))
+            self.assertLessEqual(at_root()["spent"], 450)
+            # b, released too, comes back asking for more than there is: it gets what is left.
+            tb.close()
+            self.assertTrue(eventually(lambda: not n.leases("tokens")))
+            spent = at_root()["spent"]
+            self.assertLessEqual(spent, 450)
+            tb = b.budget("tokens", wants=5000)
+            self.assertTrue(eventually(lambda: tb.left > 500), tb.left)
+            self.assertEqual(tb.left, 1000 - spent)
+        self.assertFalse(tb.try_acquire(1))  # closed is closed
+
     def test_fast_start_then_measured_wants(self) -> None:
         n = self.node(config(100))
         with fast(n.address) as c:

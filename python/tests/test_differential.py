@@ -27,7 +27,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
     sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
 
 from doorman._core import NEVER, ClientCore, ResourceOptions  # noqa: E402
-from doorman._limiters import Gauge, RateLimiter  # noqa: E402
+from doorman._limiters import BudgetCounter, Gauge, RateLimiter  # noqa: E402
 
 IDS = ["api", "db", "jobs", "x" * 40, "\u00e9t\u00e9"]
 
@@ -96,6 +96,19 @@ class PythonReplay:
                 return True
             core.held_back(s[1], now)
             return False
+        if op == "budget_try":
+            if e is None or not isinstance(e.limiter, BudgetCounter):
+                return None
+            if self.closed:
+                return False
+            if e.limiter.try_acquire(s[2]):
+                return True
+            core.held_back(s[1], now)
+            return False
+        if op == "budget_settle":
+            if e is None or not isinstance(e.limiter, BudgetCounter):
+                return None
+            return e.limiter.settle(s[2], s[3])
         if op == "gauge_release":
             if e is not None and isinstance(e.limiter, Gauge) and e.limiter.in_use > 0:
                 e.limiter.release()
@@ -105,7 +118,8 @@ class PythonReplay:
             if step.action == "wait":
                 return {"action": "wait", "at": "never" if step.at == NEVER else step.at - now}
             if step.action == "release":
-                return {"action": "release", "params": step.params["resources"]}
+                return {"action": "release", "params": step.params["resources"],
+                        "spends": step.params.get("spends", [])}
             return {"action": "refresh", "params": step.params, "timeout": step.timeout}
         if op == "answer":
             return core.answered(s[1], now)[0]
@@ -113,12 +127,16 @@ class PythonReplay:
             return core.failed(now)
         if op == "close":
             self.closed = True
-            return core.close()
+            return list(core.close())
         raise ValueError(f"unknown op {op}")
 
     def snapshot(self) -> dict[str, Any]:
-        return {rid: [e.capacity, e.leased, self.core.wants(rid)]
-                for rid, e in sorted(self.core.entries.items())}
+        out: dict[str, Any] = {}
+        for rid, e in sorted(self.core.entries.items()):
+            out[rid] = [e.capacity, e.leased, self.core.wants(rid)]
+            if isinstance(e.limiter, BudgetCounter):
+                out[rid] += [e.limiter.left(), e.limiter.spent]
+        return out
 
 
 def _number(rng: random.Random) -> Any:
@@ -143,6 +161,12 @@ def _grant(rng: random.Random, rid: str) -> dict[str, Any]:
     if rng.random() < 0.1:  # one number hostile
         where = rng.choice(["capacity", "expires_in", "refresh_interval", "safe_capacity"])
         (g if where == "safe_capacity" else g["gets"])[where] = _number(rng)
+    if rng.random() < 0.4:  # a budget's state: mostly the window under way, sometimes the next
+        g["budget"] = {"window": rng.choice([1764374400, 1764374400, 1764378000]),
+                       "reset": 600, "limit": 1000, "spent": 250, "left": 700}
+        if rng.random() < 0.05:  # hostile
+            g["budget"][rng.choice(["window", "reset", "left"])] = rng.choice(
+                [-1, 1.5, 2e11, "x", None, True])
     return g
 
 
@@ -206,13 +230,13 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
     if r < 0.25:
         return ["advance", rng.choice([1, 10**6, 10**8, 3 * 10**8, 10**9, rng.randrange(1, 4 * 10**9)])]
     if r < 0.35:
-        kind = "gauge" if rng.random() < 0.3 else "rate"
+        kind = rng.choice(["gauge", "rate", "rate", "budget"])
         return ["attach", rid, kind, {
             "wants": rng.choice([None, None, 0.0, 5.0, 50.0]),
             "priority": rng.randrange(0, 3),
             "mode": rng.choice(["safe", "optimistic", "pessimistic"]),
             "safe_capacity": rng.choice([None, None, -1.0, 0.0, 4.0]),
-            "burst": 0.0 if kind == "gauge" else rng.choice([0.0, 0.0, 1.0, 3.0]),
+            "burst": 0.0 if kind != "rate" else rng.choice([0.0, 0.0, 1.0, 3.0]),
         }]
     if r < 0.38:
         return ["detach", rid]
@@ -222,7 +246,11 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
         return ["reserve", rid, rng.choice([1, 2, 10])]
     if r < 0.63:
         return ["settle", rid, rng.choice([1, 2, 10]), rng.choice([0, 0.5, 1, 3, 25])]
-    if r < 0.70:
+    if r < 0.67:
+        return ["budget_try", rid, rng.choice([1, 5, 20, 60, 0.5])]
+    if r < 0.69:
+        return ["budget_settle", rid, rng.choice([1, 5, 20]), rng.choice([0, 3, 5, 40])]
+    if r < 0.72:
         return ["gauge_try", rid]
     if r < 0.74:
         return ["gauge_release", rid]

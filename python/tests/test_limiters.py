@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the wheel)
     sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
 
-from doorman._limiters import Gauge, RateLimiter  # noqa: E402
+from doorman._limiters import BudgetCounter, Gauge, RateLimiter  # noqa: E402
 
 
 class ManualClock:
@@ -127,6 +127,54 @@ class RateLimiterTest(unittest.TestCase):
         g.close()
         g.set_capacity(5)
         self.assertFalse(g.try_acquire())
+
+
+
+class BudgetCounterTest(unittest.TestCase):
+    """The C++ test "a client's budget counter: allotments set a ceiling, settling spends or
+    refunds" (tests/budget_test.cpp), step for step."""
+
+    def test_allotments_set_a_ceiling_settling_spends_or_refunds(self) -> None:
+        clock = ManualClock()
+        b = BudgetCounter(clock)
+        self.assertFalse(b.try_acquire(1))  # no allotment: nothing
+        b.grant(100, 0, False, clock() + 10**10)
+        self.assertTrue(b.try_acquire(60))
+        self.assertFalse(b.try_acquire(50))  # 40 left: all or nothing
+        with self.assertRaisesRegex(ValueError, "^n: must be a finite number >= 0"):
+            b.try_acquire(-1)
+        with self.assertRaisesRegex(ValueError, "^n: "):
+            b.try_acquire(math.inf)
+        self.assertEqual(b.left(), 40)
+        self.assertTrue(b.settle(60, 90))  # it cost 30 more: 10 left
+        self.assertEqual(b.left(), 10)
+        self.assertEqual(b.report(), 90)
+        self.assertTrue(b.settle(10, 0))  # a refund after the report ...
+        self.assertEqual(b.spent, 80)
+        self.assertEqual(b.report(), 90)  # ... is not taken back from the root
+        with self.assertRaisesRegex(ValueError, "^used: "):
+            b.settle(1, math.nan)
+        self.assertTrue(b.settle(0, 50))  # a debt: 30 over
+        self.assertEqual(b.left(), -30)
+        self.assertFalse(b.try_acquire(0.5))
+        b.grant(40, 90, False, clock() + 10**10)  # answering the report of 90: covers the debt
+        self.assertEqual(b.left(), 0)
+        b.grant(40, 130, False, clock() + 10**10)
+        self.assertEqual(b.left(), 40)
+        clock.now += 10  # it expires unrenewed
+        self.assertFalse(b.try_acquire(1))
+        self.assertEqual(b.left(), 0)
+        b.grant(40, 100, False, clock() + 10**10)
+        self.assertEqual(b.left(), 10)
+        # A new window: what was spent since the report it answers (130) counts again.
+        b.grant(25, 130, True, clock() + 10**10)
+        self.assertEqual(b.spent, 0)
+        self.assertEqual(b.report(), 0)
+        self.assertEqual(b.left(), 25)
+        self.assertEqual(b.refused, 4)  # the refusals above, not the invalid amounts
+        b.close()
+        b.grant(25, 0, False, clock() + 10**10)  # closed is closed
+        self.assertFalse(b.try_acquire(1))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "doorman/core/string_hash.hpp"
 
@@ -118,6 +119,22 @@ struct resource_spend {
   std::int64_t window = 0;
   double spent = 0;
 };
+
+/// The last reports of `spends` (in the order they were made) that a release of `ids` may
+/// carry: one per id, the latest, for the ids it releases (a resource attached again before
+/// its release went out is not released: its old report is dropped). In the order of `ids`.
+[[nodiscard]] inline std::vector<resource_spend> spends_for(const std::vector<std::string>& ids,
+                                                            std::vector<resource_spend> spends) {
+  std::vector<resource_spend> out;
+  for (const auto& id : ids) {
+    const auto last = std::find_if(spends.rbegin(), spends.rend(),
+                                   [&](const resource_spend& s) { return s.resource_id == id; });
+    const bool listed = std::any_of(out.begin(), out.end(),
+                                    [&](const resource_spend& s) { return s.resource_id == id; });
+    if (last != spends.rend() && !listed) out.push_back(std::move(*last));
+  }
+  return out;
+}
 
 namespace detail {
 

@@ -91,4 +91,20 @@ class demand_estimator {
   return wants > 0 ? std::min(wants, 1e15) : 0.0;
 }
 
+/// A budget resource's wants (docs/budgets.md): the units its callers asked for (`asked` over
+/// `span` seconds, admitted or not), at the rate they asked, for two refreshes (`refresh`
+/// seconds, at least `sample_interval`); after a refusal (`throttled`) at least its
+/// `allotment` × `throttled_headroom`, so a client short of units doubles what it asks for
+/// each refresh as a throttled rate does. The rate goes through `demand` (`sampled_wants`,
+/// with `headroom`); at least `min_wants` units.
+[[nodiscard]] inline double budget_wants(demand_estimator& demand, double asked, double span,
+                                         bool throttled, double allotment, double refresh,
+                                         double sample_interval, double throttled_headroom,
+                                         double headroom = 1, double min_wants = 0) {
+  const double horizon = 2 * std::max(refresh, sample_interval);
+  const double value = rate_demand(asked, span, throttled, allotment / horizon, throttled_headroom);
+  const double per_second = sampled_wants(demand, value, span, throttled, false, headroom, 0);
+  return std::min(std::max(per_second * horizon, min_wants), 1e15);
+}
+
 }  // namespace doorman

@@ -103,8 +103,10 @@ class client_core {
       // Closed is closed at once: no handle admits once stop() returns.
       std::lock_guard lock(mutex_);
       closed_ = true;
-      for (auto& [id, e] : registry_)
+      for (auto& [id, e] : registry_) {
         e->stop_source.request_stop();
+        e->budget.close();  // what it has left reads 0 from now on
+      }
     }
     asio::post(strand_, [this] {
       if (stopping_) return;
@@ -306,25 +308,21 @@ class client_core {
     return value;
   }
 
-  // A budget's wants: units to last two refreshes at the rate its callers asked for them; when
-  // one was refused, at least its allotment × headroom (so a client short of units doubles
-  // what it asks for each refresh, as a throttled rate does).
+  // A budget's wants (`budget_wants`), from what its callers asked since the last sample.
   double budget_wants(resource_entry& e, double span) {
     const auto* r = state_.find(e.id);
-    const double refresh = r != nullptr && r->lease ? to_seconds(r->lease->refresh_interval)
-                                                    : options_.sample_interval.count();
-    const double horizon = 2 * std::max(refresh, options_.sample_interval.count());
+    const bool leased = r != nullptr && r->lease;
     const double attempted = e.budget.attempted();
     const std::uint64_t refused = e.budget.refused();
     const bool throttled = refused != e.throttled_seen;
-    const double allotment = r != nullptr && r->lease ? r->lease->capacity : 0;
-    const double value = rate_demand(attempted - e.attempted_seen, span, throttled,
-                                     allotment / horizon, options_.throttled_headroom);
+    const double asked = attempted - e.attempted_seen;
     e.attempted_seen = attempted;
     e.throttled_seen = refused;
-    const double per_second =
-        sampled_wants(e.demand, value, span, throttled, false, e.options.headroom, 0);
-    return std::min(std::max(per_second * horizon, e.options.min_wants), 1e15);
+    return doorman::budget_wants(
+        e.demand, asked, span, throttled, leased ? r->lease->capacity : 0,
+        leased ? to_seconds(r->lease->refresh_interval) : options_.sample_interval.count(),
+        options_.sample_interval.count(), options_.throttled_headroom, e.options.headroom,
+        e.options.min_wants);
   }
 
   // A budget's last report, for a release (none before the root named a window: nothing was
@@ -357,7 +355,8 @@ class client_core {
       all.push_back(std::move(id));
     if (!all.empty()) {
       // Named, not braced inside co_await (GCC 12 destroys such a temporary twice).
-      release_request release{options_.client_id, std::move(all), std::move(spends)};
+      auto last = spends_for(all, std::move(spends));
+      release_request release{options_.client_id, std::move(all), std::move(last)};
       net::call_options within{.follow_redirects = true, .timeout = options_.release_timeout};
       const auto reply =
           co_await channel_.call<methods::release_capacity>(std::move(release), std::move(within));
@@ -407,7 +406,7 @@ class client_core {
   next_call make_call(clock::time_point now) {
     releasing_ = std::exchange(releases_, {});
     if (!releasing_.empty()) {
-      spending_ = std::exchange(spends_, {});
+      spending_ = spends_for(releasing_, std::exchange(spends_, {}));
       return net::outgoing_call<methods::release_capacity>{
           {options_.client_id, releasing_, spending_}};
     }
@@ -432,6 +431,7 @@ class client_core {
 
   // Each budget's new allotment, into its counter (before any caller sees the new capacity).
   void adopt_allotments() {
+    if (stopping_) return;  // closed is closed
     for (auto& [id, e] : active_) {
       if (e->kind != resource_kind::budget) continue;
       const auto a = state_.take_allotment(id);
