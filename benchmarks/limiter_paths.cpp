@@ -10,10 +10,13 @@
 // 10^6 calls). Each executable prints one JSON line: its path, the calls, the admitted ones.
 // LIMITER_PATH: plain (rate_limiter::try_acquire), builtin (any_rate_limiter running GCRA),
 // users (a user's GCRA behind the virtual call of basic_rate_resource), settle_debt
-// (try_acquire(2) then settle(2, 3)), settle_refund (try_acquire(2) then settle(2, 1)).
+// (try_acquire(2) then settle(2, 3)), settle_refund (try_acquire(2) then settle(2, 1)),
+// budget (a budget's units: budget_counter::try_acquire at coarse_clock's time, as
+// budget_resource calls it), budget_settle (budget_counter::try_acquire(2) then settle(2, 1)).
 
 #include <doorman/limit.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -40,7 +43,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // A rate no loop exhausts: every call is admitted.
-  constexpr double rate = 1e9;
+  [[maybe_unused]] constexpr double rate = 1e9;
 #if LIMITER_PATH == 1
   doorman::any_rate_limiter lim({.burst = 1000}, rate);
   auto call = [&] { return lim.try_acquire().admitted; };
@@ -56,6 +59,15 @@ int main(int argc, char** argv) {
 #elif LIMITER_PATH == 4
   doorman::rate_limiter lim({.rate = rate, .burst = 1000});
   auto call = [&] { return lim.try_acquire(2).admitted && lim.settle(2, 1); };
+#elif LIMITER_PATH == 5 || LIMITER_PATH == 6
+  // An allotment no loop exhausts, for an hour.
+  doorman::budget_counter<> lim;
+  lim.grant({.units = 1e15, .expires = doorman::coarse_clock::now() + std::chrono::hours(1)});
+#if LIMITER_PATH == 5
+  auto call = [&] { return lim.try_acquire(1, doorman::coarse_clock::now()); };
+#else
+  auto call = [&] { return lim.try_acquire(2, doorman::coarse_clock::now()) && lim.settle(2, 1); };
+#endif
 #else
   doorman::rate_limiter lim({.rate = rate, .burst = 1000});
   auto call = [&] { return lim.try_acquire().admitted; };
