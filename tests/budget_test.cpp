@@ -3,7 +3,9 @@
 // its budget, whatever answers are lost and whoever dies or restarts.
 
 #include <atomic>
+#include <future>
 #include <numeric>
+#include <stop_token>
 #include <thread>
 
 #include <doorman/limit/budget_counter.hpp>
@@ -470,4 +472,34 @@ TEST_CASE("a release carries one last report per budget it releases, the latest"
   r.spends = made;
   CHECK(doorman::validate(r));
   CHECK(doorman::spends_for({}, made).empty());
+}
+
+TEST_CASE("a client's budget counter: a blocked wait takes its units from the next allotment",
+          "[budget][limit][threads]") {
+  using counter = doorman::budget_counter<manual_clock>;
+  const manual_clock clock;
+  const auto now = [&] { return clock.now(); };
+  counter b;
+  b.grant({.units = 10, .spent_at_send = 0, .expires = clock.now() + 1h});
+  std::stop_source stop;
+  std::promise<bool> first;
+  std::thread waiter([&] { first.set_value(b.wait(25, stop.get_token(), now)); });
+  auto taken = first.get_future();
+  CHECK(taken.wait_for(50ms) == std::future_status::timeout);  // 10 left: not enough
+  b.grant({.units = 30, .spent_at_send = 0, .expires = clock.now() + 1h});
+  REQUIRE(taken.wait_for(10s) == std::future_status::ready);
+  CHECK(taken.get());
+  waiter.join();
+  CHECK(b.spent() == 25);
+  // A stop ends a wait that nothing satisfies, with nothing taken.
+  std::promise<bool> second;
+  std::thread stopped([&] { second.set_value(b.wait(100, stop.get_token(), now)); });
+  auto f = second.get_future();
+  CHECK(f.wait_for(50ms) == std::future_status::timeout);
+  stop.request_stop();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  CHECK_FALSE(f.get());
+  stopped.join();
+  CHECK(b.spent() == 25);
+  CHECK_FALSE(b.wait(-1, {}, now));
 }

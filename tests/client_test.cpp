@@ -273,6 +273,49 @@ TEST_CASE("a budget's measured wants grow while it refuses, and its allotment en
   REQUIRE(eventually([&] { return !t.try_acquire(1) && t.left() <= 0; }, 6s));
 }
 
+TEST_CASE("a budget's waits: blocking, asynchronous, cancelled, woken by a refund or a stop",
+          "[client][net][budget]") {
+  running_node root(budget_config);
+  doorman::client cl(fast_client(root.address()));
+  doorman::budget_resource t(cl, "tokens", {.wants = 100});
+  // Before the first answer nothing is allotted: the blocking wait takes the units once it is.
+  t.wait(60);
+  CHECK(t.spent() == 60);
+  CHECK(t.left() == Approx(40));
+  // Units that never come (past the whole budget): cancelled, nothing taken.
+  asio::cancellation_signal cancel;
+  auto never = t.async_wait(5000, asio::bind_cancellation_slot(cancel.slot(), asio::use_future));
+  CHECK(never.wait_for(100ms) == std::future_status::timeout);
+  cancel.emit(asio::cancellation_type::terminal);  // on the thread that owns the slot
+  REQUIRE(never.wait_for(10s) == std::future_status::ready);
+  CHECK_THROWS_AS(never.get(), std::system_error);
+  CHECK(t.spent() == 60);
+  // All that is left taken; a waiter for 10 more is woken by a refund.
+  REQUIRE(t.try_acquire(t.left()));
+  auto more = t.async_wait(10, asio::use_future);
+  CHECK(more.wait_for(50ms) == std::future_status::timeout);
+  CHECK(t.settle(40, 20));
+  REQUIRE(more.wait_for(10s) == std::future_status::ready);
+  more.get();
+  CHECK(t.spent() == Approx(90));
+  std::error_code ec;
+  t.wait(-1, ec);
+  CHECK(ec == std::errc::invalid_argument);
+  // A blocking wait for units that never come ends when the client stops.
+  std::promise<std::error_code> ended;
+  std::thread waiter([&] {
+    std::error_code e;
+    t.wait(5000, e);
+    ended.set_value(e);
+  });
+  auto f = ended.get_future();
+  CHECK(f.wait_for(100ms) == std::future_status::timeout);
+  cl.stop();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  CHECK(f.get() == asio::error::operation_aborted);
+  waiter.join();
+}
+
 TEST_CASE("async waits complete through asio completion tokens", "[client][net]") {
   running_node root(fast_config(100));
   doorman::client cl(fast_client(root.address()));

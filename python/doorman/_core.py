@@ -728,6 +728,8 @@ class ClientCore:
             lease = self.state.lease(rid)
             if a is not None and lease is not None:
                 e.limiter.grant(a.units, a.spent_at_send, a.new_window, lease.expiry)
+                if e.on_change is not None:
+                    e.on_change()  # its waiters look again
 
     def _spend_of(self, e: Entry) -> Optional[dict[str, Any]]:
         # A budget's last report, for a release (none before the root named a window).

@@ -343,11 +343,21 @@ class BudgetCounter:
         check_permits(n)
         with self._lock:
             self.attempted += n
-            if not self._clock() < self._expires or self._spent + n > self._ceiling:
-                self.refused += 1
-                return False
-            self._spent += n
-            return True
+            if self._take(n):
+                return True
+            self.refused += 1
+            return False
+
+    def try_again(self, n: float) -> bool:
+        """`try_acquire` for a caller already counted (a waiter): not counted again."""
+        with self._lock:
+            return self._take(n)
+
+    def _take(self, n: float) -> bool:
+        if not self._clock() < self._expires or self._spent + n > self._ceiling:
+            return False
+        self._spent += n
+        return True
 
     def settle(self, reserved: float, used: float) -> bool:
         """A call admitted for `reserved` units cost `used`: above, the rest is spent too (past

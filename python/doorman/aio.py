@@ -39,10 +39,8 @@ class Client:
     def gauge(self, resource_id: str, **options: Any) -> "GaugeResource":
         return GaugeResource(self.sync, self.sync._add(resource_id, "gauge", options))
 
-    def budget(self, resource_id: str, **options: Any) -> "_sync.BudgetResource":
-        """A budget resource (`doorman.Client.budget`): nothing in it waits, so the handle is
-        the synchronous one."""
-        return self.sync.budget(resource_id, **options)
+    def budget(self, resource_id: str, **options: Any) -> "BudgetResource":
+        return BudgetResource(self.sync, self.sync._add(resource_id, "budget", options))
 
     async def aclose(self) -> None:
         """`close()` off the event loop: ends every wait, releases within release_timeout."""
@@ -140,6 +138,32 @@ class RateResource(_sync._RateHandle):
                     limiter.cancel(n, at)
                     raise _sync.ClientClosed("the client is closed")
                 return
+
+class BudgetResource(_sync.BudgetResource):
+    """A budget resource's handle for asyncio: `try_acquire(n)`, `settle`, `await wait(n)`."""
+
+    async def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:  # type: ignore[override]
+        """Until `n` units are taken. TimeoutError after `timeout`, ClientClosed if the client
+        closes first; cancelled, nothing is taken."""
+        h = self
+        h._check()
+        client = h._client
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = True
+        with _Waiting(h) as waiting:
+            while True:
+                if client.closed:
+                    raise _sync.ClientClosed("the client is closed")
+                if self._counter.try_acquire(n) if first else self._counter.try_again(n):
+                    return
+                first = False
+                if self._counter.capacity == 0:
+                    client._held_back(h._e)
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{n} units of {self.id} not allotted within the timeout")
+                await waiting.changed(left)  # a cancellation here has taken nothing
+
 
 class GaugeResource(_sync._GaugeHandle):
     """A gauge resource's handle for asyncio: `async with gauge.acquire(): ...`."""

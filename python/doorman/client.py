@@ -452,7 +452,31 @@ class BudgetResource(_Handle):
         covers first). Raises as `try_acquire`, naming the argument."""
         if not self._open:
             self._check()
-        return self._counter.settle(reserved, used)
+        self._counter.settle(reserved, used)
+        if used < reserved:  # a refund: the waiters look again
+            with self._client._lock:
+                self._client._wake(self._e)
+        return True
+
+    def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:
+        """Blocks until `n` units are taken. Units come with the next allotment (each refresh)
+        or a refund: a wait may last until the window ends. TimeoutError after `timeout`
+        seconds, ClientClosed if the client closes first, each having taken nothing."""
+        self._check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = True
+        while True:
+            if self._client.closed:
+                raise ClientClosed("the client is closed")
+            if self._counter.try_acquire(n) if first else self._counter.try_again(n):
+                return
+            first = False
+            if self._counter.capacity == 0:
+                self._client._held_back(self._e)
+            left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+            if left <= 0:
+                raise TimeoutError(f"{n} units of {self.id} not allotted within the timeout")
+            self._client._wait_for_change(left)
 
     @property
     def left(self) -> float:

@@ -16,7 +16,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 import doorman.aio  # noqa: E402
-from support import Node, config  # noqa: E402
+from support import Node, budget_config, config  # noqa: E402
 
 
 async def until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -54,6 +54,24 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
                         pass
             self.assertEqual(jobs.in_use, 0)
         self.assertEqual(self.node.leases("api"), {})
+
+    async def test_a_budget_wait_takes_units_and_a_cancelled_one_takes_none(self) -> None:
+        n = Node(budget_config(1000))
+        try:
+            async with client(n.address) as c:
+                t = c.budget("tokens", wants=100)
+                await asyncio.wait_for(t.wait(60), 10)  # once the first allotment comes
+                self.assertEqual(t.spent, 60)
+                never = asyncio.ensure_future(t.wait(5000))  # past the whole budget
+                await asyncio.sleep(0.1)
+                never.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await never
+                self.assertEqual(t.spent, 60)  # nothing taken
+                with self.assertRaises(TimeoutError):
+                    await t.wait(5000, timeout=0.2)
+        finally:
+            n.stop()
 
     async def test_a_cancelled_wait_gives_its_reservation_back(self) -> None:
         async with client(self.node.address) as c:

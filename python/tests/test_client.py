@@ -22,7 +22,8 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
     sys.path.insert(0, os.environ["DOORMAN_PYTHON_SOURCE"])
 
 import doorman  # noqa: E402
-from support import Etcd, FakeServer, Node, config, eventually, free_port_refusing  # noqa: E402
+from support import (  # noqa: E402
+    Etcd, FakeServer, Node, budget_config, config, eventually, free_port_refusing)
 
 
 def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
@@ -112,11 +113,7 @@ class ClientTest(unittest.TestCase):
                 api.settle(1, 1)
 
     def test_a_budget_spends_its_allotment_settles_reports_and_frees_the_rest(self) -> None:
-        # One fixed window of 366 days: the test does not straddle a window's end.
-        budget = {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": 31622400},
-                  "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5, "refresh_interval": 1,
-                                "learning_mode_duration": 0}}
-        n = self.node({"resources": [budget] + config(0)["resources"]})
+        n = self.node(budget_config(1000))
 
         def at_root() -> dict[str, float]:
             st = n.call("status", {"resource_id": "tokens"})["result"]
@@ -154,6 +151,40 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(eventually(lambda: tb.left > 500), tb.left)
             self.assertEqual(tb.left, 1000 - spent)
         self.assertFalse(tb.try_acquire(1))  # closed is closed
+
+    def test_a_budget_wait_takes_units_as_they_come_and_ends_in_time(self) -> None:
+        n = self.node(budget_config(1000))
+        with fast(n.address) as c:
+            t = c.budget("tokens", wants=100)
+            t.wait(60, timeout=10)  # before the first answer: once the allotment comes
+            self.assertEqual(t.spent, 60)
+            with self.assertRaises(TimeoutError):  # past the whole budget
+                t.wait(5000, timeout=0.3)
+            self.assertEqual(t.spent, 60)
+            self.assertTrue(t.try_acquire(t.left))
+            woken = threading.Event()
+
+            def waiter() -> None:
+                t.wait(10, timeout=10)
+                woken.set()
+
+            threading.Thread(target=waiter).start()
+            self.assertFalse(woken.wait(0.05))
+            t.settle(40, 20)  # a refund wakes it
+            self.assertTrue(woken.wait(10))
+            self.assertEqual(t.spent, 90)
+            ended: list[BaseException] = []
+
+            def stopped() -> None:
+                try:
+                    t.wait(5000)
+                except doorman.ClientClosed as e:
+                    ended.append(e)
+
+            th = threading.Thread(target=stopped)
+            th.start()
+        th.join(10)
+        self.assertEqual(len(ended), 1)  # close() ended it
 
     def test_fast_start_then_measured_wants(self) -> None:
         n = self.node(config(100))

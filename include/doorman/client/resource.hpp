@@ -345,7 +345,7 @@ class gauge_resource : public detail::resource_handle {
   // Gives a slot of `e` back, and wakes the asynchronous waiters (on the client's strand).
   static void release_slot(const std::shared_ptr<detail::resource_entry>& e) noexcept {
     e->gauge.release();
-    if (e->gauge_waiters.load() > 0) asio::post(e->strand, [e] { e->wake(); });
+    if (e->async_waiters.load() > 0) asio::post(e->strand, [e] { e->wake(); });
   }
 };
 
@@ -383,7 +383,44 @@ class budget_resource : public detail::resource_handle {
   /// the next allotment covers it); below, the difference is given back. False, changing
   /// nothing, when either is not a finite number >= 0.
   bool settle(double reserved, double used) noexcept {
-    return entry_->budget.settle(reserved, used);
+    if (!entry_->budget.settle(reserved, used)) return false;
+    if (used < reserved && entry_->async_waiters.load() > 0)  // a refund: the waits look again
+      asio::post(entry_->strand, [e = entry_] { e->wake(); });
+    return true;
+  }
+
+  /// Blocks until `n` units are taken. Units come with the next allotment (each refresh) or a
+  /// refund, so a wait may last until the budget's window ends: give it a deadline with
+  /// `async_wait`. Throws `std::system_error` (`asio::error::operation_aborted`) when the
+  /// client stops or the resource is released first, having taken nothing, and
+  /// `std::invalid_argument` naming `n` when it is negative or not finite.
+  void wait(double n = 1) {
+    std::error_code ec;
+    wait(n, ec);
+    if (ec == std::errc::invalid_argument)
+      throw std::invalid_argument("budget resource " + id() + ": n: must be a finite number >= 0");
+    if (ec) throw detail::stopped_error();
+  }
+
+  /// As above, reporting the error in `ec` instead.
+  void wait(double n, std::error_code& ec) {
+    if (!valid_permits(n)) {
+      ec = std::make_error_code(std::errc::invalid_argument);
+      return;
+    }
+    entry_->held_back();  // (when the capacity is 0)
+    const bool taken =
+        entry_->budget.wait(n, entry_->stop_source.get_token(), [] { return coarse_clock::now(); });
+    ec = taken ? std::error_code() : std::error_code(asio::error::operation_aborted);
+  }
+
+  /// Waits asynchronously for `n` units and takes them, through any asio completion token,
+  /// completing `void(std::error_code)`: success once taken, `asio::error::operation_aborted`
+  /// when cancelled (the handler's cancellation slot; nothing taken) or when the client
+  /// stops, `std::errc::invalid_argument` for an `n` that is negative or not finite.
+  template <class CompletionToken>
+  auto async_wait(double n, CompletionToken&& token) {
+    return detail::async_pending(entry_, n, std::forward<CompletionToken>(token));
   }
 
   /// What the allotment has left now (0 without one; negative: a debt).

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <stop_token>
 
 #include "doorman/limit/clock.hpp"
 #include "doorman/limit/limiter_base.hpp"
@@ -52,13 +53,47 @@ class budget_counter {
   [[nodiscard]] bool try_acquire(double n, time_point now) noexcept {
     if (!valid_permits(n)) return false;
     attempted_.fetch_add(n, std::memory_order_relaxed);
-    if (!(now < expires())) return refuse();
+    return try_again(n, now) || refuse();
+  }
+
+  /// `try_acquire` again for a caller already counted (a waiter): neither its units nor a
+  /// refusal count as demand again. Every operation is sequentially consistent: a waiter
+  /// counts itself before it looks at the spend, and a grant or refund changes the spend before
+  /// it reads the waiters, so no wake-up is lost (as in `gauge_limiter`).
+  [[nodiscard]] bool try_again(double n, time_point now) noexcept {
+    if (!(now < expires())) return false;
     double s = spent_.load();
     do {
-      if (s + n > ceiling_.load()) return refuse();
+      if (s + n > ceiling_.load()) return false;
     } while (!spent_.compare_exchange_weak(s, s + n));
     return true;
   }
+
+  /// Blocks until `n` units are taken (true), or until `stop` is requested (false, nothing
+  /// taken). Units come back with an allotment (`grant`) or a refund (`settle`); `now()`
+  /// reads the callers' clock. False at once for an `n` that is negative or not finite.
+  template <class Now>
+  bool wait(double n, std::stop_token stop, Now now) {
+    if (!valid_permits(n)) return false;
+    if (try_acquire(n, now())) return true;
+    waiting_.fetch_add(1);
+    const std::stop_callback wake_on_stop(stop, [this] { notify(); });
+    bool taken = false;
+    for (;;) {
+      const std::uint32_t seen = changes_.load();
+      if (try_again(n, now())) {
+        taken = true;
+        break;
+      }
+      if (stop.stop_requested()) break;
+      changes_.wait(seen);
+    }
+    waiting_.fetch_sub(1);
+    return taken;
+  }
+
+  /// Callers blocked in `wait`.
+  [[nodiscard]] int waiting() const noexcept { return waiting_.load(); }
 
   /// A call admitted for `reserved` units cost `used`: above the reservation the difference
   /// is spent too (a debt when it passes the ceiling: nothing is admitted until an allotment
@@ -70,6 +105,7 @@ class budget_counter {
     double s = spent_.load();
     while (!spent_.compare_exchange_weak(s, std::max(0.0, s + (used - reserved)))) {
     }
+    if (used < reserved) wake();
     return true;
   }
 
@@ -112,14 +148,25 @@ class budget_counter {
       ceiling_.store(a.spent_at_send + a.units);
     }
     expires_.store(a.expires.time_since_epoch().count());
+    wake();
   }
 
   /// The allotment ended (expired unrenewed, or released): admits nothing more.
-  void close() noexcept { expires_.store(std::numeric_limits<std::int64_t>::min()); }
+  void close() noexcept {
+    expires_.store(std::numeric_limits<std::int64_t>::min());
+    wake();  // (a waiter's stop is what ends its wait)
+  }
 
  private:
   [[nodiscard]] time_point expires() const noexcept {
     return time_point(typename Clock::duration(expires_.load()));
+  }
+  void wake() noexcept {
+    if (waiting_.load() != 0) notify();
+  }
+  void notify() noexcept {
+    changes_.fetch_add(1);
+    changes_.notify_all();
   }
   bool refuse() noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);
@@ -131,6 +178,8 @@ class budget_counter {
   std::atomic<std::int64_t> expires_{std::numeric_limits<std::int64_t>::min()};
   std::atomic<double> attempted_{0};
   std::atomic<std::uint64_t> refused_{0};
+  std::atomic<int> waiting_{0};
+  std::atomic<std::uint32_t> changes_{0};
   double reported_ = 0;  // the driver's
 };
 

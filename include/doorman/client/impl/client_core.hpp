@@ -443,6 +443,7 @@ class client_core {
           std::chrono::duration_cast<coarse_clock::duration>(r->lease->expiry.time_since_epoch()) -
           coarse_clock::resolution());
       e->budget.grant({a->units, a->spent_at_send, a->new_window, expires});
+      e->wake();  // its asynchronous waits look again (the blocking ones are woken by grant)
     }
   }
 

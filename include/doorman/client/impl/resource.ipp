@@ -80,14 +80,14 @@ inline asio::awaitable<std::error_code> rate_wait(std::shared_ptr<resource_entry
   }
 }
 
-// A gauge's wait for a slot. A waiter counts itself in `gauge_waiters` before it looks at the
-// gauge, and a release frees its slot before it reads `gauge_waiters` (both sequentially
+// A gauge's wait for a slot. A waiter counts itself in `async_waiters` before it looks at the
+// gauge, and a release frees its slot before it reads `async_waiters` (both sequentially
 // consistent): either the waiter sees the free slot or the release sees the waiter and wakes
 // it. No wake-up is lost.
 inline asio::awaitable<std::error_code> gauge_wait(std::shared_ptr<resource_entry> e,
                                                    std::shared_ptr<pending_wait> w) {
   listed_wait listed(*e, *w);
-  ++e->gauge_waiters;
+  ++e->async_waiters;
   std::error_code result;
   for (;;) {
     if (w->cancelled || e->stopped()) {
@@ -98,7 +98,30 @@ inline asio::awaitable<std::error_code> gauge_wait(std::shared_ptr<resource_entr
     e->held_back();  // (when the capacity is 0)
     co_await listed.until_woken();
   }
-  --e->gauge_waiters;
+  --e->async_waiters;
+  co_return result;
+}
+
+// A budget's wait for units: they come with an allotment (the client's loop wakes the waits
+// when it applies one) or a refund (`budget_resource::settle` wakes them). Counted in
+// `async_waiters` before it looks, as a gauge's wait: no wake-up is lost.
+inline asio::awaitable<std::error_code> budget_wait(std::shared_ptr<resource_entry> e, double n,
+                                                    std::shared_ptr<pending_wait> w) {
+  if (!valid_permits(n)) co_return std::make_error_code(std::errc::invalid_argument);
+  listed_wait listed(*e, *w);
+  ++e->async_waiters;
+  std::error_code result;
+  for (bool first = true;; first = false) {
+    if (w->cancelled || e->stopped()) {
+      result = asio::error::operation_aborted;
+      break;
+    }
+    const auto now = coarse_clock::now();
+    if (first ? e->budget.try_acquire(n, now) : e->budget.try_again(n, now)) break;
+    e->held_back();  // (when the capacity is 0)
+    co_await listed.until_woken();
+  }
+  --e->async_waiters;
   co_return result;
 }
 
@@ -106,8 +129,9 @@ DOORMAN_DECL std::function<void()> start_wait(std::shared_ptr<resource_entry> e,
                                               std::function<void(std::error_code)> done) {
   const asio::any_io_executor strand = e->strand;
   auto w = std::make_shared<pending_wait>(strand);
-  auto body =
-      e->kind == resource_kind::rate ? rate_wait(std::move(e), n, w) : gauge_wait(std::move(e), w);
+  auto body = e->kind == resource_kind::rate     ? rate_wait(std::move(e), n, w)
+              : e->kind == resource_kind::budget ? budget_wait(std::move(e), n, w)
+                                                 : gauge_wait(std::move(e), w);
   asio::co_spawn(strand, std::move(body),
                  [done = std::move(done)](const std::exception_ptr& ex, std::error_code ec) {
                    done(ex ? asio::error::no_memory : ec);  // nothing else throws
