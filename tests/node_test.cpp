@@ -165,14 +165,15 @@ TEST_CASE("doorman-node on SIGTERM: answers what it computed, within --drain-tim
   const std::string address = listening_address(node);
 
   // A peer that pipelines requests and never reads its answers, until the node stops reading
-  // it (half a second without a byte taken): its answers fill the socket buffers, and what
-  // the node computed for it cannot be written.
+  // it (1.5 s without a byte taken): its answers fill the socket buffers, and what the node
+  // computed for it cannot be written. (Half a second was too short under ThreadSanitizer: a
+  // node merely slow to read looked stalled, then caught up, its answers all in the buffers.)
   line_client stuck(address);
   std::string flood;
   for (int i = 0; i < 2000; ++i) {
     flood += request_line(i, "get_capacity", capacity_params("stuck", "db", 1));
   }
-  REQUIRE(stuck.flood_until_stalled(flood, 500ms));
+  REQUIRE(stuck.flood_until_stalled(flood, 1500ms));
   // A peer that behaves: its answer is written before the node goes.
   line_client polite(address);
   REQUIRE(gets(polite.call("get_capacity", capacity_params("polite", "db", 5))) == 5);
