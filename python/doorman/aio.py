@@ -98,6 +98,25 @@ def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else deadline - time.monotonic()
 
 
+async def _until_taken(h: "_sync._Handle", take: Callable[[], bool], timeout: Optional[float],
+                       late: Callable[[], str]) -> None:
+    """Tries `take()` each time the resource changes, until it takes (a slot, units):
+    ClientClosed once the client closes, TimeoutError(`late()`) after `timeout`. A
+    cancellation while it sleeps has taken nothing."""
+    client = h._client
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _Waiting(h) as waiting:
+        while True:
+            if client.closed:
+                raise _sync.ClientClosed("the client is closed")
+            if take():
+                return
+            left = _left(deadline)
+            if left is not None and left <= 0:
+                raise TimeoutError(late())
+            await waiting.changed(left)
+
+
 class RateResource(_sync._RateHandle):
     """A rate resource's handle for asyncio: `try_acquire(n)`, `await wait(n)`."""
 
@@ -145,24 +164,8 @@ class BudgetResource(_sync.BudgetResource):
     async def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:  # type: ignore[override]
         """Until `n` units are taken. TimeoutError after `timeout`, ClientClosed if the client
         closes first; cancelled, nothing is taken."""
-        h = self
-        h._check()
-        client = h._client
-        deadline = None if timeout is None else time.monotonic() + timeout
-        first = True
-        with _Waiting(h) as waiting:
-            while True:
-                if client.closed:
-                    raise _sync.ClientClosed("the client is closed")
-                if self._counter.try_acquire(n) if first else self._counter.try_again(n):
-                    return
-                first = False
-                if self._counter.capacity == 0:
-                    client._held_back(h._e)
-                left = _left(deadline)
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"{n} units of {self.id} not allotted within the timeout")
-                await waiting.changed(left)  # a cancellation here has taken nothing
+        self._check()
+        await _until_taken(self, self._taker(n), timeout, lambda: self._late(n))
 
 
 class GaugeResource(_sync._GaugeHandle):
@@ -173,22 +176,15 @@ class GaugeResource(_sync._GaugeHandle):
         return _Slot(self, timeout)
 
     async def _take(self, timeout: Optional[float]) -> None:
-        h = self
-        h._check()
-        g = self._gauge
-        client = h._client
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with _Waiting(h) as waiting:
-            while True:
-                if client.closed:
-                    raise _sync.ClientClosed("the client is closed")
-                if g.try_acquire():
-                    return
-                client._held_back(h._e)  # (when the capacity is 0)
-                left = _left(deadline)
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"no slot of {self.id} in time")
-                await waiting.changed(left)  # a cancellation here has taken nothing
+        self._check()
+
+        def take() -> bool:
+            if self._gauge.try_acquire():
+                return True
+            self._client._held_back(self._e)  # (when the capacity is 0)
+            return False
+
+        await _until_taken(self, take, timeout, lambda: f"no slot of {self.id} in time")
 
     def _give_back(self) -> None:
         self._gauge.release()  # wakes the other waiters

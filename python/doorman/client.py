@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from . import _wire
 from ._channel import CallError, Channel
 from ._core import ClientCore, Entry, ResourceOptions, Step
-from ._limiters import Acquired, BudgetCounter, Gauge, RateLimiter
+from ._limiters import Acquired, BudgetCounter, Gauge, RateLimiter, check_permits
 
 _ids = itertools.count()
 
@@ -464,19 +464,36 @@ class BudgetResource(_Handle):
         seconds, ClientClosed if the client closes first, each having taken nothing."""
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
-        first = True
+        take = self._taker(n)
         while True:
             if self._client.closed:
                 raise ClientClosed("the client is closed")
-            if self._counter.try_acquire(n) if first else self._counter.try_again(n):
+            if take():
                 return
-            first = False
-            if self._counter.capacity == 0:
-                self._client._held_back(self._e)
             left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
             if left <= 0:
-                raise TimeoutError(f"{n} units of {self.id} not allotted within the timeout")
+                raise TimeoutError(self._late(n))
             self._client._wait_for_change(left)
+
+    def _taker(self, n: float) -> Callable[[], bool]:
+        """One wait's attempts at `n` units: counted as asked for once; a refusal at capacity 0
+        makes the fast start (the sync and asyncio waits share it)."""
+        check_permits(n)
+        first = [True]
+
+        def take() -> bool:
+            c = self._counter
+            if c.try_acquire(n) if first[0] else c.try_again(n):
+                return True
+            first[0] = False
+            if c.capacity == 0:
+                self._client._held_back(self._e)
+            return False
+
+        return take
+
+    def _late(self, n: float) -> str:
+        return f"{n} units of {self.id} not allotted within the timeout"
 
     @property
     def left(self) -> float:

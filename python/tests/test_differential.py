@@ -89,19 +89,10 @@ class PythonReplay:
             if e is None or not isinstance(e.limiter, RateLimiter):
                 return None
             return e.limiter.settle(s[2], s[3])
-        if op == "gauge_try":
-            if e is None or not isinstance(e.limiter, Gauge):
+        if op in ("gauge_try", "budget_try"):  # a closed client's limiters are closed
+            if e is None or not isinstance(e.limiter, Gauge if op == "gauge_try" else BudgetCounter):
                 return None
-            if e.limiter.try_acquire():
-                return True
-            core.held_back(s[1], now)
-            return False
-        if op == "budget_try":
-            if e is None or not isinstance(e.limiter, BudgetCounter):
-                return None
-            if self.closed:
-                return False
-            if e.limiter.try_acquire(s[2]):
+            if e.limiter.try_acquire(*s[2:]):
                 return True
             core.held_back(s[1], now)
             return False

@@ -113,7 +113,8 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   // goes: the handles admit nothing from then on, whatever the limiter still holds, and every
   // wait, synchronous or asynchronous, pending or later, ends with `operation_aborted`.
   std::stop_source stop_source;
-  std::atomic<int> async_waiters{0};  // asynchronous acquires or budget waits (read by releases)
+  std::atomic<int> async_waiters{0};      // asynchronous waits of a gauge or a budget (read by a
+                                          // gauge's releases and a budget's refunds)
   std::atomic<bool> holding_back{false};  // told the client (`held_back`) since capacity was 0
   std::function<void()> on_held_back;     // the client's, set before the entry is shared
 

@@ -92,9 +92,6 @@ class budget_counter {
     return taken;
   }
 
-  /// Callers blocked in `wait`.
-  [[nodiscard]] int waiting() const noexcept { return waiting_.load(); }
-
   /// A call admitted for `reserved` units cost `used`: above the reservation the difference
   /// is spent too (a debt when it passes the ceiling: nothing is admitted until an allotment
   /// covers it); below, it is given back. False, changing nothing, when either is not a

@@ -411,9 +411,10 @@ class client_core {
           {options_.client_id, releasing_, spending_}};
     }
     const seconds timeout = state_.call_timeout(now, options_.call_timeout);
+    const auto read = coarse_clock::now();  // the budgets' reports (the callers' clock)
     for (auto& [id, e] : active_) {
       if (e->kind == resource_kind::budget)
-        state_.set_spend(id, e->budget.report(), e->budget.left(coarse_clock::now()));
+        state_.set_spend(id, e->budget.report(), e->budget.left(read));
     }
     return net::outgoing_call<methods::get_capacity>{state_.make_request(now), timeout};
   }
