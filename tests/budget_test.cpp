@@ -191,6 +191,23 @@ TEST_CASE("a budget's allotments share what the window has left, and spend comes
   }
 }
 
+TEST_CASE("a new process under a client's id counts from 0, however much it reports",
+          "[core][budget][engine]") {
+  budget_fixture f;
+  CHECK(f.ask_budget("a", 400).gets.capacity == 400);
+  f.clock.advance(16s);
+  CHECK(f.ask_budget("a", 400, holding(300), 100).gets.capacity == Approx(400));
+  // a dies; a new process takes its id: its first request knows no window, so reports nothing.
+  f.clock.advance(1s);
+  CHECK(f.ask_budget("b", 0).gets.capacity == 0);
+  CHECK(f.ask_budget("a", 400).gets.capacity == Approx(400));
+  CHECK(f.budget().spent == Approx(500));  // 100 reported, 400 held when it died
+  // It spends 300, more than its predecessor's last report: all of it counts.
+  f.clock.advance(16s);
+  f.ask_budget("a", 400, holding(100), 300);
+  CHECK(f.budget().spent == Approx(800));
+}
+
 TEST_CASE("a budget's allotments end with its window, and their holders come back then",
           "[core][budget][engine]") {
   budget_fixture f(R"("minute")", 100, day_start + 50.0);
@@ -337,15 +354,234 @@ TEST_CASE("a budget over JSON-RPC lines: the hot path and the DOM path answer al
   CHECK(dom.budget().spent == 150);
 }
 
-TEST_CASE("budgets are counted at the root: a server child is refused on one",
+namespace {
+
+// A root counting a budget of `units` per hour and an intermediate between it and some of its
+// clients; their clocks' zero is `start` (UTC).
+struct budget_tree {
+  manual_clock clock;
+  engine_t root;
+  engine_t mid;
+  upstream_t mid_up{{.server_id = "mid"}};
+
+  explicit budget_tree(double units, double start = day_start + 0.0)
+      : root(budget_repo(R"("hour")", units), at_utc(start)), mid(small_tree::placeholder(), [&] {
+          auto o = at_utc(start);
+          o.is_root = false;
+          return o;
+        }()) {
+    root.set_mastership(true, "root", clock.now());
+    mid.set_mastership(true, "mid", clock.now());
+  }
+
+  // One exchange between the intermediate and the root.
+  void refresh() {
+    const auto req = mid_up.make_request(mid, clock.now());
+    auto resp = root.get_server_capacity(req, clock.now());
+    REQUIRE(resp);
+    mid_up.on_reply(mid, resp.value(), clock.now());
+  }
+
+  static doorman::budget_info budget_at(engine_t& e, manual_clock& c) {
+    auto s = e.status({"tokens"}, c.now());
+    REQUIRE(s);
+    REQUIRE(s.value().resources[0].budget);
+    return *s.value().resources[0].budget;
+  }
+};
+
+// One client of a budget as the client libraries keep it: what it has left of its allotment,
+// what its process spent in the window, the window its server last named.
+struct budget_holder {
+  double remaining = 0;
+  double spent = 0;
+  std::optional<std::int64_t> window;
+  manual_clock::time_point expiry{};
+
+  doorman::resource_request request(double wants, manual_clock::time_point now) const {
+    doorman::resource_request x{"tokens", 0, wants, std::nullopt};
+    if (expiry > now) {
+      x.has =
+          doorman::lease_info{remaining, std::chrono::duration<double>(expiry - now).count(), 16};
+    }
+    if (window) x.spend = doorman::budget_spend{*window, spent};
+    return x;
+  }
+
+  // Adopts a grant answering a request that reported `reported` (spent since: off it).
+  void adopt(const doorman::resource_grant& g, double reported, manual_clock::time_point sent) {
+    remaining = std::max(0.0, g.gets.capacity - (spent - reported));
+    expiry = sent + std::chrono::duration_cast<manual_clock::duration>(
+                        std::chrono::duration<double>(g.gets.expires_in));
+    if (g.budget) window = g.budget->window;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an intermediate passes a budget's allotments down and its clients' spend up",
+          "[core][budget][upstream]") {
+  budget_tree t(1000);
+  // Before its parent's first answer, the intermediate has nothing to hand out.
+  auto ask = [&](engine_t& e, const std::string& id, const budget_holder& h, double wants) {
+    auto r = e.get_capacity({id, {h.request(wants, t.clock.now())}}, t.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0];
+  };
+  budget_holder a;
+  auto g = ask(t.mid, "a", a, 300);
+  CHECK(g.gets.capacity == 0);
+  CHECK_FALSE(g.budget);
+  const auto first = t.mid_up.make_request(t.mid, t.clock.now());
+  CHECK_FALSE(first.resources[0].spend);  // not known as a budget yet
+  auto resp = t.root.get_server_capacity(first, t.clock.now());
+  REQUIRE(resp);
+  REQUIRE(resp.value().resources[0].budget);
+  CHECK(resp.value().resources[0].gets.capacity == 300);
+  CHECK(resp.value().resources[0].safe_capacity == 0);
+  t.mid_up.on_reply(t.mid, resp.value(), t.clock.now());
+
+  // The intermediate passes the allotment down with the root's word on the window.
+  g = ask(t.mid, "a", a, 300);
+  CHECK(g.gets.capacity == 300);
+  REQUIRE(g.budget);
+  CHECK(g.budget->window == day_start);
+  CHECK(g.budget->limit == 1000);
+  CHECK(g.budget->reset == Approx(3600));
+  CHECK(g.safe_capacity == 0);
+  a.adopt(g, 0, t.clock.now());
+
+  // a spends 120 and says so: 180 left for it, the intermediate counts 120.
+  a.spent = 120;
+  a.remaining = 180;
+  t.clock.advance(8s);
+  g = ask(t.mid, "a", a, 300);
+  CHECK(g.gets.capacity == Approx(180));  // all the intermediate has left
+  a.adopt(g, 120, t.clock.now());
+  CHECK(budget_tree::budget_at(t.mid, t.clock).window == day_start);
+  CHECK(t.mid.capacity("tokens", t.clock.now()) == Approx(180));
+
+  // Its report carries the spend up; what it has left is its `has`.
+  const auto up = t.mid_up.make_request(t.mid, t.clock.now());
+  REQUIRE(up.resources[0].spend);
+  CHECK(up.resources[0].spend->window == day_start);
+  CHECK(up.resources[0].spend->spent == 120);
+  REQUIRE(up.resources[0].has);
+  CHECK(up.resources[0].has->capacity == Approx(180));
+  CHECK(up.resources[0].outstanding == Approx(180));
+  resp = t.root.get_server_capacity(up, t.clock.now());
+  REQUIRE(resp);
+  t.mid_up.on_reply(t.mid, resp.value(), t.clock.now());
+  CHECK(budget_tree::budget_at(t.root, t.clock).spent == 120);
+  CHECK(resp.value().resources[0].gets.capacity == 300);  // its share of the 880 left
+  // 120 reported + 300 granted: 300 more for its clients.
+  CHECK(t.mid.capacity("tokens", t.clock.now()) == Approx(300));
+
+  // A client of the root itself gets what the intermediate's allotment leaves.
+  budget_holder z;
+  CHECK(ask(t.root, "z", z, 1000).gets.capacity == Approx(1000 - 120 - 300));
+
+  // A release with a last report: the rest is free at the intermediate, then at the root.
+  REQUIRE(t.mid.release_capacity({"a", {"tokens"}, {{"tokens", day_start, 200}}}, t.clock.now()));
+  CHECK(budget_tree::budget_at(t.mid, t.clock).window == day_start);
+  t.clock.advance(4s);
+  t.refresh();
+  CHECK(budget_tree::budget_at(t.root, t.clock).spent == 200);
+}
+
+TEST_CASE("a hostile budget report from a server child is refused naming its field",
           "[core][budget][engine]") {
   budget_fixture f;
-  auto r = f.engine.get_server_capacity({"mid", {{"tokens", std::nullopt, 0, {{0, 2, 100}}}}},
-                                        f.clock.now());
+  doorman::server_resource_request x{"tokens", std::nullopt, 0, {{0, 2, 100}}};
+  x.spend = doorman::budget_spend{day_start, -3};
+  auto r = f.engine.get_server_capacity({"mid", {x}}, f.clock.now());
   REQUIRE_FALSE(r);
   CHECK(r.error().message ==
-        "resources[0].resource_id: a budget: its clients ask the root directly");
+        "resources[0].spend.spent: must be a finite number between 0 and 1e15");
   CHECK(f.engine.store("tokens") == nullptr);
+}
+
+TEST_CASE("a budget through an intermediate is never overspent, whatever is lost",
+          "[core][budget][upstream]") {
+  // Clients keep to their allotments and spend at random, every second; four ask an
+  // intermediate, two the root. Answers are lost on both hops and the intermediate's take up to
+  // 3 s while its clients spend, clients die (after spending all they had) and come back as new
+  // processes, and the intermediate restarts with nothing. Demand spends the budget in about
+  // 20 minutes: none of it is spent twice over, and nearly all of it is spent.
+  const std::uint32_t seed = GENERATE(1u, 2u, 3u, 4u, 5u);
+  std::mt19937 rng(seed);
+  INFO("seed " << seed);
+  budget_tree t(100'000);
+  std::vector<budget_holder> cs(6);
+  double real = 0;  // what every process spent
+  std::uniform_real_distribution<double> u(0, 1);
+  // The intermediate's request in flight: its answer (none: lost) and when it arrives.
+  std::optional<
+      std::pair<std::optional<doorman::server_capacity_response>, manual_clock::time_point>>
+      in_flight;
+  for (int step = 0; step < 3000; ++step) {
+    t.clock.advance(std::chrono::milliseconds(1000));
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      auto& c = cs[i];
+      engine_t& server = i < 4 ? t.mid : t.root;
+      const auto spend = [&](double x) {
+        x = std::min(x, t.clock.now() < c.expiry ? c.remaining : 0.0);
+        c.remaining -= x;
+        c.spent += x;
+        real += x;
+      };
+      if (u(rng) < 0.6) spend(u(rng) * 400);
+      if (u(rng) < 0.3) {
+        const auto x = c.request(300 + u(rng) * 600, t.clock.now());
+        auto r = server.get_capacity({"c" + std::to_string(i), {x}}, t.clock.now());
+        REQUIRE(r);
+        if (u(rng) < 0.3) spend(u(rng) * 400);  // in the answer's flight, on the old allotment
+        if (u(rng) < 0.9 && !r.value().resources.empty()) {
+          c.adopt(r.value().resources[0], x.spend ? x.spend->spent : 0.0, t.clock.now());
+        }
+      }
+      if (u(rng) < 0.002) {  // dies after spending all it had; a new process takes its id
+        spend(c.remaining);
+        c = {};
+      }
+    }
+    // The intermediate's exchange: decided by the root when sent, its answer heard (or lost)
+    // up to 3 s later, while its clients spend and report.
+    if (in_flight && t.clock.now() >= in_flight->second) {
+      if (in_flight->first) {
+        t.mid_up.on_reply(t.mid, *in_flight->first, t.clock.now());
+      } else {
+        t.mid_up.on_reply(doorman::errc::timed_out, t.clock.now());
+      }
+      in_flight.reset();
+    }
+    if (!in_flight && t.mid_up.due(t.mid, t.clock.now())) {
+      const auto req = t.mid_up.make_request(t.mid, t.clock.now());
+      std::optional<doorman::server_capacity_response> answer;
+      const double fate = u(rng);
+      if (fate >= 0.1) {  // else lost on its way
+        auto resp = t.root.get_server_capacity(req, t.clock.now());
+        REQUIRE(resp);
+        if (fate >= 0.2) answer = resp.value();  // else the answer is lost
+      }
+      in_flight.emplace(std::move(answer), t.clock.now() + std::chrono::seconds(rng() % 4));
+    }
+    if (u(rng) < 0.002) {  // the intermediate restarts: a new process, nothing kept
+      t.mid = engine_t(small_tree::placeholder(), [&] {
+        auto o = at_utc(day_start);
+        o.is_root = false;
+        return o;
+      }());
+      t.mid.set_mastership(true, "mid", t.clock.now());
+      t.mid_up = upstream_t({.server_id = "mid"});
+      in_flight.reset();
+    }
+    if (t.root.store("tokens") != nullptr) {
+      if (budget_tree::budget_at(t.root, t.clock).window != day_start) break;  // hour over
+    }
+    REQUIRE(real <= 100'000 + 1e-6);
+  }
+  CHECK(real >= 90'000);  // nearly all of it is spent: demand exceeds it
 }
 
 TEST_CASE("a new master learns a budget's spend from the clients' cumulative reports",

@@ -148,7 +148,7 @@ TEST_CASE(
   STATIC_REQUIRE(doorman::detail::required_fields<doorman::resource_request>() == 0b0101);
   STATIC_REQUIRE(doorman::detail::required_fields<doorman::priority_band>() == 0b110);
   STATIC_REQUIRE(doorman::detail::fields_by_name<doorman::server_resource_grant>() ==
-                 std::array<std::size_t, 4>{3, 1, 0, 2});
+                 std::array<std::size_t, 5>{3, 4, 1, 0, 2});
 }
 
 TEST_CASE("status and release messages are read from their description, bounds included",

@@ -3,7 +3,9 @@ test: it reserves the most a call can cost, "calls" (2 ms), and settles the call
 (heavy-tailed, 100 to 3000 units). Each reservation and settlement is logged before and after
 the call, so that a replica killed in the middle of a call leaves what it may have spent.
 
-    budget_replica.py ADDRESSES LOG SEED
+    budget_replica.py ADDRESSES LOG SEED [WANTS]
+
+WANTS: the units it asks to hold (default: measured from use).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ MOST = 3000  # the most a call costs: reserved in full, so that no settlement ru
 
 def main() -> None:
     addresses, log_path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    options = {"wants": float(sys.argv[4])} if len(sys.argv) > 4 else {}
     rng = random.Random(seed)
     with doorman.Client(addresses, minimum_refresh_interval=0.1, sample_interval=0.2,
                         demand_window=1.0, call_timeout=1) as c:
-        tokens = c.budget("tokens")  # wants measured from use
+        tokens = c.budget("tokens", **options)
         with open(log_path, "a", buffering=1) as log:
             while not os.path.exists(log_path + ".stop"):
                 try:

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -110,6 +111,17 @@ struct budget_info {
   double limit = 0;         ///< units per window (the resource's capacity)
   double spent = 0;         ///< spent in the window as far as the root knows (see docs)
   double left = 0;          ///< neither spent nor allotted
+  /// Only in a grant to a server child: its reports as this node counts them, in all (the
+  /// child's allotment comes on top of that; a child that restarted continues from it).
+  std::optional<double> counted{};
+};
+
+/// What an intermediate hears of a budget in its parent's answer (`basic_engine::
+/// set_parent_lease`): the parent's word on it, and the report this node's request carried
+/// (none before it knew the resource was a budget).
+struct budget_answer {
+  budget_info info;
+  std::optional<budget_spend> reported{};
 };
 
 /// A `release_capacity`'s last report for one budget resource: what the client spent in all
@@ -138,7 +150,7 @@ struct resource_spend {
 
 namespace detail {
 
-/// A budget resource's count at the root, in its current window: what its clients reported
+/// A budget resource's count at a node, in its current window: what its clients reported
 /// (cumulative per client, so that a repeated report adds nothing) and what was spent in all —
 /// reported spend, plus the allotments that ended unreported (a client that died, or let its
 /// lease lapse, may have spent all of it).
@@ -154,6 +166,19 @@ class budget_count {
     reported_.clear();
   }
 
+  /// Moves to the window `w` a parent named (an intermediate counts in its root's windows):
+  /// another start is a new window, with nothing spent (true); the same start only moves its
+  /// end.
+  bool roll_to(const budget_window& w) {
+    const bool fresh = w.start != window_.start;
+    if (fresh) {
+      spent_ = 0;
+      reported_.clear();
+    }
+    window_ = w;
+    return fresh;
+  }
+
   [[nodiscard]] const budget_window& window() const noexcept { return window_; }
   [[nodiscard]] double spent() const noexcept { return spent_; }
 
@@ -162,23 +187,44 @@ class budget_count {
     if (units > 0) spent_ += units;
   }
 
-  /// A client's report: what it has spent in `s.window` in all. Returns what is new since its
-  /// last report in this window: 0 for a report of another window or a repeated one. A report
-  /// below the last one comes from a new process under the same client id (one process's
-  /// reports only grow): its count starts again from 0.
-  double report(std::string_view client_id, const budget_spend& s) {
-    if (s.window != window_.start || !(s.spent >= 0)) return 0;
+  /// A client's request, with its report if it made one: what it has spent in `s.window` in
+  /// all. Returns what is new since its last report in this window: 0 for none, a report of
+  /// another window or a repeated one. A request without a report comes from a process that
+  /// does not know the window yet (a new one, whatever its id held before): its count starts
+  /// from 0. So does a report below the last one (one process's reports only grow). A client's
+  /// first request in the window counts its whole report at a root; at an intermediate
+  /// (`first_counts` false) it is where the client's count starts, since its root counts what
+  /// came before (reported elsewhere, or allotments that ended unreported). Either way the
+  /// client is known from then on, so that nothing it spends of an allotment from here goes
+  /// uncounted.
+  double report(std::string_view client_id, const std::optional<budget_spend>& s,
+                bool first_counts = true) {
     auto it = reported_.find(client_id);
-    if (it == reported_.end()) it = reported_.emplace(std::string(client_id), 0.0).first;
-    if (s.spent < it->second) it->second = 0;
-    const double added = s.spent - it->second;
-    it->second = s.spent;
+    const bool first = it == reported_.end();
+    if (first) it = reported_.emplace(std::string(client_id), 0.0).first;
+    if (!s) it->second = 0;
+    if (!s || s->window != window_.start || !(s->spent >= 0)) return 0;
+    if (first && !first_counts) {
+      it->second = s->spent;
+      return 0;
+    }
+    if (s->spent < it->second) it->second = 0;
+    const double added = s->spent - it->second;
+    it->second = s->spent;
     spent_ += added;
     return added;
   }
 
-  /// Forgets the reports of the clients `known(id)` says are gone (bounded memory: a client
-  /// that comes back reports its whole spend again, counted twice: never under).
+  /// A client's reports as counted in this window (its last one), or 0.
+  [[nodiscard]] double counted(std::string_view client_id) const {
+    const auto it = reported_.find(client_id);
+    return it == reported_.end() ? 0.0 : it->second;
+  }
+
+  /// Forgets the reports of the clients `known(id)` says are gone, holding nothing from here
+  /// (bounded memory). One that comes back is a first request again: at a root its whole spend
+  /// counts twice (never under); at an intermediate, what it spent since its last report here
+  /// came from an allotment that ended unreported, already counted.
   template <class Known>
   void forget_unless(Known known) {
     std::erase_if(reported_, [&](const auto& kv) { return !known(kv.first); });

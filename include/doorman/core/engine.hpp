@@ -137,14 +137,18 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
 
   /// For an intermediate: the lease this node holds from its parent for `resource_id`, and the
   /// parent's algorithm and lease parameters for it, which replace the local template's (a kind
-  /// this engine does not know is ignored, with a log line). Returns false when not master.
+  /// this engine does not know is ignored, with a log line). For a budget, `budget`: the
+  /// parent's word on its window and what this node reported (the lease is then an allotment;
+  /// docs/budgets.md). Returns false when not master.
   bool set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now,
-                        const std::optional<algorithm_config>& algorithm = std::nullopt) {
+                        const std::optional<algorithm_config>& algorithm = std::nullopt,
+                        const std::optional<budget_answer>& budget = std::nullopt) {
     fence(now);
     if (!mastership_.is_master) return false;
     resource& r = resource_for(resource_id, now);
     r.parent_lease = lease;
     r.parent_answers_at = now + lease.refresh_interval;
+    adopt_budget(r, lease, budget, now);
     if (algorithm && algorithm != r.parent_algorithm) {
       if (std::find(Algorithms::kinds.begin(), Algorithms::kinds.end(), algorithm->kind) ==
           Algorithms::kinds.end()) {
@@ -158,6 +162,19 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       }
     }
     return true;
+  }
+
+  /// For an intermediate, a budget resource's part of its request to its parent (`x`, whose
+  /// `has` is the parent's lease when live): `spend`, what its clients spent in the parent's
+  /// window in all (counted as a root counts it), and as `has`, what it has left of its
+  /// allotments (its ceiling less that). Leaves `x` as it is for a resource that is not a
+  /// budget here (yet: the parent's first answer says so).
+  void report_budget(server_resource_request& x) const {
+    const auto it = resources_.find(x.resource_id);
+    if (options_.is_root || it == resources_.end() || !it->second.budget) return;
+    const resource& r = it->second;
+    x.spend = budget_spend{r.budget->window().start, r.budget->spent()};
+    if (x.has) x.has->capacity = std::max(0.0, r.budget_ceiling - r.budget->spent());
   }
 
   /// The lease this node holds from its parent for `resource_id`, if any (expired or not).
@@ -248,18 +265,6 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// as many subclients as it reports clients, per priority band.
   [[nodiscard]] result<server_capacity_response> get_server_capacity(
       const server_capacity_request& req, time_point now) {
-    if (options_.is_root && config_.has_budgets()) {
-      // A budget is counted at the root, from its clients' reports: not through intermediates
-      // (yet), which would hand allotments on unreported.
-      for (std::size_t i = 0; i < req.resources.size(); ++i) {
-        if (config_.find(req.resources[i].resource_id).budget) {
-          return request_error{errc::invalid_params,
-                               detail::element("resources", i, ".resource_id") +
-                                   ": a budget: its clients ask the root directly",
-                               detail::element("resources", i, ".resource_id")};
-        }
-      }
-    }
     std::vector<band_demand> bands;
     return decide_each<server_capacity_response>(
         req, now, [&](const server_resource_request& x, resource& r) {
@@ -267,9 +272,14 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
           for (const auto& b : x.wants) {
             bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
           }
+          // A budget's server child reports for its clients as a client does for itself.
+          if (r.budget) charge(r, req.server_id, x, now);
           const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
-          return server_resource_grant{x.resource_id, to_lease_info(l, now), safe_capacity(r, now),
-                                       r.tmpl.algorithm};
+          server_resource_grant g{x.resource_id, to_lease_info(l, now),
+                                  r.budget ? 0.0 : safe_capacity(r, now), r.tmpl.algorithm,
+                                  budget_of(r, now)};
+          if (g.budget) g.budget->counted = r.budget->counted(req.server_id);
+          return g;
         });
   }
 
@@ -395,29 +405,60 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     r.tmpl = config_.find(r.id);
     if (r.parent_algorithm) r.tmpl.algorithm = *r.parent_algorithm;
     r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
-    // Budgets are counted at the root (an intermediate passing allotments down is to come).
-    if (!r.tmpl.budget || !options_.is_root) {
+    // A root's budgets follow its configuration; an intermediate's, its parent's answers.
+    if (!options_.is_root) return;
+    if (!r.tmpl.budget) {
       r.budget.reset();
     } else if (!r.budget || was != r.tmpl.budget) {
       r.budget.emplace();  // a new budget, or another window: counted from now
     }
   }
 
+  // An intermediate's budget, from its parent's answer: counted in the parent's window, the
+  // allotment granted on top of what the parent counts of this node's reports (what this node
+  // reported, in that window, when the parent does not say), which makes the most its clients
+  // may spend in all. A count new to the window (a new process, or a new window) starts from
+  // the parent's: what this node reports next continues it, never counting twice what the
+  // parent has.
+  void adopt_budget(resource& r, const lease_type& lease, const std::optional<budget_answer>& b,
+                    time_point now) {
+    if (!b) {
+      r.budget.reset();
+      r.parent_budget.reset();
+      return;
+    }
+    if (!r.budget) r.budget.emplace();
+    const double end = utc(now) + b->info.reset;
+    const bool fresh =
+        r.budget->roll_to({b->info.window, static_cast<std::int64_t>(std::ceil(end))});
+    const bool same_window = b->reported && b->reported->window == b->info.window;
+    const double counted =
+        b->info.counted ? *b->info.counted : (same_window ? b->reported->spent : 0.0);
+    if (fresh) r.budget->add(counted);
+    r.budget_ceiling = counted + lease.capacity;
+    r.parent_budget = b->info;
+    r.parent_budget->counted.reset();
+  }
+
   // A budget resource's report, before its decision: what the client spent since its last
   // report comes off its allotment and into the window's count. A client that says it holds
   // nothing while the engine knows a live allotment of its (its process restarted, or the
   // answer granting it was lost) may have spent all of it: it counts as spent.
-  void charge(resource& r, std::string_view client_id, const resource_request& x, time_point now) {
+  // So does a request with no report at all (a client that does not know budgets, such as one
+  // speaking Doorman's gRPC protocol): what it held is then spent at each of its requests.
+  template <class Request>
+  void charge(resource& r, std::string_view client_id, const Request& x, time_point now) {
     expire_leases(r, now);
     const auto* c = r.store.find(client_id);
-    if (c != nullptr && !(x.has && x.has->expires_in > 0)) {
+    if (c != nullptr && !(x.has && x.has->expires_in > 0 && x.spend)) {
       r.budget->add(store_type::held(*c));
       r.store.consume(*c, store_type::held(*c));
     }
-    const double added = x.spend ? r.budget->report(client_id, *x.spend) : 0.0;
+    const double added = r.budget->report(client_id, x.spend, options_.is_root);
     if (c != nullptr && added > 0) r.store.consume(*c, added);
     if (r.budget->reporters() > 2 * r.store.size() + 1024) {
-      r.budget->forget_unless([&](const std::string& id) { return r.store.find(id) != nullptr; });
+      r.budget->forget_unless(
+          [&](const std::string& id) { return id == client_id || r.store.find(id) != nullptr; });
     }
   }
 
@@ -429,15 +470,24 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     const auto s = std::find_if(req.spends.begin(), req.spends.end(),
                                 [&](const resource_spend& x) { return x.resource_id == r.id; });
     if (s != req.spends.end()) {
-      r.budget->report(req.client_id, {s->window, s->spent});
+      r.budget->report(req.client_id, budget_spend{s->window, s->spent}, options_.is_root);
     } else if (c != nullptr) {
       r.budget->add(store_type::held(*c));
     }
   }
 
   // A budget's state for an answer: its window and count, as of `now`.
+  // An intermediate passes its parent's word on, with the time left as of `now`.
   [[nodiscard]] std::optional<budget_info> budget_of(const resource& r, time_point now) const {
     if (!r.budget) return std::nullopt;
+    if (!options_.is_root) {
+      if (!r.parent_budget || r.budget->window().start != r.parent_budget->window) {
+        return std::nullopt;  // its window is over: the parent has not named the next yet
+      }
+      budget_info b = *r.parent_budget;
+      b.reset = std::max(0.0, static_cast<double>(r.budget->window().end) - utc(now));
+      return b;
+    }
     return budget_state(r.budget->window(), r.tmpl.capacity, r.budget->spent(), r.store.sum_held(),
                         now);
   }

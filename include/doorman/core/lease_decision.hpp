@@ -124,7 +124,12 @@ class lease_decision {
     std::optional<lease_type> parent_lease;
     time_point parent_answers_at{};  // when this node asks its parent again, by its lease
     std::optional<algorithm_config> parent_algorithm;
-    std::optional<budget_count> budget;  // a budget resource at a root: its window's count
+    std::optional<budget_count> budget;  // a budget resource: its window's count here
+    // An intermediate's budget: what its parent last said of it (window, limit, count) and the
+    // most its clients may have spent in all in the window: what it reported to its parent
+    // plus the allotment the parent granted in answer (docs/budgets.md).
+    std::optional<budget_info> parent_budget;
+    double budget_ceiling = 0;
   };
 
   [[nodiscard]] double utc(time_point now) const noexcept {
@@ -141,7 +146,11 @@ class lease_decision {
     const double before = r.store.sum_held();
     r.store.expire(now);
     r.budget->add(before - r.store.sum_held());
-    r.budget->roll(*r.tmpl.budget, utc(now));
+    if (options_.is_root) {
+      r.budget->roll(*r.tmpl.budget, utc(now));
+    } else if (utc(now) >= static_cast<double>(r.budget->window().end)) {
+      r.budget->roll_to({});  // over (its parent's lease with it): the parent names the next
+    }
   }
 
   [[nodiscard]] time_point learning_until(const resource_template& t) const {
@@ -149,9 +158,12 @@ class lease_decision {
   }
 
   [[nodiscard]] double own_capacity(const resource& r, time_point now) const {
-    if (r.budget) return std::max(0.0, r.tmpl.capacity - r.budget->spent());
+    if (r.budget && options_.is_root) return std::max(0.0, r.tmpl.capacity - r.budget->spent());
     if (options_.is_root) return r.tmpl.capacity;
-    return r.parent_lease && !r.parent_lease->expired(now) ? r.parent_lease->capacity : 0.0;
+    if (!r.parent_lease || r.parent_lease->expired(now)) return 0.0;
+    // An intermediate's budget: what its clients may still spend of its ceiling.
+    if (r.budget) return std::max(0.0, r.budget_ceiling - r.budget->spent());
+    return r.parent_lease->capacity;
   }
 
   [[nodiscard]] double safe_capacity(const resource& r, time_point now) const {

@@ -87,6 +87,9 @@ struct server_resource_request {
   std::optional<lease_info> has;
   double outstanding = 0;  ///< what the child has granted to its own clients
   std::vector<priority_band> wants;
+  /// A budget resource: what the child's clients spent in the window, in all, as the child
+  /// counts it. Its `has` is then what the child has left of its allotments (docs/budgets.md).
+  std::optional<budget_spend> spend{};
 };
 
 /// `get_server_capacity`: a server child asks on behalf of its clients.
@@ -99,7 +102,8 @@ struct server_resource_grant {
   std::string resource_id;
   lease_info gets;
   double safe_capacity = 0;
-  algorithm_config algorithm;  ///< so that a child learns the template's parameters
+  algorithm_config algorithm;           ///< so that a child learns the template's parameters
+  std::optional<budget_info> budget{};  ///< a budget resource: its window, as the root counts
 };
 
 struct server_capacity_response {
@@ -311,7 +315,8 @@ struct wire_message<server_resource_request> {
       std::tuple{field("resource_id", &server_resource_request::resource_id),
                  field("outstanding", &server_resource_request::outstanding, presence::optional),
                  field("has", &server_resource_request::has, presence::optional),
-                 field("wants", &server_resource_request::wants)};
+                 field("wants", &server_resource_request::wants),
+                 field("spend", &server_resource_request::spend, presence::optional)};
 };
 
 template <>
@@ -327,11 +332,13 @@ template <>
 struct wire_message<budget_info> {
   using B = budget_info;
   static constexpr double most = request_limits::max_quantity;
-  static constexpr auto fields = std::tuple{
-      field("window", &B::window).within(0, request_limits::max_window_start),
-      field("reset", &B::reset).within(0, request_limits::max_window_seconds),
-      field("limit", &B::limit).within(0, most), field("spent", &B::spent).within(0, most),
-      field("left", &B::left).within(0, most)};
+  static constexpr auto fields =
+      std::tuple{field("window", &B::window).within(0, request_limits::max_window_start),
+                 field("reset", &B::reset).within(0, request_limits::max_window_seconds),
+                 field("limit", &B::limit).within(0, most),
+                 field("spent", &B::spent).within(0, most),
+                 field("left", &B::left).within(0, most),
+                 field("counted", &B::counted, presence::optional).within(0, most)};
 };
 
 template <class Grant>
@@ -358,9 +365,10 @@ struct wire_message<resource_grant> {
 
 template <>
 struct wire_message<server_resource_grant> {
-  static constexpr auto fields =
-      std::tuple_cat(grant_fields<server_resource_grant>(),
-                     std::tuple{field("algorithm", &server_resource_grant::algorithm)});
+  static constexpr auto fields = std::tuple_cat(
+      grant_fields<server_resource_grant>(),
+      std::tuple{field("algorithm", &server_resource_grant::algorithm),
+                 field("budget", &server_resource_grant::budget, presence::optional)});
 };
 
 template <>
@@ -799,6 +807,7 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
           return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
                                  "duplicates wants[" + std::to_string(dup->first) + "].priority");
         }
+        if (x.spend) return detail::check_spend(*x.spend, at(".spend"));
         return std::nullopt;
       });
 }

@@ -65,6 +65,10 @@ void decode_field(field_reader& r, const F& f, M& out) {
     r.string(f.name, out, required);
   } else if constexpr (std::is_same_v<M, double>) {
     if (r.number(f.name, out, required) && f.bounded()) r.within(f.name, out, f.low, f.high);
+  } else if constexpr (std::is_same_v<M, std::optional<double>>) {
+    double v = 0;
+    if (r.number(f.name, v, required) && (!f.bounded() || r.within(f.name, v, f.low, f.high)))
+      out = v;
   } else if constexpr (std::is_same_v<M, std::int64_t>) {
     if (r.integer(f.name, out, required) && f.bounded())
       r.within(f.name, static_cast<double>(out), f.low, f.high);
