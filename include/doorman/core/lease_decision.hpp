@@ -126,8 +126,8 @@ class lease_decision {
     std::optional<algorithm_config> parent_algorithm;
     std::optional<budget_count> budget;  // a budget resource: its window's count here
     // An intermediate's budget: what its parent last said of it (window, limit, count) and the
-    // most its clients may have spent in all in the window: what it reported to its parent
-    // plus the allotment the parent granted in answer (docs/budgets.md).
+    // most its clients may have spent in all in the window: what the parent counts of its
+    // reports plus the allotment granted on top (docs/budgets.md).
     std::optional<budget_info> parent_budget;
     double budget_ceiling = 0;
   };
