@@ -32,10 +32,11 @@ def config(capacity: float, lease_length: int = 5, refresh_interval: int = 1,
     return {"resources": [r]}
 
 
-def budget_config(units: float, lease_length: int = 5) -> dict[str, Any]:
-    """A budget of `units` on "tokens", in one fixed window of 366 days (a test does not
-    straddle a window's end), and `config(0)` for every other id."""
-    budget = {"identifier_glob": "tokens", "capacity": units, "budget": {"window": 31622400},
+def budget_config(units: float, lease_length: int = 5,
+                  window: int | str = 31622400) -> dict[str, Any]:
+    """A budget of `units` on "tokens", by default in one fixed window of 366 days (a test does
+    not straddle a window's end), and `config(0)` for every other id."""
+    budget = {"identifier_glob": "tokens", "capacity": units, "budget": {"window": window},
               "algorithm": {"kind": "FAIR_SHARE", "lease_length": lease_length,
                             "refresh_interval": 1, "learning_mode_duration": 0}}
     return {"resources": [budget] + config(0)["resources"]}
