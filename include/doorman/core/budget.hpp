@@ -150,6 +150,14 @@ struct resource_spend {
 
 namespace detail {
 
+/// A root's durable mark of a budget's window (`engine_options::budget_mark_step`).
+struct budget_mark_state {
+  std::int64_t window = 0;  ///< the window the rest is about
+  bool known = false;       ///< read in this window and term: `durable` holds
+  bool busy = false;        ///< a read or a write is out
+  double durable = 0;       ///< stored: what is spent and allotted never passes it
+};
+
 /// A budget resource's count at a node, in its current window: what its clients reported
 /// (cumulative per client, so that a repeated report adds nothing) and what was spent in all —
 /// reported spend, plus the allotments that ended unreported (a client that died, or let its
@@ -163,6 +171,7 @@ class budget_count {
     if (w == window_) return;
     window_ = w;
     spent_ = 0;
+    floor_ = vouched_ = 0;
     reported_.clear();
   }
 
@@ -173,6 +182,7 @@ class budget_count {
     const bool fresh = w.start != window_.start;
     if (fresh) {
       spent_ = 0;
+      floor_ = vouched_ = 0;
       reported_.clear();
     }
     window_ = w;
@@ -180,7 +190,20 @@ class budget_count {
   }
 
   [[nodiscard]] const budget_window& window() const noexcept { return window_; }
-  [[nodiscard]] double spent() const noexcept { return spent_; }
+
+  /// What is counted as spent: the reports and unreported allotments, or at least what a
+  /// restored mark leaves unaccounted for (`restore`).
+  [[nodiscard]] double spent() const noexcept {
+    return spent_ + std::max(0.0, floor_ - vouched_);
+  }
+
+  /// A new master's start from its window's durable mark (docs/budgets.md, "When every root
+  /// is lost"): at most `mark` was spent or allotted before it. Until the clients say what of
+  /// it is theirs, all of it counts as spent; each client's first report in the window (what
+  /// it spent, and the allotment it still holds: `report`'s `held`), before the restore or
+  /// after, takes its part off that, since it counts on its own from then on. What is never
+  /// claimed (a client that died) stays spent.
+  void restore(double mark) noexcept { floor_ = std::max(0.0, mark); }
 
   /// Counts `units` as spent (an allotment that ended unreported).
   void add(double units) noexcept {
@@ -197,13 +220,18 @@ class budget_count {
   /// came before (reported elsewhere, or allotments that ended unreported). Either way the
   /// client is known from then on, so that nothing it spends of an allotment from here goes
   /// uncounted.
+  ///
+  /// `held`: the allotment (of an earlier master) the client says it still holds, confirmed in
+  /// learning mode: with its report, the part of a restored mark that is the client's.
   double report(std::string_view client_id, const std::optional<budget_spend>& s,
-                bool first_counts = true) {
+                bool first_counts = true, double held = 0) {
     auto it = reported_.find(client_id);
     const bool first = it == reported_.end();
     if (first) it = reported_.emplace(std::string(client_id), 0.0).first;
     if (!s) it->second = 0;
-    if (!s || s->window != window_.start || !(s->spent >= 0)) return 0;
+    const bool valid = s && s->window == window_.start && s->spent >= 0;
+    if (first) vouched_ += std::max(0.0, held) + (valid ? s->spent : 0.0);
+    if (!valid) return 0;
     if (first && !first_counts) {
       it->second = s->spent;
       return 0;
@@ -235,6 +263,8 @@ class budget_count {
  private:
   budget_window window_{};
   double spent_ = 0;
+  double floor_ = 0;    // a restored mark
+  double vouched_ = 0;  // what clients' first reports in the window said was theirs
   std::unordered_map<std::string, double, string_hash, std::equal_to<>> reported_;
 };
 

@@ -103,6 +103,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
                       duration quiet = duration::zero()) {
     if (is_master != mastership_.is_master) {
       resources_.clear();
+      mark_due_.clear();
       if (is_master) master_since_ = now - std::max(quiet, duration::zero());
     }
     mastership_ = {is_master, std::move(master)};
@@ -175,6 +176,59 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     const resource& r = it->second;
     x.spend = budget_spend{r.budget->window().start, r.budget->spent()};
     if (x.has) x.has->capacity = std::max(0.0, r.budget_ceiling - r.budget->spent());
+  }
+
+  /// A budget mark's task, for a root that keeps them (`engine_options::budget_mark_step`;
+  /// docs/budgets.md, "When every root is lost"): read the mark stored for `window` (no
+  /// `raise`), or store `*raise` as its mark. Either way, report with `budget_mark_done`.
+  struct budget_mark_task {
+    std::string resource_id;
+    std::int64_t window = 0;
+    std::optional<double> raise{};
+  };
+
+  /// Whether a budget mark is to be read or raised (cheap: after every batch of calls).
+  [[nodiscard]] bool budget_marks_due() const noexcept { return !mark_due_.empty(); }
+
+  /// The marks to read or raise now, each out until `budget_mark_done`: a budget window's mark
+  /// is read once per window and term (nothing of the window is allotted before), and raised a
+  /// step ahead of what is spent and allotted once that comes within half a step of it.
+  [[nodiscard]] std::vector<budget_mark_task> budget_mark_tasks(time_point now) {
+    std::vector<budget_mark_task> out;
+    fence(now);
+    auto due = std::exchange(mark_due_, {});
+    if (!mastership_.is_master) return out;
+    for (const auto& id : due) {
+      const auto it = resources_.find(id);
+      if (it == resources_.end() || !it->second.budget) continue;
+      resource& r = it->second;
+      expire_leases(r, now);
+      r.mark.busy = false;  // queued, not out
+      if (auto t = mark_task(r)) {
+        r.mark.busy = true;
+        out.push_back(std::move(*t));
+      }
+    }
+    return out;
+  }
+
+  /// A mark task's outcome: `mark` is what is stored for the task's window now (a read: 0 when
+  /// nothing is, or it is of another window; a raise: the value written), or nothing when the
+  /// task failed (it comes again). A read starts the window's count from the mark (at most
+  /// that much was spent and allotted before: `budget_count::restore`).
+  void budget_mark_done(std::string_view resource_id, std::int64_t window,
+                        std::optional<double> mark) {
+    const auto it = resources_.find(resource_id);
+    if (!mastership_.is_master || it == resources_.end() || !it->second.budget) return;
+    resource& r = it->second;
+    if (r.mark.window != window || !r.mark.busy) return;  // of a window or term gone by
+    r.mark.busy = false;
+    if (mark && !r.mark.known) {
+      r.budget->restore(*mark);
+      r.mark.known = true;
+    }
+    if (mark) r.mark.durable = std::max(r.mark.durable, *mark);
+    mind_mark(r);
   }
 
   /// The lease this node holds from its parent for `resource_id`, if any (expired or not).
@@ -255,6 +309,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       const band_demand band{x.priority, x.wants, 1};
       if (r.budget) charge(r, req.client_id, x, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
+      if (r.budget) mind_mark(r);
       // Nothing of a budget may be spent without an allotment: no safe capacity.
       return resource_grant{x.resource_id, to_lease_info(l, now),
                             r.budget ? 0.0 : safe_capacity(r, now), budget_of(r, now)};
@@ -275,6 +330,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
           // A budget's server child reports for its clients as a client does for itself.
           if (r.budget) charge(r, req.server_id, x, now);
           const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
+          if (r.budget) mind_mark(r);
           server_resource_grant g{x.resource_id, to_lease_info(l, now),
                                   r.budget ? 0.0 : safe_capacity(r, now), r.tmpl.algorithm,
                                   budget_of(r, now)};
@@ -454,12 +510,36 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       r.budget->add(store_type::held(*c));
       r.store.consume(*c, store_type::held(*c));
     }
-    const double added = r.budget->report(client_id, x.spend, options_.is_root);
+    // What it still holds of an earlier master's allotment is, with its report, its part of
+    // a restored mark (learning mode confirms it).
+    const bool earlier = x.has && x.has->expires_in > 0 && now < learning_until(r.tmpl);
+    const double added =
+        r.budget->report(client_id, x.spend, options_.is_root, earlier ? x.has->capacity : 0.0);
     if (c != nullptr && added > 0) r.store.consume(*c, added);
     if (r.budget->reporters() > 2 * r.store.size() + 1024) {
       r.budget->forget_unless(
           [&](const std::string& id) { return id == client_id || r.store.find(id) != nullptr; });
     }
+  }
+
+  // A budget mark is due when the resource's window has none read yet, or what is spent and
+  // allotted came within half a step of it (and the budget is not all marked already).
+  void mind_mark(resource& r) {
+    if (!(options_.budget_mark_step > 0) || r.mark.busy) return;
+    if (mark_task(r)) {
+      r.mark.busy = true;  // queued: once
+      mark_due_.push_back(r.id);
+    }
+  }
+
+  std::optional<budget_mark_task> mark_task(resource& r) const {
+    const std::int64_t w = r.budget->window().start;
+    if (r.mark.window != w) r.mark = {.window = w};
+    if (!r.mark.known) return budget_mark_task{r.id, w, std::nullopt};
+    const double step = options_.budget_mark_step * r.tmpl.capacity;
+    const double used = r.budget->spent() + r.store.sum_held();
+    if (r.mark.durable >= r.tmpl.capacity || used + step / 2 < r.mark.durable) return {};
+    return budget_mark_task{r.id, w, std::min(r.tmpl.capacity, used + step)};
   }
 
   // A budget resource released: the client's last report, if it gave one, and the rest of
@@ -570,6 +650,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   std::uint64_t fenced_ = 0;
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
+  std::vector<std::string> mark_due_;  // budget resources whose mark is to be read or raised
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
 };

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -96,6 +97,12 @@ struct engine_options {
   /// system clock when it starts; a test or a simulation picks its own.
   double utc_offset = 0;
 
+  /// Budget marks (docs/budgets.md, "When every root is lost"): 0, none; else a root keeps,
+  /// per budget window, a durable mark that what is spent and allotted never passes, raised
+  /// this fraction of the budget's limit at a time (`basic_engine::budget_mark_tasks`; the
+  /// node stores it in etcd). A new master starts its count from it.
+  double budget_mark_step = 0;
+
   /// Receives one line per notable event (e.g. a client reporting a lease the engine does not
   /// know). Null: silent.
   std::function<void(std::string_view)> log{};
@@ -130,6 +137,7 @@ class lease_decision {
     // reports plus the allotment granted on top (docs/budgets.md).
     std::optional<budget_info> parent_budget;
     double budget_ceiling = 0;
+    budget_mark_state mark{};  // a root keeping budget marks
   };
 
   [[nodiscard]] double utc(time_point now) const noexcept {
@@ -158,12 +166,22 @@ class lease_decision {
   }
 
   [[nodiscard]] double own_capacity(const resource& r, time_point now) const {
-    if (r.budget && options_.is_root) return std::max(0.0, r.tmpl.capacity - r.budget->spent());
+    if (r.budget && options_.is_root) {
+      return std::max(0.0, std::min(r.tmpl.capacity, mark_bound(r)) - r.budget->spent());
+    }
     if (options_.is_root) return r.tmpl.capacity;
     if (!r.parent_lease || r.parent_lease->expired(now)) return 0.0;
     // An intermediate's budget: what its clients may still spend of its ceiling.
     if (r.budget) return std::max(0.0, r.budget_ceiling - r.budget->spent());
     return r.parent_lease->capacity;
+  }
+
+  // What a root keeping budget marks may have spent and allotted in all: its window's durable
+  // mark, once read (nothing before).
+  [[nodiscard]] double mark_bound(const resource& r) const noexcept {
+    if (!(options_.budget_mark_step > 0)) return std::numeric_limits<double>::infinity();
+    const bool holds = r.mark.known && r.mark.window == r.budget->window().start;
+    return holds ? r.mark.durable : 0.0;
   }
 
   [[nodiscard]] double safe_capacity(const resource& r, time_point now) const {
