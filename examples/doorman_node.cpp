@@ -79,6 +79,10 @@ std::vector<flag> tree_flags() {
       {"election-ttl", "SECONDS",
        "TTL of the election lease: a dead master is replaced within it (whole seconds, >= 2)",
        shortest(e.ttl.count())},
+      {"budget-mark-step", "X",
+       "with an etcd election, a root keeps each budget's spend in etcd (KEY/budgets/ID under "
+       "--election-key), stored this fraction of the budget ahead; 0: not kept",
+       "0.01"},
       {"id", "ID", "this node's id in status and at its parent (default: the advertised address)",
        ""},
       {"decay-factor", "X", "refresh interval factor per tree level, in [0.001, 1]",
@@ -195,6 +199,9 @@ void read_election(const doorman_examples::flag_values& v, doorman::etcd_electio
   e.ttl = doorman::seconds(ttl);
   e.log = o.log;
   e.tls = o.config.etcd_tls;
+  o.engine.budget_mark_step = v.number("budget-mark-step", 0, 1);
+  o.budget_marks = {
+      .etcd_endpoints = e.endpoints, .etcd_tls = e.tls, .prefix = e.key + "/budgets/"};
 }
 
 // A file flag's value, checked to be readable now (a clear error before TLS setup).

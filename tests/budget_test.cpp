@@ -48,8 +48,7 @@ doorman::engine_options marking(double utc, double step) {
 
 struct budget_fixture : fixture {
   explicit budget_fixture(const std::string& window = R"("day")", double units = 1000,
-                          double start = day_start + 3600.0, int learning = 0,
-                          double mark_step = 0)
+                          double start = day_start + 3600.0, int learning = 0, double mark_step = 0)
       : fixture(budget_repo(window, units, "FAIR_SHARE", learning), marking(start, mark_step)) {}
 
   doorman::resource_grant ask_budget(const std::string& client, double wants,
@@ -95,6 +94,58 @@ struct budget_client {
   }
 };
 
+// Six clients that obey their allotments, one acting each second: spending at random, asking
+// again (with probability `refresh`) and spending in the answer's flight, losing one answer
+// in ten, dying now and then after spending all they held (unheard: a new process takes the
+// id). `real` is what every process spent.
+struct spending_clients {
+  struct client {
+    double remaining = 0;  // of its allotment, as it knows it
+    double spent = 0;      // this process, in the window
+    bool has = false;
+    manual_clock::time_point expiry{};
+  };
+  std::vector<client> cs = std::vector<client>(6);
+  double real = 0;
+  std::uniform_real_distribution<double> u{0, 1};
+
+  template <class Fixture>
+  void step(Fixture& f, std::mt19937& rng, double refresh) {
+    f.clock.advance(std::chrono::milliseconds(1000));
+    const std::size_t i = rng() % cs.size();
+    auto& c = cs[i];
+    if (c.has && f.clock.now() >= c.expiry) c = {0, c.spent, false, {}};
+    const auto spend = [&](double x) {
+      x = std::min(x, c.remaining);
+      c.remaining -= x;
+      c.spent += x;
+      real += x;
+    };
+    if (u(rng) < 0.6) spend(u(rng) * 400);
+    if (u(rng) < refresh) {
+      const auto expires_in = std::chrono::duration<double>(c.expiry - f.clock.now()).count();
+      doorman::resource_request x{"tokens", 0, 300 + u(rng) * 600, std::nullopt};
+      if (c.has) x.has = doorman::lease_info{c.remaining, expires_in, 16};
+      x.spend = doorman::budget_spend{f.window() ? f.window() : day_start, c.spent};
+      auto r = f.engine.get_capacity({"c" + std::to_string(i), {x}}, f.clock.now());
+      REQUIRE(r);
+      const auto& g = r.value().resources[0];
+      if (u(rng) < 0.3) spend(u(rng) * 400);  // in the answer's flight, on the old allotment
+      const double flight = c.spent - x.spend->spent;
+      if (u(rng) < 0.9) {  // heard
+        c.remaining = std::max(0.0, g.gets.capacity - flight);
+        c.expiry = f.clock.now() + std::chrono::duration_cast<manual_clock::duration>(
+                                       std::chrono::duration<double>(g.gets.expires_in));
+        c.has = g.gets.expires_in > 0;
+      }
+    }
+    if (u(rng) < 0.01) {  // dies after spending all it had; a new process takes its id
+      spend(c.remaining);
+      c = {};
+    }
+  }
+};
+
 // What etcd holds of budget marks: per resource, the window and the mark.
 struct mark_store {
   std::map<std::string, std::pair<std::int64_t, double>, std::less<>> marks;
@@ -110,13 +161,13 @@ struct mark_store {
 
   template <class Engine, class Task>
   void answer(Engine& engine, const Task& t, bool fail) {
-    if (fail) return engine.budget_mark_done(t.resource_id, t.window, std::nullopt);
+    if (fail) return engine.budget_mark_done(t, std::nullopt);
     auto& m = marks[t.resource_id];
     if (t.raise) {
       m = {t.window, *t.raise};
-      return engine.budget_mark_done(t.resource_id, t.window, *t.raise);
+      return engine.budget_mark_done(t, *t.raise);
     }
-    engine.budget_mark_done(t.resource_id, t.window, m.first == t.window ? m.second : 0.0);
+    engine.budget_mark_done(t, m.first == t.window ? m.second : 0.0);
   }
 };
 
@@ -303,57 +354,17 @@ TEST_CASE("what clients spend in a window never exceeds its budget, whatever is 
   std::mt19937 rng(seed);
   INFO("seed " << seed);
   budget_fixture f(R"("hour")", 10'000, day_start + 0.0);
-  struct client {
-    double remaining = 0;  // of its allotment, as it knows it
-    double spent = 0;      // this process, in the window
-    bool has = false;
-    manual_clock::time_point expiry{};
-  };
-  std::vector<client> cs(6);
-  double real = 0;  // what every process spent
-  std::uniform_real_distribution<double> u(0, 1);
+  spending_clients fleet;
   for (int step = 0; step < 3000; ++step) {
-    f.clock.advance(std::chrono::milliseconds(1000));
-    const std::size_t i = rng() % cs.size();
-    auto& c = cs[i];
-    const std::string id = "c" + std::to_string(i);
-    if (c.has && f.clock.now() >= c.expiry) c = {0, c.spent, false, {}};
-    const auto spend = [&](double x) {
-      x = std::min(x, c.remaining);
-      c.remaining -= x;
-      c.spent += x;
-      real += x;
-    };
-    if (u(rng) < 0.6) spend(u(rng) * 400);
-    if (u(rng) < 0.3) {  // refresh
-      const auto expires_in = std::chrono::duration<double>(c.expiry - f.clock.now()).count();
-      doorman::resource_request x{"tokens", 0, 300 + u(rng) * 600, std::nullopt};
-      if (c.has) x.has = doorman::lease_info{c.remaining, expires_in, 16};
-      x.spend = doorman::budget_spend{f.window() ? f.window() : day_start, c.spent};
-      auto r = f.engine.get_capacity({id, {x}}, f.clock.now());
-      REQUIRE(r);
-      const auto& g = r.value().resources[0];
-      if (u(rng) < 0.3) spend(u(rng) * 400);  // in the answer's flight, on the old allotment
-      const double flight = c.spent - x.spend->spent;
-      if (u(rng) < 0.9) {  // heard
-        c.remaining = std::max(0.0, g.gets.capacity - flight);
-        c.expiry = f.clock.now() + std::chrono::duration_cast<manual_clock::duration>(
-                                       std::chrono::duration<double>(g.gets.expires_in));
-        c.has = g.gets.expires_in > 0;
-      }
-    }
-    if (u(rng) < 0.01) {  // dies after spending all it had; a new process takes its id
-      spend(c.remaining);
-      c = {};
-    }
+    fleet.step(f, rng, 0.3);
     if (f.engine.store("tokens") != nullptr) {
       const auto b = f.budget();
       if (b.window != day_start) break;  // the hour is over
-      REQUIRE(real <= 10'000 + 1e-6);
+      REQUIRE(fleet.real <= 10'000 + 1e-6);
     }
   }
-  CHECK(real <= 10'000 + 1e-6);
-  CHECK(real >= 5'000);  // most of it is spent: demand exceeds it
+  CHECK(fleet.real <= 10'000 + 1e-6);
+  CHECK(fleet.real >= 5'000);  // most of it is spent: demand exceeds it
 }
 
 TEST_CASE("a budget over JSON-RPC lines: the hot path and the DOM path answer alike",
@@ -803,9 +814,14 @@ TEST_CASE("a root keeping budget marks allots nothing before its mark is read, n
   CHECK_FALSE(tasks[0].raise);
   CHECK(f.ask_budget("a", 500).gets.capacity == 0);
   CHECK_FALSE(f.engine.budget_marks_due());  // the read is out
-  // A failed read comes again; one of a window gone by changes nothing.
-  f.engine.budget_mark_done("tokens", day_start, std::nullopt);
-  f.engine.budget_mark_done("tokens", day_start - 86400, 900.0);
+  // A failed read comes again; one of a window or a term gone by changes nothing.
+  f.engine.budget_mark_done(tasks[0], std::nullopt);
+  auto stale = tasks[0];
+  stale.window -= 86400;
+  f.engine.budget_mark_done(stale, 900.0);
+  stale = tasks[0];
+  stale.term -= 1;
+  f.engine.budget_mark_done(stale, 900.0);
   tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);
   CHECK_FALSE(tasks[0].raise);
@@ -907,48 +923,11 @@ TEST_CASE("with budget marks, no master change lets clients pass a budget, whoev
   budget_fixture f(R"("hour")", 10'000, day_start + 0.0, 60, 0.05);
   mark_store etcd;
   std::vector<engine_t::budget_mark_task> out;  // tasks etcd has not answered
-  struct client {
-    double remaining = 0;
-    double spent = 0;
-    bool has = false;
-    manual_clock::time_point expiry{};
-  };
-  std::vector<client> cs(6);
-  double real = 0;
-  int changes = 0;
+  spending_clients fleet;
   std::uniform_real_distribution<double> u(0, 1);
+  int changes = 0;
   for (int step = 0; step < 3000; ++step) {
-    f.clock.advance(std::chrono::milliseconds(1000));
-    const std::size_t i = rng() % cs.size();
-    auto& c = cs[i];
-    if (c.has && f.clock.now() >= c.expiry) c = {0, c.spent, false, {}};
-    const auto spend = [&](double x) {
-      x = std::min(x, c.remaining);
-      c.remaining -= x;
-      c.spent += x;
-      real += x;
-    };
-    if (u(rng) < 0.6) spend(u(rng) * 400);
-    if (u(rng) < 0.4) {
-      const auto expires_in = std::chrono::duration<double>(c.expiry - f.clock.now()).count();
-      doorman::resource_request x{"tokens", 0, 300 + u(rng) * 600, std::nullopt};
-      if (c.has) x.has = doorman::lease_info{c.remaining, expires_in, 16};
-      x.spend = doorman::budget_spend{day_start, c.spent};
-      auto r = f.engine.get_capacity({"c" + std::to_string(i), {x}}, f.clock.now());
-      REQUIRE(r);
-      const auto& g = r.value().resources[0];
-      if (u(rng) < 0.3) spend(u(rng) * 400);  // in the answer's flight
-      if (u(rng) < 0.9) {
-        c.remaining = std::max(0.0, g.gets.capacity - (c.spent - x.spend->spent));
-        c.expiry = f.clock.now() + std::chrono::duration_cast<manual_clock::duration>(
-                                       std::chrono::duration<double>(g.gets.expires_in));
-        c.has = g.gets.expires_in > 0;
-      }
-    }
-    if (u(rng) < 0.01) {  // dies after spending all it had, unheard; a new process follows
-      spend(c.remaining);
-      c = {};
-    }
+    fleet.step(f, rng, 0.4);
     for (auto& t : f.engine.budget_mark_tasks(f.clock.now()))
       out.push_back(std::move(t));
     while (!out.empty() && u(rng) < 0.7) {  // etcd answers, late, or fails
@@ -961,10 +940,10 @@ TEST_CASE("with budget marks, no master change lets clients pass a budget, whoev
       out.clear();
       ++changes;
     }
-    REQUIRE(real <= 10'000 + 1e-6);
+    REQUIRE(fleet.real <= 10'000 + 1e-6);
     if (f.engine.store("tokens") != nullptr && f.budget().window != day_start) break;
   }
   CHECK(changes > 0);
-  CHECK(real <= 10'000 + 1e-6);
-  CHECK(real >= 5'000);
+  CHECK(fleet.real <= 10'000 + 1e-6);
+  CHECK(fleet.real >= 5'000);
 }

@@ -736,6 +736,51 @@ TEST_CASE("the etcd client watches a key of a real etcd: a change ends the wait 
   CHECK(outcome == "ok");
 }
 
+TEST_CASE("a put over a revision goes through only if the key is still at it, on a real etcd",
+          "[net][etcd]") {
+  etcd_server etcd;
+  asio::io_context io;
+  doorman::net::etcd_client client(io.get_executor(), {etcd.endpoint()});
+  const auto outcome = run_coroutine_test(io, [&]() -> asio::awaitable<std::string> {
+    const auto d = steady::now() + 5s;
+    const auto first = co_await client.put_if_revision("/m", "1", 0, d);  // 0: absent
+    if (!first || !first.value.created) co_return "first: " + first.message;
+    const auto next = co_await client.put_if_revision("/m", "2", first.value.revision, d);
+    if (!next || !next.value.created) co_return "next: " + next.message;
+    // A writer still at the first revision is refused, and told the key as it is.
+    const auto late = co_await client.put_if_revision("/m", "0", first.value.revision, d);
+    if (!late || late.value.created) co_return "late went through";
+    if (late.value.holder.value != "2" || late.value.holder.mod_revision != next.value.revision) {
+      co_return "late: told " + late.value.holder.value;
+    }
+    const auto absent = co_await client.put_if_revision("/m", "0", 0, d);
+    if (!absent || absent.value.created) co_return "a put as if absent went through";
+    const auto now = co_await client.get("/m", d);
+    co_return now&& now.value&& now.value->value == "2" ? "ok" : "the key changed";
+  });
+  CHECK(outcome == "ok");
+}
+
+TEST_CASE("a budget mark's stored value is read as untrusted, naming the field at fault",
+          "[net][etcd][budget]") {
+  const auto ok = doorman::read_budget_mark(R"({"window": 1764374400, "mark": 1500.5})");
+  REQUIRE(std::holds_alternative<doorman::stored_budget_mark>(ok));
+  CHECK(std::get<doorman::stored_budget_mark>(ok).window == 1764374400);
+  CHECK(std::get<doorman::stored_budget_mark>(ok).mark == 1500.5);
+  const auto why = [](std::string_view text) {
+    const auto r = doorman::read_budget_mark(text);
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : "read";
+  };
+  CHECK(why("") == "not a JSON object");
+  CHECK(why("[1]") == "not a JSON object");
+  CHECK(why(R"({"mark": 1})") == "window: must be an integer");
+  CHECK(why(R"({"window": 1.5, "mark": 1})") == "window: must be an integer");
+  CHECK(why(R"({"window": 1})") == "mark: must be a number");
+  CHECK(why(R"({"window": 1, "mark": "9"})") == "mark: must be a number");
+  CHECK(why(R"({"window": 1, "mark": -1})") == "mark: must be from 0 to 1e15");
+  CHECK(why(R"({"window": 1, "mark": 1e300})") == "mark: must be from 0 to 1e15");
+}
+
 TEST_CASE("the etcd client speaks TLS to https:// endpoints, with a client certificate",
           "[etcd][tls]") {
   const auto& certs = test_certificates::get();

@@ -448,8 +448,10 @@ class ClientTest(unittest.TestCase):
         algorithm["refresh_interval"] = 0.1  # the day's budget is spent in about a minute
         etcd = Etcd()
         try:
+            # No budget marks: each costs its step of the budget at a master change, more than
+            # the 1 % this test leaves (test_a_budget_kept_in_etcd_... runs with them).
             election = ("--etcd-endpoints", etcd.endpoint, "--election-key", "/doorman/py-day",
-                        "--election-ttl", "2")
+                        "--election-ttl", "2", "--budget-mark-step", "0")
             first = self.node(conf, *election)
             self.assertTrue(eventually(first.is_master))
             second = self.node(conf, *election)
@@ -468,6 +470,50 @@ class ClientTest(unittest.TestCase):
             print(f"served at {rate:.0f} units/s, {rate / (units / 86400):.0f} times the "
                   f"day's average rate")
             self.assertGreater(rate, 10 * units / 86400)
+        finally:
+            etcd.stop()
+
+    def test_a_budget_kept_in_etcd_survives_the_loss_of_every_root(self) -> None:
+        # Three replicas spend a budget through two roots electing in etcd, which keep the
+        # budget's mark there. A replica is killed, and at once both roots (SIGKILL): what the
+        # replica spent since its last report was never heard by any root. Two new roots come
+        # up on the same addresses; the new master counts from the mark, so the replicas still
+        # never pass the budget and the root never counts less than they spent
+        # (docs/budgets.md, "When every root is lost").
+        if not os.path.exists("/usr/bin/etcd"):
+            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
+        units = 600_000
+        conf = budget_config(units, lease_length=3)
+        algorithm = conf["resources"][0]["algorithm"]
+        algorithm["learning_mode_duration"] = 3  # >= the lease
+        algorithm["refresh_interval"] = 0.1
+        etcd = Etcd()
+        try:
+            election = ("--etcd-endpoints", etcd.endpoint, "--election-key", "/doorman/py-lost",
+                        "--election-ttl", "2", "--budget-mark-step", "0.005")
+            roots = [self.node(conf, *election)]
+            self.assertTrue(eventually(roots[0].is_master))
+            roots.append(self.node(conf, *election))
+            addresses = [r.address for r in roots]
+            with BudgetReplicas(",".join(addresses), "9000") as replicas:
+                self.assertTrue(eventually(lambda: replicas.total() > 0.2 * units, timeout=60))
+                replicas.kill(0)
+                for r in roots:
+                    r.kill()
+                roots = [self.node(conf, *election, "--listen", a) for a in addresses]
+                self.assertTrue(eventually(lambda: any(r.is_master() for r in roots),
+                                           timeout=15))
+                master = next(r for r in roots if r.is_master())
+                self.assertTrue(eventually(lambda: replicas.settled(0.5 * units), timeout=90),
+                                replicas.total())
+                replicas.stop()
+                spent = replicas.total()
+                st = master.call("status", {"resource_id": "tokens"})["result"]["resources"][0]
+                print(f"budget {units}: spent {spent:.0f} ({spent / units:.1%}); the new "
+                      f"master counts {st['budget']['spent']}")
+                self.assertLessEqual(spent, units)  # never over
+                self.assertGreaterEqual(st["budget"]["spent"], spent)  # never counted under
+                self.assertGreaterEqual(spent, 0.95 * units)
         finally:
             etcd.stop()
 

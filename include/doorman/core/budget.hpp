@@ -193,9 +193,7 @@ class budget_count {
 
   /// What is counted as spent: the reports and unreported allotments, or at least what a
   /// restored mark leaves unaccounted for (`restore`).
-  [[nodiscard]] double spent() const noexcept {
-    return spent_ + std::max(0.0, floor_ - vouched_);
-  }
+  [[nodiscard]] double spent() const noexcept { return spent_ + std::max(0.0, floor_ - vouched_); }
 
   /// A new master's start from its window's durable mark (docs/budgets.md, "When every root
   /// is lost"): at most `mark` was spent or allotted before it. Until the clients say what of

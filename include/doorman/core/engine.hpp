@@ -104,6 +104,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     if (is_master != mastership_.is_master) {
       resources_.clear();
       mark_due_.clear();
+      ++mark_term_;
       if (is_master) master_since_ = now - std::max(quiet, duration::zero());
     }
     mastership_ = {is_master, std::move(master)};
@@ -185,6 +186,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     std::string resource_id;
     std::int64_t window = 0;
     std::optional<double> raise{};
+    std::uint64_t term = 0;  ///< of which mastership: an answer for another one is ignored
   };
 
   /// Whether a budget mark is to be read or raised (cheap: after every batch of calls).
@@ -216,12 +218,14 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// nothing is, or it is of another window; a raise: the value written), or nothing when the
   /// task failed (it comes again). A read starts the window's count from the mark (at most
   /// that much was spent and allotted before: `budget_count::restore`).
-  void budget_mark_done(std::string_view resource_id, std::int64_t window,
-                        std::optional<double> mark) {
-    const auto it = resources_.find(resource_id);
-    if (!mastership_.is_master || it == resources_.end() || !it->second.budget) return;
+  void budget_mark_done(const budget_mark_task& t, std::optional<double> mark) {
+    const auto it = resources_.find(t.resource_id);
+    if (!mastership_.is_master || t.term != mark_term_ || it == resources_.end() ||
+        !it->second.budget) {
+      return;  // of a term gone by
+    }
     resource& r = it->second;
-    if (r.mark.window != window || !r.mark.busy) return;  // of a window or term gone by
+    if (r.mark.window != t.window || !r.mark.busy) return;  // of a window gone by
     r.mark.busy = false;
     if (mark && !r.mark.known) {
       r.budget->restore(*mark);
@@ -525,7 +529,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   // A budget mark is due when the resource's window has none read yet, or what is spent and
   // allotted came within half a step of it (and the budget is not all marked already).
   void mind_mark(resource& r) {
-    if (!(options_.budget_mark_step > 0) || r.mark.busy) return;
+    if (!(options_.budget_mark_step > 0) || !options_.is_root || r.mark.busy) return;
     if (mark_task(r)) {
       r.mark.busy = true;  // queued: once
       mark_due_.push_back(r.id);
@@ -535,11 +539,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   std::optional<budget_mark_task> mark_task(resource& r) const {
     const std::int64_t w = r.budget->window().start;
     if (r.mark.window != w) r.mark = {.window = w};
-    if (!r.mark.known) return budget_mark_task{r.id, w, std::nullopt};
+    if (!r.mark.known) return budget_mark_task{r.id, w, std::nullopt, mark_term_};
     const double step = options_.budget_mark_step * r.tmpl.capacity;
     const double used = r.budget->spent() + r.store.sum_held();
     if (r.mark.durable >= r.tmpl.capacity || used + step / 2 < r.mark.durable) return {};
-    return budget_mark_task{r.id, w, std::min(r.tmpl.capacity, used + step)};
+    return budget_mark_task{r.id, w, std::min(r.tmpl.capacity, used + step), mark_term_};
   }
 
   // A budget resource released: the client's last report, if it gave one, and the rest of
@@ -651,6 +655,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
   std::vector<std::string> mark_due_;  // budget resources whose mark is to be read or raised
+  std::uint64_t mark_term_ = 0;        // mastership changes, for mark tasks
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
 };

@@ -271,7 +271,7 @@ struct gateway_answer {
   return r;
 }
 
-/// A `kv/txn` answer of `put_if_absent(key, value, lease)`.
+/// A `kv/txn` answer of `put_if_absent(key, value, lease)` or `put_if_revision` (lease 0).
 [[nodiscard]] inline etcd_result<etcd_claim> claim(const nlohmann::json& a, std::string value,
                                                    std::int64_t lease) {
   etcd_result<etcd_claim> r;
@@ -434,6 +434,13 @@ class etcd_client {
                                                                       std::string value,
                                                                       std::int64_t lease,
                                                                       clock::time_point deadline);
+
+  /// Sets `key` = `value` (no lease) if the key's `mod_revision` is still `revision` (0: the key
+  /// does not exist); either way, the key as it is afterwards (`created`: this put happened).
+  DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> put_if_revision(std::string key,
+                                                                        std::string value,
+                                                                        std::int64_t revision,
+                                                                        clock::time_point deadline);
 
   /// Waits for a change of `key` at or after revision `from` (a watch, on the endpoint that
   /// answered last): true once there is one, false when `deadline` comes first, an error when

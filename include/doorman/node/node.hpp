@@ -33,6 +33,7 @@
 #include "doorman/net/server.hpp"
 #include "doorman/node/access.hpp"
 #include "doorman/node/admin.hpp"
+#include "doorman/node/budget_marks.hpp"
 #include "doorman/node/config_driver.hpp"
 #include "doorman/node/config_source.hpp"
 #include "doorman/node/election.hpp"
@@ -184,6 +185,7 @@ class basic_node {
       server_.stop();
       if (admin_) admin_->stop();
       config_.stop();
+      marks_.stop();
       if (parent_) parent_->stop();
     });
   }
@@ -207,6 +209,7 @@ class basic_node {
       if (!result) record.error = result.code();
       (void)served(record, start, peer);
       if (parent_) parent_->after_calls();
+      marks_.after_calls();
       mastership_.name_master(result, door);
       done(std::move(result));
     });
@@ -285,7 +288,8 @@ class basic_node {
                  ? std::make_shared<net::tls_context>(net::tls_side::server, options_.tls)
                  : nullptr),
         election_(std::move(election)),
-        config_(strand_, engine_, options_.config, config.revision, metrics_, options_.log) {
+        config_(strand_, engine_, options_.config, config.revision, metrics_, options_.log),
+        marks_(strand_, engine_, options_.budget_marks, options_.log) {
     metrics_.count_reload(true);
     if (!options_.admin.empty()) {
       admin_.emplace(
@@ -353,6 +357,7 @@ class basic_node {
     // A client asked for a resource the node had no state for, or gave back capacity the
     // parent is waiting for: that may make the next request to the parent due sooner.
     if (parent_) parent_->after_calls();
+    marks_.after_calls();  // a budget's mark to read or raise
     return answers;
   }
 
@@ -433,6 +438,7 @@ class basic_node {
   node_metrics metrics_;
   node_mastership<engine_type, Election> mastership_{engine_, election_, metrics_, options_.log};
   basic_config_driver<engine_type> config_;
+  basic_budget_keeper<engine_type> marks_;
   std::optional<basic_parent_link<engine_type>> parent_;  // an intermediate's, once started
   std::string local_;
   std::string admin_local_;

@@ -24,6 +24,7 @@
 #include "doorman/net/http_server.hpp"
 #include "doorman/net/server.hpp"
 #include "doorman/node/access.hpp"
+#include "doorman/node/budget_marks.hpp"
 #include "doorman/node/config_source.hpp"
 
 namespace doorman {
@@ -58,6 +59,11 @@ struct node_options {
   /// Where the configuration comes from, for the constructor without one and for
   /// `reload_config()`.
   config_options config{};
+
+  /// Where a root keeps its budgets' marks, with `engine.budget_mark_step` (docs/budgets.md,
+  /// "When every root is lost"). Without a prefix and etcd endpoints, none are kept (the step
+  /// is then 0).
+  budget_mark_options budget_marks{};
   /// Where the admin endpoint listens, `host:port` (port 0: a free one; see `admin_address`);
   /// empty: no admin endpoint.
   std::string admin;
@@ -143,6 +149,10 @@ inline node_options prepare_node_options(node_options o) {
     using namespace std::chrono;
     o.engine.utc_offset = duration<double>(system_clock::now().time_since_epoch()).count() -
                           duration<double>(steady_clock::now().time_since_epoch()).count();
+  }
+  if (o.budget_marks.prefix.empty() || o.budget_marks.etcd_endpoints.empty()) {
+    o.budget_marks.prefix.clear();  // nowhere to keep marks: none
+    o.engine.budget_mark_step = 0;
   }
   o.upstream.decay_factor = o.engine.decay_factor;
   if (!net::parse_address(o.listen)) {

@@ -79,21 +79,38 @@ DOORMAN_DECL asio::awaitable<etcd_result<bool>> etcd_client::revoke(std::int64_t
   co_return r;
 }
 
+namespace detail {
+
+// A `kv/txn` body: put `key` = `value` (on `lease`, 0 for none) when the key's `target`
+// revision ("CREATE" or "MOD") is `revision`; else read the key.
+inline nlohmann::json txn_put(std::string_view key, std::string_view value, std::int64_t lease,
+                              const char* target, std::int64_t revision) {
+  const auto k = base64_encode(key);
+  const std::string field = target == std::string_view("MOD") ? "mod_revision" : "create_revision";
+  nlohmann::json put = {{"key", k}, {"value", base64_encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  return {{"compare", nlohmann::json::array({{{"key", k},
+                                              {"target", target},
+                                              {"result", "EQUAL"},
+                                              {field, std::to_string(revision)}}})},
+          {"success", nlohmann::json::array({{{"request_put", std::move(put)}}})},
+          {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
+}
+
+}  // namespace detail
+
 DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_absent(
     std::string key, std::string value, std::int64_t lease, clock::time_point deadline) {
-  const auto k = base64_encode(key);
-  nlohmann::json body = {
-      {"compare",
-       nlohmann::json::array(
-           {{{"key", k}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}})},
-      {"success",
-       nlohmann::json::array(
-           {{{"request_put",
-              {{"key", k}, {"value", base64_encode(value)}, {"lease", std::to_string(lease)}}}}})},
-      {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
-  auto a = co_await call("kv/txn", std::move(body), deadline);
+  auto a = co_await call("kv/txn", detail::txn_put(key, value, lease, "CREATE", 0), deadline);
   if (!a) co_return a.template failure<etcd_claim>();
   co_return etcd_decode::claim(a.value, std::move(value), lease);
+}
+
+DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_revision(
+    std::string key, std::string value, std::int64_t revision, clock::time_point deadline) {
+  auto a = co_await call("kv/txn", detail::txn_put(key, value, 0, "MOD", revision), deadline);
+  if (!a) co_return a.template failure<etcd_claim>();
+  co_return etcd_decode::claim(a.value, std::move(value), 0);
 }
 
 DOORMAN_DECL asio::awaitable<etcd_result<bool>> etcd_client::watch(
