@@ -155,19 +155,19 @@ struct mark_store {
   void serve(Engine& engine, manual_clock::time_point now) {
     while (engine.budget_marks_due()) {
       for (const auto& t : engine.budget_mark_tasks(now))
-        answer(engine, t, false);
+        answer(engine, t, false, now);
     }
   }
 
   template <class Engine, class Task>
-  void answer(Engine& engine, const Task& t, bool fail) {
-    if (fail) return engine.budget_mark_done(t, std::nullopt);
+  void answer(Engine& engine, const Task& t, bool fail, manual_clock::time_point now) {
+    if (fail) return engine.budget_mark_done(t, std::nullopt, now);
     auto& m = marks[t.resource_id];
     if (t.raise) {
       m = {t.window, *t.raise};
-      return engine.budget_mark_done(t, *t.raise);
+      return engine.budget_mark_done(t, *t.raise, now);
     }
-    engine.budget_mark_done(t, m.first == t.window ? m.second : 0.0);
+    engine.budget_mark_done(t, m.first == t.window ? m.second : 0.0, now);
   }
 };
 
@@ -815,23 +815,23 @@ TEST_CASE("a root keeping budget marks allots nothing before its mark is read, n
   CHECK(f.ask_budget("a", 500).gets.capacity == 0);
   CHECK_FALSE(f.engine.budget_marks_due());  // the read is out
   // A failed read comes again; one of a window or a term gone by changes nothing.
-  f.engine.budget_mark_done(tasks[0], std::nullopt);
+  f.engine.budget_mark_done(tasks[0], std::nullopt, f.clock.now());
   auto stale = tasks[0];
   stale.window -= 86400;
-  f.engine.budget_mark_done(stale, 900.0);
+  f.engine.budget_mark_done(stale, 900.0, f.clock.now());
   stale = tasks[0];
   stale.term -= 1;
-  f.engine.budget_mark_done(stale, 900.0);
+  f.engine.budget_mark_done(stale, 900.0, f.clock.now());
   tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);
   CHECK_FALSE(tasks[0].raise);
   // Nothing stored: the count starts at 0, and the mark is raised a step ahead.
-  etcd.answer(f.engine, tasks[0], false);
+  etcd.answer(f.engine, tasks[0], false, f.clock.now());
   tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);
   CHECK(tasks[0].raise == Approx(100));
   CHECK(f.ask_budget("a", 500).gets.capacity == 0);  // not stored yet: nothing
-  etcd.answer(f.engine, tasks[0], false);
+  etcd.answer(f.engine, tasks[0], false, f.clock.now());
   CHECK(etcd.marks["tokens"] == std::pair<std::int64_t, double>(day_start, 100));
   // Stored: allotted up to it, and raised again as what is out comes near it.
   budget_client a{"a"}, b{"b"};
@@ -860,6 +860,16 @@ TEST_CASE("a root keeping budget marks allots nothing before its mark is read, n
   tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);
   CHECK(tasks[0].window == day_start + 86400);
+  CHECK_FALSE(tasks[0].raise);
+  // A read still out when its window ends is not the next window's: that one is read anew.
+  f.clock.advance(std::chrono::hours(24));
+  CHECK(f.ask_budget("a", 500).gets.capacity == 0);  // the count is in the next window now
+  etcd.marks["tokens"] = {day_start + 86400, 900};
+  etcd.answer(f.engine, tasks[0], false, f.clock.now());
+  CHECK(f.budget().spent == 0);
+  tasks = f.engine.budget_mark_tasks(f.clock.now());
+  REQUIRE(tasks.size() == 1);
+  CHECK(tasks[0].window == day_start + 2 * 86400);
   CHECK_FALSE(tasks[0].raise);
 }
 
@@ -931,7 +941,7 @@ TEST_CASE("with budget marks, no master change lets clients pass a budget, whoev
     for (auto& t : f.engine.budget_mark_tasks(f.clock.now()))
       out.push_back(std::move(t));
     while (!out.empty() && u(rng) < 0.7) {  // etcd answers, late, or fails
-      etcd.answer(f.engine, out.front(), u(rng) < 0.1);
+      etcd.answer(f.engine, out.front(), u(rng) < 0.1, f.clock.now());
       out.erase(out.begin());
     }
     if (u(rng) < 0.005) {  // the master changes; its marks' answers to the old one are lost

@@ -218,7 +218,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// nothing is, or it is of another window; a raise: the value written), or nothing when the
   /// task failed (it comes again). A read starts the window's count from the mark (at most
   /// that much was spent and allotted before: `budget_count::restore`).
-  void budget_mark_done(const budget_mark_task& t, std::optional<double> mark) {
+  void budget_mark_done(const budget_mark_task& t, std::optional<double> mark, time_point now) {
     const auto it = resources_.find(t.resource_id);
     if (!mastership_.is_master || t.term != mark_term_ || it == resources_.end() ||
         !it->second.budget) {
@@ -227,11 +227,14 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     resource& r = it->second;
     if (r.mark.window != t.window || !r.mark.busy) return;  // of a window gone by
     r.mark.busy = false;
-    if (mark && !r.mark.known) {
-      r.budget->restore(*mark);
+    expire_leases(r, now);
+    // A mark of a window the count has left (the window ended while it was out) is not this
+    // window's: the next is read instead.
+    if (mark && r.budget->window().start == t.window) {
+      if (!r.mark.known) r.budget->restore(*mark);
       r.mark.known = true;
+      r.mark.durable = std::max(r.mark.durable, *mark);
     }
-    if (mark) r.mark.durable = std::max(r.mark.durable, *mark);
     mind_mark(r);
   }
 

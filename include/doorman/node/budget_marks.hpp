@@ -77,7 +77,9 @@ class basic_budget_keeper {
         engine_(target),
         options_(std::move(options)),
         log_(std::move(log)),
-        backoff_(strand) {}
+        backoff_(strand) {
+    if (active()) etcd_.emplace(strand_, options_.etcd_endpoints, options_.etcd_tls);  // throws
+  }
 
   basic_budget_keeper(const basic_budget_keeper&) = delete;
   basic_budget_keeper& operator=(const basic_budget_keeper&) = delete;
@@ -87,7 +89,6 @@ class basic_budget_keeper {
   /// After calls (on the strand): performs the marks that came due, unless already at it.
   void after_calls() {
     if (!active() || running_ || stopping_ || !engine_.budget_marks_due()) return;
-    if (!etcd_) etcd_.emplace(strand_, options_.etcd_endpoints, options_.etcd_tls);
     running_ = true;
     asio::co_spawn(
         strand_,
@@ -116,7 +117,7 @@ class basic_budget_keeper {
       for (const auto& t : engine_.budget_mark_tasks(clock::now())) {
         const auto mark = co_await perform(t);
         failures_ = mark ? 0 : failures_ + 1;
-        engine_.budget_mark_done(t, mark);
+        engine_.budget_mark_done(t, mark, clock::now());
       }
     }
     running_ = false;
