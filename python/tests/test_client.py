@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import unittest
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the wheel)
@@ -385,12 +386,8 @@ class ClientTest(unittest.TestCase):
         # never exceeds the budget, the root never counts less, and most of it is spent. (A
         # replica killed before a master change takes what it spent since its last report to
         # the old master with it: docs/budgets.md, "A master change".)
-        if not os.path.exists("/usr/bin/etcd"):
-            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
         units = 600_000
-        conf = budget_config(units, lease_length=3)
-        conf["resources"][0]["algorithm"]["learning_mode_duration"] = 3  # >= the lease
-        etcd = Etcd()
+        conf, etcd = self.etcd_budget(units)
         try:
             election = ("--etcd-endpoints", etcd.endpoint, "--election-key", "/doorman/py-budget",
                         "--election-ttl", "2")
@@ -436,17 +433,12 @@ class ClientTest(unittest.TestCase):
         # budget is served as fast as the replicas ask (a burst far above 10 times the day's
         # average rate). Each replica holds at most 9 000 units: the killed one's allotment
         # and the allotments' ends too small for one more call are all that is lost.
-        if not os.path.exists("/usr/bin/etcd"):
-            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
         to_midnight = 86400 - time.time() % 86400
         if to_midnight < 120:  # the test must not straddle the day's end
             time.sleep(to_midnight + 1)
         units = 2_000_000
-        conf = budget_config(units, lease_length=3, window="day")
-        algorithm = conf["resources"][0]["algorithm"]
-        algorithm["learning_mode_duration"] = 3  # >= the lease
-        algorithm["refresh_interval"] = 0.1  # the day's budget is spent in about a minute
-        etcd = Etcd()
+        conf, etcd = self.etcd_budget(units, 0.1)  # the day's budget spent in about a minute
+        conf["resources"][0]["budget"]["window"] = "day"
         try:
             # No budget marks: each costs its step of the budget at a master change, more than
             # the 1 % this test leaves (test_a_budget_kept_in_etcd_... runs with them).
@@ -480,14 +472,8 @@ class ClientTest(unittest.TestCase):
         # up on the same addresses; the new master counts from the mark, so the replicas still
         # never pass the budget and the root never counts less than they spent
         # (docs/budgets.md, "When every root is lost").
-        if not os.path.exists("/usr/bin/etcd"):
-            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
         units = 600_000
-        conf = budget_config(units, lease_length=3)
-        algorithm = conf["resources"][0]["algorithm"]
-        algorithm["learning_mode_duration"] = 3  # >= the lease
-        algorithm["refresh_interval"] = 0.1
-        etcd = Etcd()
+        conf, etcd = self.etcd_budget(units, 0.1)
         try:
             election = ("--etcd-endpoints", etcd.endpoint, "--election-key", "/doorman/py-lost",
                         "--election-ttl", "2", "--budget-mark-step", "0.005")
@@ -516,6 +502,19 @@ class ClientTest(unittest.TestCase):
                 self.assertGreaterEqual(spent, 0.95 * units)
         finally:
             etcd.stop()
+
+    def etcd_budget(self, units: float, refresh_interval: float | None = None
+                    ) -> tuple[dict[str, Any], "Etcd"]:
+        """A budget of `units` for roots electing in a real etcd (leases of 3 s, learning mode
+        as long), and that etcd; skips the test without /usr/bin/etcd."""
+        if not os.path.exists("/usr/bin/etcd"):
+            self.skipTest("no /usr/bin/etcd (Debian: etcd-server)")
+        conf = budget_config(units, lease_length=3)
+        algorithm = conf["resources"][0]["algorithm"]
+        algorithm["learning_mode_duration"] = 3  # >= the lease
+        if refresh_interval is not None:
+            algorithm["refresh_interval"] = refresh_interval
+        return conf, Etcd()
 
     def check_spent_in_full(self, replicas: "BudgetReplicas", root: Node, units: float,
                             least: float = 0.8) -> float:
