@@ -96,7 +96,10 @@ std::string usage() {
          "  --campaign S        run the seeded fault campaign from seed S\n"
          "  --seeds N           how many seeds, S to S+N-1 (default 1)\n"
          "  --minutes M         simulated minutes per seed (default 600)\n"
-         "  --no-fencing        masters answer past their term: what the campaign must catch\n";
+         "  --no-fencing        masters answer past their term: what the campaign must catch\n\n"
+         "calls of heavy-tailed cost (instead of a scenario; docs/budgets.md):\n"
+         "  --costs S           10 clients settling calls of 100 to 30 000 units against\n"
+         "                      300 000 units/s, from seed S (--seeds and --duration apply)\n";
 }
 
 // The campaign over `seeds` seeds from `first`: one line each; 1 when any broke an invariant.
@@ -119,6 +122,20 @@ int run_campaigns(std::uint64_t first, std::uint64_t seeds, double minutes, bool
   return broken == 0 ? 0 : 1;
 }
 
+// The cost runs over `seeds` seeds from `first`: one line each; 1 when any broke its promise.
+int run_costs(std::uint64_t first, std::uint64_t seeds, double duration) {
+  int broken = 0;
+  for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
+    const auto r =
+        doorman::sim::run_costs({.seed = seed, .duration = duration > 0 ? duration : 600});
+    const bool ok = doorman::sim::kept(r.verdict);
+    std::cout << "costs seed " << seed << ": " << doorman::sim::describe(r.verdict)
+              << (ok ? "" : " (BROKEN)") << std::endl;
+    if (!ok) ++broken;
+  }
+  return broken == 0 ? 0 : 1;
+}
+
 double number(const std::string& flag, const std::string& text) {
   return doorman_examples::parse_number(flag, text, 0, std::numeric_limits<double>::infinity());
 }
@@ -130,6 +147,7 @@ struct sim_flags {
   std::string out_dir;
   bool quiet = false;
   std::optional<std::uint64_t> campaign;
+  std::optional<std::uint64_t> costs;
   std::uint64_t seeds = 1;
   double minutes = 600;
   bool fencing = true;
@@ -163,6 +181,7 @@ std::vector<doorman_examples::flag_action> flags(sim_flags& f) {
       {"--scenario", [&](arguments& a) { read_scenarios(f, a.value()); }},
       {"--campaign",
        [&](arguments& a) { f.campaign = static_cast<std::uint64_t>(num(a, "--campaign")); }},
+      {"--costs", [&](arguments& a) { f.costs = static_cast<std::uint64_t>(num(a, "--costs")); }},
       {"--seeds", [&](arguments& a) { f.seeds = static_cast<std::uint64_t>(a.number(1, 1e6)); }},
       {"--minutes", [&](arguments& a) { f.minutes = a.number(0.01, 1e7); }},
       {"--no-fencing", [&](arguments&) { f.fencing = false; }},
@@ -251,6 +270,7 @@ int main(int argc, char** argv) {
   const auto text = usage();
   return doorman_examples::run_program(argc, argv, "doorman-sim", text.c_str(), flags(f), [&] {
     if (f.campaign) return run_campaigns(*f.campaign, f.seeds, f.minutes, f.fencing);
+    if (f.costs) return run_costs(*f.costs, f.seeds, f.options.duration);
     return run_scenarios(f);
   });
 }

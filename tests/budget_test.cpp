@@ -957,3 +957,76 @@ TEST_CASE("with budget marks, no master change lets clients pass a budget, whoev
   CHECK(fleet.real <= 10'000 + 1e-6);
   CHECK(fleet.real >= 5'000);
 }
+
+TEST_CASE("count_hits on a budget draws from its UTC window, whole or nothing",
+          "[core][budget][engine][count]") {
+  budget_fixture f(R"("day")", 1000, day_start + 3600.0);  // 01:00 UTC
+  const auto draw = [&](double hits, double window = 60) {
+    auto r = f.engine.count_hits({"rls", {{"tokens", hits, window}}}, f.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0];
+  };
+  // The budget's window and limit, whatever the request's window says.
+  auto v = draw(600, 86400);
+  CHECK(v.admitted);
+  CHECK(v.limit == 1000);
+  CHECK(v.remaining == 400);
+  CHECK(v.reset == Approx(23 * 3600.0));
+  CHECK(draw(500, 60).admitted == false);  // refused whole, nothing counted
+  v = draw(400);
+  CHECK(v.admitted);
+  CHECK(v.remaining == 0);
+  CHECK(f.budget().spent == 1000);
+  // Allotments and draws share the window: nothing is left for a client.
+  CHECK(f.ask_budget("a", 100).gets.capacity == 0);
+  // The next UTC day starts whole.
+  f.clock.advance(std::chrono::hours(23));
+  v = draw(1000);
+  CHECK(v.admitted);
+  CHECK(v.reset == Approx(86400));
+  // A rate resource beside it still counts its hits in windows of capacity × window.
+  CHECK(
+      f.engine.count_hits({"rls", {{"other", 1, 60}}}, f.clock.now()).value().resources[0].limit ==
+      0);
+}
+
+TEST_CASE("count_hits on a budget with marks waits for the mark, then keeps a draw ahead",
+          "[core][budget][engine][count]") {
+  budget_fixture f(R"("day")", 10'000, day_start + 3600.0, 0, 0.01);  // a step of 100
+  mark_store etcd;
+  const auto draw = [&](double hits) {
+    auto r = f.engine.count_hits({"rls", {{"tokens", hits, 86400}}}, f.clock.now());
+    REQUIRE(r);
+    return r.value().resources[0];
+  };
+  // Before the window's mark is read, a draw is not counted, and says the budget has room
+  // for it (a replica takes that as no answer, not as a refusal: window_draws).
+  auto v = draw(500);
+  CHECK_FALSE(v.admitted);
+  CHECK(v.remaining == 10'000);
+  CHECK(f.budget().spent == 0);
+  // (A status call in between keeps what the mark's read is for.) The mark is read, then
+  // raised two draws ahead, not a step (100): a draw of 500 was held back by it.
+  etcd.serve(f.engine, f.clock.now());
+  CHECK(etcd.marks["tokens"].second == Approx(1000));
+  // From then on each draw of 500 finds room: the mark is raised a draw ahead after each.
+  for (int i = 0; i < 10; ++i) {
+    v = draw(500);
+    CHECK(v.admitted);
+    etcd.serve(f.engine, f.clock.now());
+    CHECK(f.budget().spent <= etcd.marks["tokens"].second);
+  }
+  CHECK(f.budget().spent == 5'000);
+  // A new master counts the draws from the mark: nothing drawn before is drawn again.
+  f.engine.set_mastership(false, "other:7700", f.clock.now());
+  f.engine.set_mastership(true, "self:7700", f.clock.now());
+  CHECK_FALSE(draw(500).admitted);  // the mark is read first
+  etcd.serve(f.engine, f.clock.now());
+  double drawn = 5'000;
+  for (int i = 0; i < 40; ++i) {
+    if (draw(500).admitted) drawn += 500;
+    etcd.serve(f.engine, f.clock.now());
+  }
+  CHECK(drawn <= 10'000);
+  CHECK(drawn >= 9'000);
+}

@@ -341,6 +341,32 @@ TEST_CASE("window draws: a small limit draws one request's hits, and remembers a
   CHECK(s.draw);
 }
 
+TEST_CASE("window draws: a refusal that says the draw fits is no answer, and not remembered",
+          "[draws]") {
+  // A root that cannot count yet (a budget's durable mark being read) refuses the draw with
+  // the room it has: the waiting are unavailable, and the next request draws again.
+  manual_clock clock;
+  draws_t draws({});
+  auto s = draws.take("k", 1, 3, 60s, clock.now(), 1);
+  REQUIRE(s.draw);
+  CHECK_FALSE(draws.take("k", 1, 3, 60s, clock.now(), 2).decided);  // waits behind it
+  auto v = verdict(*s.draw, false, 3, 3, 50);
+  auto r = draws.answered("k", &v, clock.now());
+  REQUIRE(r.decided.size() == 2);
+  for (const auto& [who, outcome] : r.decided) {
+    CHECK(outcome.what == kind::unavailable);
+    CHECK(std::string(outcome.why) == "the root cannot count it yet");
+  }
+  CHECK_FALSE(r.draw);
+  s = draws.take("k", 1, 3, 60s, clock.now(), 3);
+  CHECK_FALSE(s.decided);
+  REQUIRE(s.draw);  // drawn again, not refused
+  v = verdict(*s.draw, true, 3, 2, 50);
+  r = draws.answered("k", &v, clock.now());
+  REQUIRE(r.decided.size() == 1);
+  CHECK(r.decided[0].second.what == kind::admitted);
+}
+
 TEST_CASE("window draws: blocks follow demand, capped at a twentieth of the limit", "[draws]") {
   manual_clock clock;
   draws_t draws({});

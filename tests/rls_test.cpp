@@ -321,7 +321,7 @@ std::string output_of(const std::string& command) {
   return out;
 }
 
-// A doorman tree's root serving the rules of one file (`tenant` keys, `limit` a minute, as
+// A doorman tree's root serving the rules of one file (`tenant` keys, `limit` a `unit`, as
 // --print-root-config gives them, refreshed every second instead of every 5: a share moves
 // between replicas within two refreshes), and two doorman-rls replicas leasing from it.
 struct rls_tree {
@@ -333,14 +333,14 @@ struct rls_tree {
   std::vector<std::unique_ptr<pb::RateLimitService::Stub>> stubs;
 
   rls_tree(const std::string& name, int limit, const std::vector<std::string>& replica_flags,
-           int replica_count = 2) {
+           int replica_count = 2, const std::string& unit = "minute") {
     dir = std::filesystem::temp_directory_path() /
           ("doorman-rls-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir / "config");
     std::ofstream(dir / "config" / "shared.yaml")
         << "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
-           "      unit: minute\n      requests_per_unit: "
-        << limit << "\n";
+           "      unit: "
+        << unit << "\n      requests_per_unit: " << limit << "\n";
     auto root_config =
         nlohmann::json::parse(output_of(std::string(DOORMAN_RLS_BINARY) + " --config " +
                                         (dir / "config").string() + " --print-root-config"));
@@ -442,6 +442,33 @@ TEST_CASE("rls: two replicas share one limit exactly, from a key's first request
   CHECK_THAT(metrics,
              Catch::Contains(
                  R"(doorman_requests_total{method="count_hits",outcome="ok",door="json-rpc"} 21)"));
+}
+
+TEST_CASE("rls: a day rule is a budget at the root: a UTC day, its limit exact across replicas",
+          "[rls][process]") {
+  rls_tree t("day", 30, {}, 2, "day");
+  const auto root_config = nlohmann::json::parse(std::ifstream(t.dir / "root.json"));
+  CHECK(root_config["resources"][0]["budget"] == nlohmann::json{{"window", 86400}});
+  CHECK(root_config["resources"][0]["capacity"] == 30);
+  int admitted = 0;
+  std::int64_t reset = 0;
+  for (int k = 0; k < 25; ++k) {
+    for (const int i : {0, 1}) {
+      const auto a = t.ask(i);
+      if (a.overall_code() == pb::RateLimitResponse::OK) ++admitted;
+      reset = a.statuses(0).duration_until_reset().seconds();
+    }
+  }
+  CHECK(admitted == 30);
+  // The window is the UTC day: it resets at the next midnight UTC, as envoyproxy/ratelimit's.
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  CHECK(std::abs(reset - (86400 - now % 86400)) <= 2);
+  // The root counts the day's draws in its budget for the key.
+  const auto page = doorman_test::http_get(t.admin, "/status").body;
+  CHECK_THAT(page, Catch::Contains("<h2>Budgets</h2>"));
+  CHECK_THAT(page, Catch::Contains("shared/tenant=t1"));
 }
 
 TEST_CASE("rls: a new key asked flat out at two replicas admits its limit, not more",

@@ -508,3 +508,19 @@ TEST_CASE("fault campaign: masters that answer past their term are caught", "[si
   std::printf("campaign without fencing: %d of 10 seeds caught in 120 simulated minutes\n", caught);
   CHECK(caught >= 5);
 }
+
+TEST_CASE("simulation: calls of heavy-tailed cost keep every minute within capacity",
+          "[sim][costs]") {
+  const auto seed = GENERATE(1, 2, 3);
+  const auto r = doorman::sim::run_costs({.seed = static_cast<std::uint64_t>(seed)});
+  const auto& v = r.verdict;
+  INFO(doorman::sim::describe(v));
+  REQUIRE(v.calls > 10000);
+  CHECK(v.worst_window <= v.bound);
+  CHECK(v.used >= 0.95);
+  CHECK(v.late == 0);
+  CHECK(doorman::sim::kept(v));
+  // The calls are what the budget is for: a tail of dear ones, past 10 times the burst.
+  const auto dearest = *std::max_element(r.largest.begin(), r.largest.end());
+  CHECK(dearest > 10 * 3000 * 0.9);
+}

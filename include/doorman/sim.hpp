@@ -5,6 +5,7 @@
 /// and client state (docs/simulation.md).
 
 #include "doorman/sim/campaign.hpp"
+#include "doorman/sim/costs.hpp"
 #include "doorman/sim/report.hpp"
 #include "doorman/sim/scenario.hpp"
 #include "doorman/sim/simulation.hpp"

@@ -35,25 +35,27 @@ def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
-class BudgetReplicas:
-    """Three replicas (budget_replica.py processes) spending the budget "tokens" through
-    `addresses`, each logging what it reserves and settles (asking to hold `wants`, if given,
-    rather than what it measures)."""
+class Replicas:
+    """Replicas (replica.py processes) of `kind` "budget" (spending the budget "tokens") or
+    "rate" (calling through the rate resource "api") through `addresses`, each logging what
+    it reserves and settles (asking to hold `wants`, if given, rather than what it
+    measures)."""
 
-    def __init__(self, addresses: str, *wants: str) -> None:
-        self.work = tempfile.mkdtemp(prefix="doorman-py-budget-")
+    def __init__(self, addresses: str, *wants: str, kind: str = "budget", count: int = 3
+                 ) -> None:
+        self.work = tempfile.mkdtemp(prefix=f"doorman-py-{kind}-")
         package = os.path.dirname(os.path.dirname(os.path.abspath(doorman.__file__)))
         env = {**os.environ, "PYTHONPATH": package}
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "budget_replica.py")
-        self.logs = [os.path.join(self.work, f"replica-{i}.log") for i in range(3)]
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replica.py")
+        self.logs = [os.path.join(self.work, f"replica-{i}.log") for i in range(count)]
         self.killed: set[int] = set()
         self.procs: list[subprocess.Popen[bytes]] = []
         for i, log in enumerate(self.logs):
             open(log, "w").close()
             self.procs.append(subprocess.Popen(
-                ["/usr/bin/python3", script, addresses, log, str(i), *wants], env=env))
+                ["/usr/bin/python3", script, kind, addresses, log, str(i), *wants], env=env))
 
-    def __enter__(self) -> "BudgetReplicas":
+    def __enter__(self) -> "Replicas":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -62,14 +64,27 @@ class BudgetReplicas:
                 p.kill()
                 p.wait(10)
 
+    def calls(self, i: int) -> list[tuple[float, float]]:
+        """Replica `i`'s calls, as (admitted at, settled cost), in order; its last reservation
+        at its full size if it was killed during that call."""
+        out: list[tuple[float, float]] = []
+        at = 0.0
+        reserved = None
+        with open(self.logs[i]) as f:
+            for line in f:
+                words = line.split()
+                if len(words) == 3 and words[0] == "reserve":
+                    reserved, at = float(words[1]), float(words[2])
+                elif len(words) == 2 and words[0] == "settle" and reserved is not None:
+                    out.append((at, float(words[1])))
+                    reserved = None
+        if i in self.killed and reserved is not None:
+            out.append((at, reserved))  # killed in the middle of a call
+        return out
+
     def spent(self, i: int) -> float:
         """What replica `i` settled, plus its last reservation if it was killed during it."""
-        words = open(self.logs[i]).read().split()
-        pairs = list(zip(words[::2], words[1::2]))
-        total = sum(float(n) for w, n in pairs if w == "settle")
-        if i in self.killed and pairs and pairs[-1][0] == "reserve":
-            total += float(pairs[-1][1])  # killed in the middle of a call
-        return total
+        return sum(cost for _, cost in self.calls(i))
 
     def total(self) -> float:
         return sum(self.spent(i) for i in range(len(self.logs)))
@@ -98,6 +113,38 @@ class BudgetReplicas:
         for i, p in enumerate(self.procs):
             if i not in self.killed:
                 p.wait(15)
+
+
+def judge_costs(calls: list[list[tuple[float, float]]], capacity: float, start: float,
+                end: float, latency: float, window: float = 60) -> dict[str, float]:
+    """The promise of calls of any cost, checked on each replica's calls (admitted at, settled
+    cost) between `start` and `end` (docs/budgets.md, "Calls of any cost"): the most the calls
+    of any `window` cost, against capacity x window plus each replica's largest call; the
+    share of the capacity used; and how late past its due time a call was admitted at worst
+    (due: the replica's previous admission plus the longer of the call's `latency` and the
+    previous call's cost at a fair share of the capacity)."""
+    fair = capacity / len(calls)
+    judged: list[tuple[float, float]] = []
+    late = 0.0
+    largest = 0.0
+    for mine in calls:
+        largest += max((cost for _, cost in mine), default=0.0)
+        for (before, cost), (at, _) in zip(mine, mine[1:]):
+            if start <= at < end:
+                late = max(late, at - (before + max(latency, cost / fair)))
+        judged += [(at, cost) for at, cost in mine if start <= at < end]
+    judged.sort()
+    worst = in_window = 0.0
+    first = 0
+    for at, cost in judged:
+        in_window += cost
+        while judged[first][0] <= at - window:
+            in_window -= judged[first][1]
+            first += 1
+        worst = max(worst, in_window)
+    spent = sum(cost for _, cost in judged)
+    return {"calls": len(judged), "worst": worst, "bound": capacity * window + largest,
+            "used": spent / (capacity * (end - start)), "late": late}
 
 
 class ClientTest(unittest.TestCase):
@@ -177,6 +224,33 @@ class ClientTest(unittest.TestCase):
             api.close()
             with self.assertRaisesRegex(ValueError, "this handle is closed"):
                 api.settle(1, 1)
+
+    def test_calls_of_heavy_tailed_cost_keep_every_minute_within_capacity(self) -> None:
+        # Ten replicas call through an intermediate and a root, each call reserving an
+        # estimate (1 000 units) and settling its real cost, 100 to 30 000 units: up to 10
+        # times the burst a replica's share gives it (a tenth of a second of 30 000 units/s).
+        # Demand exceeds the capacity. In every 60 s window the calls admitted cost at most the
+        # capacity's 60 s plus each replica's largest call; at least 95 % of the capacity is
+        # used; no call is admitted later than its due time plus one refresh interval (1 s).
+        capacity, count, length = 300_000.0, 10, 80.0
+        root = self.node(config(capacity, lease_length=10))
+        mid = self.node(config(capacity, lease_length=10), "--parent", root.address)
+        with Replicas(mid.address, kind="rate", count=count) as replicas:
+            self.assertTrue(eventually(lambda: all(replicas.calls(i) for i in range(count)),
+                                       timeout=20))
+            start = time.monotonic() + 10  # each replica's lease has settled on its share
+            time.sleep(start + length - time.monotonic())  # the run being measured
+            end = time.monotonic()
+            replicas.stop()
+            v = judge_costs([replicas.calls(i) for i in range(count)], capacity, start, end,
+                            latency=0.005)
+        print(f"{v['calls']} calls; the fullest minute {v['worst']:.0f} of {v['bound']:.0f} "
+              f"allowed ({capacity * 60:.0f} + the largest calls); {v['used']:.1%} used; the "
+              f"latest call {max(0.0, v['late']):.3f} s past due")
+        self.assertGreater(v["calls"], 10_000)
+        self.assertLessEqual(v["worst"], v["bound"])
+        self.assertGreaterEqual(v["used"], 0.95)
+        self.assertLessEqual(v["late"], 1.0)
 
     def test_a_budget_spends_its_allotment_settles_reports_and_frees_the_rest(self) -> None:
         n = self.node(budget_config(1000))
@@ -394,7 +468,7 @@ class ClientTest(unittest.TestCase):
             first = self.node(conf, *election)
             self.assertTrue(eventually(first.is_master))
             second = self.node(conf, *election)
-            with BudgetReplicas(f"{first.address},{second.address}") as replicas:
+            with Replicas(f"{first.address},{second.address}") as replicas:
                 self.assertTrue(eventually(lambda: replicas.spent(0) > 0.05 * units / 3))
                 first.kill()  # the master goes; the other wins once its lease expires (2 s)
                 self.assertTrue(eventually(second.is_master, timeout=15))
@@ -416,7 +490,7 @@ class ClientTest(unittest.TestCase):
         root = self.node(conf)
         listen = f"127.0.0.1:{free_port()}"
         mid = self.node(conf, "--parent", root.address, "--listen", listen)
-        with BudgetReplicas(mid.address, "20000") as replicas:
+        with Replicas(mid.address, "20000") as replicas:
             self.assertTrue(eventually(lambda: replicas.spent(0) > 0.05 * units / 3))
             mid.kill()
             mid = self.node(conf, "--parent", root.address, "--listen", listen)
@@ -449,7 +523,7 @@ class ClientTest(unittest.TestCase):
             second = self.node(conf, *election)
             mid = self.node(conf, "--parent", f"{first.address},{second.address}")
             start = time.monotonic()
-            with BudgetReplicas(mid.address, "9000") as replicas:
+            with Replicas(mid.address, "9000") as replicas:
                 self.assertTrue(eventually(lambda: replicas.total() > 0.2 * units, timeout=60))
                 first.kill()  # the master goes; the other wins once its lease expires (2 s)
                 self.assertTrue(eventually(second.is_master, timeout=15))
@@ -481,7 +555,7 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(eventually(roots[0].is_master))
             roots.append(self.node(conf, *election))
             addresses = [r.address for r in roots]
-            with BudgetReplicas(",".join(addresses), "9000") as replicas:
+            with Replicas(",".join(addresses), "9000") as replicas:
                 self.assertTrue(eventually(lambda: replicas.total() > 0.2 * units, timeout=60))
                 replicas.kill(0)
                 for r in roots:
@@ -516,7 +590,7 @@ class ClientTest(unittest.TestCase):
             algorithm["refresh_interval"] = refresh_interval
         return conf, Etcd()
 
-    def check_spent_in_full(self, replicas: "BudgetReplicas", root: Node, units: float,
+    def check_spent_in_full(self, replicas: "Replicas", root: Node, units: float,
                             least: float = 0.8) -> float:
         """Kills replica 0 (most likely in the middle of a call), lets the others spend until
         nothing more comes (demand exceeds the budget), checks the totals against the budget

@@ -323,11 +323,13 @@ nlohmann::json root_config(const doorman::rule_set& rules) {
                                     {"refresh_interval", 5},
                                     {"learning_mode_duration", 0}};
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& t : rules.resource_templates()) {
-    list.push_back({{"identifier_glob", t.identifier_glob},
-                    {"capacity", t.capacity},
-                    {"description", t.description},
-                    {"algorithm", algorithm}});
+  for (const auto& t : rules.resource_templates(std::chrono::hours(24))) {
+    nlohmann::json r = {{"identifier_glob", t.identifier_glob},
+                        {"capacity", t.capacity},
+                        {"description", t.description},
+                        {"algorithm", algorithm}};
+    if (t.budget) r["budget"] = {{"window", t.budget->fixed_seconds}};
+    list.push_back(std::move(r));
   }
   list.push_back({{"identifier_glob", "*"},
                   {"capacity", 0},

@@ -26,7 +26,8 @@
 /// One draw is in flight per key; requests that need it wait behind it, first come, first
 /// served. When the root refuses with less left than a request needs, the key refuses such
 /// requests without a call until its window ends, so the root sees about one refused draw per
-/// process, key and window.
+/// process, key and window. A refusal that says the draw would fit is no answer: the root
+/// cannot count yet (a budget whose durable mark it is reading); the waiting are unavailable.
 
 #include <algorithm>
 #include <chrono>
@@ -125,10 +126,13 @@ class window_draws {
     if (it == keys_.end() || !it->second.in_flight) return out;
     entry& e = it->second;
     e.in_flight = false;
-    if (v == nullptr) {
+    // Refused though the root has room for the draw: it cannot count it yet (a budget's
+    // durable mark being read or raised, docs/budgets.md). As no answer, nothing remembered.
+    const bool uncounted = v != nullptr && !v->admitted && v->remaining >= e.drawing;
+    if (v == nullptr || uncounted) {
+      const char* why = v == nullptr ? "the root did not count" : "the root cannot count it yet";
       for (auto& w : e.waiting)
-        out.decided.emplace_back(std::move(w.waiter),
-                                 unavailable(e.limit, "the root did not count"));
+        out.decided.emplace_back(std::move(w.waiter), unavailable(e.limit, why));
       e.waiting.clear();
       return out;
     }

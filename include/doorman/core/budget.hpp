@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "doorman/core/string_hash.hpp"
@@ -116,14 +117,6 @@ struct budget_info {
   std::optional<double> counted{};
 };
 
-/// What an intermediate hears of a budget in its parent's answer (`basic_engine::
-/// set_parent_lease`): the parent's word on it, and the report this node's request carried
-/// (none before it knew the resource was a budget).
-struct budget_answer {
-  budget_info info;
-  std::optional<budget_spend> reported{};
-};
-
 /// A `release_capacity`'s last report for one budget resource: what the client spent in all
 /// (its allotment's remainder is then free at once; without it, the remainder counts as spent).
 struct resource_spend {
@@ -148,6 +141,17 @@ struct resource_spend {
   return out;
 }
 
+/// A budget mark's task, for a root that keeps them (`engine_options::budget_mark_step`;
+/// docs/budgets.md, "When every root is lost"): read the mark stored for `window` (no
+/// `raise`), or store `*raise` as its mark. Either way, report with
+/// `basic_engine::budget_mark_done`.
+struct budget_mark_task {
+  std::string resource_id;
+  std::int64_t window = 0;
+  std::optional<double> raise{};
+  std::uint64_t term = 0;  ///< of which mastership: an answer for another one is ignored
+};
+
 namespace detail {
 
 /// A root's durable mark of a budget's window (`engine_options::budget_mark_step`).
@@ -156,6 +160,14 @@ struct budget_mark_state {
   bool known = false;       ///< read in this window and term: `durable` holds
   bool busy = false;        ///< a read or a write is out
   double durable = 0;       ///< stored: what is spent and allotted never passes it
+  /// The largest `count_hits` draw the mark held back in the window: raises go two such draws
+  /// ahead, so that the next draws find room.
+  double draw = 0;
+
+  /// Moves to window `w`: another window starts with nothing known.
+  void at_window(std::int64_t w) noexcept {
+    if (window != w) *this = {.window = w};
+  }
 };
 
 /// A budget resource's count at a node, in its current window: what its clients reported
@@ -264,6 +276,69 @@ class budget_count {
   double floor_ = 0;    // a restored mark
   double vouched_ = 0;  // what clients' first reports in the window said was theirs
   std::unordered_map<std::string, double, string_hash, std::equal_to<>> reported_;
+};
+
+/// A root's budget marks across its resources: which are due to be read or raised, and the
+/// mastership term that tasks belong to. A mark is read once per window and term (nothing of
+/// the window is allotted before: `mark_bound`), and raised a step ahead of what is spent and
+/// allotted once that comes within half a step of it (or two draws ahead, within a draw, once
+/// a `count_hits` draw was held back by it).
+class budget_marks {
+ public:
+  /// A new term (mastership won or lost): every task out belongs to the old one.
+  void new_term() noexcept {
+    due_.clear();
+    ++term_;
+  }
+
+  [[nodiscard]] bool due() const noexcept { return !due_.empty(); }
+
+  /// The resources queued by `mind`, taken.
+  [[nodiscard]] std::vector<std::string> take() noexcept { return std::exchange(due_, {}); }
+
+  /// The task for resource `id` (its mark `m`, its count `b`, `held` allotted, `step` units a
+  /// raise goes ahead), if one is due.
+  [[nodiscard]] std::optional<budget_mark_task> task(std::string_view id, budget_mark_state& m,
+                                                     const budget_count& b, double held,
+                                                     double limit, double step) const {
+    const std::int64_t w = b.window().start;
+    m.at_window(w);
+    if (!m.known) return budget_mark_task{std::string(id), w, std::nullopt, term_};
+    const double used = b.spent() + held;
+    // Due within half a step (or a draw) of the mark; raised a step (or two draws) ahead.
+    if (m.durable >= limit || used + std::max(step / 2, m.draw) < m.durable) return std::nullopt;
+    const double ahead = std::max(step, 2 * m.draw);
+    return budget_mark_task{std::string(id), w, std::min(limit, used + ahead), term_};
+  }
+
+  /// Queues `id` once if a task is due for it.
+  void mind(std::string_view id, budget_mark_state& m, const budget_count& b, double held,
+            double limit, double step) {
+    if (m.busy || !task(id, m, b, held, limit, step)) return;
+    m.busy = true;
+    due_.emplace_back(id);
+  }
+
+  /// A task's outcome (`basic_engine::budget_mark_done`); false when it is of a term or window
+  /// gone by. A read restores the count from the mark; a mark of a window the count has left
+  /// (it ended while the task was out) is not this window's: the next one is read instead.
+  bool done(const budget_mark_task& t, std::optional<double> mark, budget_mark_state& m,
+            budget_count& b) const {
+    if (t.term != term_ || m.window != t.window || !m.busy) return false;
+    m.busy = false;
+    if (mark && b.window().start == t.window) {
+      if (!m.known) b.restore(*mark);
+      m.known = true;
+      m.durable = std::max(m.durable, *mark);
+    }
+    return true;
+  }
+
+  [[nodiscard]] std::uint64_t term() const noexcept { return term_; }
+
+ private:
+  std::vector<std::string> due_;  // resources whose mark is to be read or raised
+  std::uint64_t term_ = 0;        // mastership changes
 };
 
 }  // namespace detail

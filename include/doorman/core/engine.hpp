@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "doorman/core/algorithm.hpp"
+#include "doorman/core/budget_steps.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/hit_counts.hpp"
@@ -44,17 +45,26 @@ namespace doorman {
 /// Time comes in as `now` on every call; `Clock` only fixes the time types. Not thread-safe:
 /// one owner (a strand) calls it. Cost per decision: O(log n) in the resource's clients.
 template <clock Clock, class Algorithms = default_algorithms>
-class basic_engine : private detail::lease_decision<Clock, Algorithms> {
-  using base = detail::lease_decision<Clock, Algorithms>;
+class basic_engine : private detail::budget_steps<Clock, Algorithms> {
+  using base = detail::budget_steps<Clock, Algorithms>;
   using resource = typename base::resource;
+  using base::adopt_budget;
+  using base::budget_of;
+  using base::budget_state;
+  using base::charge;
   using base::decide;
+  using base::draw_hits;
   using base::excess_released_;
   using base::expire_leases;
   using base::learning_until;
+  using base::mark_task;
+  using base::marks_;
   using base::master_since_;
+  using base::mind_mark;
   using base::options_;
   using base::own_capacity;
   using base::safe_capacity;
+  using base::settle_release;
   using base::utc;
 
  public:
@@ -103,8 +113,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
                       duration quiet = duration::zero()) {
     if (is_master != mastership_.is_master) {
       resources_.clear();
-      mark_due_.clear();
-      ++mark_term_;
+      marks_.new_term();
       if (is_master) master_since_ = now - std::max(quiet, duration::zero());
     }
     mastership_ = {is_master, std::move(master)};
@@ -140,11 +149,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// For an intermediate: the lease this node holds from its parent for `resource_id`, and the
   /// parent's algorithm and lease parameters for it, which replace the local template's (a kind
   /// this engine does not know is ignored, with a log line). For a budget, `budget`: the
-  /// parent's word on its window and what this node reported (the lease is then an allotment;
+  /// parent's word on its window and on this node's spend (the lease is then an allotment;
   /// docs/budgets.md). Returns false when not master.
   bool set_parent_lease(std::string_view resource_id, const lease_type& lease, time_point now,
                         const std::optional<algorithm_config>& algorithm = std::nullopt,
-                        const std::optional<budget_answer>& budget = std::nullopt) {
+                        const std::optional<budget_info>& budget = std::nullopt) {
     fence(now);
     if (!mastership_.is_master) return false;
     resource& r = resource_for(resource_id, now);
@@ -179,26 +188,17 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     if (x.has) x.has->capacity = std::max(0.0, r.budget_ceiling - r.budget->spent());
   }
 
-  /// A budget mark's task, for a root that keeps them (`engine_options::budget_mark_step`;
-  /// docs/budgets.md, "When every root is lost"): read the mark stored for `window` (no
-  /// `raise`), or store `*raise` as its mark. Either way, report with `budget_mark_done`.
-  struct budget_mark_task {
-    std::string resource_id;
-    std::int64_t window = 0;
-    std::optional<double> raise{};
-    std::uint64_t term = 0;  ///< of which mastership: an answer for another one is ignored
-  };
+  using budget_mark_task = doorman::budget_mark_task;
 
   /// Whether a budget mark is to be read or raised (cheap: after every batch of calls).
-  [[nodiscard]] bool budget_marks_due() const noexcept { return !mark_due_.empty(); }
+  [[nodiscard]] bool budget_marks_due() const noexcept { return marks_.due(); }
 
-  /// The marks to read or raise now, each out until `budget_mark_done`: a budget window's mark
-  /// is read once per window and term (nothing of the window is allotted before), and raised a
-  /// step ahead of what is spent and allotted once that comes within half a step of it.
+  /// The marks to read or raise now, each out until `budget_mark_done` (`detail::budget_marks`
+  /// says when one is due).
   [[nodiscard]] std::vector<budget_mark_task> budget_mark_tasks(time_point now) {
     std::vector<budget_mark_task> out;
     fence(now);
-    auto due = std::exchange(mark_due_, {});
+    auto due = marks_.take();
     if (!mastership_.is_master) return out;
     for (const auto& id : due) {
       const auto it = resources_.find(id);
@@ -220,22 +220,10 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// that much was spent and allotted before: `budget_count::restore`).
   void budget_mark_done(const budget_mark_task& t, std::optional<double> mark, time_point now) {
     const auto it = resources_.find(t.resource_id);
-    if (!mastership_.is_master || t.term != mark_term_ || it == resources_.end() ||
-        !it->second.budget) {
-      return;  // of a term gone by
-    }
+    if (!mastership_.is_master || it == resources_.end() || !it->second.budget) return;
     resource& r = it->second;
-    if (r.mark.window != t.window || !r.mark.busy) return;  // of a window gone by
-    r.mark.busy = false;
     expire_leases(r, now);
-    // A mark of a window the count has left (the window ended while it was out) is not this
-    // window's: the next is read instead.
-    if (mark && r.budget->window().start == t.window) {
-      if (!r.mark.known) r.budget->restore(*mark);
-      r.mark.known = true;
-      r.mark.durable = std::max(r.mark.durable, *mark);
-    }
-    mind_mark(r);
+    if (marks_.done(t, mark, r.mark, *r.budget)) mind_mark(r);
   }
 
   /// The lease this node holds from its parent for `resource_id`, if any (expired or not).
@@ -370,6 +358,11 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   /// the hits counted in the window under way (a count restarts only when its window ends).
   /// Only a root counts (an intermediate holds a share, not the limit); a non-master
   /// answers with its mastership alone. A new master counts from zero.
+  ///
+  /// A budget resource's hits are drawn from its budget instead (its UTC window, its limit
+  /// `capacity` per window whatever the request's `window`): spent at once when they fit in
+  /// what is neither spent nor allotted, counted with its allotments, and, with budget marks,
+  /// a new master counts from the window's mark (docs/budgets.md).
   [[nodiscard]] result<count_response> count_hits(const count_request& req, time_point now) {
     if (!options_.is_root) {
       return request_error{errc::invalid_params,
@@ -377,6 +370,7 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
                            "resources"};
     }
     return answer_each<count_response>(req, now, [&](const hit_count& x) {
+      if (config_.has_budgets() && config_.find(x.resource_id).budget) return draw(x, now);
       return counts_.count(
           x, now, [&] { return count_limit(x); }, config_generation_);
     });
@@ -423,8 +417,12 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
       resource& r = it->second;
       expire_leases(r, now);
       const bool parent_lease_live = r.parent_lease && !r.parent_lease->expired(now);
-      // A budget's count lives until its window ends, with or without leases.
-      const bool counting = r.budget && (r.budget->spent() > 0 || r.budget->reporters() > 0);
+      // A budget's count lives until its window ends, with or without leases; so does what
+      // its durable mark is known to be, or a mark task out.
+      const bool marked =
+          r.budget && r.mark.window == r.budget->window().start && (r.mark.known || r.mark.busy);
+      const bool counting =
+          r.budget && (r.budget->spent() > 0 || r.budget->reporters() > 0 || marked);
       if (r.store.size() == 0 && !parent_lease_live && !counting) {
         it = resources_.erase(it);
       } else {
@@ -458,6 +456,20 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     return out;
   }
 
+  // `count_hits` on a budget resource: refused, creating nothing, when the engine holds as many
+  // resources as it holds hit counters.
+  [[nodiscard]] hit_verdict draw(const hit_count& x, time_point now) {
+    if (resources_.size() >= options_.max_hit_counters && !resources_.contains(x.resource_id)) {
+      const auto& t = config_.find(x.resource_id);
+      const budget_window w = window_at(*t.budget, utc(now));
+      return {x.resource_id, false, t.capacity, 0,
+              std::max(0.0, static_cast<double>(w.end) - utc(now))};
+    }
+    resource& r = resource_for(x.resource_id, now);
+    expire_leases(r, now);
+    return draw_hits(r, x, now);
+  }
+
   [[nodiscard]] double count_limit(const hit_count& x) const {
     // rate × window may land a hair under the integer it means (10 / 60 × 60)
     return std::floor(config_.find(x.resource_id).capacity * x.window + 1e-6);
@@ -475,118 +487,6 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
     } else if (!r.budget || was != r.tmpl.budget) {
       r.budget.emplace();  // a new budget, or another window: counted from now
     }
-  }
-
-  // An intermediate's budget, from its parent's answer: counted in the parent's window, the
-  // allotment granted on top of what the parent counts of this node's reports (what this node
-  // reported, in that window, when the parent does not say), which makes the most its clients
-  // may spend in all. A count new to the window (a new process, or a new window) starts from
-  // the parent's: what this node reports next continues it, never counting twice what the
-  // parent has.
-  void adopt_budget(resource& r, const lease_type& lease, const std::optional<budget_answer>& b,
-                    time_point now) {
-    if (!b) {
-      r.budget.reset();
-      r.parent_budget.reset();
-      return;
-    }
-    if (!r.budget) r.budget.emplace();
-    const double end = utc(now) + b->info.reset;
-    const bool fresh =
-        r.budget->roll_to({b->info.window, static_cast<std::int64_t>(std::ceil(end))});
-    const bool same_window = b->reported && b->reported->window == b->info.window;
-    const double counted =
-        b->info.counted ? *b->info.counted : (same_window ? b->reported->spent : 0.0);
-    if (fresh) r.budget->add(counted);
-    r.budget_ceiling = counted + lease.capacity;
-    r.parent_budget = b->info;
-    r.parent_budget->counted.reset();
-  }
-
-  // A budget resource's report, before its decision: what the client spent since its last
-  // report comes off its allotment and into the window's count. A client that says it holds
-  // nothing while the engine knows a live allotment of its (its process restarted, or the
-  // answer granting it was lost) may have spent all of it: it counts as spent.
-  // So does a request with no report at all (a client that does not know budgets, such as one
-  // speaking Doorman's gRPC protocol): what it held is then spent at each of its requests.
-  template <class Request>
-  void charge(resource& r, std::string_view client_id, const Request& x, time_point now) {
-    expire_leases(r, now);
-    const auto* c = r.store.find(client_id);
-    if (c != nullptr && !(x.has && x.has->expires_in > 0 && x.spend)) {
-      r.budget->add(store_type::held(*c));
-      r.store.consume(*c, store_type::held(*c));
-    }
-    // What it still holds of an earlier master's allotment is, with its report, its part of
-    // a restored mark (learning mode confirms it).
-    const bool earlier = x.has && x.has->expires_in > 0 && now < learning_until(r.tmpl);
-    const double added =
-        r.budget->report(client_id, x.spend, options_.is_root, earlier ? x.has->capacity : 0.0);
-    if (c != nullptr && added > 0) r.store.consume(*c, added);
-    if (r.budget->reporters() > 2 * r.store.size() + 1024) {
-      r.budget->forget_unless(
-          [&](const std::string& id) { return id == client_id || r.store.find(id) != nullptr; });
-    }
-  }
-
-  // A budget mark is due when the resource's window has none read yet, or what is spent and
-  // allotted came within half a step of it (and the budget is not all marked already).
-  void mind_mark(resource& r) {
-    if (!(options_.budget_mark_step > 0) || !options_.is_root || r.mark.busy) return;
-    if (mark_task(r)) {
-      r.mark.busy = true;  // queued: once
-      mark_due_.push_back(r.id);
-    }
-  }
-
-  std::optional<budget_mark_task> mark_task(resource& r) const {
-    const std::int64_t w = r.budget->window().start;
-    if (r.mark.window != w) r.mark = {.window = w};
-    if (!r.mark.known) return budget_mark_task{r.id, w, std::nullopt, mark_term_};
-    const double step = options_.budget_mark_step * r.tmpl.capacity;
-    const double used = r.budget->spent() + r.store.sum_held();
-    if (r.mark.durable >= r.tmpl.capacity || used + step / 2 < r.mark.durable) return {};
-    return budget_mark_task{r.id, w, std::min(r.tmpl.capacity, used + step), mark_term_};
-  }
-
-  // A budget resource released: the client's last report, if it gave one, and the rest of
-  // what it held is free; without one, all it held counts as spent.
-  void settle_release(resource& r, const release_request& req, time_point now) {
-    expire_leases(r, now);
-    const auto* c = r.store.find(req.client_id);
-    const auto s = std::find_if(req.spends.begin(), req.spends.end(),
-                                [&](const resource_spend& x) { return x.resource_id == r.id; });
-    if (s != req.spends.end()) {
-      r.budget->report(req.client_id, budget_spend{s->window, s->spent}, options_.is_root);
-    } else if (c != nullptr) {
-      r.budget->add(store_type::held(*c));
-    }
-  }
-
-  // A budget's state for an answer: its window and count, as of `now`.
-  // An intermediate passes its parent's word on, with the time left as of `now`.
-  [[nodiscard]] std::optional<budget_info> budget_of(const resource& r, time_point now) const {
-    if (!r.budget) return std::nullopt;
-    if (!options_.is_root) {
-      if (!r.parent_budget || r.budget->window().start != r.parent_budget->window) {
-        return std::nullopt;  // its window is over: the parent has not named the next yet
-      }
-      budget_info b = *r.parent_budget;
-      b.reset = std::max(0.0, static_cast<double>(r.budget->window().end) - utc(now));
-      return b;
-    }
-    return budget_state(r.budget->window(), r.tmpl.capacity, r.budget->spent(), r.store.sum_held(),
-                        now);
-  }
-
-  // A window of `limit` units with `spent` of them spent and `held` allotted, at `now`.
-  [[nodiscard]] budget_info budget_state(const budget_window& w, double limit, double spent,
-                                         double held, time_point now) const {
-    return budget_info{.window = w.start,
-                       .reset = std::max(0.0, static_cast<double>(w.end) - utc(now)),
-                       .limit = limit,
-                       .spent = detail::bounded_quantity(spent),
-                       .left = std::max(0.0, limit - spent - held)};
   }
 
   resource& resource_for(std::string_view id, time_point) {
@@ -657,8 +557,6 @@ class basic_engine : private detail::lease_decision<Clock, Algorithms> {
   std::uint64_t fenced_ = 0;
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
-  std::vector<std::string> mark_due_;  // budget resources whose mark is to be read or raised
-  std::uint64_t mark_term_ = 0;        // mastership changes, for mark tasks
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
 };

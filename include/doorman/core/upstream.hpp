@@ -145,11 +145,8 @@ class basic_upstream {
       req.resources.resize(request_limits::max_resources);
     }
     asked_.clear();
-    reported_.clear();
-    for (const auto& r : req.resources) {
-      asked_.push_back(r.resource_id);  // sorted, as the request is
-      reported_.push_back(r.spend);
-    }
+    for (const auto& r : req.resources)
+      asked_.push_back(r.resource_id);  // sorted, as req is
     news_seen_ = eng.news();
     schedule_.sent(now);
     return req;
@@ -171,7 +168,7 @@ class basic_upstream {
           // computed `expires_in` later than that, so this node never thinks its lease lasts
           // longer than the parent does, however long the answer took.
           const auto lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
-          if (!eng.set_parent_lease(g.resource_id, lease, now, g.algorithm, budget_of(g))) {
+          if (!eng.set_parent_lease(g.resource_id, lease, now, g.algorithm, g.budget)) {
             return;
           }
           const double own = eng.template_of(g.resource_id).algorithm.refresh_interval.count();
@@ -216,19 +213,11 @@ class basic_upstream {
             detail::bounded_quantity(sums.wants)};
   }
 
-  // A budget's grant with the report it answers (the request's, for the same resource).
-  [[nodiscard]] std::optional<budget_answer> budget_of(const server_resource_grant& g) const {
-    if (!g.budget) return std::nullopt;
-    const auto at = std::lower_bound(asked_.begin(), asked_.end(), g.resource_id);
-    return budget_answer{*g.budget, reported_[static_cast<std::size_t>(at - asked_.begin())]};
-  }
-
   upstream_options options_;
   refresh_schedule<time_point> schedule_;
   time_point earliest_expiry_ = time_point::max();  // of the parent's leases, at the last answer
   std::uint64_t news_seen_ = 0;
   std::vector<std::string> asked_;  // the resources of the request in flight, sorted
-  std::vector<std::optional<budget_spend>> reported_;  // their budget reports, in that order
   std::uint64_t invalid_grants_ = 0;
 };
 

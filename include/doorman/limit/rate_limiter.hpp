@@ -363,4 +363,13 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
 /// The rate limiter on the cheap monotonic clock.
 using rate_limiter = basic_rate_limiter<coarse_clock>;
 
+/// A lease's capacity put into a rate limiter, as a client's rate resource does with each new
+/// capacity: the rate, and (`auto_burst`: no burst configured) a burst of a tenth of a
+/// second's worth, at least 1. `Limiter`: a `basic_rate_limiter` or an `any_rate_limiter`.
+template <class Limiter>
+void apply_capacity(Limiter& limiter, double capacity, bool auto_burst = true) noexcept {
+  if (auto_burst) limiter.set_burst(std::max(1.0, capacity * 0.1));
+  limiter.set_rate(capacity);
+}
+
 }  // namespace doorman

@@ -398,11 +398,14 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
 
   /// The rules as resource templates: `identifier_glob` the rule's path, `capacity` its
   /// requests per second. A Doorman node configured with them shares each key's limit
-  /// across a fleet (one resource, so one lease per client, per key).
-  [[nodiscard]] std::vector<resource_template> resource_templates() const {
+  /// across a fleet (one resource, so one lease per client, per key). With `budgets_from`, a
+  /// rule whose unit is that or longer is a budget instead: `capacity` its `requests_per_unit` per
+  /// window of its unit, windows of UTC time from the Unix epoch (docs/budgets.md).
+  [[nodiscard]] std::vector<resource_template> resource_templates(
+      std::optional<std::chrono::seconds> budgets_from = std::nullopt) const {
     std::vector<resource_template> out;
     for (const auto& d : domains_)
-      collect(d.rules, out);
+      collect(d.rules, budgets_from, out);
     return out;
   }
 
@@ -821,16 +824,23 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     }
   }
 
-  static void collect(const std::vector<rule>& rules, std::vector<resource_template>& out) {
+  static void collect(const std::vector<rule>& rules,
+                      const std::optional<std::chrono::seconds>& budgets_from,
+                      std::vector<resource_template>& out) {
     for (const auto& r : rules) {
       if (r.requests_per_unit >= 0) {
         resource_template t;
         t.identifier_glob = r.path;
         t.capacity = r.requests_per_unit / std::chrono::duration<double>(r.unit).count();
         t.description = "rule " + r.path;
+        if (budgets_from && r.unit >= *budgets_from) {
+          t.capacity = r.requests_per_unit;
+          const auto unit = std::chrono::duration_cast<std::chrono::seconds>(r.unit).count();
+          t.budget = budget_config{.period = budget_period::fixed, .fixed_seconds = unit};
+        }
         out.push_back(std::move(t));
       }
-      collect(r.children, out);
+      collect(r.children, budgets_from, out);
     }
   }
 

@@ -84,10 +84,7 @@ class basic_node {
   void start(std::error_code& ec) {
     if (!bind(ec)) return;
     started_at_ = clock::now();
-    identity_.id = options_.id.empty() ? options_.advertise : options_.id;
-    identity_.role = options_.parents.empty() ? "root" : "intermediate";
-    identity_.level = options_.parents.empty() ? 0 : 1;
-    if (!options_.parents.empty()) identity_.parent = options_.parents[0];
+    identity_ = detail::identity_of(options_);
     if (options_.upstream.server_id.empty()) options_.upstream.server_id = identity_.id;
     server_.start();
     log(fmt::format("{} {} listening on {}", identity_.role, identity_.id, local_));
@@ -201,15 +198,14 @@ class basic_node {
     asio::post(strand_, [this, request = std::move(request), peer = std::move(peer), door,
                          done = std::move(done)]() mutable {
       const auto start = clock::now();
-      apply_term(start);
+      mastership_.apply_term(start);
       auto result = under_guard(peer, [&](access_guard* guard) {
         return call_method<M>(engine_, request, start, {&identity_, guard});
       });
       dispatch_record record{M::id, {}, door};
       if (!result) record.error = result.code();
       (void)served(record, start, peer);
-      if (parent_) parent_->after_calls();
-      marks_.after_calls();
+      after_calls();
       mastership_.name_master(result, door);
       done(std::move(result));
     });
@@ -219,7 +215,7 @@ class basic_node {
   template <class F>
   void post(F f) {
     asio::post(strand_, [this, f = std::move(f)]() mutable {
-      apply_term(clock::now());
+      mastership_.apply_term(clock::now());
       f(engine_);
     });
   }
@@ -334,19 +330,16 @@ class basic_node {
         strand_, engine_,
         parent_link_options{options_.parents, options_.parent_timeout, options_.parent_tls,
                             options_.upstream, options_.log, options_.parent_channel},
-        metrics_, identity_, [this] { apply_term(clock::now()); });
+        metrics_, identity_, [this] { mastership_.apply_term(clock::now()); });
     parent_->start();
   }
-
-  // Before every call: the election's term applied (see `node_mastership::apply_term`).
-  void apply_term(clock::time_point now) { mastership_.apply_term(now); }
 
   // The lines of one read: answered together (`handle_lines_to`), each timed from when the one
   // before it was answered, and each decided inside the term (fenced with the time it ended).
   std::size_t on_lines(std::span<const std::string_view> lines, const net::peer_info& peer,
                        std::string& out) {
     const auto start = clock::now();
-    apply_term(start);
+    mastership_.apply_term(start);
     auto since = start;
     const auto done = [&](std::size_t, const dispatch_record& record) {
       since = served(record, since, peer);
@@ -354,11 +347,16 @@ class basic_node {
     const std::size_t answers = under_guard(peer, [&](access_guard* guard) {
       return handle_lines_to(out, engine_, lines, start, identity_, guard, done);
     });
-    // A client asked for a resource the node had no state for, or gave back capacity the
-    // parent is waiting for: that may make the next request to the parent due sooner.
-    if (parent_) parent_->after_calls();
-    marks_.after_calls();  // a budget's mark to read or raise
+    after_calls();
     return answers;
+  }
+
+  // After a batch of calls: the next request to the parent may be due sooner (a resource the
+  // node had no state for, capacity given back that the parent waits for), or a budget's mark
+  // may be due to be read or raised.
+  void after_calls() {
+    if (parent_) parent_->after_calls();
+    marks_.after_calls();
   }
 
   admin_snapshot base_snapshot(clock::time_point now) const {
@@ -420,7 +418,7 @@ class basic_node {
   }
 
   net::http_answer on_admin(const net::http_request& r, const net::peer_info& peer) {
-    apply_term(clock::now());
+    mastership_.apply_term(clock::now());
     return route_admin(r, *this, [&](const std::string& path) {
       return access_.admin({peer.identity, peer.connection}, path);
     });

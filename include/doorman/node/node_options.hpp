@@ -26,6 +26,7 @@
 #include "doorman/node/access.hpp"
 #include "doorman/node/budget_marks.hpp"
 #include "doorman/node/config_source.hpp"
+#include "doorman/protocol/service.hpp"
 
 namespace doorman {
 
@@ -169,6 +170,16 @@ inline node_options prepare_node_options(node_options o) {
   if (!o.engine.log && o.log) o.engine.log = o.log;
   if (!o.upstream.log && o.log) o.upstream.log = o.log;
   return o;
+}
+
+// What a started node says of itself: its id (`id`, or the advertised address once bound), its
+// role and level, its first parent.
+inline node_identity identity_of(const node_options& o) {
+  const bool root = o.parents.empty();
+  return {.id = o.id.empty() ? o.advertise : o.id,
+          .role = root ? "root" : "intermediate",
+          .level = root ? 0 : 1,
+          .parent = root ? std::nullopt : std::optional<std::string>(o.parents[0])};
 }
 
 }  // namespace detail

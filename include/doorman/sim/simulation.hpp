@@ -235,6 +235,8 @@ class simulation {
 
   [[nodiscard]] const simulation_options& options() const noexcept { return options_; }
   [[nodiscard]] time_point now() const noexcept { return clock_.now(); }
+  /// The simulated clock (for objects that read it, such as a client's limiter).
+  [[nodiscard]] const clock_type& clock() const noexcept { return clock_; }
 
   /// Adds a job under `parent` (none: the root) of `simulation_options::tasks` tasks, which
   /// campaign at once (task 0 wins). Returns its index.

@@ -243,8 +243,7 @@ class client_core {
 
   static void apply(resource_entry& e, double capacity) {
     if (e.kind == resource_kind::rate) {
-      if (e.auto_burst) e.rate.set_burst(std::max(1.0, capacity * 0.1));
-      e.rate.set_rate(capacity);
+      apply_capacity(e.rate, capacity, e.auto_burst);
     } else if (e.kind == resource_kind::gauge) {
       e.gauge.set_limit(capacity);
     } else if (!(capacity > 0)) {
