@@ -116,12 +116,12 @@ inline std::string utc_text(std::int64_t unix_seconds) {
 // The budgets among the resources (docs/budgets.md), or nothing when there are none.
 inline std::string budgets_table(const node_status& st) {
   std::vector<std::vector<std::string>> rows = {
-      {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN"}};
+      {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN", "MARK"}};
   for (const auto& r : st.status.resources) {
     if (!r.budget) continue;
     const auto& b = *r.budget;
     rows.push_back({shown(r.resource_id), utc_text(b.window), num(b.limit), num(b.spent),
-                    num(b.left), num(b.reset) + " s"});
+                    num(b.left), num(b.reset) + " s", b.mark ? num(*b.mark) : "-"});
   }
   return rows.size() == 1 ? std::string() : "\n" + table(rows);
 }

@@ -1005,10 +1005,12 @@ TEST_CASE("count_hits on a budget with marks waits for the mark, then keeps a dr
   CHECK_FALSE(v.admitted);
   CHECK(v.remaining == 10'000);
   CHECK(f.budget().spent == 0);
+  CHECK_FALSE(f.budget().mark);  // status shows no mark before it is read
   // (A status call in between keeps what the mark's read is for.) The mark is read, then
   // raised two draws ahead, not a step (100): a draw of 500 was held back by it.
   etcd.serve(f.engine, f.clock.now());
   CHECK(etcd.marks["tokens"].second == Approx(1000));
+  CHECK(f.budget().mark == Approx(1000));  // and status shows it
   // From then on each draw of 500 finds room: the mark is raised a draw ahead after each.
   for (int i = 0; i < 10; ++i) {
     v = draw(500);

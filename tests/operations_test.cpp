@@ -222,7 +222,12 @@ TEST_CASE("the status page shows each budget: its window, limit, spend and what 
   CHECK_THAT(page, Catch::Contains("<h2>Budgets</h2>"));
   CHECK_THAT(page, Catch::Contains("<tr><td>tokens</td><td class=\"n\">1764374400</td><td "
                                    "class=\"n\">1000</td><td class=\"n\">250</td><td "
-                                   "class=\"n\">700</td><td class=\"n\">600</td></tr>"));
+                                   "class=\"n\">700</td><td class=\"n\">600</td><td "
+                                   "class=\"n\">-</td></tr>"));
+  // At a root keeping budget marks: the window's durable mark, once read.
+  s.resources[0].status.budget->mark = 960;
+  CHECK_THAT(doorman::render_status(s),
+             Catch::Contains("<td class=\"n\">600</td><td class=\"n\">960</td></tr>"));
 }
 
 TEST_CASE("the status page says uptime as people read it", "[admin]") {
@@ -1006,8 +1011,16 @@ TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a c
   budget["resources"][0]["budget"] = {
       {"window", 1764374400}, {"reset", 3600}, {"limit", 1e6}, {"spent", 250000}, {"left", 700000}};
   CHECK(doorman_examples::cli::budgets_table(read_status(budget)) ==
-        "\nBUDGET  WINDOW                LIMIT  SPENT   LEFT    RESETS IN\n"
-        "db      2025-11-29 00:00 UTC  1e+06  250000  700000  3600 s\n");
+        "\nBUDGET  WINDOW                LIMIT  SPENT   LEFT    RESETS IN  MARK\n"
+        "db      2025-11-29 00:00 UTC  1e+06  250000  700000  3600 s     -\n");
+  budget["resources"][0]["budget"]["mark"] = 260000;  // a root keeping budget marks
+  CHECK_THAT(doorman_examples::cli::budgets_table(read_status(budget)),
+             Catch::EndsWith("3600 s     260000\n"));
+  budget["resources"][0]["budget"]["mark"] = -1;
+  CHECK_THROWS_MATCHES(read_status(budget), failure,
+                       Catch::Matchers::Message("status: the node's answer is malformed: "
+                                                "result.resources[0].budget.mark: must be "
+                                                "between 0 and 1e15"));
   refused("/resources/0/budget",
           json{{"window", -1}, {"reset", 1}, {"limit", 1}, {"spent", 0}, {"left", 0}},
           "result.resources[0].budget.window: must be between 0 and 1e11");

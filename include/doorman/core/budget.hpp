@@ -115,6 +115,9 @@ struct budget_info {
   /// Only in a grant to a server child: its reports as this node counts them, in all (the
   /// child's allotment comes on top of that; a child that restarted continues from it).
   std::optional<double> counted{};
+  /// Only in `status`, at a root keeping budget marks: the window's durable mark, once read
+  /// (what is spent and allotted never passes it; docs/budgets.md).
+  std::optional<double> mark{};
 };
 
 /// A `release_capacity`'s last report for one budget resource: what the client spent in all

@@ -548,6 +548,9 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     s.subclients = totals.subclients;
     s.clients = r.store.size();
     s.budget = budget_of(r, now);
+    if (s.budget && r.mark.known && r.mark.window == s.budget->window) {
+      s.budget->mark = r.mark.durable;
+    }
     return s;
   }
 

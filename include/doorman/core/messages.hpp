@@ -338,7 +338,8 @@ struct wire_message<budget_info> {
                  field("limit", &B::limit).within(0, most),
                  field("spent", &B::spent).within(0, most),
                  field("left", &B::left).within(0, most),
-                 field("counted", &B::counted, presence::optional).within(0, most)};
+                 field("counted", &B::counted, presence::optional).within(0, most),
+                 field("mark", &B::mark, presence::optional).within(0, most)};
 };
 
 template <class Grant>

@@ -176,12 +176,13 @@ inline std::string budget_table(const std::vector<admin_resource>& resources) {
                        number(b.limit),
                        number(b.spent),
                        number(b.left),
-                       number(b.reset)});
+                       number(b.reset),
+                       b.mark ? number(*b.mark) : cell{"-", " class=\"n\""}});
   }
   if (rows.empty()) return {};
   return "<h2>Budgets</h2>\n" +
          table_start("budgets", {"resource", "window (Unix s, UTC)", "limit", "spent", "left",
-                                 "resets in (s)"}) +
+                                 "resets in (s)", "durable mark"}) +
          rows + "</table>\n";
 }
 
