@@ -11,6 +11,8 @@ with `Retry-After` in a WSGI or ASGI app. No dependency on any HTTP package: `re
     session = doorman.http.throttle_session(requests.Session(), api)
 
     app = doorman.http.WsgiLimit(app, client.rate("inbound"))   # 429 when over
+    app = doorman.http.WsgiLimit(app, client.budget("tokens"), cost=2000,
+                                 used="X-Tokens-Used")          # settled from the response
 """
 
 from __future__ import annotations
@@ -78,36 +80,81 @@ def retry_after_seconds(retry_after: float) -> str:
     return str(max(1, math.ceil(retry_after)))
 
 
-class WsgiLimit:
-    """WSGI middleware: a request `resource` refuses is answered 429 with `Retry-After`."""
+# What a response says a call really cost: the value of a header, or a function of the status
+# and headers (None: not said). None when not said, or not a finite number >= 0.
+UsedFrom = Union[str, Callable[[int, list[tuple[str, str]]], Optional[float]]]
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], resource: RateResource,
-                 cost: Union[float, Callable[[dict[str, Any]], float]] = 1) -> None:
+
+def _used(used: Optional[UsedFrom], status: int, headers: list[tuple[str, str]]) -> Optional[float]:
+    if used is None:
+        return None
+    if callable(used):
+        value: Any = used(status, headers)
+    else:
+        name = used.lower()
+        value = next((v for k, v in headers if k.lower() == name), None)
+    try:
+        n = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return n if n is not None and math.isfinite(n) and n >= 0 else None
+
+
+def _text(b: Any) -> str:
+    return b.decode("latin-1") if isinstance(b, (bytes, bytearray)) else str(b)
+
+
+def _refuse(got: Any) -> str:
+    """`Retry-After` for a refusal: a rate's own wait, or 1 (a budget's refusal names none: its
+    next allotment comes with the next refresh)."""
+    return retry_after_seconds(getattr(got, "retry_after", math.inf))
+
+
+class WsgiLimit:
+    """WSGI middleware: a request `resource` refuses is answered 429 with `Retry-After`. With
+    `used`, the call is admitted at `cost` and settled at what its response says it used."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], resource: Any,
+                 cost: Union[float, Callable[[dict[str, Any]], float]] = 1,
+                 used: Optional[UsedFrom] = None) -> None:
         self.app = app
         self.resource = resource
         self.cost = cost
+        self.used = used
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         n = self.cost(environ) if callable(self.cost) else self.cost
         got = self.resource.try_acquire(n)
         if got:
-            return self.app(environ, start_response)
+            if self.used is None:
+                return self.app(environ, start_response)
+
+            def settling(status: str, headers: list[tuple[str, str]], *rest: Any) -> Any:
+                code = int(status.split(" ", 1)[0]) if status[:3].isdigit() else 0
+                real = _used(self.used, code, headers)
+                if real is not None:
+                    self.resource.settle(n, real)
+                return start_response(status, headers, *rest)
+
+            return self.app(environ, settling)
         body = b"too many requests\n"
         start_response("429 Too Many Requests", [
             ("Content-Type", "text/plain"), ("Content-Length", str(len(body))),
-            ("Retry-After", retry_after_seconds(got.retry_after))])
+            ("Retry-After", _refuse(got))])
         return [body]
 
 
 class AsgiLimit:
     """ASGI middleware: an HTTP request `resource` refuses is answered 429 with `Retry-After`
-    (other scopes pass through)."""
+    (other scopes pass through). With `used`, the call is admitted at `cost` and settled at
+    what its response's start says it used."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], resource: RateResource,
-                 cost: float = 1) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], resource: Any,
+                 cost: float = 1, used: Optional[UsedFrom] = None) -> None:
         self.app = app
         self.resource = resource
         self.cost = cost
+        self.used = used
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any],
                        send: Callable[..., Any]) -> None:
@@ -116,10 +163,22 @@ class AsgiLimit:
             return
         got = self.resource.try_acquire(self.cost)
         if got:
-            await self.app(scope, receive, send)
+            if self.used is None:
+                await self.app(scope, receive, send)
+                return
+
+            async def settling(message: dict[str, Any]) -> None:
+                if message.get("type") == "http.response.start":
+                    headers = [(_text(k), _text(v)) for k, v in message.get("headers", [])]
+                    real = _used(self.used, int(message.get("status", 0)), headers)
+                    if real is not None:
+                        self.resource.settle(self.cost, real)
+                await send(message)
+
+            await self.app(scope, receive, settling)
             return
         body = b"too many requests\n"
         await send({"type": "http.response.start", "status": 429, "headers": [
             (b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", retry_after_seconds(got.retry_after).encode())]})
+            (b"retry-after", _refuse(got).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -19,7 +19,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 import doorman.http  # noqa: E402
-from support import Node, config, eventually  # noqa: E402
+from support import Node, budget_config, config, eventually  # noqa: E402
 
 
 class HttpHelpersTest(unittest.TestCase):
@@ -141,6 +141,84 @@ class HttpHelpersTest(unittest.TestCase):
         asyncio.run(limited({"type": "lifespan"}, receive, send))  # passes through
         self.assertEqual(sent[-1]["body"], b"hello")
 
+    def test_wsgi_settles_each_call_at_what_its_response_says_it_used(self) -> None:
+        # 10 a second, a burst of 20: a call admitted at 10 that says it used 30 leaves a debt
+        # of 10 (the next call is refused); one that says 2 gives 8 back; a header that is not
+        # a number >= 0 settles nothing (the call keeps its 10).
+        def answering(used: str):  # type: ignore[no-untyped-def]
+            def app(environ: dict, start_response):  # type: ignore[no-untyped-def]
+                start_response("200 OK", [("Content-Type", "text/plain"), ("X-Used", used)])
+                return [b"ok"]
+            return app
+
+        def status(app: object) -> str:
+            answers: list[str] = []
+            b"".join(app({}, lambda st, h: answers.append(st)))  # type: ignore[operator]
+            return answers[0]
+
+        for used, second in (("30", "429 Too Many Requests"), ("2", "200 OK"),
+                             ("lots", "200 OK"), ("-5", "200 OK"), ("nan", "200 OK")):
+            api = self.client.rate(f"wsgi-used-{used}", wants=10, burst=20)
+            self.assertTrue(eventually(lambda: api.capacity == 10))
+            first = doorman.http.WsgiLimit(answering(used), api, cost=10, used="x-used")
+            self.assertEqual(status(first), "200 OK")
+            then = doorman.http.WsgiLimit(answering("0"), api, cost=10)
+            self.assertEqual(status(then), second, used)
+
+    def test_asgi_settles_from_the_response_start_or_a_function_of_it(self) -> None:
+        api = self.client.rate("asgi-used", wants=10, burst=20)
+        self.assertTrue(eventually(lambda: api.capacity == 10))
+        sent: list[dict] = []  # type: ignore[type-arg]
+
+        async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"x-tokens", b"30")]})
+            await send({"type": "http.response.body", "body": b"hello"})
+
+        async def send(message: dict) -> None:  # type: ignore[type-arg]
+            sent.append(message)
+
+        async def receive() -> dict:  # type: ignore[type-arg]
+            return {"type": "http.request"}
+
+        seen: list[tuple[int, list[tuple[str, str]]]] = []
+
+        def tokens(status: int, headers: list[tuple[str, str]]) -> float:
+            seen.append((status, headers))
+            return float(dict(headers)["x-tokens"])
+
+        limited = doorman.http.AsgiLimit(app, api, cost=10, used=tokens)
+        asyncio.run(limited({"type": "http"}, receive, send))
+        self.assertEqual(seen, [(200, [("x-tokens", "30")])])
+        asyncio.run(limited({"type": "http"}, receive, send))  # in debt: refused
+        self.assertEqual([m.get("status") for m in sent if "status" in m], [200, 429])
+        self.assertEqual(sent[1]["body"], b"hello")  # the app's answer went through whole
+
+    def test_a_budget_behind_the_middleware_settles_and_refuses_with_retry_after_1(self) -> None:
+        node = Node(budget_config(100))
+        try:
+            with doorman.Client(node.address, minimum_refresh_interval=0.1) as c:
+                tokens = c.budget("tokens", wants=100)
+                self.assertTrue(eventually(lambda: tokens.left == 100))
+
+                def app(environ: dict, start_response):  # type: ignore[no-untyped-def]
+                    start_response("200 OK", [("X-Tokens-Used", "70")])
+                    return [b"ok"]
+
+                limited = doorman.http.WsgiLimit(app, tokens, cost=40, used="X-Tokens-Used")
+                answers: list[tuple[str, dict]] = []  # type: ignore[type-arg]
+
+                def start_response(st: str, h: list) -> None:  # type: ignore[type-arg]
+                    answers.append((st, dict(h)))
+
+                b"".join(limited({}, start_response))
+                self.assertEqual(tokens.spent, 70)  # settled at what the response said
+                b"".join(limited({}, start_response))  # 30 left: 40 is refused
+                self.assertEqual(answers[1][0], "429 Too Many Requests")
+                self.assertEqual(answers[1][1]["Retry-After"], "1")
+        finally:
+            node.stop()
+
     def test_the_http_example_of_docs_python_md(self) -> None:
         docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
         with open(docs) as f:
@@ -154,6 +232,16 @@ class HttpHelpersTest(unittest.TestCase):
         exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
         self.assertIsInstance(scope["app"], doorman.http.WsgiLimit)
         self.assertEqual(scope["inbound"].id, "inbound")  # type: ignore[attr-defined]
+        # The gateway's example after it: a budget, settled from the response's header.
+        with open(docs) as f:
+            code = f.read().split("```python\n")[4].split("```", 1)[0]
+        scope = {"doorman": doorman, "client": self.client, "app": app}
+        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        limited: doorman.http.WsgiLimit = scope["app"]  # type: ignore[assignment]
+        self.assertIsInstance(limited, doorman.http.WsgiLimit)
+        self.assertEqual((limited.cost, limited.used), (2000, "X-Tokens-Used"))
+        self.assertEqual(scope["tokens"].id, "tokens-daily")  # type: ignore[attr-defined]
+        scope["tokens"].close()  # type: ignore[attr-defined]
 
     def test_retry_after_is_whole_seconds_rounded_up(self) -> None:
         self.assertEqual(doorman.http.retry_after_seconds(0.2), "1")
