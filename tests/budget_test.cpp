@@ -1032,3 +1032,48 @@ TEST_CASE("count_hits on a budget with marks waits for the mark, then keeps a dr
   CHECK(drawn <= 10'000);
   CHECK(drawn >= 9'000);
 }
+
+TEST_CASE(
+    "a budget asked for through a door that cannot report spending is refused, deciding "
+    "nothing",
+    "[core][budget][engine]") {
+  // Doorman's gRPC protocol has no report of a spend: its clients would take an allotment for
+  // a rate, and the root would count all of it as spent at each request.
+  budget_fixture f;
+  const std::string why =
+      "resources[0].resource_id: \"tokens\" is a budget, whose spending this "
+      "protocol cannot report: ask for it over JSON-RPC";
+  doorman::capacity_request asked{"go", {{"tokens", 0, 100, std::nullopt}}, false};
+  auto r = f.engine.get_capacity(asked, f.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == why);
+  CHECK(r.error().path == "resources[0].resource_id");
+  doorman::server_capacity_request server{
+      "mid",
+      {{.resource_id = "tokens", .has = std::nullopt, .outstanding = 0, .wants = {{0, 3, 100}}}},
+      false};
+  auto s = f.engine.get_server_capacity(server, f.clock.now());
+  REQUIRE_FALSE(s);
+  CHECK(s.error().message == why);
+  // Nothing was decided: the whole budget is left, and the same client asking over JSON-RPC
+  // (which reports) is allotted.
+  CHECK(f.budget().left == 1000);
+  CHECK(f.budget().spent == 0);
+  CHECK(f.ask_budget("go", 100).gets.capacity == 100);
+  // A resource that is not a budget is decided through that door as always.
+  asked.resources[0].resource_id = "other";
+  CHECK(f.engine.get_capacity(asked, f.clock.now()));
+
+  // An intermediate knows a budget from its parent's answer: refused from then on.
+  fixture mid(budget_repo(R"("day")", 1000), [] {
+    doorman::engine_options o = at_utc(day_start + 3600.0);
+    o.is_root = false;
+    return o;
+  }());
+  asked.resources[0].resource_id = "tokens";
+  mid.engine.set_parent_lease("tokens", {500, mid.clock.now() + 60s, 8s}, mid.clock.now(), {},
+                              doorman::budget_info{day_start, 82800, 1000, 0, 500, 0.0});
+  r = mid.engine.get_capacity(asked, mid.clock.now());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == why);
+}

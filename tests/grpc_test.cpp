@@ -48,11 +48,12 @@ struct grpc_node {
 
   std::string json_address;  // the JSON-RPC port's
 
-  explicit grpc_node(const std::string& name = "node", std::vector<std::string> flags = {}) {
+  explicit grpc_node(const std::string& name = "node", std::vector<std::string> flags = {},
+                     const char* config = config_text) {
     dir = std::filesystem::temp_directory_path() /
           ("doorman-grpc-test-" + std::to_string(::getpid()) + "-" + name);
     std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << config_text;
+    std::ofstream(dir / "config.json") << config;
     std::vector<std::string> args{
         DOORMAN_NODE_BINARY,          "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
         "--minimum-refresh-interval", "0"};
@@ -272,6 +273,38 @@ TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the 
   // Nothing was granted: the client asking properly gets the whole capacity.
   REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c2", "api", 500), &a).ok());
   CHECK(a.response(0).gets().capacity() == 100);
+}
+
+TEST_CASE("grpc: a budget is refused naming it: Doorman's protocol cannot report a spend",
+          "[grpc][process]") {
+  grpc_node n("budget", {}, R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4,
+                   "learning_mode_duration": 0}}]})");
+  const std::string why =
+      "resource[0].resource_id: \"tokens\" is a budget, whose spending this "
+      "protocol cannot report: ask for it over JSON-RPC";
+  ::doorman::GetCapacityResponse a;
+  auto s = n.stub->GetCapacity(n.context().get(), ask("c1", "tokens", 100), &a);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message() == why);
+  ::doorman::GetServerCapacityRequest server;
+  server.set_server_id("mid");
+  auto& x = *server.add_resource();
+  x.set_resource_id("tokens");
+  auto& band = *x.add_wants();
+  band.set_priority(0);
+  band.set_num_clients(2);
+  band.set_wants(100);
+  ::doorman::GetServerCapacityResponse b;
+  s = n.stub->GetServerCapacity(n.context().get(), server, &b);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message() == why);
+  // A rate beside it is served as always.
+  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c1", "api", 10), &a).ok());
+  CHECK(a.response(0).gets().capacity() == 10);
 }
 
 TEST_CASE("grpc: ReleaseCapacity gives a lease back, GetServerCapacity counts subclients",

@@ -51,21 +51,27 @@ std::vector<Out> resources_of(const In& list, double now_unix, One one) {
 
 }  // namespace
 
+// Doorman's protocol has no budget report: a budget is refused (reports_spend false).
 capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix) {
-  return {r.client_id(), resources_of<resource_request>(r.resource(), now_unix,
-                                                        [](const auto& x, resource_request& q) {
-                                                          q.priority = x.priority();
-                                                          q.wants = x.wants();
-                                                        })};
+  return {r.client_id(),
+          resources_of<resource_request>(r.resource(), now_unix,
+                                         [](const auto& x, resource_request& q) {
+                                           q.priority = x.priority();
+                                           q.wants = x.wants();
+                                         }),
+          false};
 }
 
 server_capacity_request from_proto(const ::doorman::GetServerCapacityRequest& r, double now_unix) {
-  return {r.server_id(), resources_of<server_resource_request>(
-                             r.resource(), now_unix, [](const auto& x, server_resource_request& q) {
-                               q.outstanding = 0;  // not on Doorman's wire
-                               for (const auto& b : x.wants())
-                                 q.wants.push_back({b.priority(), b.num_clients(), b.wants()});
-                             })};
+  return {r.server_id(),
+          resources_of<server_resource_request>(
+              r.resource(), now_unix,
+              [](const auto& x, server_resource_request& q) {
+                q.outstanding = 0;  // not on Doorman's wire
+                for (const auto& b : x.wants())
+                  q.wants.push_back({b.priority(), b.num_clients(), b.wants()});
+              }),
+          false};
 }
 
 release_request from_proto(const ::doorman::ReleaseCapacityRequest& r,

@@ -437,8 +437,32 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   template <class Response, class Request, class DecideOne>
   [[nodiscard]] result<Response> decide_each(const Request& req, time_point now,
                                              DecideOne decide_one) {
+    if (!req.reports_spend) {  // validated first: the ids are looked up
+      if (auto e = validate(req)) return *e;
+      if (auto e = unreportable_budget(req)) return *e;
+    }
     return answer_each<Response>(
         req, now, [&](const auto& x) { return decide_one(x, resource_for(x.resource_id, now)); });
+  }
+
+  /// A budget asked for by a requester that cannot report what it spends (a door whose
+  /// protocol has no room for it): its allotment would be taken for a rate, and counted as
+  /// spent in full at each request. Refused before anything is decided.
+  template <class Request>
+  [[nodiscard]] std::optional<request_error> unreportable_budget(const Request& req) const {
+    if (options_.is_root && !config_.has_budgets()) return std::nullopt;
+    for (std::size_t i = 0; i < req.resources.size(); ++i) {
+      const auto& id = req.resources[i].resource_id;
+      const auto it = resources_.find(id);
+      const bool budget = it != resources_.end() ? it->second.budget.has_value()
+                                                 : options_.is_root && config_.find(id).budget;
+      if (budget) {
+        return detail::invalid(detail::element("resources", i, ".resource_id"),
+                               "\"" + id + "\" is a budget, whose spending this protocol " +
+                                   "cannot report: ask for it over JSON-RPC");
+      }
+    }
+    return std::nullopt;
   }
 
   /// The same for any request of resources: `answer_one(item)` for each item, when master.

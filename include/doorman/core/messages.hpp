@@ -59,6 +59,9 @@ struct resource_request {
 struct capacity_request {
   std::string client_id;
   std::vector<resource_request> resources;
+  /// Whether the requester can say what it spent of a budget (not on the wire): false from a
+  /// door whose protocol cannot (Doorman's gRPC), which a budget resource then refuses.
+  bool reports_spend = true;
 };
 
 /// One resource of a `get_capacity` answer.
@@ -96,6 +99,7 @@ struct server_resource_request {
 struct server_capacity_request {
   std::string server_id;
   std::vector<server_resource_request> resources;
+  bool reports_spend = true;  ///< as `capacity_request::reports_spend`
 };
 
 struct server_resource_grant {
