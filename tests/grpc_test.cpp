@@ -97,6 +97,21 @@ struct grpc_node {
   return r;
 }
 
+// A server child's request: `clients` clients at priority 0 wanting `wants` of `resource`.
+::doorman::GetServerCapacityRequest ask_server(const std::string& server,
+                                               const std::string& resource, std::int64_t clients,
+                                               double wants) {
+  ::doorman::GetServerCapacityRequest r;
+  r.set_server_id(server);
+  auto& x = *r.add_resource();
+  x.set_resource_id(resource);
+  auto& band = *x.add_wants();
+  band.set_priority(0);
+  band.set_num_clients(clients);
+  band.set_wants(wants);
+  return r;
+}
+
 // What client c1 gets of "api" wanting `wants`, asked until it gets all of it or `timeout`
 // passes (an intermediate's first answers come before it holds any of the resource).
 double capacity_within(::doorman::Capacity::Stub& stub, double wants,
@@ -290,16 +305,8 @@ TEST_CASE("grpc: a budget is refused naming it: Doorman's protocol cannot report
   auto s = n.stub->GetCapacity(n.context().get(), ask("c1", "tokens", 100), &a);
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.error_message() == why);
-  ::doorman::GetServerCapacityRequest server;
-  server.set_server_id("mid");
-  auto& x = *server.add_resource();
-  x.set_resource_id("tokens");
-  auto& band = *x.add_wants();
-  band.set_priority(0);
-  band.set_num_clients(2);
-  band.set_wants(100);
   ::doorman::GetServerCapacityResponse b;
-  s = n.stub->GetServerCapacity(n.context().get(), server, &b);
+  s = n.stub->GetServerCapacity(n.context().get(), ask_server("mid", "tokens", 2, 100), &b);
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.error_message() == why);
   // A rate beside it is served as always.
@@ -330,16 +337,8 @@ TEST_CASE("grpc: ReleaseCapacity gives a lease back, GetServerCapacity counts su
   CHECK_THAT(refused.error_message(), Catch::StartsWith("resource_id[3]: duplicate"));
 
   // A server child with 3 clients at one priority: FAIR_SHARE counts them.
-  ::doorman::GetServerCapacityRequest sr;
-  sr.set_server_id("mid");
-  auto& x = *sr.add_resource();
-  x.set_resource_id("api");
-  auto& band = *x.add_wants();
-  band.set_priority(0);
-  band.set_num_clients(3);
-  band.set_wants(60);
   ::doorman::GetServerCapacityResponse sa;
-  REQUIRE(n.stub->GetServerCapacity(n.context().get(), sr, &sa).ok());
+  REQUIRE(n.stub->GetServerCapacity(n.context().get(), ask_server("mid", "api", 3, 60), &sa).ok());
   REQUIRE(sa.response_size() == 1);
   CHECK(sa.response(0).gets().capacity() == 60);
   CHECK(sa.response(0).algorithm().kind() == ::doorman::Algorithm::FAIR_SHARE);

@@ -390,7 +390,7 @@ class basic_node {
   // `f(guard)` with the caller's access guard, or with null when no call is guarded.
   template <class F>
   auto under_guard(const net::peer_info& peer, F f) {
-    if (!guarded()) return f(nullptr);
+    if (!access_.policy() && options_.max_client_ids == 0) return f(nullptr);
     access_guard guard(access_, {peer.identity, peer.connection});
     return f(&guard);
   }
@@ -411,10 +411,6 @@ class basic_node {
     }
     mastership_.fence(now);
     return now;
-  }
-
-  bool guarded() const noexcept {
-    return access_.policy().has_value() || options_.max_client_ids > 0;
   }
 
   net::http_answer on_admin(const net::http_request& r, const net::peer_info& peer) {
