@@ -27,7 +27,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,23 +76,15 @@ class Process:
         return self.proc.returncode
 
 
-def call(address: str, method: str, params: dict[str, Any]) -> Any:
-    """One JSON-RPC call to a doorman node."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall((json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}) + "\n").encode())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return json.loads(data)["result"]
-
-
-def budget_of(root: str) -> dict[str, Any]:
-    """The day's budget as the root counts it ({} before its first client)."""
-    for r in call(root, "status", {}).get("resources", []):
+def budget_of(cli: str, root: str) -> dict[str, Any]:
+    """The day's budget as the root counts it, from `doorman status --json` ({} before its
+    first client, or when the CLI fails)."""
+    out = subprocess.run([cli, "status", "--server", root, "--json"], capture_output=True, text=True)
+    try:
+        resources = json.loads(out.stdout).get("resources", [])
+    except ValueError:
+        return {}
+    for r in resources:
         if r.get("resource_id") == "tokens-per-day":
             return dict(r.get("budget") or {})
     return {}
@@ -252,7 +243,7 @@ def run(a: argparse.Namespace, node: str, cli: str, env: dict[str, str], logs: s
         fresh = calls[seen:]
         seen = len(calls)
         by = [sum(c[2] for c in fresh if c[1] == g.name) for g in gateways]
-        b = budget_of(root.address)
+        b = budget_of(cli, root.address)
         print(f"{10 * tick:4d}s " + "".join(f"{n:9.0f}" for n in by)
               + f"  {sum(by) / 10:8.0f}  {load.count(429):5d}  {b.get('spent', 0):9.0f}  {b.get('left', 0):10.0f}",
               flush=True)
