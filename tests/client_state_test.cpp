@@ -571,3 +571,53 @@ TEST_CASE("client state: a budget reports its spend and hands each allotment to 
   CHECK(a->new_window);  // the server counts in the next window now
   CHECK_THROWS_AS(s.set_spend("tokens", -1, 0), std::invalid_argument);
 }
+
+TEST_CASE("client state: a grant of the other kind gives nothing, and asks for nothing",
+          "[client][budget]") {
+  // A rate handle on an id the server counts as a budget would take an allotment of units for
+  // a rate; a budget handle on a rate's id would take a rate for units. Either is taken as 0,
+  // logged once, and the next requests ask for 0 until the server's kind matches again.
+  manual_clock clock;
+  std::vector<std::string> lines;
+  state_t s({.client_id = "gw-1", .log = [&](std::string_view l) { lines.emplace_back(l); }});
+  s.add("tokens-daily", {.wants = 500, .mode = doorman::fallback::optimistic});
+  s.add("per-minute", {.wants = 600, .budget = true});
+  auto req = s.make_request(clock.now());
+  auto resp = grant("per-minute", 600);  // a rate's grant: no budget
+  resp.resources.push_back({"tokens-daily", {8000, 60, 16}, 0});
+  resp.resources[1].budget = doorman::budget_info{1764374400, 3600, 100000, 0, 92000};
+  s.on_reply(resp, clock.now());
+  CHECK(s.capacity("tokens-daily", clock.now()) == 0);  // not 8000 a second
+  auto a = s.take_allotment("per-minute");
+  REQUIRE(a);
+  CHECK(a->units == 0);  // not 600 units
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("resource per-minute is not a budget at the server") == 0);
+  CHECK(lines[1].find("resource tokens-daily is a budget at the server: use a budget handle") == 0);
+  clock.advance(16s);
+  req = s.make_request(clock.now());
+  REQUIRE(req.resources.size() == 2);
+  CHECK(req.resources[0].wants == 0);
+  CHECK(req.resources[1].wants == 0);
+  // The same again: nothing more logged. Then the server's kind matches: taken, asked again.
+  resp = grant("per-minute", 600);
+  resp.resources[0].budget = doorman::budget_info{1764374400, 3600, 100000, 0, 92000};
+  resp.resources.push_back({"tokens-daily", {8000, 60, 16}, 0});
+  resp.resources[1].budget = doorman::budget_info{1764374400, 3600, 100000, 0, 92000};
+  s.on_reply(resp, clock.now());
+  CHECK(lines.size() == 2);
+  a = s.take_allotment("per-minute");
+  REQUIRE(a);
+  CHECK(a->units == 600);
+  clock.advance(16s);
+  req = s.make_request(clock.now());
+  CHECK(req.resources[0].wants == 600);
+  CHECK(req.resources[1].wants == 0);
+  resp = grant("per-minute", 600);
+  resp.resources[0].budget = doorman::budget_info{1764374400, 3600, 100000, 0, 92000};
+  resp.resources.push_back({"tokens-daily", {30, 60, 16}, 0});
+  s.on_reply(resp, clock.now());
+  CHECK(s.capacity("tokens-daily", clock.now()) == 30);
+  clock.advance(16s);
+  CHECK(s.make_request(clock.now()).resources[1].wants == 500);
+}

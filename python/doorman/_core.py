@@ -193,6 +193,7 @@ class _Held:
     spent_at_send: float = 0.0
     window: Optional[int] = None  # the window the root last named
     allotment: Optional["Allotment"] = None  # a grant its driver has not taken yet
+    other_kind: bool = False  # the last grant was of the other kind: nothing used, wants 0
 
 
 class Allotment(NamedTuple):
@@ -222,6 +223,7 @@ class ClientState:
         self._unasked = False
         self._start_unsent = False
         self.answer_grants = 0  # grants in the last answer (adopted or not)
+        self.notes: list[str] = []  # lines for the driver to log (it empties the list)
 
     # ---- resources ---------------------------------------------------------------------
 
@@ -338,7 +340,8 @@ class ClientState:
         for rid, r in self._resources.items():
             if len(items) == _wire.MAX_RESOURCES:
                 break
-            item: dict[str, Any] = {"resource_id": rid, "priority": r.priority, "wants": r.wants}
+            item: dict[str, Any] = {"resource_id": rid, "priority": r.priority,
+                                    "wants": 0.0 if r.other_kind else r.wants}
             if r.lease is not None and now < r.lease.expiry:
                 item["has"] = {
                     "capacity": r.lease.capacity,
@@ -370,25 +373,39 @@ class ClientState:
             r = self._resources.get(g.resource_id)
             if r is None:
                 continue
-            r.lease = Lease(g.capacity, sent + to_ns(g.expires_in), to_ns(g.refresh_interval))
+            capacity = 0.0 if self._other_kind(r, g) else g.capacity
+            r.lease = Lease(capacity, sent + to_ns(g.expires_in), to_ns(g.refresh_interval))
             r.server_safe = g.safe_capacity
             if r.budget:
                 new_window = r.window is not None and g.budget_window is not None \
                     and g.budget_window != r.window
                 if g.budget_window is not None:
                     r.window = g.budget_window
-                r.allotment = Allotment(g.capacity, r.spent_at_send, new_window)
+                r.allotment = Allotment(capacity, r.spent_at_send, new_window)
             interval = min(interval, g.refresh_interval if g.refresh_interval > 0 else self._idle)
             left = to_s(r.lease.expiry - now)
             if left > 0:
                 interval = min(interval, left)
-            if g.capacity > 0:
+            if capacity > 0:
                 r.held_back = False
         event = self._schedule.answered(now, interval)
         for r in self._resources.values():
             if r.held_back and not r.fast_started:
                 self._start(r, now)
         return event, problems
+
+    def _other_kind(self, r: _Held, g: Any) -> bool:
+        # `basic_client_state::other_kind`: a grant of the other kind gives nothing, and is
+        # told (in `notes`) when that begins.
+        other = (g.budget_window is not None) != r.budget
+        if other and not r.other_kind:
+            self.notes.append(
+                f"resource {g.resource_id} is not a budget at the server: this budget handle "
+                "takes nothing of it, and asks for nothing" if r.budget else
+                f"resource {g.resource_id} is a budget at the server: use a budget handle; "
+                "this one takes nothing of it, and asks for nothing")
+        r.other_kind = other
+        return other
 
     def on_failure(self, now: int) -> str:
         return self._schedule.failed(now, self.earliest_expiry(now))

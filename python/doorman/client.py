@@ -228,6 +228,9 @@ class Client:
             _, problems = self._core.answered(result, _now())
             failures = self._core.state.failures
             total = self._core.state.answer_grants
+            notes, self._core.state.notes = self._core.state.notes, []
+        for note in notes:
+            self._warn(note)
         if step.action == "release" or not problems:
             return
         if failures == 1:  # the answer was not one to use: a failure

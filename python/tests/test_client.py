@@ -291,6 +291,24 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(tb.left, 1000 - spent)
         self.assertFalse(tb.try_acquire(1))  # closed is closed
 
+    def test_a_rate_handle_on_a_budget_takes_nothing_and_asks_for_nothing(self) -> None:
+        # A rate handle on the id of a day's budget would spend each allotment of units as a
+        # rate of units a second. It takes 0, says why, and asks for 0 from then on: the root
+        # counts at most its first allotment as spent (it never reports), then nothing.
+        n = self.node(budget_config(1000))
+        lines: list[str] = []
+        with fast(n.address, log=lines.append) as c:
+            r = c.rate("tokens", wants=100)
+            self.assertTrue(eventually(lambda: any("is a budget at the server" in l for l in lines)),
+                            lines)
+            self.assertFalse(r.try_acquire())
+            self.assertEqual(r.capacity, 0)
+            self.assertTrue(eventually(lambda: n.leases("tokens") == {c.client_id: 0.0}),
+                            n.leases("tokens"))
+            st = n.call("status", {"resource_id": "tokens"})["result"]["resources"][0]["budget"]
+            self.assertLessEqual(st["spent"], 100)
+            self.assertEqual(sum("is a budget at the server" in l for l in lines), 1)
+
     def test_a_budget_wait_takes_units_as_they_come_and_ends_in_time(self) -> None:
         n = self.node(budget_config(1000))
         with fast(n.address) as c:

@@ -98,6 +98,9 @@ struct client_resource {
   bool fast_started = false;                    ///< its one request ahead of the floor was made
   budget_account budget{};                      ///< a budget resource's account
   std::optional<budget_allotment> allotment{};  ///< a grant the driver has not taken yet
+  /// The server's last grant was of the other kind: a budget's for a rate or gauge, or a
+  /// rate's for a budget. Nothing of it is used, and wants 0 are asked until that changes.
+  bool other_kind = false;
 };
 
 /// The client state. `Clock` fixes the time types (`std::chrono::steady_clock` in the client,
@@ -255,7 +258,7 @@ class basic_client_state {
       resource_request rr;
       rr.resource_id = id;
       rr.priority = r.options.priority;
-      rr.wants = r.options.wants;
+      rr.wants = r.other_kind ? 0.0 : r.options.wants;
       if (r.lease && !r.lease->expired(now)) rr.has = to_lease_info(*r.lease, now);
       if (r.options.budget) add_spend(r, rr);
       req.resources.push_back(std::move(rr));
@@ -284,6 +287,7 @@ class basic_client_state {
                      if (r == nullptr) return;  // removed since the request went out
                      r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
                      r->server_safe_capacity = g.safe_capacity;
+                     if (other_kind(*r, g)) r->lease->capacity = 0;
                      if (r->options.budget) adopt_allotment(*r, g);
                      interval =
                          std::min(interval, g.gets.refresh_interval > 0 ? g.gets.refresh_interval
@@ -353,11 +357,30 @@ class basic_client_state {
     if (rr.has) rr.has->capacity = std::min(rr.has->capacity, b.left);
   }
 
-  // A budget's grant: the allotment for the driver, and the server's word on the window.
+  // A budget's grant: the allotment for the driver, and the server's word on the window (a
+  // grant of the other kind: an allotment of 0).
   static void adopt_allotment(resource& r, const resource_grant& g) {
     const bool new_window = r.budget.info && g.budget && g.budget->window != r.budget.info->window;
     if (g.budget) r.budget.info = *g.budget;
-    r.allotment = budget_allotment{g.gets.capacity, r.budget.spent_at_send, new_window};
+    r.allotment = budget_allotment{r.lease->capacity, r.budget.spent_at_send, new_window};
+  }
+
+  // Whether `g` is of the other kind than `r` (a budget's grant carries `budget`), logged when
+  // that begins: a rate used as units, or units used as a rate, would pass what the server
+  // counts (docs/budgets.md).
+  bool other_kind(resource& r, const resource_grant& g) {
+    const bool other = g.budget.has_value() != r.options.budget;
+    if (other && !r.other_kind && options_.log) {
+      options_.log(r.options.budget
+                       ? "resource " + g.resource_id +
+                             " is not a budget at the server: this budget handle takes nothing "
+                             "of it, and asks for nothing"
+                       : "resource " + g.resource_id +
+                             " is a budget at the server: use a budget handle; this one takes "
+                             "nothing of it, and asks for nothing");
+    }
+    r.other_kind = other;
+    return other;
   }
 
   // News: a resource not asked for yet, or start wants not sent yet.
