@@ -1034,46 +1034,61 @@ TEST_CASE("count_hits on a budget with marks waits for the mark, then keeps a dr
 }
 
 TEST_CASE(
-    "a budget asked for through a door that cannot report spending is refused, deciding "
-    "nothing",
+    "a budget asked for through a door that cannot report spending gets 0, the rest as always",
     "[core][budget][engine]") {
   // Doorman's gRPC protocol has no report of a spend: its clients would take an allotment for
-  // a rate, and the root would count all of it as spent at each request.
-  budget_fixture f;
-  const std::string why =
-      "resources[0].resource_id: \"tokens\" is a budget, whose spending this "
-      "protocol cannot report: ask for it over JSON-RPC";
-  doorman::capacity_request asked{"go", {{"tokens", 0, 100, std::nullopt}}, false};
+  // a rate, and the root would count all of it as spent at each request. The budget gets a
+  // lease of 0 with a warning; the request's other resources are decided as always (a Go
+  // client's, or an intermediate's, rates keep flowing).
+  std::vector<std::string> lines;
+  doorman::engine_options o = at_utc(day_start + 3600.0);
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  fixture f(budget_repo(R"("day")", 1000), o);
+  doorman::capacity_request asked{
+      "go", {{"other", 0, 5, std::nullopt}, {"tokens", 0, 100, std::nullopt}}, false};
   auto r = f.engine.get_capacity(asked, f.clock.now());
-  REQUIRE_FALSE(r);
-  CHECK(r.error().message == why);
-  CHECK(r.error().path == "resources[0].resource_id");
+  REQUIRE(r);
+  REQUIRE(r.value().resources.size() == 2);
+  const auto& zero = r.value().resources[1];
+  CHECK(zero.resource_id == "tokens");
+  CHECK(zero.gets.capacity == 0);
+  CHECK(zero.gets.refresh_interval > 0);
+  CHECK_FALSE(zero.budget);  // nothing this door could carry
+  CHECK(r.value().resources[0].resource_id == "other");
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0] ==
+        "warning: go asked for budget tokens through Doorman's protocol, which cannot report a "
+        "spend: granted 0 (ask for it over JSON-RPC)");
   doorman::server_capacity_request server{
       "mid",
       {{.resource_id = "tokens", .has = std::nullopt, .outstanding = 0, .wants = {{0, 3, 100}}}},
       false};
   auto s = f.engine.get_server_capacity(server, f.clock.now());
-  REQUIRE_FALSE(s);
-  CHECK(s.error().message == why);
-  // Nothing was decided: the whole budget is left, and the same client asking over JSON-RPC
+  REQUIRE(s);
+  CHECK(s.value().resources[0].gets.capacity == 0);
+  CHECK(lines.size() == 1);  // one line per 10 s at most
+  // Nothing was allotted: the whole budget is left, and the same client asking over JSON-RPC
   // (which reports) is allotted.
-  CHECK(f.budget().left == 1000);
-  CHECK(f.budget().spent == 0);
-  CHECK(f.ask_budget("go", 100).gets.capacity == 100);
-  // A resource that is not a budget is decided through that door as always.
-  asked.resources[0].resource_id = "other";
-  CHECK(f.engine.get_capacity(asked, f.clock.now()));
+  const auto st = f.engine.status({"tokens"}, f.clock.now());
+  REQUIRE(st.value().resources[0].budget);
+  CHECK(st.value().resources[0].budget->left == 1000);
+  CHECK(st.value().resources[0].budget->spent == 0);
+  asked.reports_spend = true;
+  asked.resources.erase(asked.resources.begin());
+  r = f.engine.get_capacity(asked, f.clock.now());
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 100);
 
-  // An intermediate knows a budget from its parent's answer: refused from then on.
+  // An intermediate knows a budget from its parent's answer: 0 from then on.
   fixture mid(budget_repo(R"("day")", 1000), [] {
-    doorman::engine_options o = at_utc(day_start + 3600.0);
-    o.is_root = false;
-    return o;
+    doorman::engine_options m = at_utc(day_start + 3600.0);
+    m.is_root = false;
+    return m;
   }());
-  asked.resources[0].resource_id = "tokens";
+  asked.reports_spend = false;
   mid.engine.set_parent_lease("tokens", {500, mid.clock.now() + 60s, 8s}, mid.clock.now(), {},
                               doorman::budget_info{day_start, 82800, 1000, 0, 500, 0.0});
   r = mid.engine.get_capacity(asked, mid.clock.now());
-  REQUIRE_FALSE(r);
-  CHECK(r.error().message == why);
+  REQUIRE(r);
+  CHECK(r.value().resources[0].gets.capacity == 0);
 }

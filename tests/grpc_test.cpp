@@ -114,14 +114,27 @@ struct grpc_node {
 
 // What client c1 gets of "api" wanting `wants`, asked until it gets all of it or `timeout`
 // passes (an intermediate's first answers come before it holds any of the resource).
-double capacity_within(::doorman::Capacity::Stub& stub, double wants,
-                       std::chrono::seconds timeout) {
+// With `also`, the same request asks for that resource too (wants 100): its grants are in
+// `also_got`.
+double capacity_within(::doorman::Capacity::Stub& stub, double wants, std::chrono::seconds timeout,
+                       const std::string& also = {}, std::vector<double>* also_got = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   double got = 0;
   for (;;) {
     ::doorman::GetCapacityResponse r;
-    REQUIRE(stub.GetCapacity(grpc_node::context().get(), ask("c1", "api", wants), &r).ok());
-    got = r.response_size() == 1 ? r.response(0).gets().capacity() : 0;
+    auto req = ask("c1", "api", wants);
+    if (!also.empty()) {
+      auto& x = *req.add_resource();
+      x.set_resource_id(also);
+      x.set_priority(0);
+      x.set_wants(100);
+    }
+    REQUIRE(stub.GetCapacity(grpc_node::context().get(), req, &r).ok());
+    got = 0;
+    for (const auto& g : r.response()) {
+      if (g.resource_id() == "api") got = g.gets().capacity();
+      if (also_got != nullptr && g.resource_id() == also) also_got->push_back(g.gets().capacity());
+    }
     if (got >= wants || std::chrono::steady_clock::now() >= deadline) return got;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
   }
@@ -222,6 +235,33 @@ TEST_CASE("grpc: a mixed tree: an intermediate whose parent speaks Doorman's gRP
   CHECK(leased_to_mid);
 }
 
+TEST_CASE("grpc: a mixed tree: a budget asked through a gRPC parent link gets 0, rates flow",
+          "[grpc][process][budget]") {
+  // The intermediate asks its parent for every resource in one GetServerCapacity; a budget
+  // among them (its reports cannot travel over Doorman's protocol) gets 0, not the request.
+  grpc_node root("budget-root", {}, R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1,
+                   "learning_mode_duration": 0}}]})");
+  grpc_node mid("budget-mid",
+                {"--parent", root.address, "--parent-protocol", "grpc", "--id", "mid"});
+  std::vector<double> tokens;
+  CHECK(capacity_within(*mid.stub, 30, std::chrono::seconds(20), "tokens", &tokens) == 30);
+  REQUIRE_FALSE(tokens.empty());
+  CHECK(std::all_of(tokens.begin(), tokens.end(), [](double c) { return c == 0; }));
+  CHECK(root.node->wait_for("warning: mid asked for budget tokens through Doorman's protocol"));
+  // Nothing of the budget was allotted or counted.
+  doorman_test::line_client c(root.json_address);
+  REQUIRE(c.send(doorman_test::request_line(1, "status", {{"resource_id", "tokens"}})));
+  const auto line = c.read_line(std::chrono::seconds(5));
+  REQUIRE(line);
+  const auto budget = nlohmann::json::parse(*line)["result"]["resources"][0]["budget"];
+  CHECK(budget["spent"] == 0);
+  CHECK(budget["left"] == 1000);
+}
+
 TEST_CASE("grpc: the parent channel maps typed calls straight to Doorman's messages",
           "[grpc][process][typed]") {
   grpc_node root("typed");
@@ -290,7 +330,7 @@ TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the 
   CHECK(a.response(0).gets().capacity() == 100);
 }
 
-TEST_CASE("grpc: a budget is refused naming it: Doorman's protocol cannot report a spend",
+TEST_CASE("grpc: a budget gets 0, the rest as always: Doorman's protocol cannot report a spend",
           "[grpc][process]") {
   grpc_node n("budget", {}, R"({"resources": [
     {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
@@ -298,20 +338,27 @@ TEST_CASE("grpc: a budget is refused naming it: Doorman's protocol cannot report
     {"identifier_glob": "*", "capacity": 100,
      "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4,
                    "learning_mode_duration": 0}}]})");
-  const std::string why =
-      "resource[0].resource_id: \"tokens\" is a budget, whose spending this "
-      "protocol cannot report: ask for it over JSON-RPC";
+  // One request with a rate and the budget, as a Go client batches them.
+  auto both = ask("c1", "api", 10);
+  auto& t = *both.add_resource();
+  t.set_resource_id("tokens");
+  t.set_priority(0);
+  t.set_wants(100);
   ::doorman::GetCapacityResponse a;
-  auto s = n.stub->GetCapacity(n.context().get(), ask("c1", "tokens", 100), &a);
-  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  CHECK(s.error_message() == why);
+  REQUIRE(n.stub->GetCapacity(n.context().get(), both, &a).ok());
+  REQUIRE(a.response_size() == 2);
+  for (const auto& g : a.response()) {
+    CHECK(g.gets().capacity() == (g.resource_id() == "api" ? 10 : 0));
+    CHECK(g.gets().refresh_interval() == 4);
+  }
+  CHECK(
+      n.node->wait_for("warning: c1 asked for budget tokens through Doorman's protocol, "
+                       "which cannot report a spend: granted 0 (ask for it over JSON-RPC)"));
   ::doorman::GetServerCapacityResponse b;
-  s = n.stub->GetServerCapacity(n.context().get(), ask_server("mid", "tokens", 2, 100), &b);
-  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  CHECK(s.error_message() == why);
-  // A rate beside it is served as always.
-  REQUIRE(n.stub->GetCapacity(n.context().get(), ask("c1", "api", 10), &a).ok());
-  CHECK(a.response(0).gets().capacity() == 10);
+  REQUIRE(
+      n.stub->GetServerCapacity(n.context().get(), ask_server("mid", "tokens", 2, 100), &b).ok());
+  REQUIRE(b.response_size() == 1);
+  CHECK(b.response(0).gets().capacity() == 0);
 }
 
 TEST_CASE("grpc: ReleaseCapacity gives a lease back, GetServerCapacity counts subclients",

@@ -51,7 +51,7 @@ std::vector<Out> resources_of(const In& list, double now_unix, One one) {
 
 }  // namespace
 
-// Doorman's protocol has no budget report: a budget is refused (reports_spend false).
+// Doorman's protocol has no budget report: a budget gets 0 (reports_spend false).
 capacity_request from_proto(const ::doorman::GetCapacityRequest& r, double now_unix) {
   return {r.client_id(),
           resources_of<resource_request>(r.resource(), now_unix,

@@ -63,8 +63,8 @@ class budget_steps : protected lease_decision<Clock, Algorithms> {
   // nothing while the engine knows a live allotment of its (its process restarted, or the
   // answer granting it was lost) may have spent all of it: it counts as spent.
   // So does a request with no report at all (a client that does not know budgets): what it
-  // held is then spent at each of its requests. (A door whose protocol has no report refuses
-  // budgets before this: `capacity_request::reports_spend`.)
+  // held is then spent at each of its requests. (A door whose protocol has no report gets 0
+  // before this: `capacity_request::reports_spend`.)
   template <class Request>
   void charge(resource& r, std::string_view client_id, const Request& x, time_point now) {
     expire_leases(r, now);

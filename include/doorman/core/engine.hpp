@@ -301,6 +301,9 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   [[nodiscard]] result<capacity_response> get_capacity(const capacity_request& req,
                                                        time_point now) {
     return decide_each<capacity_response>(req, now, [&](const resource_request& x, resource& r) {
+      if (r.budget && !req.reports_spend) {
+        return resource_grant{x.resource_id, unreportable(r, req.client_id, now), 0.0, {}};
+      }
       const band_demand band{x.priority, x.wants, 1};
       if (r.budget) charge(r, req.client_id, x, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
@@ -318,6 +321,10 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     std::vector<band_demand> bands;
     return decide_each<server_capacity_response>(
         req, now, [&](const server_resource_request& x, resource& r) {
+          if (r.budget && !req.reports_spend) {
+            return server_resource_grant{
+                x.resource_id, unreportable(r, req.server_id, now), 0.0, r.tmpl.algorithm, {}};
+          }
           bands.clear();
           for (const auto& b : x.wants) {
             bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
@@ -437,32 +444,21 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   template <class Response, class Request, class DecideOne>
   [[nodiscard]] result<Response> decide_each(const Request& req, time_point now,
                                              DecideOne decide_one) {
-    if (!req.reports_spend) {  // validated first: the ids are looked up
-      if (auto e = validate(req)) return *e;
-      if (auto e = unreportable_budget(req)) return *e;
-    }
     return answer_each<Response>(
         req, now, [&](const auto& x) { return decide_one(x, resource_for(x.resource_id, now)); });
   }
 
-  /// A budget asked for by a requester that cannot report what it spends (a door whose
-  /// protocol has no room for it): its allotment would be taken for a rate, and counted as
-  /// spent in full at each request. Refused before anything is decided.
-  template <class Request>
-  [[nodiscard]] std::optional<request_error> unreportable_budget(const Request& req) const {
-    if (options_.is_root && !config_.has_budgets()) return std::nullopt;
-    for (std::size_t i = 0; i < req.resources.size(); ++i) {
-      const auto& id = req.resources[i].resource_id;
-      const auto it = resources_.find(id);
-      const bool budget = it != resources_.end() ? it->second.budget.has_value()
-                                                 : options_.is_root && config_.find(id).budget;
-      if (budget) {
-        return detail::invalid(detail::element("resources", i, ".resource_id"),
-                               "\"" + id + "\" is a budget, whose spending this protocol " +
-                                   "cannot report: ask for it over JSON-RPC");
-      }
-    }
-    return std::nullopt;
+  /// A budget asked for by a requester that cannot report what it spends (Doorman's gRPC
+  /// door): it would take an allotment for a rate, and be counted as spending all of it at each
+  /// request. It gets a lease of 0, and its other resources are decided as always; a warning
+  /// says so (one line per 10 s at most).
+  [[nodiscard]] lease_info unreportable(const resource& r, std::string_view who, time_point now) {
+    unreportable_log_.log(options_.log,
+                          "warning: " + std::string(who) + " asked for budget " + r.id +
+                              " through Doorman's protocol, which cannot report a spend: "
+                              "granted 0 (ask for it over JSON-RPC)",
+                          now);
+    return {0.0, r.tmpl.algorithm.lease_length.count(), r.tmpl.algorithm.refresh_interval.count()};
   }
 
   /// The same for any request of resources: `answer_one(item)` for each item, when master.
@@ -586,6 +582,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   std::uint64_t resources_created_ = 0;
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
+  log_throttle<time_point> unreportable_log_{seconds(10)};
 };
 
 /// The engine on the steady clock.

@@ -60,7 +60,7 @@ struct capacity_request {
   std::string client_id;
   std::vector<resource_request> resources;
   /// Whether the requester can say what it spent of a budget (not on the wire): false from a
-  /// door whose protocol cannot (Doorman's gRPC), which a budget resource then refuses.
+  /// door whose protocol cannot (Doorman's gRPC): a budget resource then grants it 0.
   bool reports_spend = true;
 };
 
