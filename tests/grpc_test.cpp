@@ -140,6 +140,14 @@ double capacity_within(::doorman::Capacity::Stub& stub, double wants, std::chron
   }
 }
 
+// A day's budget of 1 000 "tokens", and a rate of 100 for every other id.
+constexpr const char* budget_config_text = R"({"resources": [
+    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1,
+                   "learning_mode_duration": 0}}]})";
+
 }  // namespace
 
 TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients expect",
@@ -161,7 +169,7 @@ TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients
   // Whole seconds, never past the real lease (20 s from when it was decided).
   CHECK(g.gets().expiry_time() <= static_cast<std::int64_t>(unix_now() + 20));
   CHECK(g.gets().expiry_time() >= static_cast<std::int64_t>(before + 20) - 1);
-  CHECK(g.gets().refresh_interval() == 4);
+  CHECK(g.gets().refresh_interval() == 1);
 
   // A second client shares fairly with the first.
   ::doorman::GetCapacityResponse b;
@@ -239,12 +247,7 @@ TEST_CASE("grpc: a mixed tree: a budget asked through a gRPC parent link gets 0,
           "[grpc][process][budget]") {
   // The intermediate asks its parent for every resource in one GetServerCapacity; a budget
   // among them (its reports cannot travel over Doorman's protocol) gets 0, not the request.
-  grpc_node root("budget-root", {}, R"({"resources": [
-    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1}},
-    {"identifier_glob": "*", "capacity": 100,
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 1,
-                   "learning_mode_duration": 0}}]})");
+  grpc_node root("budget-root", {}, budget_config_text);
   grpc_node mid("budget-mid",
                 {"--parent", root.address, "--parent-protocol", "grpc", "--id", "mid"});
   std::vector<double> tokens;
@@ -332,12 +335,7 @@ TEST_CASE("grpc: a request that breaks a bound gets INVALID_ARGUMENT naming the 
 
 TEST_CASE("grpc: a budget gets 0, the rest as always: Doorman's protocol cannot report a spend",
           "[grpc][process]") {
-  grpc_node n("budget", {}, R"({"resources": [
-    {"identifier_glob": "tokens", "capacity": 1000, "budget": {"window": "day"},
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4}},
-    {"identifier_glob": "*", "capacity": 100,
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4,
-                   "learning_mode_duration": 0}}]})");
+  grpc_node n("budget", {}, budget_config_text);
   // One request with a rate and the budget, as a Go client batches them.
   auto both = ask("c1", "api", 10);
   auto& t = *both.add_resource();
@@ -349,7 +347,7 @@ TEST_CASE("grpc: a budget gets 0, the rest as always: Doorman's protocol cannot 
   REQUIRE(a.response_size() == 2);
   for (const auto& g : a.response()) {
     CHECK(g.gets().capacity() == (g.resource_id() == "api" ? 10 : 0));
-    CHECK(g.gets().refresh_interval() == 4);
+    CHECK(g.gets().refresh_interval() == 1);
   }
   CHECK(
       n.node->wait_for("warning: c1 asked for budget tokens through Doorman's protocol, "
