@@ -169,7 +169,7 @@ TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients
   // Whole seconds, never past the real lease (20 s from when it was decided).
   CHECK(g.gets().expiry_time() <= static_cast<std::int64_t>(unix_now() + 20));
   CHECK(g.gets().expiry_time() >= static_cast<std::int64_t>(before + 20) - 1);
-  CHECK(g.gets().refresh_interval() == 1);
+  CHECK(g.gets().refresh_interval() == 4);
 
   // A second client shares fairly with the first.
   ::doorman::GetCapacityResponse b;
