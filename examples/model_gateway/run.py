@@ -39,6 +39,7 @@ from typing import Any, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARRIVALS = [50.0, 30.0, 20.0]  # requests a second sent to each replica: uneven, all over a share
 MAX_TOKENS = [256, 512, 1024, 2048]
+PROMPT = (100, 2000)  # a prompt's characters, least and most
 
 
 class Process:
@@ -125,7 +126,7 @@ class Load:
         while not self.stopping.is_set():
             due += r.expovariate(ARRIVALS[i])
             self.stopping.wait(max(0.0, due - time.monotonic()))  # the next arrival
-            body = {"prompt": "x" * r.randint(100, 2000), "max_tokens": r.choice(MAX_TOKENS)}
+            body = {"prompt": "x" * r.randint(*PROMPT), "max_tokens": r.choice(MAX_TOKENS)}
             self.pool.submit(self.send, i, json.dumps(body).encode())
 
     def send(self, i: int, body: bytes) -> None:
@@ -258,7 +259,7 @@ def run(a: argparse.Namespace, node: str, cli: str, env: dict[str, str], logs: s
 
 
 def verdict(a: argparse.Namespace, calls: list[list[Any]], wall: float, gateways: list[Process]) -> int:
-    largest = sum(2000 // 4 + max(MAX_TOKENS) for _ in gateways)  # one reservation each
+    largest = len(gateways) * (PROMPT[1] // 4 + max(MAX_TOKENS))  # one reservation each
     allowed = a.rate * 60 + 0.1 * a.rate + largest
     fullest, at = fullest_minute(calls)
     days: dict[int, float] = {}

@@ -14,9 +14,9 @@
 /// The law, chosen on a model of a protected service whose true capacity steps by -50% and
 /// +50% (tests/capacity_learner_test.cpp):
 /// - **Cut to what got through.** When more than `overload_ratio` (0.5 %) of the calls were
-/// answered
-///   overloaded, the service served about its true capacity: the calls that got through, a
-///   second. The capacity goes there, less `margin`, never below `(1 - max_cut)` of itself.
+///   answered overloaded, the service served about its true capacity: the calls that got
+///   through, a second. The capacity goes there, less `margin`, never below `(1 - max_cut)` of
+///   itself.
 /// - **Rise by doubling steps.** An interval without overload in which some client was held
 ///   back by its lease (the capacity binds) raises the capacity by `step`, which starts at
 ///   `first_step` after each cut. Once past what got through at the last cut, the step
@@ -65,7 +65,6 @@ class capacity_learner {
   }
 
   [[nodiscard]] double capacity() const noexcept { return capacity_; }
-  [[nodiscard]] const learning_options& options() const noexcept { return o_; }
 
   /// Moves the capacity for one interval's signals.
   learn_step update(const overload_sample& s) {
