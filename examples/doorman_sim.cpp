@@ -99,7 +99,13 @@ std::string usage() {
          "  --no-fencing        masters answer past their term: what the campaign must catch\n\n"
          "calls of heavy-tailed cost (instead of a scenario; docs/budgets.md):\n"
          "  --costs S           10 clients settling calls of 100 to 30 000 units against\n"
-         "                      300 000 units/s, from seed S (--seeds and --duration apply)\n";
+         "                      300 000 units/s, from seed S (--seeds and --duration apply)\n\n"
+         "a learned capacity (instead of a scenario; docs/learned-capacity.md):\n"
+         "  --learn S           10 clients calling a protected service whose capacity steps\n"
+         "                      -50 % and +50 % and drifts, from seed S (--seeds applies):\n"
+         "                      learned by the root (flat, and through an intermediate) and\n"
+         "                      each client alone (per-process AIMD), side by side; --out DIR\n"
+         "                      writes a chart of each run there\n";
 }
 
 // The campaign over `seeds` seeds from `first`: one line each; 1 when any broke an invariant.
@@ -140,6 +146,46 @@ double number(const std::string& flag, const std::string& text) {
   return doorman_examples::parse_number(flag, text, 0, std::numeric_limits<double>::infinity());
 }
 
+// The learning runs over `seeds` seeds from `first`: a table of the worst over the seeds, per
+// way of learning; with `out`, a chart per run.
+int run_learning(std::uint64_t first, std::uint64_t seeds, const std::string& out) {
+  struct way {
+    const char* name;
+    bool intermediate;
+    bool alone;
+  };
+  std::cout << "| way | overloaded | in the 30 s after -50 % | used (least) | within 10 % after "
+               "-50 % / +50 % | largest swing |\n|---|---:|---:|---:|---:|---:|\n";
+  for (const way w : {way{"learned by the root, flat", false, false},
+                      way{"learned by the root, through an intermediate", true, false},
+                      way{"each client alone (AIMD), through an intermediate", true, true}}) {
+    doorman::sim::learning_verdict worst{.used = 1};
+    for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
+      const auto secs = doorman::sim::run_learning(
+          {.seed = seed, .alone = w.alone, .intermediate = w.intermediate});
+      const auto v = doorman::sim::judge_learning(secs);
+      worst = {std::max(worst.reach_down, v.reach_down),
+               std::max(worst.reach_up, v.reach_up),
+               std::max(worst.step_overloads, v.step_overloads),
+               std::max(worst.overloads, v.overloads),
+               std::min(worst.used, v.used),
+               std::max(worst.swing, v.swing)};
+      if (out.empty()) continue;
+      const std::string file =
+          fmt::format("{}/learn-{}{}-seed-{}.svg", out, w.alone ? "alone" : "root",
+                      w.intermediate ? "-tree" : "-flat", seed);
+      std::ofstream svg(file);
+      doorman::sim::write_learning_svg(svg, secs, fmt::format("{}, seed {}", w.name, seed));
+      if (!svg) throw std::runtime_error("cannot write " + file);
+    }
+    std::cout << fmt::format(
+        "| {} | {:.2f} % | {:.2f} % | {:.1f} % | {:.0f} s / {:.0f} s | {:.1f} % |\n", w.name,
+        100 * worst.overloads, 100 * worst.step_overloads, 100 * worst.used, worst.reach_down,
+        worst.reach_up, 100 * worst.swing);
+  }
+  return 0;
+}
+
 // What the command line asks for.
 struct sim_flags {
   std::vector<int> which{7};
@@ -148,6 +194,7 @@ struct sim_flags {
   bool quiet = false;
   std::optional<std::uint64_t> campaign;
   std::optional<std::uint64_t> costs;
+  std::optional<std::uint64_t> learn;
   std::uint64_t seeds = 1;
   double minutes = 600;
   bool fencing = true;
@@ -182,6 +229,7 @@ std::vector<doorman_examples::flag_action> flags(sim_flags& f) {
       {"--campaign",
        [&](arguments& a) { f.campaign = static_cast<std::uint64_t>(num(a, "--campaign")); }},
       {"--costs", [&](arguments& a) { f.costs = static_cast<std::uint64_t>(num(a, "--costs")); }},
+      {"--learn", [&](arguments& a) { f.learn = static_cast<std::uint64_t>(num(a, "--learn")); }},
       {"--seeds", [&](arguments& a) { f.seeds = static_cast<std::uint64_t>(a.number(1, 1e6)); }},
       {"--minutes", [&](arguments& a) { f.minutes = a.number(0.01, 1e7); }},
       {"--no-fencing", [&](arguments&) { f.fencing = false; }},
@@ -271,6 +319,7 @@ int main(int argc, char** argv) {
   return doorman_examples::run_program(argc, argv, "doorman-sim", text.c_str(), flags(f), [&] {
     if (f.campaign) return run_campaigns(*f.campaign, f.seeds, f.minutes, f.fencing);
     if (f.costs) return run_costs(*f.costs, f.seeds, f.options.duration);
+    if (f.learn) return run_learning(*f.learn, f.seeds, f.out_dir);
     return run_scenarios(f);
   });
 }

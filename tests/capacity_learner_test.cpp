@@ -1,10 +1,18 @@
-// Learned capacity's control law (core/capacity_learner.hpp) against a model of a protected
-// service whose true capacity steps, with noise: how fast it follows, how much it uses, how far
-// it swings, and that it holds on silence.
+// Learned capacity (docs/learned-capacity.md): the control law (core/capacity_learner.hpp)
+// against a model of a protected service whose true capacity steps, with noise (how fast it
+// follows, how much it uses, how far it swings, that it holds on silence); the signals on the
+// wire, the root's steps and the client's own cut; and the simulator's protected service.
 
 #include <catch2/catch.hpp>
 
 #include <doorman/core/capacity_learner.hpp>
+#include <doorman/sim/protected_service.hpp>
+
+#include "core_support.hpp"
+
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include <algorithm>
 #include <cmath>
@@ -142,4 +150,261 @@ TEST_CASE("a learnt capacity holds on silence, within its bounds, and bounds eac
   CHECK(calm.update({.calls = 1000, .overloads = 5, .seconds = 5, .held = false}) ==
         learn_step::hold);
   CHECK(calm.capacity() == 500);
+  // Overloads of calls made under an earlier, higher capacity (more got through than it is
+  // now): already cut for, nothing changes.
+  CHECK(calm.update({.calls = 5000, .overloads = 100, .seconds = 5, .held = true}) ==
+        learn_step::hold);
+  CHECK(calm.capacity() == 500);
 }
+
+namespace {
+
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
+
+// A root learning "res" between 100 and 2000 from 1000, refreshed every 5 s.
+doorman::resource_repository learning_repo(double learning = 0) {
+  return repo_for("FAIR_SHARE", 1000, learning, R"(, "learn": {"min": 100, "max": 2000})", 5);
+}
+
+struct learning_root {
+  manual_clock clock;
+  std::vector<std::string> log;
+  engine_t engine{learning_repo(), [&] {
+                    doorman::engine_options o;
+                    o.log = [this](std::string_view l) { log.emplace_back(l); };
+                    return o;
+                  }()};
+
+  learning_root() { engine.set_mastership(true, "root", clock.now()); }
+
+  doorman::result<doorman::capacity_response> ask(const std::string& client, double wants,
+                                                  std::optional<doorman::overload_signals> s) {
+    doorman::resource_request r{"res", 0, wants, std::nullopt};
+    r.signals = s;
+    return engine.get_capacity({client, {r}}, clock.now());
+  }
+
+  double capacity() { return engine.capacity("res", clock.now()); }
+
+  doorman::learned_info learned() {
+    auto s = engine.status({"res"}, clock.now());
+    REQUIRE(s);
+    REQUIRE(s.value().resources.at(0).learned);
+    return *s.value().resources.at(0).learned;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a learned capacity's template: its bounds in both directions, and what is refused",
+          "[core][learn][config]") {
+  const auto repo = learning_repo();
+  REQUIRE(repo.find("res").learn);
+  CHECK(repo.find("res").learn->min == 100);
+  CHECK(repo.find("res").learn->max == 2000);
+  CHECK(doorman::resource_repository::parse(repo.to_json().dump()) == repo);
+  const auto refused = [](const std::string& learn, const std::string& extra = "") {
+    try {
+      (void)doorman::resource_repository::parse(
+          R"({"resources": [{"identifier_glob": "*", "capacity": 1000, "learn": )" + learn + extra +
+          R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60,
+          "refresh_interval": 5}}]})");
+    } catch (const doorman::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refused(R"({"min": 10, "max": 5})") == "resources[0].learn.max: must be at least min");
+  CHECK_THAT(refused(R"({"min": 10, "max": 500})"),
+             Contains("resources[0].learn: capacity (1000, where learning starts)"));
+  CHECK(refused(R"({"min": -1, "max": 5000})") ==
+        "resources[0].learn.min: must be between 0 and 1e15");
+  CHECK(refused(R"({"min": 10})") == "resources[0].learn.max: is required");
+  CHECK_THAT(refused(R"({"min": 10, "max": 5000, "step": 2})"),
+             Contains("resources[0].learn.step"));
+  CHECK(refused(R"({"min": 10, "max": 5000})", R"(, "budget": {"window": "day"})") ==
+        "resources[0].learn: a budget cannot be learned: only a rate");
+  CHECK(refused("5") == "resources[0].learn: must be an object");
+}
+
+TEST_CASE(
+    "a root learns from its clients' signals: a rise per interval, a cut at once, "
+    "holds on silence, refuses hostile signals",
+    "[core][learn]") {
+  learning_root f;
+  // First reports only set where each client's count starts.
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{100, 0}));
+  REQUIRE(f.ask("b", 2000, doorman::overload_signals{0, 0}));
+  CHECK(f.capacity() == 1000);
+  // 5 s of 500 calls a second each. The step at the interval's end runs before the
+  // decision that comes then, so these reports count at the next one (nothing yet: a hold).
+  f.clock.advance(5s);
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{2600, 0}));
+  REQUIRE(f.ask("b", 2000, doorman::overload_signals{2500, 0}));
+  CHECK(f.capacity() == 1000);
+  // At the next, no overload and both held back: a rise of 2 %.
+  f.clock.advance(5s);
+  REQUIRE(f.ask("a", 2000, std::nullopt));
+  CHECK(f.capacity() == Approx(1020));
+  CHECK(f.learned().step == "rise");
+  CHECK(f.learned().calls == Approx(5000));
+  // Hostile signals: refused naming the field, nothing counted.
+  const auto bad = f.ask("a", 2000, doorman::overload_signals{3000, 4000});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message == "resources[0].signals.overloads: must be at most calls");
+  const auto negative = f.ask("a", 2000, doorman::overload_signals{-1, 0});
+  REQUIRE_FALSE(negative);
+  CHECK_THAT(negative.error().message, Contains("resources[0].signals.calls"));
+  CHECK(f.capacity() == Approx(1020));
+  // 2 s later, 300 of a's 1000 calls since its last report (7 s) were overloaded: a cut at
+  // once to what got through (a: 100 a second, b: its last 500), less 3 %; logged.
+  f.clock.advance(2s);
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{3600, 300}));
+  CHECK(f.capacity() == Approx(600 * 0.97));
+  CHECK(f.learned().step == "cut");
+  REQUIRE_FALSE(f.log.empty());
+  CHECK(f.log.back() ==
+        "resource res: learned capacity 1020 -> 582 (calls 642.9/s, overloaded 42.9/s)");
+  // Another report of the same overloads within a refresh of the cut: no second cut.
+  f.clock.advance(1s);
+  REQUIRE(f.ask("b", 2000, doorman::overload_signals{3000, 200}));
+  CHECK(f.capacity() == Approx(600 * 0.97));
+  // Silence: once the clients' reports are stale (two intervals), the capacity holds,
+  // interval after interval.
+  f.clock.advance(11s);
+  f.engine.expire(f.clock.now());
+  const double quiet = f.capacity();
+  for (int i = 0; i < 10; ++i) {
+    f.clock.advance(5s);
+    f.engine.expire(f.clock.now());
+  }
+  CHECK(f.capacity() == quiet);
+  CHECK(f.learned().step == "hold");
+  // A new configuration with another starting capacity starts again from it.
+  auto text = f.engine.config().to_json();
+  text["resources"][0]["capacity"] = 600;
+  f.engine.set_config(doorman::resource_repository::parse(text.dump()));
+  CHECK(f.capacity() == 600);
+}
+
+TEST_CASE("a new master's learned capacity starts from what the clients hold",
+          "[core][learn][failover]") {
+  manual_clock clock;
+  engine_t root(learning_repo(10));
+  root.set_mastership(true, "root", clock.now());
+  // The clients of the old master say what they hold (an earlier, learned 600 in all).
+  for (const char* c : {"a", "b"}) {
+    doorman::resource_request r{"res", 0, 2000, doorman::lease_info{300, 50, 5}};
+    REQUIRE(root.get_capacity({c, {r}}, clock.now()));
+  }
+  CHECK(root.capacity("res", clock.now()) == 1000);  // learning mode: nothing learned yet
+  clock.advance(11s);
+  root.expire(clock.now());
+  CHECK(root.capacity("res", clock.now()) == Approx(600));
+}
+
+TEST_CASE("an intermediate reports its clients' signals as rates summed over time",
+          "[core][learn]") {
+  small_tree t;
+  const auto ask = [&](const std::string& c, doorman::overload_signals s) {
+    doorman::resource_request r{"res", 0, 10, std::nullopt};
+    r.signals = s;
+    REQUIRE(t.left.get_capacity({c, {r}}, t.clock.now()));
+  };
+  ask("a", {1000, 0});
+  ask("b", {0, 0});
+  t.clock.advance(2s);
+  ask("a", {1400, 10});  // 200 calls and 5 overloads a second
+  ask("b", {200, 0});    // 100 a second
+  doorman::server_resource_request x{"res", std::nullopt, 0, {{0, 2, 20}}};
+  t.left.report_signals(x, t.clock.now());
+  REQUIRE(x.signals);
+  CHECK(*x.signals == doorman::overload_signals{0, 0});  // where its count starts
+  t.clock.advance(4s);
+  t.left.report_signals(x, t.clock.now());
+  CHECK(x.signals->calls == Approx(300 * 4));
+  CHECK(x.signals->overloads == Approx(5 * 4));
+  // An intermediate that heard of overloads has news for its parent.
+  const auto before = t.left.news();
+  ask("a", {1600, 20});
+  CHECK(t.left.news() != before);
+}
+
+TEST_CASE("a client sends its signals, and cuts itself at once on a second of overloads",
+          "[core][learn][client]") {
+  using state_t = doorman::basic_client_state<manual_clock>;
+  manual_clock clock;
+  state_t state({.client_id = "c"});
+  state.add("res", {.wants = 400});
+  auto req = state.make_request(clock.now());
+  CHECK_FALSE(req.resources.at(0).signals);  // nothing recorded yet
+  doorman::capacity_response resp;
+  resp.mastership.is_master = true;
+  resp.resources.push_back({"res", {300, 60, 5}, 30, std::nullopt});
+  state.on_reply(resp, clock.now());
+  CHECK(state.capacity("res", clock.now()) == 300);
+  CHECK_THROWS_AS(state.set_signals("res", {10, 20}, clock.now()), std::invalid_argument);
+  state.set_signals("res", {0, 0}, clock.now());
+  clock.advance(1s);
+  state.set_signals("res", {300, 0}, clock.now());  // all got through: no cut
+  CHECK(state.capacity("res", clock.now()) == 300);
+  CHECK_FALSE(state.due(clock.now()));
+  clock.advance(1s);
+  state.set_signals("res", {600, 60}, clock.now());  // 240 got through
+  CHECK(state.capacity("res", clock.now()) == Approx(240 * 0.97));
+  CHECK(state.due(clock.now()));  // the root hears of it at once (the floor has passed)
+  req = state.make_request(clock.now());
+  REQUIRE(req.resources.at(0).signals);
+  CHECK(*req.resources.at(0).signals == doorman::overload_signals{600, 60});
+  CHECK(req.resources.at(0).wants == Approx(240 * 0.97));  // held back by its own cut
+  // A grant above the cut leaves it; one at or below it ends it.
+  state.on_reply(resp, clock.now());
+  CHECK(state.capacity("res", clock.now()) == Approx(240 * 0.97));
+  resp.resources[0].gets.capacity = 200;
+  (void)state.make_request(clock.now());
+  state.on_reply(resp, clock.now());
+  CHECK(state.capacity("res", clock.now()) == 200);
+}
+
+TEST_CASE(
+    "simulated: a protected service steps -50 % and +50 %, the root learns it, "
+    "invariant 1 holds tree-wide",
+    "[sim][learn]") {
+  for (const bool intermediate : {false, true}) {
+    for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+      INFO("seed " << seed << (intermediate ? ", through an intermediate" : ", flat"));
+      const auto secs = doorman::sim::run_learning({.seed = seed, .intermediate = intermediate});
+      const auto v = doorman::sim::judge_learning(secs);
+      CHECK(v.reach_down <= 30);
+      CHECK(v.step_overloads < 0.05);
+      CHECK(v.overloads < 0.01);
+      CHECK(v.used >= 0.9);
+      CHECK(v.reach_up <= 100);
+    }
+  }
+}
+
+TEST_CASE("simulated: a root's learned capacity survives a master change", "[sim][learn]") {
+  const auto secs = doorman::sim::run_learning({.seed = 3, .master_change = 160.0});
+  // The truth is 500 from 120 s to 240 s; the master is lost at 160 s for 10 s. Its successor
+  // starts from what the clients hold once its learning mode is over.
+  for (std::size_t t = 232; t < 240; ++t) {
+    INFO("t = " << t);
+    CHECK(std::abs(secs[t].learned - secs[t].truth) <= 0.25 * secs[t].truth);
+  }
+  CHECK(doorman::sim::judge_span(secs, 160, 240).overload_share() < 0.05);
+}
+
+#ifdef DOORMAN_SOURCE_DIR
+TEST_CASE("docs: learned-capacity.md quotes what the code says", "[docs][learn]") {
+  std::ifstream in(std::string(DOORMAN_SOURCE_DIR) + "/docs/learned-capacity.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE_FALSE(doc.empty());
+  CHECK_THAT(doc, Contains("`resources[0].learn.max: must be at least min`"));
+  CHECK_THAT(doc, Contains("`a budget cannot be learned: only a rate`"));
+  // The log line, as the engine test above sees it.
+  CHECK_THAT(doc, Contains("resource res: learned capacity 1020 -> 582 (calls 642.9/s, "
+                           "overloaded 42.9/s)"));
+  CHECK_THAT(doc, Contains("doorman-sim --learn 1 --seeds 8"));
+}
+#endif

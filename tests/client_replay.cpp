@@ -12,6 +12,7 @@
 //   ["settle", id, reserved, used]          a rate handle's settle: whether it settled
 //   ["gauge_try", id] / ["gauge_release", id]
 //   ["budget_try", id, n] / ["budget_settle", id, reserved, used]   a budget handle's
+//   ["answers", id, calls, overloads]       a handle's record_answers (learned capacity)
 //   ["step"]                                the client's next step: release, refresh or wait
 //   ["answer", result] / ["fail"]           what came back for the step's call
 //   ["close"]
@@ -24,6 +25,7 @@
 // clock, in the order `client_core` calls them (its `next_step`, `next_call`, `on_reply`,
 // `push_capacities`, `sample`, and a handle's `held_back`).
 
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -66,6 +68,8 @@ struct entry {
   bool holding_back = false;
   double asked_seen = 0;
   std::uint64_t delayed_seen = 0;
+  std::uint64_t answers = 0;  // record_answers, in all
+  std::uint64_t overloads = 0;
 };
 
 json time_or_never(time_point t, time_point now) {
@@ -128,6 +132,7 @@ class replay {
       }
       return nullptr;
     }
+    if (op == "answers") return record_answers(s.at(1), s.at(2), s.at(3));
     if (op == "step") return step();
     if (op == "answer") return answer(s.at(1));
     if (op == "fail") return fail();
@@ -273,10 +278,25 @@ class replay {
     }
   }
 
+  // A handle's `record_answers`, as the client keeps them until its next sample.
+  json record_answers(const std::string& id, std::uint64_t calls, std::uint64_t overloads) {
+    const auto it = entries_.find(id);
+    if (it == entries_.end()) return nullptr;
+    it->second->answers += calls;
+    it->second->overloads += std::min(overloads, calls);
+    return nullptr;
+  }
+
   void sample() {
     const double span = doorman::to_seconds(now() - last_sample_);
     last_sample_ = now();
     for (auto& [id, e] : entries_) {
+      if (e->answers > 0 && e->kind != "budget") {  // client_core::record_signals
+        state_.set_signals(id,
+                           {static_cast<double>(e->answers),
+                            static_cast<double>(std::min(e->answers, e->overloads))},
+                           now());
+      }
       if (!e->estimate || !(span > 0)) continue;
       if (e->kind == "budget") {
         const auto* r = state_.find(id);

@@ -27,11 +27,13 @@ using doorman::manual_clock;
 
 // A one-template repository (plus the final "*") for tests.
 inline doorman::resource_repository repo_for(const std::string& kind, double capacity,
-                                             double learning = 0, const std::string& extra = "") {
+                                             double learning = 0, const std::string& extra = "",
+                                             double refresh = 16) {
   return doorman::resource_repository::parse(R"({"resources": [
     {"identifier_glob": "res*", "capacity": )" +
                                              std::to_string(capacity) + extra + R"(,
-     "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": 16,
+     "algorithm": {"kind": ")" + kind + R"(", "lease_length": 60, "refresh_interval": )" +
+                                             std::to_string(refresh) + R"(,
                    "learning_mode_duration": )" +
                                              std::to_string(learning) + R"(}},
     {"identifier_glob": "*", "capacity": 0,

@@ -1139,14 +1139,40 @@ TEST_CASE("an intermediate tells its parent soon when its clients give back an e
   const auto before = f.engine.news();
   f.engine.set_parent_lease("res", {60, f.clock.now() + 60s, 8s}, f.clock.now());  // shrunk
   f.clock.advance(6s);
-  CHECK(f.ask("a", 50) == 10);  // what b's lease leaves: a cut, which a has yet to confirm
+  CHECK(f.ask("a", 50) == 30);  // down to its share (`share_cuts`): a cut, yet to be confirmed
   CHECK(f.engine.news() == before);
   f.clock.advance(1s);
-  CHECK(f.ask("a", 50) == 10);  // confirmed: the excess shrinks
+  CHECK(f.ask("a", 50) == 30);  // confirmed: the excess shrinks
   CHECK(f.engine.news() == before + 1);
   f.clock.advance(6s);
-  CHECK(f.ask("a", 50) == 10);  // b still holds 50: nothing given back this time
+  CHECK(f.ask("a", 50) == 30);  // b still holds 50: nothing given back this time
   CHECK(f.engine.news() == before + 1);
+}
+
+TEST_CASE("over its capacity, a node brings each requester down to its share, never up",
+          "[core][engine]") {
+  for (const bool share : {true, false}) {
+    INFO((share ? "share_cuts" : "Doorman's rule"));
+    doorman::engine_options o;
+    o.is_root = false;
+    o.share_cuts = share;
+    fixture f(repo_for("FAIR_SHARE", 100), o);
+    f.engine.set_parent_lease("res", {100, f.clock.now() + 60s, 8s}, f.clock.now());
+    CHECK(f.ask("a", 50) == 50);
+    CHECK(f.ask("b", 30) == 30);
+    CHECK(f.ask("c", 20) == 20);
+    f.engine.set_parent_lease("res", {40, f.clock.now() + 60s, 8s}, f.clock.now());  // -60 %
+    f.clock.advance(6s);
+    // Doorman's rule gives what the others' leases leave (nothing); the share (40 / 3, 13.3)
+    // comes instead, while more is out than the capacity.
+    CHECK(f.ask("a", 50) == Approx(share ? 40.0 / 3 : 0));
+    // Never above what it holds: c keeps 20 at most, though its share is above what it holds
+    // once the others came down (until the excess is gone).
+    CHECK(f.ask("c", 50) <= 20);
+    const auto* store = f.engine.store("res");
+    REQUIRE(store != nullptr);
+    CHECK(store->sum_has() <= 100);  // what is out only falls
+  }
 }
 
 // ---- hostile numbers: bounds, exact sums, untrusted answers -----------------------------------

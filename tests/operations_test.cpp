@@ -134,6 +134,24 @@ TEST_CASE("http request parser: each malformed head gets its status and reason",
 
 // ---- rendering ----------------------------------------------------------------------------
 
+TEST_CASE("metrics: a learned capacity's last step, a second", "[admin][learn]") {
+  doorman::admin_snapshot s;
+  s.started = true;
+  doorman::admin_resource r;
+  r.status.resource_id = "provider";
+  r.status.capacity = 582;
+  r.status.learned = doorman::learned_info{100, 2000, 3000, 250, 5, "cut"};
+  s.resources.push_back(r);
+  r.status.resource_id = "fixed";
+  r.status.learned.reset();
+  s.resources.push_back(r);
+  const auto text = doorman::render_metrics(s, doorman::node_metrics{});
+  CHECK_THAT(text, Catch::Contains(R"(doorman_resource_learned_calls{resource="provider"} 600)"));
+  CHECK_THAT(text,
+             Catch::Contains(R"(doorman_resource_learned_overloads{resource="provider"} 50)"));
+  CHECK_THAT(text, !Catch::Contains(R"(doorman_resource_learned_calls{resource="fixed"})"));
+}
+
 TEST_CASE("metrics: label values are escaped, histograms are cumulative", "[admin]") {
   doorman::admin_snapshot s;
   s.identity.id = "a\"b\\c\nd";
@@ -796,6 +814,38 @@ TEST_CASE("yaml: hostile files are refused within bounds, naming the field and t
 )",
                                                         "x.yml");
   CHECK(repo.templates().at(1).algorithm.kind == "FAIR_SHARE");
+}
+
+TEST_CASE("yaml: a learned capacity's bounds beside capacity, errors naming the field and line",
+          "[yaml][learn]") {
+  const auto repo = doorman_examples::parse_yaml_config(R"(resources:
+- identifier_glob: provider
+  capacity: 1000
+  learn: {min: 100, max: 5000}
+  algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5}
+- identifier_glob: "*"
+  capacity: 20
+  algorithm: {kind: 2, lease_length: 60, refresh_interval: 15}
+)",
+                                                        "x.yml");
+  REQUIRE(repo.templates().at(0).learn);
+  CHECK(repo.templates().at(0).learn->min == 100);
+  CHECK(repo.templates().at(0).learn->max == 5000);
+  CHECK_FALSE(repo.templates().at(1).learn);
+  try {
+    (void)doorman_examples::parse_yaml_config(R"(resources:
+- identifier_glob: "*"
+  capacity: 1000
+  learn:
+    min: 10
+    max: 5
+  algorithm: {kind: FAIR_SHARE, lease_length: 60, refresh_interval: 5}
+)",
+                                              "x.yml");
+    FAIL("accepted");
+  } catch (const doorman::config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("resources[0].learn.max: must be at least min (line 6"));
+  }
 }
 
 TEST_CASE("yaml: files by extension, etcd values by their first character", "[yaml]") {

@@ -6,6 +6,7 @@
 
 #include "doorman/sim/campaign.hpp"
 #include "doorman/sim/costs.hpp"
+#include "doorman/sim/protected_service.hpp"
 #include "doorman/sim/report.hpp"
 #include "doorman/sim/scenario.hpp"
 #include "doorman/sim/simulation.hpp"

@@ -31,6 +31,12 @@ FALLBACKS = ("safe", "optimistic", "pessimistic")
 _MASK = 2**64 - 1
 
 
+# `learning_options`: the share of calls overloaded above which a client cuts itself, and how
+# far below what got through.
+OVERLOAD_RATIO = 0.005
+MARGIN = 0.03
+
+
 def to_ns(secs: float) -> int:
     """Seconds as nanoseconds, rounded half away from zero and saturated (`to_duration`)."""
     if secs != secs:
@@ -194,6 +200,13 @@ class _Held:
     window: Optional[int] = None  # the window the root last named
     allotment: Optional["Allotment"] = None  # a grant its driver has not taken yet
     other_kind: bool = False  # the last grant was of the other kind: nothing used, wants 0
+    # What its calls met (`set_signals`): the driver's counts in all, the counts and time at
+    # the start of the second under way, and its own cut until the root's grants come down.
+    signals: Optional[tuple[float, float]] = None
+    mark: tuple[float, float] = (0.0, 0.0)
+    since: int = 0
+    cut: Optional[float] = None
+    cut_at: int = 0
 
 
 class Allotment(NamedTuple):
@@ -222,6 +235,7 @@ class ClientState:
         self._asked: set[str] = set()
         self._unasked = False
         self._start_unsent = False
+        self._overloaded_unsent = False  # a second of overloads not reported yet
         self.answer_grants = 0  # grants in the last answer (adopted or not)
         self.notes: list[str] = []  # lines for the driver to log (it empties the list)
 
@@ -269,6 +283,33 @@ class ClientState:
             return
         r.spent = spent
         r.left = max(0.0, left) if math.isfinite(left) else 0.0
+
+    def set_signals(self, rid: str, calls: float, overloads: float, now: int) -> None:
+        """What the calls of `rid` to the protected service met, in all (`set_signals`): sent
+        with the next request; a second with more than 0.5 % of them overloaded cuts what the
+        client may use to what got through, less 3 %, until the root's grants come down."""
+        if not _quantity(calls):
+            raise ValueError("calls: must be a number between 0 and 1e15")
+        if not _quantity(overloads):
+            raise ValueError("overloads: must be a number between 0 and 1e15")
+        if overloads > calls:
+            raise ValueError("overloads must be at most calls")
+        r = self._resources.get(rid)
+        if r is None or r.budget:
+            return
+        if r.signals is None or calls < r.mark[0] or overloads < r.mark[1]:
+            r.mark, r.since = (calls, overloads), now  # the first counts, or a new driver
+        r.signals = (calls, overloads)
+        span = to_s(now - r.since)
+        if span < 1:
+            return
+        made, refused = calls - r.mark[0], overloads - r.mark[1]
+        if made > 0 and refused > OVERLOAD_RATIO * made:
+            through = (made - refused) / span * (1 - MARGIN)
+            r.cut = through if r.cut is None else min(r.cut, through)
+            r.cut_at = now
+            self._overloaded_unsent = True
+        r.mark, r.since = (calls, overloads), now
 
     def take_allotment(self, rid: str) -> Optional[Allotment]:
         """The allotment of `rid` granted by the last answer, once."""
@@ -340,8 +381,10 @@ class ClientState:
         for rid, r in self._resources.items():
             if len(items) == _wire.MAX_RESOURCES:
                 break
-            item: dict[str, Any] = {"resource_id": rid, "priority": r.priority,
-                                    "wants": 0.0 if r.other_kind else r.wants}
+            wants = 0.0 if r.other_kind else r.wants
+            if r.cut is not None:  # held back by its own cut, it wants no more than that
+                wants = min(wants, r.cut)
+            item: dict[str, Any] = {"resource_id": rid, "priority": r.priority, "wants": wants}
             if r.lease is not None and now < r.lease.expiry:
                 item["has"] = {
                     "capacity": r.lease.capacity,
@@ -350,9 +393,12 @@ class ClientState:
                 }
             if r.budget:
                 _add_spend(r, item)
+            if r.signals is not None:
+                item["signals"] = {"calls": r.signals[0], "overloads": r.signals[1]}
             items.append(item)
         self._unasked = len(self._resources) > len(items)
         self._start_unsent = False
+        self._overloaded_unsent = False
         self._asked = {i["resource_id"] for i in items}
         self._schedule.sent(now)
         return {"client_id": self.client_id, "resources": items}
@@ -373,9 +419,14 @@ class ClientState:
             r = self._resources.get(g.resource_id)
             if r is None:
                 continue
+            r.server_safe = g.safe_capacity
+            # Its own cut stays until a grant comes down to it, for two refresh intervals at
+            # most (`keep_cut`).
+            if r.cut is not None and (g.capacity <= r.cut
+                                      or now - r.cut_at >= 2 * to_ns(g.refresh_interval)):
+                r.cut = None
             capacity = 0.0 if self._other_kind(r, g) else g.capacity
             r.lease = Lease(capacity, sent + to_ns(g.expires_in), to_ns(g.refresh_interval))
-            r.server_safe = g.safe_capacity
             if r.budget:
                 new_window = r.window is not None and g.budget_window is not None \
                     and g.budget_window != r.window
@@ -428,7 +479,7 @@ class ClientState:
         self._resources = dict(sorted(self._resources.items()))
 
     def _news(self) -> bool:
-        return self._unasked or self._start_unsent
+        return self._unasked or self._start_unsent or self._overloaded_unsent
 
     def _start(self, r: _Held, now: int) -> None:
         wants = _start_wants(r)
@@ -459,10 +510,14 @@ def _start_wants(r: _Held) -> Optional[float]:
 
 def _capacity(r: _Held, now: int) -> float:
     if r.lease is not None and now < r.lease.expiry:
-        return r.lease.capacity
-    if r.budget:
+        c = r.lease.capacity
+    elif r.budget:
         return 0.0  # nothing of a budget is spent without an allotment
-    return fallback_capacity(r.mode, r.wants, r.safe_capacity, r.server_safe)
+    else:
+        c = fallback_capacity(r.mode, r.wants, r.safe_capacity, r.server_safe)
+    if r.cut is None:
+        return c
+    return r.cut if c < 0 else min(c, r.cut)
 
 
 def fallback_capacity(
@@ -541,6 +596,8 @@ class Entry:
     holding_back: bool = False
     asked_seen: float = 0.0
     delayed_seen: int = 0
+    answers: int = 0  # what the protected service answered (`record_answers`), in all
+    overloads: int = 0
     # set by the driver: called when the capacity changes (the asyncio waiters' wake-up)
     on_change: Optional[Callable[[], None]] = None
     waiters: set[tuple[Any, Any]] = field(default_factory=set)
@@ -775,6 +832,9 @@ class ClientCore:
         span = to_s(now - self._last_sample)
         self._last_sample = now
         for rid, e in self.entries.items():
+            if e.answers > 0 and e.kind != "budget":
+                self.state.set_signals(rid, float(e.answers), float(min(e.answers, e.overloads)),
+                                       now)
             if not e.estimate or not span > 0:
                 continue
             if isinstance(e.limiter, BudgetCounter):

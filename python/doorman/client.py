@@ -309,6 +309,24 @@ class _Handle:
     def wants(self) -> float:
         return self._client._core.wants(self._e.id)
 
+    def record_answers(self, calls: int, overloads: int = 0) -> None:
+        """What the protected service answered `calls` calls, `overloads` of them overloaded
+        (429 or 503, a `Retry-After`, a latency over its target): sent with the refreshes for a
+        capacity the root learns (docs/learned-capacity.md). A second in which more than 0.5 %
+        were overloaded cuts what this client admits to what got through, at once, until the
+        root's grants come down. Overloads above `calls` count as `calls`. ValueError unless
+        both are whole numbers >= 0."""
+        for name, v in (("calls", calls), ("overloads", overloads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: must be a whole number >= 0")
+        with self._client._lock:
+            self._e.answers += calls
+            self._e.overloads += min(overloads, calls)
+
+    def record_answer(self, overloaded: bool) -> None:
+        """One answer: `record_answers(1, 1 if overloaded else 0)`."""
+        self.record_answers(1, 1 if overloaded else 0)
+
     def close(self) -> None:
         if self._open:
             self._open = False

@@ -42,10 +42,21 @@ def throttled(resource: RateResource, n: float = 1, timeout: Optional[float] = N
     return wrap
 
 
-class ThrottlingHandler(urllib.request.BaseHandler):
-    """A `urllib.request` handler: every request opened through the opener waits for a permit."""
+def overloaded(status: int, headers: Any = None) -> bool:
+    """Whether an HTTP answer says the service is overloaded: 429, 503, or a `Retry-After`."""
+    if status in (429, 503):
+        return True
+    try:
+        return headers is not None and headers.get("Retry-After") is not None
+    except AttributeError:
+        return False
 
-    handler_order = 100  # before the handlers that open connections
+
+class ThrottlingHandler(urllib.request.BaseHandler):
+    """A `urllib.request` handler: every request opened through the opener waits for a permit,
+    and every answer is recorded (`record_answer`: 429, 503 or a `Retry-After` overloaded)."""
+
+    handler_order = 100  # before the handlers that open connections, and that raise on 4xx
 
     def __init__(self, resource: RateResource, timeout: Optional[float] = None) -> None:
         self.resource = resource
@@ -55,18 +66,28 @@ class ThrottlingHandler(urllib.request.BaseHandler):
         self.resource.wait(1, self.timeout)
         return req
 
+    def http_response(self, req: urllib.request.Request, response: Any) -> Any:
+        self.resource.record_answer(overloaded(response.status, response.headers))
+        return response
+
     https_request = http_request
+    https_response = http_response
 
 
 def throttle_session(session: Any, resource: RateResource, timeout: Optional[float] = None) -> Any:
     """Makes every request of a `requests.Session` (or anything with a `request(method, url,
-    ...)` method, such as a `urllib3.PoolManager`) wait for a permit first. Returns `session`."""
+    ...)` method, such as a `urllib3.PoolManager`) wait for a permit first, and records its
+    answer (`record_answer`: 429, 503 or a `Retry-After` overloaded). Returns `session`."""
     send = session.request
 
     @functools.wraps(send)
     def request(*args: Any, **kwargs: Any) -> Any:
         resource.wait(1, timeout)
-        return send(*args, **kwargs)
+        response = send(*args, **kwargs)
+        status = getattr(response, "status_code", getattr(response, "status", 0))
+        if isinstance(status, int):
+            resource.record_answer(overloaded(status, getattr(response, "headers", None)))
+        return response
 
     session.request = request
     return session

@@ -309,6 +309,33 @@ class ClientTest(unittest.TestCase):
             self.assertLessEqual(st["spent"], 100)
             self.assertEqual(sum("is a budget at the server" in l for l in lines), 1)
 
+    def test_overloads_recorded_cut_the_client_at_once_and_the_root_learns_them(self) -> None:
+        # A learned capacity of 1000: the client's calls meet 40 % overloads. It cuts itself
+        # to what got through within a second, tells the root early, and the root cuts.
+        learned = {"identifier_glob": "provider", "capacity": 1000,
+                   "learn": {"min": 100, "max": 5000},
+                   "algorithm": {"kind": "FAIR_SHARE", "lease_length": 5,
+                                 "refresh_interval": 1, "learning_mode_duration": 0}}
+        n = self.node({"resources": [learned] + config(0)["resources"]})
+        with fast(n.address) as c:
+            p = c.rate("provider", wants=2000)
+            self.assertTrue(eventually(lambda: p.capacity == 1000))
+            with self.assertRaises(ValueError):
+                p.record_answers(-1)
+
+            def status() -> dict[str, Any]:
+                return n.call("status", {"resource_id": "provider"})["result"]["resources"][0]
+
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and status()["capacity"] > 700:
+                p.record_answers(100, 40)  # 1000 calls a second, 400 of them overloaded
+                time.sleep(0.1)
+            st = status()
+            self.assertLess(st["capacity"], 700, st)  # about 600 got through, less 3 %
+            self.assertGreaterEqual(st["capacity"], 500)  # a cut takes at most half
+            self.assertEqual(st["learned"]["min"], 100)
+            self.assertLess(p.capacity, 700)  # its own cut, or the root's
+
     def test_a_budget_wait_takes_units_as_they_come_and_ends_in_time(self) -> None:
         n = self.node(budget_config(1000))
         with fast(n.address) as c:

@@ -100,6 +100,11 @@ class PythonReplay:
             if e is None or not isinstance(e.limiter, BudgetCounter):
                 return None
             return e.limiter.settle(s[2], s[3])
+        if op == "answers":  # a handle's record_answers
+            if e is not None:
+                e.answers += s[2]
+                e.overloads += min(s[3], s[2])
+            return None
         if op == "gauge_release":
             if e is not None and isinstance(e.limiter, Gauge) and e.limiter.in_use > 0:
                 e.limiter.release()
@@ -245,6 +250,9 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
         return ["gauge_try", rid]
     if r < 0.74:
         return ["gauge_release", rid]
+    if r < 0.77:  # what the protected service answered: some overloaded, or none
+        calls = rng.choice([1, 5, 50, 300])
+        return ["answers", rid, calls, rng.choice([0, 0, 0, 1, 5, 50, calls, 2 * calls])]
     if r < 0.995:
         return ["step"]
     return ["close"]

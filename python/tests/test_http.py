@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -59,6 +60,12 @@ class HttpHelpersTest(unittest.TestCase):
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802: http.server's name
                 seen.append(self.path)
+                if self.path == "/busy":
+                    self.send_response(429)
+                    self.send_header("Retry-After", "1")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -78,6 +85,10 @@ class HttpHelpersTest(unittest.TestCase):
                     self.assertEqual(r.read(), b"ok")
             self.assertGreaterEqual(time.monotonic() - start, 0.45)
             self.assertEqual(seen, [f"/{i}" for i in range(6)])
+            # Every answer is recorded for a learned capacity; a 429 as overloaded.
+            with self.assertRaises(urllib.error.HTTPError):
+                opener.open(f"http://127.0.0.1:{server.server_port}/busy", timeout=5)
+            self.assertEqual((api._e.answers, api._e.overloads), (7, 1))
         finally:
             server.shutdown()
             server.server_close()

@@ -108,6 +108,9 @@ struct resource_entry : std::enable_shared_from_this<resource_entry> {
   std::atomic<double> capacity{0};
   std::atomic<double> wants{0};
   std::atomic<bool> leased{false};
+  // What the protected service answered the calls (`record_answers`), in all.
+  std::atomic<std::uint64_t> answers{0};
+  std::atomic<std::uint64_t> overloads{0};
   const asio::any_io_executor strand;  // the client's
   // Requested when the client stops (by `stop()` itself, before it returns) or the last handle
   // goes: the handles admit nothing from then on, whatever the limiter still holds, and every

@@ -139,6 +139,20 @@ class resource_handle {
   /// Fixes the wants (thread-safe); measurement continues to run only if they were never set.
   void set_wants(double wants) { client_->set_wants(entry_, wants); }
 
+  /// Records what the protected service answered `calls` calls, `overloads` of them overloaded
+  /// (HTTP 429 or 503, gRPC RESOURCE_EXHAUSTED or UNAVAILABLE, a `Retry-After`, a latency over
+  /// its target): sent with the next refresh, for a capacity the root learns
+  /// (docs/learned-capacity.md). A second in which more than 0.5 % were overloaded cuts what
+  /// this client admits to what got through, at once, until the root's grants come down.
+  /// Lock-free; `overloads` above `calls` count as `calls`.
+  void record_answers(std::uint64_t calls, std::uint64_t overloads = 0) noexcept {
+    entry_->answers.fetch_add(calls, std::memory_order_relaxed);
+    entry_->overloads.fetch_add(std::min(overloads, calls), std::memory_order_relaxed);
+  }
+
+  /// One answer: `record_answers(1, overloaded ? 1 : 0)`.
+  void record_answer(bool overloaded) noexcept { record_answers(1, overloaded ? 1 : 0); }
+
   /// Calls `f(capacity)` on the client's thread whenever the capacity changes.
   void on_capacity(std::function<void(double)> f) { client_->on_change(entry_, std::move(f)); }
 

@@ -1,10 +1,10 @@
 #pragma once
 
 /// \file
-/// Learned capacity: the control law that moves a resource's capacity from what its clients'
-/// calls to the protected service met (sans-I/O; one step per control interval). It is the
-/// first part of capacity learned from the protected service: the signals' way to the root and
-/// the root's use of it come next.
+/// Learned capacity (docs/learned-capacity.md): the control law that moves a resource's
+/// capacity from what its clients' calls to the protected service met (sans-I/O; one step per
+/// control interval), the signals that carry those calls up the tree, and a client's own cut
+/// while it waits for the root's.
 ///
 ///     doorman::capacity_learner learn({.min = 100, .max = 5000}, 1000);
 ///     // each interval, the clients' calls and overload answers, summed:
@@ -16,7 +16,8 @@
 /// - **Cut to what got through.** When more than `overload_ratio` (0.5 %) of the calls were
 ///   answered overloaded, the service served about its true capacity: the calls that got
 ///   through, a second. The capacity goes there, less `margin`, never below `(1 - max_cut)` of
-///   itself.
+///   itself. When more got through than the capacity, the overloads are of calls made under an
+///   earlier, higher capacity (signals come a refresh or two late): nothing changes.
 /// - **Rise by doubling steps.** An interval without overload in which some client was held
 ///   back by its lease (the capacity binds) raises the capacity by `step`, which starts at
 ///   `first_step` after each cut. Once past what got through at the last cut, the step
@@ -30,7 +31,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "doorman/core/string_hash.hpp"
 
 namespace doorman {
 
@@ -53,6 +61,17 @@ struct overload_sample {
   bool held = false;     ///< some client wanted more than its lease: the capacity binds
 };
 
+/// What a client's calls to the protected service met, counted since the client started
+/// (cumulative, as a budget's spend: a report sent twice counts once). On the wire in a
+/// request's `signals` (docs/protocol.md); an intermediate reports its clients' rates, summed
+/// over time.
+struct overload_signals {
+  double calls = 0;      ///< calls made to the protected service
+  double overloads = 0;  ///< of those, answered overloaded (or slower than their target)
+
+  friend bool operator==(const overload_signals&, const overload_signals&) = default;
+};
+
 /// What one step did.
 enum class learn_step { hold, cut, rise };
 
@@ -71,9 +90,12 @@ class capacity_learner {
     if (!usable(s)) return learn_step::hold;
     if (s.overloads > o_.overload_ratio * s.calls) {
       const double through = (s.calls - s.overloads) / s.seconds;
-      peak_ = through;
       const double target = through * (1 - o_.margin);
-      capacity_ = clamp(std::max(capacity_ * (1 - o_.max_cut), std::min(capacity_, target)));
+      // More got through than the capacity: these calls were made under an earlier, higher
+      // one (signals come a refresh or two late), which was cut already.
+      if (target >= capacity_) return learn_step::hold;
+      peak_ = through;
+      capacity_ = clamp(std::max(capacity_ * (1 - o_.max_cut), target));
       step_ = o_.first_step;
       return learn_step::cut;
     }
@@ -106,4 +128,128 @@ class capacity_learner {
   double peak_ = 0;  // what got through at the last cut
 };
 
+/// The name of a step: `"hold"`, `"cut"` or `"rise"`.
+[[nodiscard]] constexpr const char* step_name(learn_step s) noexcept {
+  constexpr const char* names[] = {"hold", "cut", "rise"};
+  return names[static_cast<int>(s)];
+}
+
+/// A root's learned capacity in `status`: its bounds and its last control step (the signals of
+/// that interval, what it did).
+struct learned_info {
+  double min = 0;
+  double max = 0;
+  double calls = 0;      ///< in the last interval, from every client
+  double overloads = 0;  ///< of those
+  double seconds = 0;    ///< the last interval's length (0: no step yet)
+  std::string step = "hold";
+};
+
+namespace detail {
+
+/// A resource's learned capacity at a root: the law, the interval under way, the last step.
+template <class TimePoint>
+struct learned_state {
+  capacity_learner law;
+  double start = 0;     ///< the configured capacity it started from (a new one starts again)
+  TimePoint from{};     ///< the interval under way started then
+  bool seeded = false;  ///< its first step in this term was taken (after learning mode)
+  bool cut = false;     ///< it cut in this term
+  TimePoint cut_at{};   ///< its last cut
+  learned_info last{};
+};
+
+/// A resource's signals at a node: each client's last report, and what is new since (the sum
+/// over clients of what each report added), in all and as rates for the control step.
+///
+/// A client's first report at this node only sets where its count starts: a client that ran
+/// for hours before (under another master) would otherwise bring its whole history into one
+/// interval. A report below the last one comes from a process that started again: its count
+/// starts from 0 and the whole report is new.
+///
+/// Reports reach a root at their senders' pace (each client's refresh, an intermediate's, and
+/// sooner after an overload), not at its control step's: an interval may hold two reports of
+/// one sender, or none. So a step takes rates: each sender's calls over the time its reports
+/// in the interval cover (a sender without one: its last rate), summed.
+class signal_count {
+ public:
+  /// A client's report at `at` (seconds on the node's clock); returns what it added.
+  overload_signals report(std::string_view client_id, const overload_signals& s, double at) {
+    auto [it, first] = senders_.try_emplace(std::string(client_id), sender{.last = s, .at = at});
+    if (first) return {};
+    sender& x = it->second;
+    if (s.calls < x.last.calls || s.overloads < x.last.overloads) x.last = {};
+    const overload_signals added{s.calls - x.last.calls, s.overloads - x.last.overloads};
+    const double span = std::max(0.0, at - x.at);
+    x.interval.calls += added.calls;
+    x.interval.overloads += added.overloads;
+    x.span += span;
+    if (x.span > 0) x.rate = {x.interval.calls / x.span, x.interval.overloads / x.span};
+    x.last = s;
+    x.at = at;
+    return added;
+  }
+
+  /// What an intermediate reports to its parent at `at`, as its own cumulative count: its
+  /// clients' rates (`rate`), summed over time since its last report, which starts another
+  /// interval. Its clients' reports come in bursts (one per refresh each); the rates make the
+  /// count grow as their calls did.
+  overload_signals report_up(double at, double stale) noexcept {
+    const overload_signals r = rate(at, stale);
+    const double span = std::max(0.0, at - up_at_);
+    if (up_at_ > 0) {
+      up_.calls += r.calls * span;
+      up_.overloads += r.overloads * span;
+    }
+    up_at_ = at;
+    next_interval();
+    return up_;
+  }
+
+  /// The calls and overloads a second at `at`: each sender's rate over the interval under way,
+  /// or its last one, summed; a sender silent for `stale` seconds counts no more (it is gone,
+  /// or cut off), and the overloads of one silent since `since` (a cut that took them into
+  /// account) count no more either. O(senders).
+  [[nodiscard]] overload_signals rate(double at, double stale, double since = -1) const noexcept {
+    overload_signals out;
+    for (const auto& [id, x] : senders_) {
+      if (at - x.at > stale) continue;
+      out.calls += x.rate.calls;
+      if (x.at > since) out.overloads += x.rate.overloads;
+    }
+    return out;
+  }
+
+  /// Starts another interval (`rate` keeps each sender's last until it reports again).
+  void next_interval() noexcept {
+    for (auto& [id, x] : senders_) {
+      x.interval = {};
+      x.span = 0;
+    }
+  }
+
+  /// Forgets the clients `known(id)` says are gone (bounded memory), once there are many more
+  /// of them than `holders`: one that comes back starts its count again.
+  template <class Known>
+  void forget_unless(std::size_t holders, Known known) {
+    if (senders_.size() > 2 * holders + 1024) {
+      std::erase_if(senders_, [&](const auto& kv) { return !known(kv.first); });
+    }
+  }
+
+ private:
+  struct sender {
+    overload_signals last{};      // its last report
+    double at = 0;                // when it came
+    overload_signals interval{};  // what its reports added in the interval under way
+    double span = 0;              // the time those reports cover
+    overload_signals rate{};      // a second, over the last interval it reported in
+  };
+
+  std::unordered_map<std::string, sender, string_hash, std::equal_to<>> senders_;
+  overload_signals up_{};  // an intermediate's count for its parent (`report_up`)
+  double up_at_ = 0;       // when it reported last
+};
+
+}  // namespace detail
 }  // namespace doorman

@@ -88,6 +88,21 @@ struct budget_allotment {
   bool new_window = false;
 };
 
+/// What a resource's calls to the protected service met, as the client keeps it
+/// (docs/learned-capacity.md): the driver's counts in all, sent with each request, and the
+/// client's own cut while it waits for the root's.
+template <class TimePoint>
+struct overload_watch {
+  overload_signals total{};  ///< the driver's counts, in all
+  bool reported = false;     ///< the driver reported some (so requests carry them)
+  overload_signals mark{};   ///< `total` at the start of the second under way
+  TimePoint since{};         ///< when that second started
+  /// What got through in a second with overloads, less the learned capacity's margin: the
+  /// most the limiter admits until the next grant (the root's answer to the same signals).
+  std::optional<double> cut{};
+  TimePoint cut_at{};  ///< when it was last lowered
+};
+
 /// One resource as the client holds it.
 template <class TimePoint>
 struct client_resource {
@@ -101,6 +116,7 @@ struct client_resource {
   /// The server's last grant was of the other kind: a budget's for a rate or gauge, or a
   /// rate's for a budget. Nothing of it is used, and wants 0 are asked until that changes.
   bool other_kind = false;
+  overload_watch<TimePoint> overload{};  ///< what its calls met (`set_signals`)
 };
 
 /// The client state. `Clock` fixes the time types (`std::chrono::steady_clock` in the client,
@@ -165,6 +181,41 @@ class basic_client_state {
     r->budget.left = std::max(0.0, std::isfinite(left) ? left : 0.0);
   }
 
+  /// What the calls of `id` to the protected service met, from its driver: `s`, its counts in
+  /// all at `now` (they only grow). Sent with the next request (docs/learned-capacity.md).
+  /// Once a second, a second in which more than `learning_options::overload_ratio` of the
+  /// calls were overloaded cuts what the client may use to what got through, less the margin,
+  /// until the next grant: the root cuts for the whole fleet a refresh later, the client at
+  /// once. Throws `std::invalid_argument` on counts that are not quantities or overloads above
+  /// calls; nothing for an unknown id or a budget.
+  void set_signals(std::string_view id, const overload_signals& s, time_point now) {
+    detail::require_quantity(s.calls, "calls");
+    detail::require_quantity(s.overloads, "overloads");
+    if (s.overloads > s.calls) throw std::invalid_argument("overloads must be at most calls");
+    auto* r = lookup(id);
+    if (r == nullptr || r->options.budget) return;
+    auto& w = r->overload;
+    if (!w.reported || s.calls < w.mark.calls || s.overloads < w.mark.overloads) {
+      w.mark = s;  // the first counts, or a driver that started again
+      w.since = now;
+    }
+    w.total = s;
+    w.reported = true;
+    const double span = to_seconds(now - w.since);
+    if (span < 1) return;
+    const double calls = s.calls - w.mark.calls;
+    const double overloads = s.overloads - w.mark.overloads;
+    const learning_options law{};
+    if (calls > 0 && overloads > law.overload_ratio * calls) {
+      const double through = (calls - overloads) / span * (1 - law.margin);
+      w.cut = std::min(w.cut.value_or(through), through);
+      w.cut_at = now;
+      overloaded_unsent_ = true;  // the root hears of it at once (after the floor)
+    }
+    w.mark = s;
+    w.since = now;
+  }
+
   /// The allotment of `id` granted by the last answer, once (nothing if none is new).
   std::optional<budget_allotment> take_allotment(std::string_view id) {
     auto* r = lookup(id);
@@ -213,8 +264,11 @@ class basic_client_state {
   /// The same for a resource already found (`find`; the pointer stays valid until the
   /// resource is removed).
   [[nodiscard]] static double capacity_of(const resource& r, time_point now) noexcept {
-    if (r.lease && !r.lease->expired(now)) return r.lease->capacity;
-    return fallback_capacity(r.options, r.server_safe_capacity);
+    const double c = r.lease && !r.lease->expired(now)
+                         ? r.lease->capacity
+                         : fallback_capacity(r.options, r.server_safe_capacity);
+    if (!r.overload.cut) return c;
+    return c < 0 ? *r.overload.cut : std::min(c, *r.overload.cut);
   }
 
   /// Whether the lease of `id` is unexpired at `now` (so `capacity` is the lease, not a
@@ -259,12 +313,17 @@ class basic_client_state {
       rr.resource_id = id;
       rr.priority = r.options.priority;
       rr.wants = r.other_kind ? 0.0 : r.options.wants;
+      // Held back by its own cut, it wants no more than that: the root sees no demand above
+      // the service's level, so it does not rise meanwhile.
+      if (r.overload.cut) rr.wants = std::min(rr.wants, *r.overload.cut);
       if (r.lease && !r.lease->expired(now)) rr.has = to_lease_info(*r.lease, now);
       if (r.options.budget) add_spend(r, rr);
+      if (r.overload.reported) rr.signals = r.overload.total;
       req.resources.push_back(std::move(rr));
     }
     unasked_ = resources_.size() > req.resources.size();
     start_unsent_ = false;
+    overloaded_unsent_ = false;
     asked_.clear();
     for (const auto& rr : req.resources)
       asked_.push_back(rr.resource_id);  // in id order, as the map is
@@ -287,6 +346,7 @@ class basic_client_state {
                      if (r == nullptr) return;  // removed since the request went out
                      r->lease = from_lease_info<time_point>(g.gets, schedule_.last_request());
                      r->server_safe_capacity = g.safe_capacity;
+                     keep_cut(*r, now);
                      if (other_kind(*r, g)) r->lease->capacity = 0;
                      if (r->options.budget) adopt_allotment(*r, g);
                      interval =
@@ -340,6 +400,15 @@ class basic_client_state {
 
   static void check_wants(double wants) { detail::require_quantity(wants, "wants"); }
 
+  // A grant: the client's own cut stays until the root's grants come down to it (they follow
+  // its signals a refresh or two later), for at most two refresh intervals.
+  static void keep_cut(resource& r, time_point now) {
+    auto& w = r.overload;
+    if (!w.cut) return;
+    const auto two = 2 * (r.lease->refresh_interval);
+    if (r.lease->capacity <= *w.cut || now - w.cut_at >= two) w.cut.reset();
+  }
+
   // The server's safe capacity for `r` (unlimited: not a hint), at least 1; none before the
   // server's first answer.
   static std::optional<double> start_wants(const resource& r) noexcept {
@@ -384,7 +453,9 @@ class basic_client_state {
   }
 
   // News: a resource not asked for yet, or start wants not sent yet.
-  [[nodiscard]] bool news() const noexcept { return unasked_ || start_unsent_; }
+  [[nodiscard]] bool news() const noexcept {
+    return unasked_ || start_unsent_ || overloaded_unsent_;
+  }
 
   // A held-back resource's wants rise to its start wants, known from the server's answer; the
   // first time, the request goes out at once.
@@ -418,8 +489,9 @@ class basic_client_state {
   std::vector<std::string> releases_;
   std::vector<std::string> asked_;  // the resources of the request in flight, in id order
   std::uint64_t invalid_grants_ = 0;
-  bool unasked_ = false;       // a resource not asked for yet
-  bool start_unsent_ = false;  // start wants (`hold_back`) not sent yet
+  bool unasked_ = false;            // a resource not asked for yet
+  bool start_unsent_ = false;       // start wants (`hold_back`) not sent yet
+  bool overloaded_unsent_ = false;  // a second of overloads (`set_signals`) not reported yet
 };
 
 /// The client state on the steady clock.

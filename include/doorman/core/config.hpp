@@ -49,6 +49,14 @@ struct algorithm_config {
 };
 
 /// A template that configures every resource whose id it matches.
+/// The bounds of a learned capacity: `"learn": {"min": 100, "max": 5000}`.
+struct learn_config {
+  double min = 0;
+  double max = 0;
+
+  friend bool operator==(const learn_config&, const learn_config&) = default;
+};
+
 struct resource_template {
   std::string identifier_glob;
   double capacity = 0;
@@ -57,6 +65,9 @@ struct resource_template {
   algorithm_config algorithm;
   /// A budget: `capacity` units per window (docs/budgets.md), not per second. Absent: a rate.
   std::optional<budget_config> budget;
+  /// A learned capacity (docs/learned-capacity.md): the root moves it between these bounds
+  /// from the clients' overload signals, starting at `capacity`. Absent: `capacity` holds.
+  std::optional<learn_config> learn;
 
   friend bool operator==(const resource_template&, const resource_template&) = default;
 };
@@ -214,7 +225,8 @@ class config_reader {
   std::optional<request_error> read_template(const nlohmann::json& j, const std::string& path,
                                              std::vector<resource_template>& out) const {
     json_reader r(j, path);
-    r.only({"identifier_glob", "capacity", "safe_capacity", "description", "algorithm", "budget"});
+    r.only({"identifier_glob", "capacity", "safe_capacity", "description", "algorithm", "budget",
+            "learn"});
     resource_template t;
     if (r.string("identifier_glob", t.identifier_glob)) check_glob(r, t.identifier_glob, out);
     if (r.number("capacity", t.capacity)) {
@@ -231,6 +243,7 @@ class config_reader {
     r.string("description", t.description, false);
     read_algorithm(r, "algorithm", t.algorithm, kinds_, true);
     read_budget(r, t);
+    read_learn(r, t);
     if (!r.error()) out.push_back(std::move(t));
     return r.error();
   }
@@ -267,6 +280,29 @@ class config_reader {
     }
     r.absorb(b.error());
     if (!b.error()) t.budget = out;
+  }
+
+  // `"learn": {"min": 100, "max": 5000}`: bounds around the starting `capacity`. A rate's
+  // (a budget's window is spent, not served) and a shared one (not NO_ALGORITHM).
+  static void read_learn(json_reader& r, resource_template& t) {
+    const nlohmann::json* j = r.object("learn", false);
+    if (j == nullptr || r.error()) return;
+    json_reader b(*j, r.at("learn"));
+    b.only({"min", "max"});
+    learn_config out;
+    if (b.number("min", out.min)) b.within("min", out.min, 0, config_limits::max_capacity);
+    if (b.number("max", out.max)) b.within("max", out.max, 0, config_limits::max_capacity);
+    if (!b.error() && out.min > out.max) b.fail("max", "must be at least min");
+    if (!b.error() && !(t.capacity >= out.min && t.capacity <= out.max)) {
+      b.fail("", "capacity (" + number_text(t.capacity) + ", where learning starts) must be " +
+                     "between min and max");
+    }
+    if (!b.error() && t.budget) b.fail("", "a budget cannot be learned: only a rate");
+    if (!b.error() && t.algorithm.kind == "NO_ALGORITHM") {
+      b.fail("", "a learned capacity is shared: its algorithm must not be NO_ALGORITHM");
+    }
+    r.absorb(b.error());
+    if (!b.error()) t.learn = out;
   }
 
   static void check_glob(json_reader& r, const std::string& glob,
@@ -357,6 +393,7 @@ class resource_repository {
                                     ? nlohmann::json(t.budget->fixed_seconds)
                                     : nlohmann::json(period_name(*t.budget));
       }
+      if (t.learn) j["learn"] = {{"min", t.learn->min}, {"max", t.learn->max}};
       list.push_back(std::move(j));
     }
     return {{"resources", std::move(list)}};

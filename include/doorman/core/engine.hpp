@@ -188,6 +188,16 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     if (x.has) x.has->capacity = std::max(0.0, r.budget_ceiling - r.budget->spent());
   }
 
+  /// For an intermediate, a resource's overload signals for its parent at `now` (`signals`):
+  /// its clients' calls and overloads in all, as their rates say (docs/learned-capacity.md).
+  /// Nothing when none reported.
+  void report_signals(server_resource_request& x, time_point now) {
+    const auto it = resources_.find(x.resource_id);
+    if (options_.is_root || it == resources_.end() || !it->second.signals) return;
+    const double stale = 2 * it->second.tmpl.algorithm.refresh_interval.count();
+    x.signals = it->second.signals->report_up(to_seconds(now.time_since_epoch()), stale);
+  }
+
   using budget_mark_task = doorman::budget_mark_task;
 
   /// Whether a budget mark is to be read or raised (cheap: after every batch of calls).
@@ -249,9 +259,9 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
 
   /// The capacity this engine has for `resource_id` at `now`.
   [[nodiscard]] double capacity(std::string_view resource_id, time_point now) const {
-    if (options_.is_root) return config_.find(resource_id).capacity;
     const auto it = resources_.find(resource_id);
-    if (it == resources_.end()) return 0;
+    if (it == resources_.end()) return options_.is_root ? config_.find(resource_id).capacity : 0;
+    if (options_.is_root && !it->second.learned) return it->second.tmpl.capacity;
     return own_capacity(it->second, now);
   }
 
@@ -266,10 +276,12 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
 
   /// Something the parent should hear about soon: a resource's state was created, or (with
   /// `report_releases`) a node holding more than its capacity (its parent shrank its lease)
-  /// saw its clients give some of it back, which its parent is waiting for. A counter: the
+  /// saw its clients give some of it back, which its parent is waiting for, or (an
+  /// intermediate) a client reported overloads, which a learned capacity at the root wants to
+  /// hear at once (docs/learned-capacity.md). A counter: the
   /// upstream asks again (after its floor) when it changes.
   [[nodiscard]] std::uint64_t news() const noexcept {
-    return resources_created_ + excess_released_;
+    return resources_created_ + excess_released_ + overload_news_;
   }
 
   /// Calls `f(resource_id, const store_type&)` for every resource with state.
@@ -305,6 +317,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
         return resource_grant{x.resource_id, unreportable(r, req.client_id, now), 0.0, {}};
       }
       const band_demand band{x.priority, x.wants, 1};
+      learn_from(r, req.client_id, x.signals, now);
       if (r.budget) charge(r, req.client_id, x, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
       if (r.budget) mind_mark(r);
@@ -329,6 +342,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
           for (const auto& b : x.wants) {
             bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
           }
+          learn_from(r, req.server_id, x.signals, now);
           // A budget's server child reports for its clients as a client does for itself.
           if (r.budget) charge(r, req.server_id, x, now);
           const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);
@@ -423,6 +437,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     for (auto it = resources_.begin(); it != resources_.end();) {
       resource& r = it->second;
       expire_leases(r, now);
+      step_learned(r, now, false);
       const bool parent_lease_live = r.parent_lease && !r.parent_lease->expired(now);
       // A budget's count lives until its window ends, with or without leases; so does what
       // its durable mark is known to be, or a mark task out.
@@ -430,7 +445,9 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
           r.budget && r.mark.window == r.budget->window().start && (r.mark.known || r.mark.busy);
       const bool counting =
           r.budget && (r.budget->spent() > 0 || r.budget->reporters() > 0 || marked);
-      if (r.store.size() == 0 && !parent_lease_live && !counting) {
+      // A learned capacity that moved lives on without clients (they come back to it).
+      const bool learned = r.learned && r.learned->law.capacity() != r.tmpl.capacity;
+      if (r.store.size() == 0 && !parent_lease_live && !counting && !learned) {
         it = resources_.erase(it);
       } else {
         ++it;
@@ -500,13 +517,111 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     r.tmpl = config_.find(r.id);
     if (r.parent_algorithm) r.tmpl.algorithm = *r.parent_algorithm;
     r.algorithm = Algorithms::make(r.tmpl.algorithm.kind, r.tmpl.algorithm.parameters);
-    // A root's budgets follow its configuration; an intermediate's, its parent's answers.
+    // A root's budgets and learned capacities follow its configuration; an intermediate's,
+    // its parent's answers.
     if (!options_.is_root) return;
+    configure_learned(r);
     if (!r.tmpl.budget) {
       r.budget.reset();
     } else if (!r.budget || was != r.tmpl.budget) {
       r.budget.emplace();  // a new budget, or another window: counted from now
     }
+  }
+
+  // A learned capacity starts at the template's capacity, and starts again when the capacity
+  // or the bounds change (an operator's word outranks what was learned).
+  void configure_learned(resource& r) const {
+    if (!r.tmpl.learn) {
+      r.learned.reset();
+      return;
+    }
+    const learn_config& b = *r.tmpl.learn;
+    if (r.learned && r.learned->start == r.tmpl.capacity && r.learned->last.min == b.min &&
+        r.learned->last.max == b.max) {
+      return;
+    }
+    r.learned.emplace(detail::learned_state<time_point>{
+        .law = capacity_learner({.min = b.min, .max = b.max}, r.tmpl.capacity),
+        .start = r.tmpl.capacity,
+        .from = {},
+        .seeded = false,
+        .last = {.min = b.min, .max = b.max}});
+  }
+
+  // A client's (or a server child's) overload signals: counted for the parent at an
+  // intermediate (which asks its parent soon when they hold overloads), for the learned
+  // capacity at a root (ignored at a root that learns nothing). The root's control step runs
+  // first, so that the report counts in the interval under way; a report of overloads may
+  // cut at once.
+  void learn_from(resource& r, std::string_view who, const std::optional<overload_signals>& s,
+                  time_point now) {
+    step_learned(r, now, false);
+    if (!s || (options_.is_root && !r.learned)) return;
+    if (!r.signals) r.signals.emplace();
+    const overload_signals added = r.signals->report(who, *s, to_seconds(now.time_since_epoch()));
+    r.signals->forget_unless(r.store.size(), [&](const std::string& id) {
+      return id == who || r.store.find(id) != nullptr;
+    });
+    if (added.overloads > 0 && !options_.is_root) ++overload_news_;
+    if (added.overloads > learning_options{}.overload_ratio * added.calls) {
+      step_learned(r, now, true);
+    }
+  }
+
+  // A root's control step (docs/learned-capacity.md): once per refresh interval of the
+  // resource, or `at_once` on a report of overloads (a cut only). None in learning mode (the
+  // leases are the old master's); the first after it starts from what the clients said they
+  // hold (the capacity the old master had learned, as far as it was granted); then the law, on
+  // the clients' rates.
+  void step_learned(resource& r, time_point now, bool at_once) {
+    if (!r.learned) return;
+    auto& l = *r.learned;
+    const time_point learned_from = learning_until(r.tmpl);
+    if (now < learned_from || !l.seeded) {
+      if (r.signals) r.signals->next_interval();
+      l.from = now;
+      if (now < learned_from) return;
+      l.seeded = true;
+      const double held = r.store.sum_has();
+      if (master_since_ < learned_from && held > 0) {
+        l.law = capacity_learner({.min = l.last.min, .max = l.last.max}, held);
+      }
+      return;
+    }
+    const double span = to_seconds(now - l.from);
+    const double interval = r.tmpl.algorithm.refresh_interval.count();
+    // At once only a refresh after the last cut: reports until then tell of leases before it.
+    if (at_once ? span <= 0 || now - l.cut_at < to_duration<duration>(interval) : span < interval) {
+      return;
+    }
+    const overload_signals rate =
+        r.signals ? r.signals->rate(to_seconds(now.time_since_epoch()), 2 * interval,
+                                    l.cut ? to_seconds(l.cut_at.time_since_epoch()) : -1)
+                  : overload_signals{};
+    const double before = l.law.capacity();
+    const bool held = !at_once && r.store.totals().wants > before * (1 + 1e-9);
+    const learn_step step = l.law.update({rate.calls * span, rate.overloads * span, span, held});
+    if (at_once && step != learn_step::cut) return;
+    if (r.signals) r.signals->next_interval();
+    l.from = now;
+    l.last.calls = rate.calls * span;
+    l.last.overloads = rate.overloads * span;
+    l.last.seconds = span;
+    l.last.step = step_name(step);
+    if (step == learn_step::cut) {
+      l.cut = true;
+      l.cut_at = now;
+    }
+    const double after = l.law.capacity();
+    if (std::abs(after - before) > 0.1 * before) log_learned(r, before, after, rate);
+  }
+
+  void log_learned(const resource& r, double before, double after,
+                   const overload_signals& rate) const {
+    if (!options_.log) return;
+    const auto text = [](double v) { return detail::number_text(std::round(v * 10) / 10); };
+    options_.log("resource " + r.id + ": learned capacity " + text(before) + " -> " + text(after) +
+                 " (calls " + text(rate.calls) + "/s, overloaded " + text(rate.overloads) + "/s)");
   }
 
   resource& resource_for(std::string_view id, time_point) {
@@ -568,6 +683,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     s.subclients = totals.subclients;
     s.clients = r.store.size();
     s.budget = budget_of(r, now);
+    if (r.learned) s.learned = r.learned->last;
     if (s.budget && r.mark.known && r.mark.window == s.budget->window) {
       s.budget->mark = r.mark.durable;
     }
@@ -580,6 +696,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   std::uint64_t fenced_ = 0;
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
+  std::uint64_t overload_news_ = 0;  // reports of overloads at an intermediate (`news`)
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
   log_throttle<time_point> unreportable_log_{seconds(10)};

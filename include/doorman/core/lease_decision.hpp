@@ -69,6 +69,13 @@ struct engine_options {
   /// of the refresh interval. False: Doorman's behaviour.
   bool count_unconfirmed_cuts = true;
 
+  /// While more is out than the capacity (it came down: a parent's cut lease, a learned
+  /// capacity's cut, a new configuration), a client that asks again comes down to its share,
+  /// never above what it holds, instead of getting what the others' leases leave (nothing,
+  /// for the first to ask after a large cut): what is out only falls, and the first to ask do
+  /// not pay for the whole cut (docs/learned-capacity.md). False: Doorman's behaviour.
+  bool share_cuts = true;
+
   /// A lease granted in learning mode asks the client to come back when learning mode ends
   /// (if that is sooner than the refresh interval), so that the real shares apply at once.
   bool refresh_after_learning = true;
@@ -138,6 +145,9 @@ class lease_decision {
     std::optional<budget_info> parent_budget;
     double budget_ceiling = 0;
     budget_mark_state mark{};  // a root keeping budget marks
+    // Overload signals: an intermediate's, for its parent; a root's, for its learned capacity.
+    std::optional<signal_count> signals;
+    std::optional<learned_state<time_point>> learned;  // a root's learned capacity
   };
 
   [[nodiscard]] double utc(time_point now) const noexcept {
@@ -169,7 +179,7 @@ class lease_decision {
     if (r.budget && options_.is_root) {
       return std::max(0.0, std::min(r.tmpl.capacity, mark_bound(r)) - r.budget->spent());
     }
-    if (options_.is_root) return r.tmpl.capacity;
+    if (options_.is_root) return r.learned ? r.learned->law.capacity() : r.tmpl.capacity;
     if (!r.parent_lease || r.parent_lease->expired(now)) return 0.0;
     // An intermediate's budget: what its clients may still spend of its ceiling.
     if (r.budget) return std::max(0.0, r.budget_ceiling - r.budget->spent());
@@ -397,7 +407,13 @@ class lease_decision {
         },
         d.r.algorithm);
     if (!d.sharing) return {entitled, false};
-    const double gets = std::min(entitled, d.capacity - others);
+    double gets = std::min(entitled, d.capacity - others);
+    // More is out than the capacity (`share_cuts`): the others' leases come down to their
+    // shares at their own refreshes, so this one comes down to its share too.
+    const double holds = c.lease.expired(d.now) ? 0.0 : c.lease.capacity;
+    if (options_.share_cuts && d.capacity - others < holds) {
+      gets = std::max(gets, std::min(entitled, holds));
+    }
     return {gets, gets < entitled * 0.99};
   }
 

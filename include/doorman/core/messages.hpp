@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "doorman/core/budget.hpp"
+#include "doorman/core/capacity_learner.hpp"
 #include "doorman/core/config.hpp"
 #include "doorman/core/error.hpp"
 #include "doorman/core/lease.hpp"
@@ -53,6 +54,8 @@ struct resource_request {
   /// A budget resource: what the client has spent in the window, in all. Its `has` is then
   /// what it has left of its allotment (docs/budgets.md).
   std::optional<budget_spend> spend{};
+  /// What its calls to the protected service met, in all (docs/learned-capacity.md).
+  std::optional<overload_signals> signals{};
 };
 
 /// `get_capacity`: a client asks for capacity on one or more resources.
@@ -93,6 +96,8 @@ struct server_resource_request {
   /// A budget resource: what the child's clients spent in the window, in all, as the child
   /// counts it. Its `has` is then what the child has left of its allotments (docs/budgets.md).
   std::optional<budget_spend> spend{};
+  /// What its clients' calls to the protected service met, in all, as the child counts them.
+  std::optional<overload_signals> signals{};
 };
 
 /// `get_server_capacity`: a server child asks on behalf of its clients.
@@ -190,6 +195,7 @@ struct resource_status {
   bool learning = false;
   std::string algorithm;
   std::optional<budget_info> budget{};
+  std::optional<learned_info> learned{};  ///< a root's learned capacity
 };
 
 struct lease_status {
@@ -291,13 +297,21 @@ struct wire_message<budget_spend> {
 };
 
 template <>
+struct wire_message<overload_signals> {
+  static constexpr auto fields = std::tuple{
+      field("calls", &overload_signals::calls).within(0, request_limits::max_quantity),
+      field("overloads", &overload_signals::overloads).within(0, request_limits::max_quantity)};
+};
+
+template <>
 struct wire_message<resource_request> {
   static constexpr auto fields =
       std::tuple{field("resource_id", &resource_request::resource_id),
                  field("priority", &resource_request::priority, presence::optional),
                  field("wants", &resource_request::wants),
                  field("has", &resource_request::has, presence::optional),
-                 field("spend", &resource_request::spend, presence::optional)};
+                 field("spend", &resource_request::spend, presence::optional),
+                 field("signals", &resource_request::signals, presence::optional)};
 };
 
 template <>
@@ -320,7 +334,8 @@ struct wire_message<server_resource_request> {
                  field("outstanding", &server_resource_request::outstanding, presence::optional),
                  field("has", &server_resource_request::has, presence::optional),
                  field("wants", &server_resource_request::wants),
-                 field("spend", &server_resource_request::spend, presence::optional)};
+                 field("spend", &server_resource_request::spend, presence::optional),
+                 field("signals", &server_resource_request::signals, presence::optional)};
 };
 
 template <>
@@ -447,6 +462,18 @@ struct wire_message<status_request> {
 // A status answer comes from a node (never trusted by the CLI): its quantities are bounded as
 // they are read (-1: unlimited), its counts are integers from 0 to 1e15.
 template <>
+struct wire_message<learned_info> {
+  using L = learned_info;
+  static constexpr double most = request_limits::max_quantity;
+  static constexpr auto fields = std::tuple{field("min", &L::min).within(0, most),
+                                            field("max", &L::max).within(0, most),
+                                            field("calls", &L::calls).within(0, most),
+                                            field("overloads", &L::overloads).within(0, most),
+                                            field("seconds", &L::seconds).within(0, most),
+                                            field("step", &L::step)};
+};
+
+template <>
 struct wire_message<resource_status> {
   using S = resource_status;
   static constexpr double most = request_limits::max_quantity;
@@ -459,7 +486,8 @@ struct wire_message<resource_status> {
                  field("subclients", &S::subclients, presence::optional).within(-1, most),
                  field("learning", &S::learning, presence::optional),
                  field("algorithm", &S::algorithm, presence::optional),
-                 field("budget", &S::budget, presence::optional)};
+                 field("budget", &S::budget, presence::optional),
+                 field("learned", &S::learned, presence::optional)};
 };
 
 template <>
@@ -607,6 +635,15 @@ inline std::optional<request_error> check_spend(const budget_spend& s, const std
     return invalid(path + ".window", "must be an integer between 0 and 1e11");
   }
   if (!valid_quantity(s.spent)) return invalid(path + ".spent", quantity_problem);
+  return std::nullopt;
+}
+
+// Overload signals at `path`: counts, of which the overloads are some of the calls.
+inline std::optional<request_error> check_signals(const overload_signals& s,
+                                                  const std::string& path) {
+  if (!valid_quantity(s.calls)) return invalid(path + ".calls", quantity_problem);
+  if (!valid_quantity(s.overloads)) return invalid(path + ".overloads", quantity_problem);
+  if (s.overloads > s.calls) return invalid(path + ".overloads", "must be at most calls");
   return std::nullopt;
 }
 
@@ -772,6 +809,12 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
         if (x.has) {
           if (auto e = detail::check_lease(*x.has, "resources", i)) return e;
         }
+        if (x.signals) {
+          if (auto e =
+                  detail::check_signals(*x.signals, detail::element("resources", i, ".signals"))) {
+            return e;
+          }
+        }
         if (x.spend)
           return detail::check_spend(*x.spend, detail::element("resources", i, ".spend"));
         return std::nullopt;
@@ -811,6 +854,9 @@ void adopt_screened(const std::vector<Grant>& grants, const std::vector<std::str
                 x.wants.size(), [&](std::size_t k) { return x.wants[k].priority; })) {
           return detail::invalid(at(".wants[" + std::to_string(dup->second) + "].priority"),
                                  "duplicates wants[" + std::to_string(dup->first) + "].priority");
+        }
+        if (x.signals) {
+          if (auto e = detail::check_signals(*x.signals, at(".signals"))) return e;
         }
         if (x.spend) return detail::check_spend(*x.spend, at(".spend"));
         return std::nullopt;

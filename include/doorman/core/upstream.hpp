@@ -119,6 +119,7 @@ class basic_upstream {
         r.has = to_lease_info(*l, now);
       }
       eng.report_budget(r);
+      eng.report_signals(r, now);
       // What is out beneath this node: its leases, and what its own server children still
       // hold beyond theirs (leases cannot be revoked).
       r.outstanding = detail::bounded_quantity(store.sum_held());

@@ -256,6 +256,31 @@ inline void render_connections(prom_writer& w, const admin_snapshot& s) {
            static_cast<double>(s.connections.failed_handshakes));
 }
 
+// A root's learned capacities (docs/learned-capacity.md): the calls and overloads a second of
+// each one's last control step; its capacity is `doorman_resource_capacity`.
+inline void render_learned(prom_writer& w, const admin_snapshot& s) {
+  struct column {
+    const char* name;
+    const char* help;
+    double learned_info::*count;
+  };
+  static constexpr column columns[] = {
+      {"doorman_resource_learned_calls",
+       "Calls a second to the protected service in a learned resource's last control step.",
+       &learned_info::calls},
+      {"doorman_resource_learned_overloads", "Of those, answered overloaded, a second.",
+       &learned_info::overloads}};
+  for (const auto& c : columns) {
+    w.family(c.name, "gauge", c.help);
+    for (const auto& r : s.resources) {
+      const auto& l = r.status.learned;
+      if (!l) continue;
+      w.sample(c.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)),
+               l->seconds > 0 ? (*l).*c.count / l->seconds : 0.0);
+    }
+  }
+}
+
 inline void render_resources(prom_writer& w, const admin_snapshot& s) {
   struct column {
     const char* name;
@@ -281,6 +306,7 @@ inline void render_resources(prom_writer& w, const admin_snapshot& s) {
     for (const auto& r : s.resources)
       w.sample(c.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)), c.get(r));
   }
+  render_learned(w, s);
   w.family("doorman_resource_info", "gauge", "1 per resource, labelled with its algorithm.");
   for (const auto& r : s.resources)
     w.sample("doorman_resource_info",

@@ -27,7 +27,7 @@
 
 #include "doorman/core/backoff.hpp"
 #include "doorman/core/time.hpp"
-#include "doorman/limit/rate_limiter.hpp"
+#include "doorman/sim/limited_client.hpp"
 #include "doorman/sim/simulation.hpp"
 
 namespace doorman::sim {
@@ -60,26 +60,30 @@ struct cost_call {
   return std::clamp(std::pow(a - u * (a - b), -1.0 / shape), lo, hi);
 }
 
+namespace detail {
+
+// A cost workload's client: its limiter and its call under way.
+struct cost_runner : limited_client {
+  using limited_client::limited_client;
+  bool calling = false;
+  double cost = 0;  // of the call under way
+  double due = 0;   // of the next call
+};
+
+}  // namespace detail
+
 /// Simulated clients making calls of heavy-tailed cost through their rate resources.
-class cost_workload {
+class cost_workload : detail::workload<detail::cost_runner> {
  public:
   /// `clients`: indices of clients of `s` (each wants more than its share, so that demand
   /// exceeds capacity); `fair_share`: what each would get of an even split (for `due`).
   cost_workload(simulation& s, std::vector<std::size_t> clients, cost_options options = {},
                 double fair_share = 0)
-      : s_(s), options_(options), fair_share_(fair_share), draw_(options.seed) {
-    for (const std::size_t c : clients) {
-      runners_.push_back(std::make_unique<runner>(c, manual_clock_ref{&s_.clock()}));
-    }
-  }
-
-  cost_workload(const cost_workload&) = delete;
-  cost_workload& operator=(const cost_workload&) = delete;
+      : workload(s, clients), options_(options), fair_share_(fair_share), draw_(options.seed) {}
 
   /// Every client starts calling at `seconds`.
   void start(double seconds) {
-    for (std::size_t i = 0; i < runners_.size(); ++i)
-      s_.at(seconds, [this, i] { next(i); });
+    start_each(seconds, [this](std::size_t i) { next(i); });
   }
 
   [[nodiscard]] const std::vector<cost_call>& calls() const noexcept { return calls_; }
@@ -93,32 +97,14 @@ class cost_workload {
   }
 
  private:
-  using limiter_type = basic_rate_limiter<manual_clock_ref>;
-
-  struct runner {
-    runner(std::size_t i, manual_clock_ref clock) : index(i), limiter({.rate = 0}, clock) {}
-
-    std::size_t index = 0;  // in the simulation
-    limiter_type limiter;
-    double capacity = std::numeric_limits<double>::quiet_NaN();  // last applied
-    bool calling = false;
-    double cost = 0;  // of the call under way
-    double due = 0;   // of the next call
-  };
-
-  // The client's lease into its limiter, on a change (as the client library pushes it).
-  void apply(runner& r) {
-    const double c = s_.effective_capacity(r.index);
-    if (c == r.capacity) return;
-    r.capacity = c;
-    apply_capacity(r.limiter, c);
-  }
+  using limiter_type = detail::limited_client::limiter_type;
+  using runner = detail::cost_runner;
 
   // The call under way (if any) is settled; the next is reserved and, once admitted, runs.
   void next(std::size_t i) {
     runner& r = *runners_[i];
     const double now = seconds_of(s_.now());
-    apply(r);
+    r.apply(s_.effective_capacity(r.index));
     if (r.calling) {
       r.limiter.settle(options_.estimate, r.cost);
       r.calling = false;
@@ -138,11 +124,9 @@ class cost_workload {
     s_.at(admitted + options_.latency, [this, i] { next(i); });
   }
 
-  simulation& s_;
   cost_options options_;
   double fair_share_;
   doorman::detail::splitmix64 draw_;
-  std::vector<std::unique_ptr<runner>> runners_;
   std::vector<cost_call> calls_;
 };
 
@@ -243,17 +227,7 @@ struct cost_run {
 };
 
 [[nodiscard]] inline cost_run run_costs(const cost_run_options& o) {
-  simulation_options so;
-  so.config = R"({"resources": [{"identifier_glob": "*", "capacity": )" +
-              std::to_string(o.capacity) +
-              R"(, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60,
-                 "refresh_interval": 5}}]})";
-  so.client_resource.mode = fallback::pessimistic;
-  so.seed = o.seed;
-  so.tasks = 2;
-  so.check_invariants = true;
-  so.check_tree = true;
-  simulation s(so);
+  simulation s(detail::checked_run(o.capacity, o.seed));
   const std::size_t root = s.add_job("root", std::nullopt);
   const std::size_t dc = s.add_job("dc", root);
   const double share = o.capacity / static_cast<double>(o.clients);

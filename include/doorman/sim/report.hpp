@@ -38,17 +38,15 @@ inline void write_events_csv(std::ostream& os, const run_result& r) {
 
 namespace detail {
 
-// The chart's geometry and its parts, drawn in order by `write_svg`.
+/// A line chart's frame (1000 × 420): a title, axes from 0 to `t_end` seconds and from 0 to
+/// `y_top`, shaded stretches, marked moments and lines with their legend, drawn in the order
+/// called.
 class svg_chart {
  public:
-  svg_chart(std::ostream& os, const run_result& r) : os_(os), r_(r) {
-    t_end_ = r.trace.empty() ? 1.0 : std::max(1.0, r.trace.back().t);
-    for (const auto& p : r.trace)
-      y_max_ = std::max({y_max_, p.capacity, p.granted, p.wants});
-    y_max_ *= 1.1;
-  }
+  svg_chart(std::ostream& os, double t_end, double y_top)
+      : os_(os), t_end_(std::max(1.0, t_end)), y_max_(std::max(1.0, y_top) * 1.1) {}
 
-  void title() {
+  void title(const std::string& text) {
     os_ << fmt::format(
         R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)"
         "\n",
@@ -56,27 +54,16 @@ class svg_chart {
     os_ << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)"
                        "\n",
                        width, height);
-    os_ << fmt::format(
-        R"(<text x="{}" y="20" font-size="14">scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, max {:.2f}%</text>)"
-        "\n",
-        left, r_.info.number, doorman::detail::xml_escape(r_.info.name), r_.seed,
-        100 * r_.summary.mean_allocation, r_.summary.over_samples, r_.summary.samples,
-        100 * r_.summary.max_allocation);
+    os_ << fmt::format(R"(<text x="{}" y="20" font-size="14">{}</text>)"
+                       "\n",
+                       left, doorman::detail::xml_escape(text));
   }
 
-  // Learning mode, shaded: one band per stretch of trace points in it.
-  void learning_bands() {
-    const auto& trace = r_.trace;
-    for (std::size_t i = 0; i + 1 < trace.size(); ++i) {
-      if (!trace[i].learning) continue;
-      std::size_t j = i + 1;
-      while (j + 1 < trace.size() && trace[j].learning)
-        ++j;
-      os_ << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
-                         "\n",
-                         x(trace[i].t), top, x(trace[j].t) - x(trace[i].t), height - top - bottom);
-      i = j - 1;
-    }
+  // A shaded stretch of time (learning mode).
+  void shade(double from, double to) {
+    os_ << fmt::format(R"(<rect x="{:.1f}" y="{}" width="{:.2f}" height="{}" fill="#eeeeee"/>)"
+                       "\n",
+                       x(from), top, x(to) - x(from), height - top - bottom);
   }
 
   void axes() {
@@ -98,21 +85,20 @@ class svg_chart {
     }
   }
 
-  void events() {
-    for (const auto& m : r_.marks) {
-      os_ << fmt::format(
-          R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
-          "\n",
-          x(m.t), top, height - bottom, m.t, doorman::detail::xml_escape(m.label));
-    }
+  // A marked moment (an event), its label shown on hover.
+  void mark(double t, const std::string& label) {
+    os_ << fmt::format(
+        R"(<line x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}" stroke="#cc8800" stroke-dasharray="3,3"><title>{3:.0f} s: {4}</title></line>)"
+        "\n",
+        x(t), top, height - bottom, t, doorman::detail::xml_escape(label));
   }
 
-  // One line of the chart, and its entry in the legend (at `row`).
-  template <class Value>
-  void series(Value value, const char* colour, const char* name, int row) {
+  // One line of the chart: `value(i)` at `t(i)` for i in [0, n); its legend entry at `row`.
+  template <class Time, class Value>
+  void series(std::size_t n, Time t, Value value, const char* colour, const char* name, int row) {
     std::string points;
-    for (const auto& p : r_.trace)
-      points += fmt::format("{:.1f},{:.1f} ", x(p.t), y(value(p)));
+    for (std::size_t i = 0; i < n; ++i)
+      points += fmt::format("{:.1f},{:.1f} ", x(t(i)), y(value(i)));
     os_ << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)"
                        "\n",
                        colour, points);
@@ -122,17 +108,24 @@ class svg_chart {
         left + 10 + 150 * row, height - 14, colour, left + 28 + 150 * row, height - 9, name);
   }
 
-  void legend_end() {
-    os_ << fmt::format(
-        R"(<rect x="{}" y="{}" width="14" height="10" fill="#eeeeee"/><text x="{}" y="{}">learning mode</text>)"
-        "\n",
-        left + 460, height - 18, left + 478, height - 9);
-    os_ << fmt::format(
-        R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#cc8800" stroke-dasharray="3,3"/><text x="{3}" y="{4}">event</text>)"
-        "\n",
-        left + 590, height - 13, left + 604, left + 610, height - 9);
-    os_ << "</svg>\n";
+  // The legend of the shading and the marks (at `row` and the next), if there are any.
+  void legend(int row, const char* shaded, bool marks) {
+    const double at = left + 10 + 150 * row;
+    if (shaded != nullptr) {
+      os_ << fmt::format(
+          R"(<rect x="{}" y="{}" width="14" height="10" fill="#eeeeee"/><text x="{}" y="{}">{}</text>)"
+          "\n",
+          at, height - 18, at + 18, height - 9, shaded);
+    }
+    if (marks) {
+      os_ << fmt::format(
+          R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="#cc8800" stroke-dasharray="3,3"/><text x="{3}" y="{4}">event</text>)"
+          "\n",
+          at + 130, height - 13, at + 144, at + 150, height - 9);
+    }
   }
+
+  void end() { os_ << "</svg>\n"; }
 
  private:
   static constexpr double width = 1000;
@@ -148,7 +141,6 @@ class svg_chart {
   }
 
   std::ostream& os_;
-  const run_result& r_;
   double t_end_ = 1;
   double y_max_ = 1;
 };
@@ -158,15 +150,38 @@ class svg_chart {
 /// A line chart: capacity, total wants and total granted over time, learning periods shaded,
 /// events marked.
 inline void write_svg(std::ostream& os, const run_result& r) {
-  detail::svg_chart chart(os, r);
-  chart.title();
-  chart.learning_bands();
+  const auto& trace = r.trace;
+  double top = 0;
+  for (const auto& p : trace)
+    top = std::max({top, p.capacity, p.granted, p.wants});
+  detail::svg_chart chart(os, trace.empty() ? 1.0 : trace.back().t, top);
+  chart.title(fmt::format(
+      "scenario {} ({}), seed {}: mean allocation {:.2f}%, {} of {} samples over capacity, "
+      "max {:.2f}%",
+      r.info.number, r.info.name, r.seed, 100 * r.summary.mean_allocation, r.summary.over_samples,
+      r.summary.samples, 100 * r.summary.max_allocation));
+  // Learning mode, shaded: one band per stretch of trace points in it.
+  for (std::size_t i = 0; i + 1 < trace.size(); ++i) {
+    if (!trace[i].learning) continue;
+    std::size_t j = i + 1;
+    while (j + 1 < trace.size() && trace[j].learning)
+      ++j;
+    chart.shade(trace[i].t, trace[j].t);
+    i = j - 1;
+  }
   chart.axes();
-  chart.events();
-  chart.series([](const trace_point& p) { return p.capacity; }, "#d62728", "capacity", 0);
-  chart.series([](const trace_point& p) { return p.wants; }, "#2ca02c", "total wants", 1);
-  chart.series([](const trace_point& p) { return p.granted; }, "#1f77b4", "total granted", 2);
-  chart.legend_end();
+  for (const auto& m : r.marks)
+    chart.mark(m.t, m.label);
+  const auto t = [&](std::size_t i) { return trace[i].t; };
+  chart.series(
+      trace.size(), t, [&](std::size_t i) { return trace[i].capacity; }, "#d62728", "capacity", 0);
+  chart.series(
+      trace.size(), t, [&](std::size_t i) { return trace[i].wants; }, "#2ca02c", "total wants", 1);
+  chart.series(
+      trace.size(), t, [&](std::size_t i) { return trace[i].granted; }, "#1f77b4", "total granted",
+      2);
+  chart.legend(3, "learning mode", true);
+  chart.end();
 }
 
 /// The summary as a Markdown table, one row per run.

@@ -76,6 +76,7 @@ struct scenario_info {
   o.echo_in_learning = false;
   o.report_releases = false;
   o.count_unconfirmed_cuts = false;
+  o.share_cuts = false;
   return o;
 }
 

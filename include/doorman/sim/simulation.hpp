@@ -470,6 +470,32 @@ class simulation {
   /// The capacity of the tree: the root's configured capacity for the resource.
   [[nodiscard]] double capacity() const { return config_.find(options_.resource).capacity; }
 
+  /// The root's capacity for the resource now: a learned one as its acting master holds it
+  /// (docs/learned-capacity.md), else the configured one; the configured one while the root
+  /// has no master.
+  [[nodiscard]] double root_capacity() const {
+    for (const job& j : jobs_) {
+      if (j.level == 0 && j.engine) return j.engine->capacity(options_.resource, now());
+    }
+    return capacity();
+  }
+
+  /// What client `index`'s calls to the protected service met, in all (the driver's counts):
+  /// sent with its next refresh, and its own cut while it waits (`set_signals`).
+  void set_signals(std::size_t index, const overload_signals& signals) {
+    client& c = clients_.at(index);
+    if (c.active) c.state->set_signals(options_.resource, signals, now());
+  }
+
+  /// What client `index`'s limiter enforces now: its state's capacity (a cut of its own
+  /// included), 0 when it is gone; unlimited (−1) counts as its wants.
+  [[nodiscard]] double client_capacity(std::size_t index) const {
+    const client& c = clients_.at(index);
+    if (!c.active) return 0;
+    const double x = c.state->capacity(options_.resource, now());
+    return x < 0 ? c.wants : x;
+  }
+
   /// Whether any master is in learning mode now.
   [[nodiscard]] bool learning() const {
     return std::any_of(jobs_.begin(), jobs_.end(), [&](const job& j) {
@@ -1108,6 +1134,7 @@ class simulation {
                                "'s request: " + refused);
       }
       check_after(j, side.name(), before);
+      if (j.level == 0 && options_.check_tree) note_root_capacity(e);
     }
     if (&e == j.engine.get()) after_decision(target);
     answer(x, extra, Side::answered, Side::timed_out, side.index, x.in_flight, side.link_cut());
@@ -1482,7 +1509,8 @@ class simulation {
     const granted after = measure(j);
     constexpr double eps = 1e-6;
     if (!after.learning) {
-      const double excess_before = std::max(0.0, before->sum - before->capacity);
+      // At the capacity it decided with (a learned one may have moved as the decision began).
+      const double excess_before = std::max(0.0, before->sum - after.capacity);
       const double excess_after = std::max(0.0, after.sum - after.capacity);
       if (excess_after > excess_before + eps) {
         fail("granted " + std::to_string(after.sum) + " of a capacity of " +
@@ -1505,11 +1533,40 @@ class simulation {
   // Invariant 1 tree-wide, as `client`'s lease just changed (`check_tree`).
   void check_tree(const client& c) const {
     const double total = total_granted();
-    if (total > capacity() * (1 + 1e-9) + 1e-9) {
+    const double bound = tree_bound();
+    if (total > bound * (1 + 1e-9) + 1e-9) {
       throw invariant_violation("t=" + std::to_string(seconds_of(now())) + " s, client " + c.name +
                                 ": the clients may use " + std::to_string(total) +
-                                " of a capacity of " + std::to_string(capacity()) +
+                                " of a capacity of " + std::to_string(bound) +
                                 " (invariant 1, tree-wide)");
+    }
+  }
+
+  // Invariant 1's bound: the root's capacity, or for a learned one the most any root engine
+  // decided with over the last lease length (a lease granted before a cut may run to its end,
+  // docs/learned-capacity.md).
+  [[nodiscard]] double tree_bound() const {
+    const auto& t = config_.find(options_.resource);
+    if (!t.learn) return capacity();
+    const time_point since = now() - to_duration<duration>(t.algorithm.lease_length.count());
+    double most = 0;
+    for (const auto& [at, x] : learned_) {
+      if (at >= since) most = std::max(most, x);
+    }
+    return most;
+  }
+
+  // A root engine decided with capacity `e.capacity`: kept for a lease length (`tree_bound`).
+  void note_root_capacity(const engine_type& e) {
+    const auto& t = config_.find(options_.resource);
+    if (!t.learn) return;
+    const time_point since = now() - to_duration<duration>(t.algorithm.lease_length.count());
+    std::erase_if(learned_, [&](const auto& p) { return p.first < since; });
+    const double c = e.capacity(options_.resource, now());
+    if (!learned_.empty() && learned_.back().second == c) {
+      learned_.back().first = now();
+    } else {
+      learned_.emplace_back(now(), c);
     }
   }
 
@@ -1520,6 +1577,8 @@ class simulation {
   std::vector<job> jobs_;
   std::vector<client> clients_;
   std::vector<standing> standing_;  // one per client
+  // The root's learned capacity since a lease length ago, when it changed (`tree_bound`).
+  std::vector<std::pair<time_point, double>> learned_;
   std::vector<std::function<void()>> actions_;
   event_queue queue_;
   std::uint64_t events_ = 0;

@@ -271,10 +271,20 @@ class client_core {
   // peak in flight + waiting. A rate whose waiters were delayed asks for capacity × headroom,
   // at once: a throttled sample raises the wants past the moving average (which only brings
   // them down as demand falls), so a saturated client doubles its lease each refresh.
+  // What the protected service answered (`resource_handle::record_answers`), into the state:
+  // sent with the next refresh, and the client's own cut on a second of overloads.
+  void record_signals(const std::string& id, const resource_entry& e, clock::time_point now) {
+    const auto calls = e.answers.load(std::memory_order_relaxed);
+    if (calls == 0 || e.kind == resource_kind::budget) return;
+    const auto overloads = std::min(calls, e.overloads.load(std::memory_order_relaxed));
+    state_.set_signals(id, {static_cast<double>(calls), static_cast<double>(overloads)}, now);
+  }
+
   void sample(clock::time_point now) {
     const double span = to_seconds(now - last_sample_);
     last_sample_ = now;
     for (auto& [id, e] : active_) {
+      record_signals(id, *e, now);
       if (!e->estimate || !(span > 0)) continue;
       if (e->kind == resource_kind::budget) {
         state_.set_wants(id, budget_wants(*e, span));
