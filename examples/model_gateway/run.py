@@ -24,57 +24,21 @@ import concurrent.futures
 import json
 import os
 import random
-import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from children import Process, prepare  # noqa: E402  (examples/children.py)
+
 ARRIVALS = [50.0, 30.0, 20.0]  # requests a second sent to each replica: uneven, all over a share
 MAX_TOKENS = [256, 512, 1024, 2048]
 PROMPT = (100, 2000)  # a prompt's characters, least and most
-
-
-class Process:
-    """A child whose output goes to a log file; `address` is what it says it listens on."""
-
-    def __init__(self, name: str, argv: list[str], logs: str, env: Optional[dict[str, str]] = None) -> None:
-        self.name = name
-        self.log_path = os.path.join(logs, name + ".log")
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 20
-        while True:
-            m = re.search(r"listening on (\S+)", self.log())
-            if m:
-                self.address = m.group(1)
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{name} did not start:\n{self.log()}")
-            time.sleep(0.05)  # polling its log for the address
-
-    def log(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def budget_of(cli: str, root: str) -> dict[str, Any]:
@@ -185,19 +149,7 @@ def main() -> int:
                      ("--budget", 0 <= a.budget <= 1e12)]:
         if not ok:
             p.error(f"{name}: out of bounds")
-    node, cli = os.path.join(a.bin, "doorman-node"), os.path.join(a.bin, "doorman")
-    for b in (node, cli):
-        if not os.access(b, os.X_OK):
-            p.error(f"--bin: no executable {b}")
-
-    env = dict(os.environ)
-    try:
-        import doorman  # noqa: F401  (installed)
-    except ImportError:
-        env["PYTHONPATH"] = os.path.join(HERE, "..", "..", "python")
-    logs = tempfile.mkdtemp(prefix="doorman-model-gateway-")
-    with open(os.path.join(logs, "resources.json"), "w") as f:
-        json.dump(config(a.rate, a.budget), f)
+    node, cli, env, logs = prepare(p, a.bin, "doorman-model-gateway-", config(a.rate, a.budget))
     children: list[Process] = []
     try:
         return run(a, node, cli, env, logs, children)
