@@ -14,16 +14,18 @@
 #include <utility>
 
 #include "doorman/core/budget.hpp"
+#include "doorman/core/learned_steps.hpp"
 #include "doorman/core/lease_decision.hpp"
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/core/messages.hpp"
 
 namespace doorman::detail {
 
 /// The budget steps over `lease_decision`'s resources; `basic_engine` holds the resources.
 template <class Clock, class Algorithms>
-class budget_steps : protected lease_decision<Clock, Algorithms> {
+class budget_steps : protected learned_steps<Clock, Algorithms> {
  protected:
-  using base = lease_decision<Clock, Algorithms>;
+  using base = learned_steps<Clock, Algorithms>;
   using base::expire_leases;
   using base::learning_until;
   using base::options_;
@@ -159,6 +161,21 @@ class budget_steps : protected lease_decision<Clock, Algorithms> {
   }
 
   budget_marks marks_;  // a root's budget marks (engine_options::budget_mark_step)
+
+  // A budget asked for by a requester that cannot report what it spends (Doorman's gRPC
+  // door): it would take an allotment for a rate, and be counted as spending all of it at each
+  // request. It gets a lease of 0, and its other resources are decided as always; a warning
+  // says so (one line per 10 s at most).
+  [[nodiscard]] lease_info unreportable(const resource& r, std::string_view who, time_point now) {
+    unreportable_log_.log(options_.log,
+                          "warning: " + std::string(who) + " asked for budget " + r.id +
+                              " through Doorman's protocol, which cannot report a spend: "
+                              "granted 0 (ask for it over JSON-RPC)",
+                          now);
+    return {0.0, r.tmpl.algorithm.lease_length.count(), r.tmpl.algorithm.refresh_interval.count()};
+  }
+
+  log_throttle<time_point> unreportable_log_{seconds(10)};
 };
 
 }  // namespace doorman::detail

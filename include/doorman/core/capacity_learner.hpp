@@ -23,8 +23,10 @@
 ///   `first_step` after each cut. Once past what got through at the last cut, the step
 ///   doubles, up to `max_step`, but only after an interval whose calls used the whole
 ///   capacity (within `margin`): leases adopt a change over a refresh interval, and a rise
-///   not yet tried is not yet evidence. Near the true capacity the steps stay small (a swing
-///   of about 5 %); after the service grows they grow until an overload finds its new level.
+///   not yet tried is not yet evidence. On the flat model near the true capacity the steps
+///   stay small (a swing of about 5 %; through a tree, where signals come a refresh or two
+///   late, more: docs/learned-capacity.md); after the service grows they grow until an
+///   overload finds its new level.
 /// - **Hold on silence.** No calls, numbers that are not finite and >= 0, more overloads than
 ///   calls, or demand below the capacity: nothing changes. Silence never raises a capacity.
 /// - Always between `min` and `max`.
@@ -159,8 +161,9 @@ struct learned_state {
   learned_info last{};
 };
 
-/// A resource's signals at a node: each client's last report, and what is new since (the sum
-/// over clients of what each report added), in all and as rates for the control step.
+/// A resource's signals at a node: each client's last report, and its rate over the reports
+/// of the interval under way (or its last one), for the root's control step and for what an
+/// intermediate reports to its parent.
 ///
 /// A client's first report at this node only sets where its count starts: a client that ran
 /// for hours before (under another master) would otherwise bring its whole history into one

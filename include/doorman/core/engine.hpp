@@ -52,19 +52,25 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   using base::budget_of;
   using base::budget_state;
   using base::charge;
+  using base::configure_learned;
   using base::decide;
   using base::draw_hits;
   using base::excess_released_;
   using base::expire_leases;
+  using base::learn_from;
   using base::learning_until;
   using base::mark_task;
   using base::marks_;
   using base::master_since_;
   using base::mind_mark;
   using base::options_;
+  using base::overload_news_;
   using base::own_capacity;
   using base::safe_capacity;
   using base::settle_release;
+  using base::signals_for_parent;
+  using base::step_learned;
+  using base::unreportable;
   using base::utc;
 
  public:
@@ -193,9 +199,8 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   /// Nothing when none reported.
   void report_signals(server_resource_request& x, time_point now) {
     const auto it = resources_.find(x.resource_id);
-    if (options_.is_root || it == resources_.end() || !it->second.signals) return;
-    const double stale = 2 * it->second.tmpl.algorithm.refresh_interval.count();
-    x.signals = it->second.signals->report_up(to_seconds(now.time_since_epoch()), stale);
+    if (!options_.is_root && it != resources_.end())
+      x.signals = signals_for_parent(it->second, now);
   }
 
   using budget_mark_task = doorman::budget_mark_task;
@@ -274,12 +279,10 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   /// How many times a resource's state was created (a cheap "something new" signal).
   [[nodiscard]] std::uint64_t resources_created() const noexcept { return resources_created_; }
 
-  /// Something the parent should hear about soon: a resource's state was created, or (with
-  /// `report_releases`) a node holding more than its capacity (its parent shrank its lease)
-  /// saw its clients give some of it back, which its parent is waiting for, or (an
-  /// intermediate) a client reported overloads, which a learned capacity at the root wants to
-  /// hear at once (docs/learned-capacity.md). A counter: the
-  /// upstream asks again (after its floor) when it changes.
+  /// Something the parent should hear about soon: a resource's state was created, clients gave
+  /// back some of an excess (`report_releases`), or (an intermediate) a client reported
+  /// overloads (docs/learned-capacity.md). A counter: the upstream asks again (after its
+  /// floor) when it changes.
   [[nodiscard]] std::uint64_t news() const noexcept {
     return resources_created_ + excess_released_ + overload_news_;
   }
@@ -465,19 +468,6 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
         req, now, [&](const auto& x) { return decide_one(x, resource_for(x.resource_id, now)); });
   }
 
-  /// A budget asked for by a requester that cannot report what it spends (Doorman's gRPC
-  /// door): it would take an allotment for a rate, and be counted as spending all of it at each
-  /// request. It gets a lease of 0, and its other resources are decided as always; a warning
-  /// says so (one line per 10 s at most).
-  [[nodiscard]] lease_info unreportable(const resource& r, std::string_view who, time_point now) {
-    unreportable_log_.log(options_.log,
-                          "warning: " + std::string(who) + " asked for budget " + r.id +
-                              " through Doorman's protocol, which cannot report a spend: "
-                              "granted 0 (ask for it over JSON-RPC)",
-                          now);
-    return {0.0, r.tmpl.algorithm.lease_length.count(), r.tmpl.algorithm.refresh_interval.count()};
-  }
-
   /// The same for any request of resources: `answer_one(item)` for each item, when master.
   template <class Response, class Request, class AnswerOne>
   [[nodiscard]] result<Response> answer_each(const Request& req, time_point now,
@@ -526,102 +516,6 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     } else if (!r.budget || was != r.tmpl.budget) {
       r.budget.emplace();  // a new budget, or another window: counted from now
     }
-  }
-
-  // A learned capacity starts at the template's capacity, and starts again when the capacity
-  // or the bounds change (an operator's word outranks what was learned).
-  void configure_learned(resource& r) const {
-    if (!r.tmpl.learn) {
-      r.learned.reset();
-      return;
-    }
-    const learn_config& b = *r.tmpl.learn;
-    if (r.learned && r.learned->start == r.tmpl.capacity && r.learned->last.min == b.min &&
-        r.learned->last.max == b.max) {
-      return;
-    }
-    r.learned.emplace(detail::learned_state<time_point>{
-        .law = capacity_learner({.min = b.min, .max = b.max}, r.tmpl.capacity),
-        .start = r.tmpl.capacity,
-        .from = {},
-        .seeded = false,
-        .last = {.min = b.min, .max = b.max}});
-  }
-
-  // A client's (or a server child's) overload signals: counted for the parent at an
-  // intermediate (which asks its parent soon when they hold overloads), for the learned
-  // capacity at a root (ignored at a root that learns nothing). The root's control step runs
-  // first, so that the report counts in the interval under way; a report of overloads may
-  // cut at once.
-  void learn_from(resource& r, std::string_view who, const std::optional<overload_signals>& s,
-                  time_point now) {
-    step_learned(r, now, false);
-    if (!s || (options_.is_root && !r.learned)) return;
-    if (!r.signals) r.signals.emplace();
-    const overload_signals added = r.signals->report(who, *s, to_seconds(now.time_since_epoch()));
-    r.signals->forget_unless(r.store.size(), [&](const std::string& id) {
-      return id == who || r.store.find(id) != nullptr;
-    });
-    if (added.overloads > 0 && !options_.is_root) ++overload_news_;
-    if (added.overloads > learning_options{}.overload_ratio * added.calls) {
-      step_learned(r, now, true);
-    }
-  }
-
-  // A root's control step (docs/learned-capacity.md): once per refresh interval of the
-  // resource, or `at_once` on a report of overloads (a cut only). None in learning mode (the
-  // leases are the old master's); the first after it starts from what the clients said they
-  // hold (the capacity the old master had learned, as far as it was granted); then the law, on
-  // the clients' rates.
-  void step_learned(resource& r, time_point now, bool at_once) {
-    if (!r.learned) return;
-    auto& l = *r.learned;
-    const time_point learned_from = learning_until(r.tmpl);
-    if (now < learned_from || !l.seeded) {
-      if (r.signals) r.signals->next_interval();
-      l.from = now;
-      if (now < learned_from) return;
-      l.seeded = true;
-      const double held = r.store.sum_has();
-      if (master_since_ < learned_from && held > 0) {
-        l.law = capacity_learner({.min = l.last.min, .max = l.last.max}, held);
-      }
-      return;
-    }
-    const double span = to_seconds(now - l.from);
-    const double interval = r.tmpl.algorithm.refresh_interval.count();
-    // At once only a refresh after the last cut: reports until then tell of leases before it.
-    if (at_once ? span <= 0 || now - l.cut_at < to_duration<duration>(interval) : span < interval) {
-      return;
-    }
-    const overload_signals rate =
-        r.signals ? r.signals->rate(to_seconds(now.time_since_epoch()), 2 * interval,
-                                    l.cut ? to_seconds(l.cut_at.time_since_epoch()) : -1)
-                  : overload_signals{};
-    const double before = l.law.capacity();
-    const bool held = !at_once && r.store.totals().wants > before * (1 + 1e-9);
-    const learn_step step = l.law.update({rate.calls * span, rate.overloads * span, span, held});
-    if (at_once && step != learn_step::cut) return;
-    if (r.signals) r.signals->next_interval();
-    l.from = now;
-    l.last.calls = rate.calls * span;
-    l.last.overloads = rate.overloads * span;
-    l.last.seconds = span;
-    l.last.step = step_name(step);
-    if (step == learn_step::cut) {
-      l.cut = true;
-      l.cut_at = now;
-    }
-    const double after = l.law.capacity();
-    if (std::abs(after - before) > 0.1 * before) log_learned(r, before, after, rate);
-  }
-
-  void log_learned(const resource& r, double before, double after,
-                   const overload_signals& rate) const {
-    if (!options_.log) return;
-    const auto text = [](double v) { return detail::number_text(std::round(v * 10) / 10); };
-    options_.log("resource " + r.id + ": learned capacity " + text(before) + " -> " + text(after) +
-                 " (calls " + text(rate.calls) + "/s, overloaded " + text(rate.overloads) + "/s)");
   }
 
   resource& resource_for(std::string_view id, time_point) {
@@ -696,10 +590,8 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
   std::uint64_t fenced_ = 0;
   std::unordered_map<std::string, resource, string_hash, std::equal_to<>> resources_;
   std::uint64_t resources_created_ = 0;
-  std::uint64_t overload_news_ = 0;  // reports of overloads at an intermediate (`news`)
   hit_counts<Clock> counts_{options_.max_hit_counters};
   std::uint64_t config_generation_ = 0;  // set_config calls so far
-  log_throttle<time_point> unreportable_log_{seconds(10)};
 };
 
 /// The engine on the steady clock.

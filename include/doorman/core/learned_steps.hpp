@@ -1,0 +1,142 @@
+#pragma once
+
+/// \file
+/// Learned capacity's steps in an engine (docs/learned-capacity.md): a resource's learned state
+/// from its template, the clients' signals counted, the root's control steps, and an
+/// intermediate's signals for its parent. `basic_engine` calls them; the law itself is
+/// `capacity_learner` (core/capacity_learner.hpp).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "doorman/core/capacity_learner.hpp"
+#include "doorman/core/json_reader.hpp"
+#include "doorman/core/lease_decision.hpp"
+#include "doorman/core/messages.hpp"
+
+namespace doorman::detail {
+
+/// The learned-capacity steps over `lease_decision`'s resources.
+template <class Clock, class Algorithms>
+class learned_steps : protected lease_decision<Clock, Algorithms> {
+ protected:
+  explicit learned_steps(engine_options options)
+      : lease_decision<Clock, Algorithms>(std::move(options)) {}
+
+  using base = lease_decision<Clock, Algorithms>;
+  using base::learning_until, base::master_since_, base::options_;
+  using typename base::duration, typename base::resource, typename base::time_point;
+
+  // An intermediate's signals for its parent at `now`: its clients' rates summed over time;
+  // nothing when none reported.
+  std::optional<overload_signals> signals_for_parent(resource& r, time_point now) {
+    if (!r.signals) return std::nullopt;
+    const double stale = 2 * r.tmpl.algorithm.refresh_interval.count();
+    return r.signals->report_up(to_seconds(now.time_since_epoch()), stale);
+  }
+
+  // A learned capacity starts at the template's capacity, and starts again when the capacity
+  // or the bounds change (an operator's word outranks what was learned).
+  void configure_learned(resource& r) const {
+    if (!r.tmpl.learn) {
+      r.learned.reset();
+      return;
+    }
+    const learn_config& b = *r.tmpl.learn;
+    if (r.learned && r.learned->start == r.tmpl.capacity && r.learned->last.min == b.min &&
+        r.learned->last.max == b.max) {
+      return;
+    }
+    r.learned.emplace(detail::learned_state<time_point>{
+        .law = capacity_learner({.min = b.min, .max = b.max}, r.tmpl.capacity),
+        .start = r.tmpl.capacity,
+        .from = {},
+        .seeded = false,
+        .last = {.min = b.min, .max = b.max}});
+  }
+
+  // A client's (or a server child's) overload signals: counted for the parent at an
+  // intermediate (which asks its parent soon when they hold overloads), for the learned
+  // capacity at a root (ignored at a root that learns nothing). The root's control step runs
+  // first, so that the report counts in the interval under way; a report of overloads may
+  // cut at once.
+  void learn_from(resource& r, std::string_view who, const std::optional<overload_signals>& s,
+                  time_point now) {
+    step_learned(r, now, false);
+    if (!s || (options_.is_root && !r.learned)) return;
+    if (!r.signals) r.signals.emplace();
+    const overload_signals added = r.signals->report(who, *s, to_seconds(now.time_since_epoch()));
+    r.signals->forget_unless(r.store.size(), [&](const std::string& id) {
+      return id == who || r.store.find(id) != nullptr;
+    });
+    if (added.overloads > 0 && !options_.is_root) ++overload_news_;
+    if (added.overloads > learning_options{}.overload_ratio * added.calls) {
+      step_learned(r, now, true);
+    }
+  }
+
+  // A root's control step (docs/learned-capacity.md): once per refresh interval of the
+  // resource, or `at_once` on a report of overloads (a cut only). None in learning mode (the
+  // leases are the old master's); the first after it starts from what the clients said they
+  // hold (the capacity the old master had learned, as far as it was granted); then the law, on
+  // the clients' rates.
+  void step_learned(resource& r, time_point now, bool at_once) {
+    if (!r.learned) return;
+    auto& l = *r.learned;
+    const time_point learned_from = learning_until(r.tmpl);
+    if (now < learned_from || !l.seeded) {
+      if (r.signals) r.signals->next_interval();
+      l.from = now;
+      if (now < learned_from) return;
+      l.seeded = true;
+      const double held = r.store.sum_has();
+      if (master_since_ < learned_from && held > 0) {
+        l.law = capacity_learner({.min = l.last.min, .max = l.last.max}, held);
+      }
+      return;
+    }
+    const double span = to_seconds(now - l.from);
+    const double interval = r.tmpl.algorithm.refresh_interval.count();
+    // At once only a refresh after the last cut: reports until then tell of leases before it.
+    if (at_once ? span <= 0 || now - l.cut_at < to_duration<duration>(interval) : span < interval) {
+      return;
+    }
+    const overload_signals rate =
+        r.signals ? r.signals->rate(to_seconds(now.time_since_epoch()), 2 * interval,
+                                    l.cut ? to_seconds(l.cut_at.time_since_epoch()) : -1)
+                  : overload_signals{};
+    const double before = l.law.capacity();
+    const bool held = !at_once && r.store.totals().wants > before * (1 + 1e-9);
+    const learn_step step = l.law.update({rate.calls * span, rate.overloads * span, span, held});
+    if (at_once && step != learn_step::cut) return;
+    if (r.signals) r.signals->next_interval();
+    l.from = now;
+    l.last.calls = rate.calls * span;
+    l.last.overloads = rate.overloads * span;
+    l.last.seconds = span;
+    l.last.step = step_name(step);
+    if (step == learn_step::cut) {
+      l.cut = true;
+      l.cut_at = now;
+    }
+    const double after = l.law.capacity();
+    if (std::abs(after - before) > 0.1 * before) log_learned(r, before, after, rate);
+  }
+
+  void log_learned(const resource& r, double before, double after,
+                   const overload_signals& rate) const {
+    if (!options_.log) return;
+    const auto text = [](double v) { return detail::number_text(std::round(v * 10) / 10); };
+    options_.log("resource " + r.id + ": learned capacity " + text(before) + " -> " + text(after) +
+                 " (calls " + text(rate.calls) + "/s, overloaded " + text(rate.overloads) + "/s)");
+  }
+
+  std::uint64_t overload_news_ = 0;  // reports of overloads at an intermediate (`news`)
+};
+
+}  // namespace doorman::detail
