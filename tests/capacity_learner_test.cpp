@@ -150,11 +150,18 @@ TEST_CASE("a learnt capacity holds on silence, within its bounds, and bounds eac
   CHECK(calm.update({.calls = 1000, .overloads = 5, .seconds = 5, .held = false}) ==
         learn_step::hold);
   CHECK(calm.capacity() == 500);
+  // A few overloads while the clients want more: near the service's capacity, no rise.
+  CHECK(calm.update({.calls = 2500, .overloads = 3, .seconds = 5, .held = true}) ==
+        learn_step::hold);
+  CHECK(calm.capacity() == 500);
+  CHECK(calm.update({.calls = 2500, .overloads = 0, .seconds = 5, .held = true}) ==
+        learn_step::rise);
+  CHECK(calm.capacity() == Approx(510));
   // Overloads of calls made under an earlier, higher capacity (more got through than it is
   // now): already cut for, nothing changes.
   CHECK(calm.update({.calls = 5000, .overloads = 100, .seconds = 5, .held = true}) ==
         learn_step::hold);
-  CHECK(calm.capacity() == 500);
+  CHECK(calm.capacity() == Approx(510));
 }
 
 namespace {

@@ -18,6 +18,8 @@
 ///   through, a second. The capacity goes there, less `margin`, never below `(1 - max_cut)` of
 ///   itself. When more got through than the capacity, the overloads are of calls made under an
 ///   earlier, higher capacity (signals come a refresh or two late): nothing changes.
+/// - **Hold on a few overloads.** An interval with overloads, too few to cut, holds: the
+///   capacity is near the service's (its noise, or the clients' own cuts hiding the rest).
 /// - **Rise by doubling steps.** An interval without overload in which some client was held
 ///   back by its lease (the capacity binds) raises the capacity by `step`, which starts at
 ///   `first_step` after each cut. Once past what got through at the last cut, the step
@@ -101,7 +103,9 @@ class capacity_learner {
       step_ = o_.first_step;
       return learn_step::cut;
     }
-    if (!s.held) return learn_step::hold;
+    // Some overloads, too few to cut (the clients' own cuts hide most of them): the capacity
+    // is near the service's, and a rise would find it too late. Hold.
+    if (!s.held || s.overloads > 0) return learn_step::hold;
     // Whether the clients used the whole capacity: leases adopt a change over a refresh, so
     // an interval after a rise may not have tried it yet.
     const bool tried = s.calls / s.seconds >= (1 - o_.margin) * capacity_;
