@@ -67,8 +67,13 @@ std::vector<flag> tree_flags() {
        ""},
       {"grpc-listen", "HOST:PORT",
        "also serve Doorman's gRPC protocol (doorman.Capacity) there, for Doorman's clients and "
-       "servers (docs/doorman-compatibility.md); needs a build with gRPC",
+       "servers (docs/doorman-compatibility.md), and Envoy's rate limit quota service (RLQS, "
+       "docs/envoy.md); needs a build with gRPC",
        ""},
+      {"rlqs-max-streams", "N",
+       "RLQS streams one identity (else peer host) may hold open at once on the gRPC port", "64"},
+      {"rlqs-abandon-after", "SECONDS",
+       "an RLQS bucket not reported for this long is abandoned and its lease released", "60"},
       {"grpc-advertise", "HOST:PORT",
        "address of the gRPC port that Doorman's clients are redirected to when this task is "
        "master (default: the --grpc-listen address, with the port it got)",
@@ -295,6 +300,13 @@ void read_options(const doorman_examples::flag_values& v, doorman::node_options&
   }
 }
 
+// The gRPC port's flags: where (empty: none), and its RLQS streams' bounds.
+struct grpc_flags {
+  std::string listen;
+  std::size_t rlqs_max_streams = 64;
+  double rlqs_abandon_after = 60;
+};
+
 // Doorman's gRPC door over `node`, when asked for (`--grpc-listen`).
 template <class Node>
 struct grpc_front {
@@ -303,14 +315,22 @@ struct grpc_front {
   std::optional<doorman::grpc_door::server> server;
 
   // Before the node starts, so that its election announces the gRPC port.
-  void start(Node& node, const std::string& listen) {
+  void start(Node& node, const grpc_flags& flags) {
+    const std::string& listen = flags.listen;
     if (listen.empty()) return;
     handler.emplace(node);
-    server.emplace(doorman::grpc_door::server_options{listen, node.options().tls}, *handler);
+    doorman::grpc_door::rlqs_options rlqs;
+    rlqs.max_streams_per_identity = flags.rlqs_max_streams;
+    rlqs.session.abandon_after = flags.rlqs_abandon_after;
+    server.emplace(doorman::grpc_door::server_options{listen, node.options().tls}, *handler, rlqs);
     server->start();
     const auto at = fmt::format("{}:{}", doorman::net::parse_address(listen)->host, server->port());
     if (node.options().advertise_grpc.empty()) node.advertise_grpc(at);
     doorman_examples::log_line(fmt::format("doorman.Capacity (gRPC) listening on {}", at));
+    // Not "listening on": tools read the first such line after the gRPC one as the JSON-RPC
+    // port's.
+    doorman_examples::log_line(
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService (RLQS) served there too");
   }
   // Its calls in flight are answered on the node's strand, which runs meanwhile, for `grace`
   // at most.
@@ -328,8 +348,8 @@ struct grpc_front {
     }
   }
 #else
-  void start(Node&, const std::string& listen) {
-    if (!listen.empty()) throw std::runtime_error("--grpc-listen: this build has no gRPC");
+  void start(Node&, const grpc_flags& flags) {
+    if (!flags.listen.empty()) throw std::runtime_error("--grpc-listen: this build has no gRPC");
   }
   void stop(std::chrono::milliseconds) {}
   void reload_tls() {}
@@ -348,7 +368,7 @@ void use_grpc_parent(doorman::node_options& o) {
 
 template <class Node>
 int serve(asio::io_context& io, Node& node, doorman::file_watch files,
-          const std::string& grpc_listen, double reload_interval) {
+          const grpc_flags& grpc_listen, double reload_interval) {
   // The signals are caught before anything says "listening": a SIGTERM sent on that line
   // stops the node gracefully instead of killing it.
   asio::signal_set hup(io, SIGHUP);
@@ -401,7 +421,7 @@ int serve(asio::io_context& io, Node& node, doorman::file_watch files,
 // Builds the node (reading its configuration) and serves. A bad configuration exits 2; a
 // failure to bind, 1.
 template <class Node, class... Election>
-int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::string& grpc_listen,
+int build_and_serve(asio::io_context& io, doorman::node_options& o, const grpc_flags& grpc_listen,
                     double reload_interval, Election&&... election) {
   // The files' stamps before the node reads them: a change between the two is seen at the
   // next look.
@@ -426,9 +446,12 @@ int build_and_serve(asio::io_context& io, doorman::node_options& o, const std::s
 }
 
 // The gRPC flags: the address to listen on (empty: none), the parent's protocol, the address
-// advertised.
-std::string read_grpc(const doorman_examples::flag_values& v, doorman::node_options& o) {
-  std::string listen;
+// advertised, the RLQS streams' bounds.
+grpc_flags read_grpc(const doorman_examples::flag_values& v, doorman::node_options& o) {
+  grpc_flags flags;
+  flags.rlqs_max_streams = static_cast<std::size_t>(v.number("rlqs-max-streams", 1, 1e6));
+  flags.rlqs_abandon_after = v.number("rlqs-abandon-after", 1, 86400);
+  std::string& listen = flags.listen;
   if (v.given("grpc-listen")) {
     listen = v.at("grpc-listen");
     if (!doorman::net::parse_address(listen)) {
@@ -450,7 +473,7 @@ std::string read_grpc(const doorman_examples::flag_values& v, doorman::node_opti
           fmt::format("--grpc-advertise: expected host:port, got \"{}\"", o.advertise_grpc));
     }
   }
-  return listen;
+  return flags;
 }
 
 }  // namespace
@@ -458,7 +481,7 @@ std::string read_grpc(const doorman_examples::flag_values& v, doorman::node_opti
 int main(int argc, char** argv) {
   doorman::node_options o;
   doorman::etcd_election_options election;
-  std::string grpc_listen;
+  grpc_flags grpc_listen;
   double reload_interval = 1;
   try {
     const auto table = node_flags();

@@ -22,6 +22,7 @@
 
 #include "doorman.grpc.pb.h"
 #include "etcd_server.hpp"
+#include "grpc_node.hpp"
 #include "line_client.hpp"
 #include "mapping.hpp"
 #include "parent_channel.hpp"
@@ -33,58 +34,8 @@ namespace {
 using doorman::grpc_door::unix_now;
 
 using doorman_examples::process;
-
-const char* config_text = R"({"resources": [
-  {"identifier_glob": "*", "capacity": 100, "safe_capacity": 5,
-   "algorithm": {"kind": "FAIR_SHARE", "lease_length": 20, "refresh_interval": 4,
-                 "learning_mode_duration": 0}}]})";
-
-// A doorman-node with Doorman's gRPC service on a free port.
-struct grpc_node {
-  std::filesystem::path dir;
-  std::unique_ptr<process> node;
-  std::string address;  // the gRPC port's
-  std::unique_ptr<::doorman::Capacity::Stub> stub;
-
-  std::string json_address;  // the JSON-RPC port's
-
-  explicit grpc_node(const std::string& name = "node", std::vector<std::string> flags = {},
-                     const char* config = config_text) {
-    dir = std::filesystem::temp_directory_path() /
-          ("doorman-grpc-test-" + std::to_string(::getpid()) + "-" + name);
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << config;
-    std::vector<std::string> args{
-        DOORMAN_NODE_BINARY,          "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
-        "--minimum-refresh-interval", "0"};
-    if (std::find(flags.begin(), flags.end(), "--parent") == flags.end()) {
-      args.insert(args.end(), {"--config", (dir / "config.json").string()});
-    }
-    if (std::find(flags.begin(), flags.end(), "--admin") == flags.end()) {
-      flags.insert(flags.end(), {"--admin", "off"});
-    }
-    args.insert(args.end(), flags.begin(), flags.end());
-    node = std::make_unique<process>(args, (dir / "node.log").string());
-    // The gRPC port binds first (the election announces it), then the JSON-RPC one.
-    const auto line = node->wait_for("doorman.Capacity (gRPC) listening on ");
-    REQUIRE(line);
-    address = line->substr(line->find("listening on ") + 13);
-    json_address = doorman_test::listening_address(*node);
-    stub = ::doorman::Capacity::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  }
-  ~grpc_node() {
-    node->signal(SIGTERM);
-    CHECK(node->wait_exit() == 0);
-    std::filesystem::remove_all(dir);
-  }
-
-  static std::unique_ptr<grpc::ClientContext> context() {
-    auto c = std::make_unique<grpc::ClientContext>();
-    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    return c;
-  }
-};
+using doorman_test::config_text;
+using doorman_test::grpc_node;
 
 ::doorman::GetCapacityRequest ask(const std::string& client, const std::string& resource,
                                   double wants) {

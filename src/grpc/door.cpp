@@ -8,11 +8,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <doorman/net/tls.hpp>
-
 #include "doorman.grpc.pb.h"
 #include "hosting.hpp"
 #include "mapping.hpp"
+#include "rlqs_door.hpp"
 
 namespace doorman::grpc_door {
 
@@ -30,33 +29,6 @@ grpc::Status status_of(rpc_code code, const std::string& message,
     default:
       return {grpc::StatusCode::INTERNAL, message};
   }
-}
-
-// The identity of the peer's verified certificate, by the rules of the node's other ports.
-std::string identity_of(const grpc::CallbackServerContext& ctx) {
-#ifdef DOORMAN_TLS
-  const auto auth = ctx.auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return {};
-  const auto pems = auth->FindPropertyValues("x509_pem_cert");
-  if (pems.empty()) return {};
-  const std::string pem(pems.front().data(), pems.front().size());
-  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
-  if (bio == nullptr) return {};
-  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
-  BIO_free(bio);
-  if (cert == nullptr) return {};
-  std::string id = net::detail::identity_of(cert);
-  X509_free(cert);
-  return id;
-#else
-  (void)ctx;
-  return {};
-#endif
-}
-
-caller caller_of(const grpc::CallbackServerContext& ctx) {
-  const auto auth = ctx.auth_context();
-  return {ctx.peer(), identity_of(ctx), auth && auth->IsPeerAuthenticated()};
 }
 
 class service final : public ::doorman::Capacity::CallbackService {
@@ -123,8 +95,12 @@ class service final : public ::doorman::Capacity::CallbackService {
 
 }  // namespace
 
-server::server(server_options options, handler& h)
-    : server_base(std::make_unique<hosting>(std::move(options),
-                                            [&h] { return std::make_unique<service>(h); })) {}
+server::server(server_options options, handler& h, rlqs_options rlqs)
+    : server_base(std::make_unique<hosting>(std::move(options), [&h, rlqs] {
+        hosting::services out;
+        out.push_back(std::make_unique<service>(h));
+        if (rlqs.enabled) out.push_back(make_rlqs_service(h, rlqs));
+        return out;
+      })) {}
 
 }  // namespace doorman::grpc_door

@@ -13,6 +13,7 @@
 
 #include <doorman/core/messages.hpp>
 #include <doorman/net/tls_options.hpp>
+#include <doorman/protocol/rlqs_session.hpp>
 #include <doorman/protocol/service.hpp>
 
 namespace doorman::grpc_door {
@@ -50,6 +51,15 @@ struct server_options {
   int max_concurrent_streams = 100;  // per connection
 };
 
+// Envoy's rate limit quota service (RLQS) beside Doorman's on the same port (rlqs_door.hpp):
+// each stream a client of the node, each bucket a resource (docs/envoy.md).
+struct rlqs_options {
+  bool enabled = true;
+  rlqs::session_options session{};
+  std::size_t max_streams_per_identity = 64;  ///< or per peer host, without a certificate
+  std::size_t max_queued_messages = 64;       ///< unread by Envoy: more ends the stream
+};
+
 class hosting;
 
 // A gRPC server of one of the layer's services (hosting.hpp): binds in `start()`, stops in
@@ -79,10 +89,11 @@ class server_base {
   std::unique_ptr<hosting> host_;
 };
 
-// The gRPC server of Doorman's service over `h`.
+// The gRPC server of Doorman's service over `h`, and (unless `rlqs.enabled` is false)
+// Envoy's rate limit quota service over the same handler.
 class server : public server_base {
  public:
-  server(server_options options, handler& h);
+  server(server_options options, handler& h, rlqs_options rlqs = {});
 };
 
 }  // namespace doorman::grpc_door

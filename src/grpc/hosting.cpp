@@ -1,4 +1,4 @@
-// A gRPC server hosting one service (see hosting.hpp).
+// A gRPC server hosting the services of one port (see hosting.hpp).
 
 #include "hosting.hpp"
 
@@ -35,7 +35,34 @@ std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& 
   return grpc::SslServerCredentials(o);
 }
 
+// The identity of the peer's verified certificate, by the rules of the node's other ports.
+std::string identity_of(const grpc::CallbackServerContext& ctx) {
+#ifdef DOORMAN_TLS
+  const auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return {};
+  const auto pems = auth->FindPropertyValues("x509_pem_cert");
+  if (pems.empty()) return {};
+  const std::string pem(pems.front().data(), pems.front().size());
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (bio == nullptr) return {};
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  if (cert == nullptr) return {};
+  std::string id = net::detail::identity_of(cert);
+  X509_free(cert);
+  return id;
+#else
+  (void)ctx;
+  return {};
+#endif
+}
+
 }  // namespace
+
+caller caller_of(const grpc::CallbackServerContext& ctx) {
+  const auto auth = ctx.auth_context();
+  return {ctx.peer(), identity_of(ctx), auth && auth->IsPeerAuthenticated()};
+}
 
 hosting::built hosting::build(const std::string& address,
                               const std::shared_ptr<grpc::ServerCredentials>& creds, int& bound) {
@@ -46,7 +73,8 @@ hosting::built hosting::build(const std::string& address,
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);  // a reload binds beside the old one
-  builder.RegisterService(b.service.get());
+  for (const auto& service : b.served)
+    builder.RegisterService(service.get());
   b.server = builder.BuildAndStart();
   if (!b.server || bound == 0) return {};
   return b;
@@ -80,7 +108,7 @@ void hosting::retire(built old, std::chrono::milliseconds grace) {
   retiring_ = std::thread([old = std::move(old), grace]() mutable {
     old.server->Shutdown(std::chrono::system_clock::now() + grace);
     old.server.reset();
-    old.service.reset();
+    old.served.clear();
   });
 }
 
@@ -89,7 +117,7 @@ void hosting::stop(std::chrono::milliseconds grace) {
   if (!current_.server) return;
   current_.server->Shutdown(std::chrono::system_clock::now() + grace);
   current_.server.reset();
-  current_.service.reset();
+  current_.served.clear();
 }
 
 server_base::server_base(std::unique_ptr<hosting> host) : host_(std::move(host)) {}

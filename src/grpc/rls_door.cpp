@@ -63,7 +63,11 @@ class service final : public pb::RateLimitService::CallbackService {
 }  // namespace
 
 server::server(grpc_door::server_options options, handler& h, const header_names& headers)
-    : grpc_door::server_base(std::make_unique<grpc_door::hosting>(
-          std::move(options), [&h, headers] { return std::make_unique<service>(h, headers); })) {}
+    : grpc_door::server_base(
+          std::make_unique<grpc_door::hosting>(std::move(options), [&h, headers] {
+            grpc_door::hosting::services out;
+            out.push_back(std::make_unique<service>(h, headers));
+            return out;
+          })) {}
 
 }  // namespace doorman::rls

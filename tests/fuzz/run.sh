@@ -10,9 +10,11 @@ set -eu
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 bin=${FUZZ_BIN:-build/fuzz/tests/fuzz}    # where the targets are
-# grpc: when the gRPC layer was found (Doorman's gRPC messages through the mapping).
+# grpc, rlqs: when the gRPC layer was found (Doorman's gRPC messages, and Envoy's quota reports,
+# through their mappings).
 all="dispatch engine config answers http admin access rules cli yaml"
 [ -x "$bin/doorman_fuzz_grpc" ] && all="$all grpc"
+[ -x "$bin/doorman_fuzz_rlqs" ] && all="$all rlqs"
 targets=${*:-$all}
 work=${FUZZ_WORK:-build/fuzz/work}        # where each target's new inputs and log go
 jobs=${FUZZ_JOBS:-2}

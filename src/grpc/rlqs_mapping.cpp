@@ -1,0 +1,59 @@
+// Envoy's rate limit quota messages to the session's terms and back (see rlqs_mapping.hpp).
+
+#include "rlqs_mapping.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+namespace doorman::grpc_door {
+
+namespace pb = ::envoy::service::rate_limit_quota::v3;
+namespace tpb = ::envoy::type::v3;
+
+rlqs::usage_reports from_proto(const pb::RateLimitQuotaUsageReports& in) {
+  rlqs::usage_reports r;
+  r.domain = in.domain();
+  r.usages.reserve(static_cast<std::size_t>(in.bucket_quota_usages_size()));
+  for (const auto& u : in.bucket_quota_usages()) {
+    rlqs::bucket_usage b;
+    for (const auto& [k, v] : u.bucket_id().bucket())
+      b.bucket.emplace_back(k, v);
+    const auto& d = u.time_elapsed();
+    const bool valid = d.seconds() >= 0 && d.nanos() >= 0 && d.nanos() < 1'000'000'000;
+    b.elapsed = valid ? static_cast<double>(d.seconds()) + d.nanos() / 1e9 : -1;
+    b.allowed = u.num_requests_allowed();
+    b.denied = u.num_requests_denied();
+    r.usages.push_back(std::move(b));
+  }
+  return r;
+}
+
+namespace {
+
+void to_proto(double seconds, ::google::protobuf::Duration& out) {
+  const double whole = std::floor(seconds);
+  out.set_seconds(static_cast<std::int64_t>(whole));
+  out.set_nanos(static_cast<std::int32_t>(std::floor((seconds - whole) * 1e9)));
+}
+
+}  // namespace
+
+void to_proto(const rlqs::bucket_action& a, pb::RateLimitQuotaResponse::BucketAction& out) {
+  auto& id = *out.mutable_bucket_id()->mutable_bucket();
+  for (const auto& [k, v] : a.bucket)
+    id[k] = v;
+  if (!a.assign) {
+    out.mutable_abandon_action();
+    return;
+  }
+  auto& q = *out.mutable_quota_assignment_action();
+  to_proto(a.ttl, *q.mutable_assignment_time_to_live());
+  auto& s = *q.mutable_rate_limit_strategy()->mutable_requests_per_time_unit();
+  s.set_requests_per_time_unit(a.assign->count);
+  s.set_time_unit(a.assign->unit_seconds == 1    ? tpb::SECOND
+                  : a.assign->unit_seconds == 60 ? tpb::MINUTE
+                                                 : tpb::HOUR);
+}
+
+}  // namespace doorman::grpc_door

@@ -1,0 +1,84 @@
+// libFuzzer target: Envoy's rate limit quota reports (proto/envoy/rlqs.proto) from any bytes,
+// as the RLQS door takes them. Each input is a stream: chunks, each a length byte and that many
+// bytes parsed as a `RateLimitQuotaUsageReports`, a second apart. Each message that parses goes
+// through the mapping (src/grpc/rlqs_mapping.cpp) into one stream's session, which asks an
+// engine; its assignments map back to messages. Properties: nothing crashes; a refused report
+// names a field of the message and changes nothing (the session's buckets and domain); every
+// answer serializes and parses back; a bucket's assignment is never above its lease; the
+// engine's invariants hold after every step (fuzz_support.hpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <doorman/protocol/rlqs_session.hpp>
+
+#include "fuzz_support.hpp"
+#include "rlqs.pb.h"
+#include "rlqs_mapping.hpp"
+
+using namespace doorman_fuzz;
+
+namespace {
+
+namespace pb = ::envoy::service::rate_limit_quota::v3;
+
+engine_type& engine() {
+  static engine_type eng(engine_type::parse_config(config_text()));
+  return eng;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static std::uint64_t streams = 0;
+  auto& eng = engine();
+  static clock_type::time_point now = clock_type::time_point{} + std::chrono::seconds(100);
+  doorman::rlqs::session s("rlqs/fuzz/" + std::to_string(++streams), {.max_buckets = 50});
+  std::size_t at = 0;
+  while (at < size) {
+    const std::size_t n = std::min<std::size_t>(data[at], size - at - 1);
+    pb::RateLimitQuotaUsageReports in;
+    const bool parsed = in.ParseFromArray(data + at + 1, static_cast<int>(n));
+    at += 1 + n;
+    now += std::chrono::seconds(1);
+    const double t = doorman::to_seconds(now.time_since_epoch());
+    if (parsed) {
+      const std::size_t buckets = s.buckets();
+      const std::string domain = s.domain();
+      const auto r = s.report(doorman::grpc_door::from_proto(in), t);
+      if (!r) {
+        const auto& m = r.error().message;
+        DOORMAN_FUZZ_CHECK(m.starts_with("domain: ") || m.starts_with("bucket_quota_usages"), m);
+        DOORMAN_FUZZ_CHECK(s.buckets() == buckets && s.domain() == domain, m);
+      }
+    }
+    auto [abandoned, ids] = s.expire(t);
+    if (!ids.empty()) (void)eng.release_capacity({s.client_id(), ids}, now);
+    if (auto ask = s.ask(t)) {
+      const auto a = eng.get_capacity(*ask, now);
+      DOORMAN_FUZZ_CHECK(a.has_value(), a.error().message);
+      const auto actions = s.answer(a.value(), t);
+      DOORMAN_FUZZ_CHECK(actions.has_value(), "master");
+      pb::RateLimitQuotaResponse out;
+      for (const auto& act : actions.value()) {
+        DOORMAN_FUZZ_CHECK(act.assign.has_value(), "an answer assigns");
+        const auto rid = doorman::rlqs::session::resource_of(s.domain(), act.bucket);
+        double granted = -1;
+        for (const auto& g : a.value().resources)
+          if (g.resource_id == rid) granted = g.gets.capacity;
+        const double rate =
+            static_cast<double>(act.assign->count) / static_cast<double>(act.assign->unit_seconds);
+        DOORMAN_FUZZ_CHECK(rate <= granted + 1e-9, rid);
+        doorman::grpc_door::to_proto(act, *out.add_bucket_action());
+      }
+      std::string bytes;
+      DOORMAN_FUZZ_CHECK(out.SerializeToString(&bytes), "serialize");
+      pb::RateLimitQuotaResponse back;
+      DOORMAN_FUZZ_CHECK(back.ParseFromString(bytes), "parse back");
+    }
+    check_engine(eng, now, now);
+  }
+  (void)eng.release_capacity(s.release_all(), now);
+  return 0;
+}

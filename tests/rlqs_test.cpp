@@ -1,0 +1,291 @@
+// Envoy's rate limit quota service (docs/envoy.md): one stream's machine
+// (protocol/rlqs_session.hpp) driving the engine with a manual clock: reports become wants,
+// leases become assignments that converge to the fair shares and never add up to more than the
+// capacity, hostile reports name their field and change nothing, idle buckets are abandoned.
+
+#include <catch2/catch.hpp>
+
+#include <doorman/protocol/rlqs_session.hpp>
+
+#include "core_support.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
+using doorman::rlqs::bucket_action;
+using doorman::rlqs::quota;
+using doorman::rlqs::session;
+using doorman::rlqs::usage_reports;
+
+// Buckets of domain "res" named by one key: `res/name=...`, 300 a second, FAIR_SHARE, a 60 s
+// lease refreshed every 5 s, learning mode for `learning` seconds; `first`: templates before it.
+doorman::resource_repository rlqs_repo(int learning = 0, const std::string& first = "") {
+  return doorman::resource_repository::parse(R"({"resources": [)" + first + R"(
+    {"identifier_glob": "res/name=*", "capacity": 300,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 5,
+                   "learning_mode_duration": )" +
+                                             std::to_string(learning) + R"(}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})");
+}
+
+double seconds(const manual_clock& c) {
+  return doorman::to_seconds(c.now().time_since_epoch());
+}
+
+// One Envoy: a stream's session, its bucket's last assignment, and the engine it asks.
+struct envoy {
+  session s;
+  std::optional<quota> assigned;
+  double ttl = 0;
+
+  // Reports `rate` requests a second over `elapsed` seconds (all allowed up to its quota).
+  void report(double rate, double elapsed, double now) {
+    const double allowed = assigned
+                               ? std::min(rate, static_cast<double>(assigned->count) /
+                                                    static_cast<double>(assigned->unit_seconds))
+                               : rate;
+    auto ok = s.report({"res",
+                        {{{{"name", "api"}},
+                          elapsed,
+                          static_cast<std::uint64_t>(allowed * elapsed),
+                          static_cast<std::uint64_t>((rate - allowed) * elapsed)}}},
+                       now);
+    REQUIRE(ok);
+  }
+
+  // Asks the engine when due, and takes what it pushes.
+  void drive(engine_t& e, manual_clock& c) {
+    auto ask = s.ask(seconds(c));
+    if (!ask) return;
+    auto a = e.get_capacity(*ask, c.now());
+    REQUIRE(a);
+    auto pushed = s.answer(a.value(), seconds(c));
+    REQUIRE(pushed);
+    for (const bucket_action& act : pushed.value()) {
+      REQUIRE(act.assign);
+      assigned = act.assign;
+      ttl = act.ttl;
+    }
+  }
+
+  [[nodiscard]] double rate() const {
+    return assigned
+               ? static_cast<double>(assigned->count) / static_cast<double>(assigned->unit_seconds)
+               : 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rlqs: a quota is rounded down, per second, minute or hour", "[rlqs]") {
+  using doorman::rlqs::quota_of;
+  CHECK(quota_of(1234.9) == quota{1234, 1});
+  CHECK(quota_of(100) == quota{100, 1});
+  CHECK(quota_of(33.34) == quota{2000, 60});
+  CHECK(quota_of(0.5) == quota{1800, 3600});
+  CHECK(quota_of(0) == quota{0, 1});
+  CHECK(quota_of(-1) == quota{0, 1});
+  CHECK(quota_of(std::numeric_limits<double>::quiet_NaN()) == quota{0, 1});
+}
+
+TEST_CASE("rlqs: uneven Envoys converge to their fair shares, never over the capacity", "[rlqs]") {
+  fixture f(rlqs_repo());
+  std::vector<envoy> envoys;
+  const std::vector<double> demand{40, 200, 400};  // a second
+  for (std::size_t i = 0; i < demand.size(); ++i)
+    envoys.push_back({session("rlqs/10.0.0." + std::to_string(i) + "/1", {}), {}, 0});
+  for (int step = 0; step < 60; ++step) {  // a minute, reports every second
+    f.clock.advance(1s);
+    double sum = 0;
+    for (std::size_t i = 0; i < envoys.size(); ++i) {
+      envoys[i].report(demand[i], 1, seconds(f.clock));
+      envoys[i].drive(f.engine, f.clock);
+      sum += envoys[i].rate();
+    }
+    CHECK(sum <= 300);
+  }
+  // 40 wanted is granted whole; the rest (260) shared evenly between the two that want more.
+  CHECK(envoys[0].rate() == Approx(40).margin(1));
+  CHECK(envoys[1].rate() == Approx(130).margin(1));
+  CHECK(envoys[2].rate() == Approx(130).margin(1));
+  CHECK(envoys[2].ttl > 0);
+  CHECK(envoys[2].ttl <= 60);
+  // A stream that ends frees its share: the others take it at their next refresh.
+  auto released = f.engine.release_capacity(envoys[2].s.release_all(), f.clock.now());
+  REQUIRE(released);
+  envoys.pop_back();
+  for (int step = 0; step < 10; ++step) {
+    f.clock.advance(1s);
+    for (std::size_t i = 0; i < envoys.size(); ++i) {
+      envoys[i].report(demand[i], 1, seconds(f.clock));
+      envoys[i].drive(f.engine, f.clock);
+    }
+  }
+  CHECK(envoys[1].rate() == Approx(200).margin(1));
+}
+
+TEST_CASE("rlqs: an assignment is pushed when it changes or half its time is gone", "[rlqs]") {
+  fixture f(rlqs_repo());
+  session s("rlqs/a/1", {});
+  const auto usage = [](double allowed) {
+    return usage_reports{"res", {{{{"name", "api"}}, 1, static_cast<std::uint64_t>(allowed), 0}}};
+  };
+  REQUIRE(s.report(usage(100), seconds(f.clock)));
+  auto ask = s.ask(seconds(f.clock));
+  REQUIRE(ask);
+  CHECK(ask->resources.at(0).resource_id == "res/name=api");
+  CHECK(ask->resources.at(0).wants == 100);
+  CHECK_FALSE(s.ask(seconds(f.clock)));  // one ask at a time
+  auto a = f.engine.get_capacity(*ask, f.clock.now());
+  REQUIRE(a);
+  auto pushed = s.answer(a.value(), seconds(f.clock));
+  REQUIRE(pushed);
+  REQUIRE(pushed.value().size() == 1);
+  CHECK(pushed.value()[0].assign == quota{100, 1});
+  CHECK(pushed.value()[0].ttl == 60);
+  CHECK(s.next_wake() == Approx(seconds(f.clock) + 5));
+  // The same grant again: nothing to push until half the lease is gone.
+  int pushes = 0;
+  for (int i = 0; i < 12; ++i) {
+    f.clock.advance(5s);
+    REQUIRE(s.report(usage(100), seconds(f.clock)));
+    auto again = s.ask(seconds(f.clock));
+    REQUIRE(again);
+    auto b = f.engine.get_capacity(*again, f.clock.now());
+    REQUIRE(b);
+    auto p = s.answer(b.value(), seconds(f.clock));
+    REQUIRE(p);
+    pushes += static_cast<int>(p.value().size());
+    if (i == 3) CHECK(pushes == 0);
+  }
+  CHECK(pushes == 2);  // at 30 s and 60 s: Envoy's copy never runs out
+  // A node that is not master ends the stream.
+  doorman::capacity_response not_master;
+  (void)s.ask(seconds(f.clock) + 100);
+  CHECK_FALSE(s.answer(not_master, seconds(f.clock)));
+}
+
+TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][bounds]") {
+  session s("rlqs/a/1", {.max_buckets = 2, .max_usages = 3});
+  REQUIRE(s.report({"res", {{{{"name", "api"}}, 1, 5, 0}}}, 0));
+  const auto ask = s.ask(0);
+  REQUIRE(ask);
+  s.failed(0);
+  struct hostile {
+    usage_reports r;
+    std::string says;
+  };
+  const std::string long_value(300, 'x');
+  const std::vector<hostile> cases{
+      {{"other", {{{{"a", "b"}}, 1, 1, 0}}}, "domain: must not change on a stream (\"res\")"},
+      {{"res", {}}, "bucket_quota_usages: must not be empty"},
+      {{"res", {{{{"a", "b"}}, 1, 1, 0}, {{{"a", "c"}}, 1, 1, 0}, {{{"a", "d"}}, 1, 1, 0}}},
+       "bucket_quota_usages: would make more than 2 buckets on one stream"},
+      {{"res", std::vector<doorman::rlqs::bucket_usage>(4, {{{"a", "b"}}, 1, 1, 0})},
+       "bucket_quota_usages: must hold at most 3 usages"},
+      {{"res", {{{}, 1, 1, 0}}}, "bucket_quota_usages[0].bucket_id.bucket: must not be empty"},
+      {{"res", {{{{"a", "b"}}, 1, 1, 0}, {{{"", "b"}}, 1, 1, 0}}},
+       "bucket_quota_usages[1].bucket_id.bucket: keys and values must not be empty"},
+      {{"res", {{{{"a", long_value}}, 1, 1, 0}}},
+       "bucket_quota_usages[0].bucket_id: makes a resource id longer than 256 bytes"},
+      {{"res", {{{{"a", "b"}}, 0, 1, 0}}},
+       "bucket_quota_usages[0].time_elapsed: must be more than 0 and at most 1e6 seconds"},
+      {{"res", {{{{"a", "b"}}, std::numeric_limits<double>::quiet_NaN(), 1, 0}}},
+       "bucket_quota_usages[0].time_elapsed: must be more than 0"},
+      {{"res", {{{{"a", "b"}}, 1, ~std::uint64_t{0}, 1}}},
+       "bucket_quota_usages[0].num_requests_allowed: with num_requests_denied, at most 1e15"},
+  };
+  double t = 1;
+  for (const auto& c : cases) {
+    INFO(c.says);
+    t += 2;
+    auto r = s.report(c.r, t);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().message, Contains(c.says));
+    CHECK(s.buckets() == 1);
+    CHECK(s.domain() == "res");
+    const auto again = s.ask(t);
+    REQUIRE(again);
+    CHECK(again->resources.at(0).wants == 5);  // the last good report's
+    s.failed(t);
+  }
+  session fresh("rlqs/b/1", {});
+  auto r = fresh.report({"", {{{{"a", "b"}}, 1, 1, 0}}}, 0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "domain: must be given in the stream's first message");
+  CHECK(fresh.buckets() == 0);
+  // The most a report can say, over a microsecond: wants within the engine's bound.
+  session big("rlqs/c/1", {});
+  REQUIRE(big.report({"res", {{{{"name", "api"}}, 1e-6, 1'000'000'000'000'000, 0}}}, 0));
+  CHECK(big.ask(0).value().resources.at(0).wants == 1e15);
+}
+
+TEST_CASE("rlqs: a bucket not reported is abandoned and released, and a stream's end releases all",
+          "[rlqs]") {
+  session s("rlqs/a/1", {.abandon_after = 30});
+  REQUIRE(s.report({"res", {{{{"name", "a"}}, 1, 5, 0}, {{{"name", "b"}}, 1, 5, 0}}}, 0));
+  CHECK(s.release_all().resources == std::vector<std::string>{"res/name=a", "res/name=b"});
+  REQUIRE(s.report({"", {{{{"name", "a"}}, 20, 5, 0}}}, 20));
+  auto [none, kept] = s.expire(29);
+  CHECK(none.empty());
+  auto [actions, ids] = s.expire(30);
+  REQUIRE(actions.size() == 1);
+  CHECK(actions[0].bucket == doorman::rlqs::bucket_id{{"name", "b"}});
+  CHECK_FALSE(actions[0].assign);
+  CHECK(ids == std::vector<std::string>{"res/name=b"});
+  CHECK(s.buckets() == 1);
+  CHECK(s.release_all().client_id == "rlqs/a/1");
+  // Keys in any order are one bucket.
+  REQUIRE(s.report({"", {{{{"z", "1"}, {"a", "2"}}, 1, 5, 0}, {{{"a", "2"}, {"z", "1"}}, 1, 5, 0}}},
+                   21));
+  CHECK(s.buckets() == 2);
+  CHECK(s.release_all().resources.front() == "res/a=2/z=1");
+}
+
+TEST_CASE("rlqs: a first assignment of 0 waits a lease length (a new master's learning mode)",
+          "[rlqs]") {
+  // A new master learning for 30 s: it grants a newcomer nothing meanwhile. Envoy keeps the
+  // assignment the old master gave it (valid for up to a lease length): nothing replaces it.
+  fixture f(rlqs_repo(30, R"(
+    {"identifier_glob": "res/name=off", "capacity": 0,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 5,
+                   "learning_mode_duration": 0}},)"));
+  envoy e{session("rlqs/a/1", {}), quota{100, 1}, 60};  // from the old master
+  for (int step = 0; step < 28; ++step) {
+    f.clock.advance(1s);
+    e.report(100, 1, seconds(f.clock));
+    e.drive(f.engine, f.clock);
+    CHECK(e.assigned == quota{100, 1});
+  }
+  for (int step = 0; step < 10; ++step) {
+    f.clock.advance(1s);
+    e.report(100, 1, seconds(f.clock));
+    e.drive(f.engine, f.clock);
+  }
+  CHECK(e.assigned == quota{100, 1});  // now granted by the new master
+  CHECK(e.ttl == 60);
+  // A bucket with nothing to give (capacity 0): its 0 goes out once it is a lease length old.
+  session off("rlqs/b/1", {});
+  int pushed_at = -1;
+  for (int step = 0; step < 70 && pushed_at < 0; ++step) {
+    f.clock.advance(1s);
+    REQUIRE(off.report({"res", {{{{"name", "off"}}, 1, 0, 10}}}, seconds(f.clock)));
+    auto ask = off.ask(seconds(f.clock));
+    if (!ask) continue;
+    auto a = f.engine.get_capacity(*ask, f.clock.now());
+    REQUIRE(a);
+    auto p = off.answer(a.value(), seconds(f.clock));
+    REQUIRE(p);
+    if (!p.value().empty()) {
+      CHECK(p.value()[0].assign == quota{0, 1});
+      pushed_at = step;
+    }
+  }
+  CHECK(pushed_at >= 59);
+  CHECK(pushed_at <= 65);
+}
