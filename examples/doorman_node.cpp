@@ -65,19 +65,6 @@ std::vector<flag> tree_flags() {
        "admin HTTP endpoint: /metrics, /status, /healthz, /readyz (docs/operations.md); "
        "default: the listen host with its port + 80 (port 0 when listening on port 0)",
        ""},
-      {"grpc-listen", "HOST:PORT",
-       "also serve Doorman's gRPC protocol (doorman.Capacity) there, for Doorman's clients and "
-       "servers (docs/doorman-compatibility.md), and Envoy's rate limit quota service (RLQS, "
-       "docs/envoy.md); needs a build with gRPC",
-       ""},
-      {"rlqs-max-streams", "N",
-       "RLQS streams one identity (else peer host) may hold open at once on the gRPC port", "64"},
-      {"rlqs-abandon-after", "SECONDS",
-       "an RLQS bucket not reported for this long is abandoned and its lease released", "60"},
-      {"grpc-advertise", "HOST:PORT",
-       "address of the gRPC port that Doorman's clients are redirected to when this task is "
-       "master (default: the --grpc-listen address, with the port it got)",
-       ""},
       {"etcd-endpoints", "HOST:PORT[,...]",
        "etcd members (v3 JSON gateway); with them, the tasks of one position elect a master", ""},
       {"election-key", "KEY", "etcd key of this position's election (one key per position)", e.key},
@@ -160,10 +147,30 @@ std::vector<flag> operation_flags() {
   };
 }
 
+// The gRPC port's: Doorman's protocol and Envoy's RLQS.
+std::vector<flag> grpc_flag_table() {
+  return {
+      {"grpc-listen", "HOST:PORT",
+       "also serve Doorman's gRPC protocol (doorman.Capacity) there, for Doorman's clients and "
+       "servers (docs/doorman-compatibility.md), and Envoy's rate limit quota service (RLQS, "
+       "docs/envoy.md); needs a build with gRPC",
+       ""},
+      {"rlqs-max-streams", "N",
+       "RLQS streams one identity (else peer host) may hold open at once on the gRPC port", "64"},
+      {"rlqs-abandon-after", "SECONDS",
+       "an RLQS bucket not reported for this long is abandoned and its lease released", "60"},
+      {"grpc-advertise", "HOST:PORT",
+       "address of the gRPC port that Doorman's clients are redirected to when this task is "
+       "master (default: the --grpc-listen address, with the port it got)",
+       ""},
+  };
+}
+
 std::vector<flag> node_flags() {
   auto all = tree_flags();
-  for (auto& f : operation_flags())
-    all.push_back(std::move(f));
+  for (auto* more : {&grpc_flag_table, &operation_flags})
+    for (auto& f : (*more)())
+      all.push_back(std::move(f));
   return all;
 }
 
