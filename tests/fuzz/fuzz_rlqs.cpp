@@ -25,6 +25,8 @@ namespace pb = ::envoy::service::rate_limit_quota::v3;
 
 engine_type& engine() {
   static engine_type eng(engine_type::parse_config(config_text()));
+  static const bool master = (eng.set_mastership(true, "fuzz:1", clock_type::time_point{}), true);
+  (void)master;
   return eng;
 }
 

@@ -72,7 +72,7 @@ struct quota {
 /// else per minute, else per hour.
 [[nodiscard]] inline quota quota_of(double rate) noexcept {
   if (!(rate > 0)) return {0, 1};
-  for (const std::uint64_t unit : {1, 60}) {
+  for (const std::uint64_t unit : {std::uint64_t{1}, std::uint64_t{60}}) {
     if (rate * static_cast<double>(unit) >= 100) {
       return {static_cast<std::uint64_t>(std::floor(rate * static_cast<double>(unit))), unit};
     }
