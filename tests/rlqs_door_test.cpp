@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -270,4 +272,47 @@ TEST_CASE("rlqs: a hostile report ends its stream naming the field, and streams 
   status = refused(r);
   CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(status.error_message() == "streams: at most 2 per identity (ipv4:127.0.0.1)");
+}
+
+TEST_CASE("rlqs over mutual TLS: a stream is a client of its certificate's identity",
+          "[grpc][rlqs][tls][process]") {
+  const auto& certs = doorman_test::test_certificates::get();
+  grpc_node n("rlqs-tls",
+              {"--tls-cert", certs("node.pem"), "--tls-key", certs("node.key"), "--tls-ca",
+               certs("ca.pem"), "--tls-client-auth", "require"},
+              rlqs_config);
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  };
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = read(certs("ca.pem"));
+  o.pem_private_key = read(certs("client-a.key"));
+  o.pem_cert_chain = read(certs("client-a.pem"));
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("localhost");
+  auto stub = pb::RateLimitQuotaService::NewStub(
+      grpc::CreateCustomChannel(n.address, grpc::SslCredentials(o), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto s = stub->StreamRateLimitQuotas(&ctx);
+  pb::RateLimitQuotaUsageReports r;
+  r.set_domain("envoy");
+  auto& u = *r.add_bucket_quota_usages();
+  (*u.mutable_bucket_id()->mutable_bucket())["name"] = "api";
+  u.mutable_time_elapsed()->set_seconds(1);
+  u.set_num_requests_allowed(50);
+  REQUIRE(s->Write(r));
+  // Granted under its identity's own client id, without an access file.
+  pb::RateLimitQuotaResponse m;
+  if (!s->Read(&m)) {
+    const auto status = s->Finish();
+    FAIL(status.error_message());
+  }
+  REQUIRE(m.bucket_action_size() == 1);
+  CHECK(rate_of(m.bucket_action(0).quota_assignment_action()) == 50);
+  s->WritesDone();
+  while (s->Read(&m)) {
+  }
+  CHECK(s->Finish().ok());
 }

@@ -68,6 +68,9 @@ TEST_CASE("an access file is validated field by field", "[access]") {
   const auto p = doorman::access_policy::parse(access_doc);
   REQUIRE(p.rules().size() == 3);
   CHECK(p.rules()[1].client_ids == std::vector<std::string>{"{identity}", "{identity}#*"});
+  // No `resources`: every resource id; given: those globs only.
+  CHECK(p.rules()[2].all_resources);
+  CHECK_FALSE(p.rules()[1].all_resources);
   CHECK(p.rule_for(client_a) == &p.rules()[1]);
   CHECK(p.rule_for("") == nullptr);
   CHECK(p.rule_for("spiffe://doorman.test/client/a/b") == nullptr);  // '*' does not cross '/'
@@ -131,6 +134,8 @@ TEST_CASE("client certificates without an access file: the default policy", "[ac
   doorman::access_control ac(doorman::access_policy::defaults(0), 0, nullptr);
   CHECK(refusal(ac, {a, 1}, ask(a, "anything", 1)).empty());
   CHECK(refusal(ac, {a, 1}, ask(a + "#w1", "anything", 1)).empty());
+  // Every resource id, `/` included (an RLQS bucket's `edge/name=api`).
+  CHECK(refusal(ac, {a, 1}, ask(a, "edge/name=api", 1)).empty());
   CHECK(refusal(ac, {b, 2}, ask(b, "anything", 1)).empty());
   // No identity acts on another's client ids: neither refresh nor release.
   CHECK_THAT(refusal(ac, {a, 1}, ask(b, "anything", 1)), Catch::Contains("is not one that"));

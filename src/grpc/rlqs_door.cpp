@@ -235,8 +235,12 @@ class service final : public pb::RateLimitQuotaService::CallbackService {
                               " per identity (" + key + ")"});
     }
     ++n;
-    auto st = std::make_shared<stream_state>("rlqs/" + key + "/" + std::to_string(++serial_),
-                                             std::move(c), h_, o_);
+    // With a certificate, one of its identity's own client ids (`identity#...`: the access
+    // rules of every door); else named after the host.
+    const std::string number = std::to_string(++serial_);
+    std::string client_id =
+        c.identity.empty() ? "rlqs/" + key + "/" + number : c.identity + "#rlqs-" + number;
+    auto st = std::make_shared<stream_state>(std::move(client_id), std::move(c), h_, o_);
     live_.push_back(st);
     return new stream(std::move(st), [this, key] { forget(key); });
   }

@@ -75,6 +75,7 @@ struct access_rule {
   bool any_identity = false;            ///< matches every identity (the default policy)
   unsigned roles = 0;                   ///< `access_role` bits
   std::vector<std::string> resources;   ///< globs over resource ids
+  bool all_resources = false;           ///< none given: every resource id (`/` included)
   std::vector<std::string> client_ids;  ///< globs; `{identity}` is the caller's identity
   std::vector<std::string> server_ids;  ///< globs; `{identity}` is the caller's identity
   std::size_t max_client_ids = 100;     ///< distinct client ids per resource, at once
@@ -131,7 +132,7 @@ class access_policy {
     r.any_identity = true;
     r.roles =
         static_cast<unsigned>(access_role::client) | static_cast<unsigned>(access_role::server);
-    r.resources = {"*"};
+    r.all_resources = true;
     r.client_ids = default_client_ids();
     r.max_client_ids = max_client_ids;
     access_policy p;
@@ -218,7 +219,8 @@ class access_policy {
     r.identity = id->get<std::string>();
     if (auto e = glob_error(r.identity)) throw config_error(at + ".identity", *e);
     r.roles = roles_from(rule, at);
-    r.resources = patterns(rule, "resources", at, {"*"});
+    r.all_resources = !rule.contains("resources");
+    r.resources = patterns(rule, "resources", at, {});
     r.client_ids = patterns(rule, "client_ids", at, default_client_ids());
     r.server_ids = patterns(rule, "server_ids", at, {"{identity}"});
     if (const auto m = rule.find("max_client_ids"); m != rule.end()) {
@@ -438,6 +440,7 @@ class access_control {
   static std::optional<std::string> resource_allowed(const access_caller& caller,
                                                      const access_rule& rule,
                                                      std::string_view resource, std::size_t i) {
+    if (rule.all_resources) return std::nullopt;
     for (const auto& g : rule.resources)
       if (glob_match(g, resource)) return std::nullopt;
     return fmt::format("resources[{}].resource_id \"{}\" is not allowed for {}", i, resource,
