@@ -214,6 +214,9 @@ TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][
     CHECK(again->resources.at(0).wants == 5);  // the last good report's
     s.failed(t);
   }
+  // One new bucket twice in a message is one bucket: within the bound of 2.
+  REQUIRE(s.report({"res", {{{{"a", "b"}}, 1, 1, 0}, {{{"a", "b"}}, 1, 1, 0}}}, t + 2));
+  CHECK(s.buckets() == 2);
   session fresh("rlqs/b/1", {});
   auto r = fresh.report({"", {{{{"a", "b"}}, 1, 1, 0}}}, 0);
   REQUIRE_FALSE(r);

@@ -251,10 +251,10 @@ class service final : public pb::RateLimitQuotaService::CallbackService {
     if (auto it = per_key_.find(key); it != per_key_.end() && --it->second == 0) {
       per_key_.erase(it);
     }
-    std::erase_if(live_, [](const std::weak_ptr<stream_state>& w) { return w.expired(); });
   }
 
-  // Wakes every session whose time has come, five times a second.
+  // Wakes every session whose time has come, five times a second, and forgets the streams
+  // that ended.
   void tick() {
     std::unique_lock l(mu_);
     while (!wakeup_.wait_for(l, std::chrono::milliseconds(200), [this] { return stopping_; })) {

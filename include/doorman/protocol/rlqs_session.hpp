@@ -34,6 +34,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -106,11 +107,12 @@ class session {
 
   /// Takes one message: all of it, or (an error naming the field) none of it.
   result<bool> report(const usage_reports& r, double now) {
-    if (auto e = check(r)) return *e;
+    auto ready = prepare(r);
+    if (!ready) return ready.error();
     if (domain_.empty()) domain_ = r.domain;
-    for (const auto& u : r.usages) {
-      bucket_id id = sorted(u.bucket);
-      std::string res = resource_of(domain_, id);
+    for (std::size_t i = 0; i < r.usages.size(); ++i) {
+      const auto& u = r.usages[i];
+      auto& [id, res] = ready.value()[i];
       auto [it, fresh] = buckets_.try_emplace(std::move(res));
       bucket& b = it->second;
       if (fresh) b.id = std::move(id);
@@ -243,8 +245,10 @@ class session {
     return {errc::invalid_params, path + ": " + why, path};
   }
 
-  // Every bound of one message, before any of it is taken.
-  [[nodiscard]] std::optional<request_error> check(const usage_reports& r) const {
+  // Every bound of one message, before any of it is taken; each usage's bucket id, sorted,
+  // and its resource id.
+  using prepared = std::vector<std::pair<bucket_id, std::string>>;
+  [[nodiscard]] result<prepared> prepare(const usage_reports& r) const {
     if (domain_.empty() && r.domain.empty()) {
       return fail("domain", "must be given in the stream's first message");
     }
@@ -260,7 +264,9 @@ class session {
                   "must hold at most " + std::to_string(o_.max_usages) + " usages");
     }
     const std::string& domain = domain_.empty() ? r.domain : domain_;
-    std::size_t fresh = 0;
+    prepared out;
+    out.reserve(r.usages.size());
+    std::vector<std::string_view> fresh;  // new resource ids, each once
     for (std::size_t i = 0; i < r.usages.size(); ++i) {
       const auto& u = r.usages[i];
       const std::string at = "bucket_quota_usages[" + std::to_string(i) + "]";
@@ -278,7 +284,7 @@ class session {
           return fail(at + ".bucket_id.bucket", "key \"" + id[k].first + "\" is given twice");
         }
       }
-      const std::string res = resource_of(domain, id);
+      std::string res = resource_of(domain, id);
       if (res.size() > request_limits::max_id_bytes) {
         return fail(at + ".bucket_id",
                     "makes a resource id longer than 256 bytes (domain/key=value/...)");
@@ -290,13 +296,17 @@ class session {
       if (u.allowed > most || u.denied > most - u.allowed) {
         return fail(at + ".num_requests_allowed", "with num_requests_denied, at most 1e15");
       }
-      if (!buckets_.contains(res)) ++fresh;
+      out.emplace_back(std::move(id), std::move(res));
     }
-    if (buckets_.size() + fresh > o_.max_buckets) {
+    for (const auto& [id, res] : out)
+      if (!buckets_.contains(res)) fresh.push_back(res);
+    std::sort(fresh.begin(), fresh.end());
+    fresh.erase(std::unique(fresh.begin(), fresh.end()), fresh.end());
+    if (buckets_.size() + fresh.size() > o_.max_buckets) {
       return fail("bucket_quota_usages", "would make more than " + std::to_string(o_.max_buckets) +
                                              " buckets on one stream");
     }
-    return std::nullopt;
+    return out;
   }
 
   std::string client_id_;
