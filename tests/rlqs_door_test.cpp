@@ -1,8 +1,10 @@
 // Envoy's rate limit quota service (docs/envoy.md) on real doorman-node processes, driven by
-// a C++ gRPC stream client generated from proto/envoy/rlqs.proto: Envoys with uneven traffic
-// behind an intermediate converge to their fair shares, never over the capacity; a stream that
-// ends frees its share; a master change keeps every assignment valid; a hostile report ends its
-// stream with the field named; streams are bounded per identity.
+// a C++ gRPC stream client generated from proto/envoy/rlqs.proto that does what Envoy's filter
+// does (its reports, token buckets and times to live; see envoy_bucket): Envoys with uneven
+// traffic behind an intermediate converge to their fair shares, and their token buckets let
+// through no more than the capacity; a stream that ends frees its share; a master change keeps
+// every assignment valid; a hostile report ends its stream with the field named; streams are
+// bounded per identity.
 
 #include <catch2/catch.hpp>
 
@@ -19,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "etcd_server.hpp"
@@ -47,86 +50,191 @@ const char* rlqs_learning_config = R"({"resources": [
   {"identifier_glob": "*", "capacity": 0,
    "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 12, "refresh_interval": 2}}]})";
 
-// The whole fleet's view: each Envoy's assignment now, and the most their unexpired
-// assignments ever added up to (checked at every message any Envoy reads).
+// What Envoy's RLQS filter does with a bucket, as its source says (Envoy 1.36-1.37), for the
+// fleet below to do the same:
+// - it reports a bucket at once when it first sees it (one request allowed, time_elapsed 0),
+//   then every reporting interval, time_elapsed in whole seconds, cut down;
+// - it enforces blanket rules and token buckets, and drops an assignment of
+//   requests_per_time_unit (it logs "not yet supported");
+// - a token bucket starts full, and an assignment with an equal one (max_tokens,
+//   tokens_per_fill, and fill_interval by its nanos) keeps the one it has; the fill rate is
+//   tokens_per_fill over fill_interval's whole seconds;
+// - an assignment lasts assignment_time_to_live's whole seconds, then no_assignment_behavior
+//   (its default, ALLOW_ALL).
+struct envoy_bucket {
+  using action = pb::RateLimitQuotaResponse::BucketAction::QuotaAssignmentAction;
+  bool assigned = false, deny = false, token_bucket = false;
+  std::tuple<std::uint32_t, std::uint32_t, std::int32_t> key;  // max, per fill, nanos
+  double max_tokens = 0, fill_rate = 0, tokens = 0;
+  clock_type::time_point filled, until;
+
+  // Takes an assignment; false if Envoy drops it.
+  bool take(const action& q, clock_type::time_point now) {
+    const auto& s = q.rate_limit_strategy();
+    if (!s.has_token_bucket() && !s.has_blanket_rule()) return false;
+    assigned = true;
+    until = now + std::chrono::seconds(q.assignment_time_to_live().seconds());
+    deny =
+        s.has_blanket_rule() && s.blanket_rule() == ::envoy::type::v3::RateLimitStrategy::DENY_ALL;
+    if (!s.has_token_bucket()) {
+      token_bucket = false;
+      return true;
+    }
+    const auto& t = s.token_bucket();
+    const auto k =
+        std::make_tuple(t.max_tokens(), t.tokens_per_fill().value(), t.fill_interval().nanos());
+    if (token_bucket && k == key) return true;  // carried over
+    token_bucket = true;
+    key = k;
+    max_tokens = tokens = t.max_tokens();
+    fill_rate = t.tokens_per_fill().value() / static_cast<double>(t.fill_interval().seconds());
+    filled = now;
+    return true;
+  }
+
+  // Of `n` requests at `now`, how many it allows.
+  double allow(double n, clock_type::time_point now) {
+    if (!assigned || now >= until) return n;  // ALLOW_ALL
+    if (deny) return 0;
+    if (!token_bucket) return n;
+    tokens = std::min(max_tokens,
+                      tokens + fill_rate * std::chrono::duration<double>(now - filled).count());
+    filled = now;
+    const double a = std::min(n, tokens);
+    tokens -= a;
+    return a;
+  }
+
+  [[nodiscard]] double rate(clock_type::time_point now) const {
+    return !assigned || now >= until || deny || !token_bucket ? 0 : fill_rate;
+  }
+};
+
+// The whole fleet's view: each Envoy's bucket {name: api}, what they allowed, and the most
+// their unexpired assignments ever added up to (checked at every message any Envoy reads).
 struct fleet {
   std::mutex mu;
-  std::map<int, std::pair<double, clock_type::time_point>> assigned;  // rate, until
+  std::map<int, envoy_bucket> buckets;
   double most = 0;
-  int zeros = 0;  // assignments of nothing
+  double allowed = 0;  // by every Envoy
+  double bursts = 0;   // every new token bucket's max_tokens (each starts full)
+  int zeros = 0;       // DENY_ALL
+  int dropped = 0;     // assignments Envoy drops
 
-  void take(int envoy, double rate, double ttl) {
+  void take(int envoy, const envoy_bucket::action& q) {
     std::lock_guard l(mu);
-    if (rate == 0) ++zeros;
     const auto now = clock_type::now();
-    assigned[envoy] = {rate, now + std::chrono::duration_cast<clock_type::duration>(
-                                       std::chrono::duration<double>(ttl))};
+    auto& b = buckets[envoy];
+    const auto key = b.key;
+    const bool had = b.token_bucket;
+    if (!b.take(q, now)) {
+      ++dropped;
+      return;
+    }
+    if (b.deny) ++zeros;
+    if (b.token_bucket && (!had || key != b.key)) bursts += b.max_tokens;
     double sum = 0;
-    for (const auto& [e, a] : assigned)
-      if (a.second > now) sum += a.first;
+    for (const auto& [e, x] : buckets)
+      sum += x.rate(now);
     most = std::max(most, sum);
   }
   double rate(int envoy) {
     std::lock_guard l(mu);
-    auto it = assigned.find(envoy);
-    return it == assigned.end() || it->second.second <= clock_type::now() ? 0 : it->second.first;
+    return buckets[envoy].rate(clock_type::now());
   }
 };
 
-double rate_of(const pb::RateLimitQuotaResponse::BucketAction::QuotaAssignmentAction& q) {
-  const auto& s = q.rate_limit_strategy().requests_per_time_unit();
-  const double unit = s.time_unit() == ::envoy::type::v3::SECOND   ? 1
-                      : s.time_unit() == ::envoy::type::v3::MINUTE ? 60
-                                                                   : 3600;
-  return static_cast<double>(s.requests_per_time_unit()) / unit;
+double rate_of(const envoy_bucket::action& q) {
+  const auto& t = q.rate_limit_strategy().token_bucket();
+  return t.tokens_per_fill().value() / static_cast<double>(t.fill_interval().seconds());
 }
 
-// One Envoy: a stream to `address`, reporting `demand` requests a second of bucket
-// {name: api} every half second (allowed up to its assignment), reading assignments on a thread.
+// One Envoy with `demand` requests a second of bucket {name: api}, on a stream to `address`:
+// `serve` lets its requests through its bucket (the fleet's) and reports as Envoy does; a
+// thread reads its assignments. `reconnect` opens a new stream, keeping what it holds.
 struct fake_envoy {
   int index;
   fleet& all;
   std::atomic<double> demand;
+  double every;  // reporting interval, seconds
   std::unique_ptr<pb::RateLimitQuotaService::Stub> stub;
-  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientContext> ctx;
   std::unique_ptr<
       grpc::ClientReaderWriter<pb::RateLimitQuotaUsageReports, pb::RateLimitQuotaResponse>>
       stream;
   std::thread reader;
   std::atomic<int> abandons{0};
   std::atomic<int> assignments{0};  // read on this stream
+  bool announced = false;
+  double allowed = 0, denied = 0;  // since the last report
+  clock_type::time_point served = clock_type::now(), reported = served;
 
-  fake_envoy(int i, fleet& f, double d, const std::string& address) : index(i), all(f), demand(d) {
+  fake_envoy(int i, fleet& f, double d, const std::string& address, double interval = 1)
+      : index(i), all(f), demand(d), every(interval) {
+    open(address);
+  }
+  ~fake_envoy() { close(); }
+
+  void open(const std::string& address) {
     stub = pb::RateLimitQuotaService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    stream = stub->StreamRateLimitQuotas(&ctx);
+    ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    stream = stub->StreamRateLimitQuotas(ctx.get());
+    assignments = 0;
     reader = std::thread([this] {
       pb::RateLimitQuotaResponse m;
       while (stream->Read(&m)) {
         for (const auto& a : m.bucket_action()) {
           if (a.has_abandon_action()) ++abandons;
           if (!a.has_quota_assignment_action()) continue;
-          const auto& q = a.quota_assignment_action();
           ++assignments;
-          const auto& ttl = q.assignment_time_to_live();
-          all.take(index, rate_of(q), static_cast<double>(ttl.seconds()) + ttl.nanos() / 1e9);
+          all.take(index, a.quota_assignment_action());
         }
       }
     });
   }
-  ~fake_envoy() { close(); }
 
-  bool report(double elapsed) {
+  void reconnect(const std::string& address) {
+    close();
+    open(address);
+  }
+
+  // The requests since the last call, and a report when one is due; false if a write failed.
+  bool serve() {
+    const auto now = clock_type::now();
+    const double n = demand * std::chrono::duration<double>(now - served).count();
+    served = now;
+    {
+      std::lock_guard l(all.mu);
+      const double a = all.buckets[index].allow(n, now);
+      all.allowed += a;
+      allowed += a;
+      denied += n - a;
+    }
+    if (!announced) {  // the bucket's first request: reported at once
+      announced = true;
+      reported = now;
+      return write(0, 1, 0);
+    }
+    const double since = std::chrono::duration<double>(now - reported).count();
+    if (since < every) return true;
+    reported = now;
+    const double a = std::floor(allowed), d = std::floor(denied);
+    allowed -= a;
+    denied -= d;
+    return write(static_cast<std::int64_t>(since), static_cast<std::uint64_t>(a),
+                 static_cast<std::uint64_t>(d));
+  }
+
+  bool write(std::int64_t seconds, std::uint64_t a, std::uint64_t d) {
     pb::RateLimitQuotaUsageReports r;
     r.set_domain("envoy");
     auto& u = *r.add_bucket_quota_usages();
     (*u.mutable_bucket_id()->mutable_bucket())["name"] = "api";
-    u.mutable_time_elapsed()->set_nanos(static_cast<std::int32_t>(elapsed * 1e9));
-    const double got = all.rate(index);
-    const double allowed = got > 0 ? std::min<double>(demand, got) : demand.load();
-    u.set_num_requests_allowed(static_cast<std::uint64_t>(allowed * elapsed));
-    u.set_num_requests_denied(static_cast<std::uint64_t>((demand - allowed) * elapsed));
+    u.mutable_time_elapsed()->set_seconds(seconds);
+    u.set_num_requests_allowed(a);
+    u.set_num_requests_denied(d);
     return stream->Write(r);
   }
 
@@ -138,19 +246,39 @@ struct fake_envoy {
   }
 };
 
-// Reports from every Envoy every half second until `done()` or `deadline`; true if `done()`.
+// Every Envoy serves (and reports) every 0.1 s until `done()` or `within`; true if `done()`.
 template <class Done>
 bool drive(std::vector<std::unique_ptr<fake_envoy>>& envoys, std::chrono::seconds within,
            Done done) {
   const auto deadline = clock_type::now() + within;
   while (clock_type::now() < deadline) {
     for (auto& e : envoys)
-      if (e) REQUIRE(e->report(0.5));
+      if (e) REQUIRE(e->serve());
     if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // Envoy's reporting interval
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the requests' pace
   }
   return false;
 }
+
+// What the fleet allowed since it was made, beyond 300 a second and each token bucket's burst
+// (each starts full, those held at the start included): at most 0.
+struct allowance {
+  fleet& f;
+  clock_type::time_point from = clock_type::now();
+  double allowed0 = 0, bursts0 = 0;
+  explicit allowance(fleet& x) : f(x) {
+    std::lock_guard l(f.mu);
+    allowed0 = f.allowed;
+    bursts0 = f.bursts;
+    for (const auto& [e, b] : f.buckets)
+      if (b.token_bucket) bursts0 -= b.max_tokens;
+  }
+  [[nodiscard]] double over() const {
+    std::lock_guard l(f.mu);
+    const double span = std::chrono::duration<double>(clock_type::now() - from).count();
+    return (f.allowed - allowed0) - (300 * span + (f.bursts - bursts0));
+  }
+};
 
 bool near(double got, double want) {
   return std::abs(got - want) <= 1.5;
@@ -173,15 +301,17 @@ TEST_CASE("rlqs: uneven Envoys behind an intermediate converge to their fair sha
   CHECK(drive(envoys, std::chrono::seconds(30),
               [&] { return near(f.rate(0), 40) && near(f.rate(1), 130) && near(f.rate(2), 130); }));
   CHECK(f.most <= 300);
+  // What the Envoys' token buckets let through, from here on: within the capacity.
+  const allowance since(f);
   // A stream that ends frees its share: within a refresh or two the others have it.
   CHECK(envoys[2]->close().ok());
   envoys[2].reset();
   {
     std::lock_guard l(f.mu);
-    f.assigned.erase(2);
+    f.buckets.erase(2);
   }
-  // Within a refresh interval (2 s), a reporting interval (0.5 s) and the door's wake (0.2 s),
-  // with 1.5 s of slack for a busy machine.
+  // Within a refresh interval (2 s), the door's wake (0.2 s) and the requests' pace (0.1 s),
+  // with slack for a busy machine.
   const auto ended = clock_type::now();
   CHECK(drive(envoys, std::chrono::seconds(10), [&] { return near(f.rate(1), 200); }));
   const double took = std::chrono::duration<double>(clock_type::now() - ended).count();
@@ -193,6 +323,8 @@ TEST_CASE("rlqs: uneven Envoys behind an intermediate converge to their fair sha
   CHECK(drive(envoys, std::chrono::seconds(20),
               [&] { return near(f.rate(0), 150) && near(f.rate(1), 150); }));
   CHECK(f.most <= 300);
+  CHECK(since.over() <= 1);
+  CHECK(f.dropped == 0);  // every assignment one Envoy enforces
 }
 
 TEST_CASE("rlqs: a master change keeps every assignment valid", "[grpc][rlqs][etcd][process]") {
@@ -210,13 +342,11 @@ TEST_CASE("rlqs: a master change keeps every assignment valid", "[grpc][rlqs][et
     envoys.push_back(std::make_unique<fake_envoy>(i, f, i == 0 ? 100 : 400, a->address));
   REQUIRE(drive(envoys, std::chrono::seconds(20),
                 [&] { return near(f.rate(0), 100) && near(f.rate(1), 200); }));
+  const allowance since(f);
   a.reset();  // SIGTERM: it resigns
   REQUIRE(b.node->wait_for("became master", std::chrono::seconds(20)));
-  for (int i = 0; i < 2; ++i) {
-    envoys[static_cast<std::size_t>(i)].reset();
-    envoys[static_cast<std::size_t>(i)] =
-        std::make_unique<fake_envoy>(i, f, i == 0 ? 100 : 400, b.address);
-  }
+  for (auto& e : envoys)
+    e->reconnect(b.address);
   // The new master grants nothing in its learning mode (12 s): the Envoys keep the old
   // master's assignments (valid for 12 s), nothing replaces them with nothing, and then the
   // new master's take over. Never more than the capacity, counting every unexpired one.
@@ -226,6 +356,8 @@ TEST_CASE("rlqs: a master change keeps every assignment valid", "[grpc][rlqs][et
   }));
   CHECK(f.most <= 300);
   CHECK(f.zeros == 0);
+  CHECK(f.dropped == 0);
+  CHECK(since.over() <= 1);  // the old buckets held the Envoys meanwhile
 }
 
 TEST_CASE("rlqs: a hostile report ends its stream naming the field, and streams are bounded",
@@ -248,10 +380,11 @@ TEST_CASE("rlqs: a hostile report ends its stream naming the field, and streams 
   auto& u = *r.add_bucket_quota_usages();
   (*u.mutable_bucket_id()->mutable_bucket())["name"] = "api";
   u.set_num_requests_allowed(10);
-  auto status = refused(r);  // no time_elapsed
+  u.mutable_time_elapsed()->set_seconds(-1);
+  auto status = refused(r);
   CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(status.error_message() ==
-        "bucket_quota_usages[0].time_elapsed: must be more than 0 and at most 1e6 seconds");
+        "bucket_quota_usages[0].time_elapsed: must be at least 0 and at most 1e6 seconds");
   u.mutable_time_elapsed()->set_seconds(1);
   r.set_domain("");
   status = refused(r);
@@ -266,8 +399,8 @@ TEST_CASE("rlqs: a hostile report ends its stream naming the field, and streams 
   // Two streams from this host at once, not three.
   fleet f;
   fake_envoy one(0, f, 10, root.address), two(1, f, 10, root.address);
-  REQUIRE(one.report(0.5));
-  REQUIRE(two.report(0.5));
+  REQUIRE(one.serve());
+  REQUIRE(two.serve());
   r.set_domain("envoy");
   status = refused(r);
   CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);

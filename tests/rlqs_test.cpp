@@ -41,14 +41,11 @@ double seconds(const manual_clock& c) {
 struct envoy {
   session s;
   std::optional<quota> assigned;
-  double ttl = 0;
+  std::int64_t ttl = 0;
 
   // Reports `rate` requests a second over `elapsed` seconds (all allowed up to its quota).
   void report(double rate, double elapsed, double now) {
-    const double allowed = assigned
-                               ? std::min(rate, static_cast<double>(assigned->count) /
-                                                    static_cast<double>(assigned->unit_seconds))
-                               : rate;
+    const double allowed = assigned ? std::min(rate, assigned->rate()) : rate;
     auto ok = s.report({"res",
                         {{{{"name", "api"}},
                           elapsed,
@@ -73,24 +70,68 @@ struct envoy {
     }
   }
 
-  [[nodiscard]] double rate() const {
-    return assigned
-               ? static_cast<double>(assigned->count) / static_cast<double>(assigned->unit_seconds)
-               : 0;
-  }
+  [[nodiscard]] double rate() const { return assigned ? assigned->rate() : 0; }
 };
 
 }  // namespace
 
-TEST_CASE("rlqs: a quota is rounded down, per second, minute or hour", "[rlqs]") {
+TEST_CASE("rlqs: a quota is a token bucket a minute, rounded down, with a second's burst",
+          "[rlqs]") {
   using doorman::rlqs::quota_of;
-  CHECK(quota_of(1234.9) == quota{1234, 1});
-  CHECK(quota_of(100) == quota{100, 1});
-  CHECK(quota_of(33.34) == quota{2000, 60});
-  CHECK(quota_of(0.5) == quota{1800, 3600});
-  CHECK(quota_of(0) == quota{0, 1});
-  CHECK(quota_of(-1) == quota{0, 1});
-  CHECK(quota_of(std::numeric_limits<double>::quiet_NaN()) == quota{0, 1});
+  CHECK(quota_of(1234.9) == quota{74'094, 1234});
+  CHECK(quota_of(100) == quota{6000, 100});
+  CHECK(quota_of(33.34) == quota{2000, 33});
+  CHECK(quota_of(0.5) == quota{30, 1});  // a token every 2 s, one at a time
+  CHECK(quota_of(1.0 / 60) == quota{1, 1});
+  CHECK(quota_of(0.016) == quota{});  // under one a minute: DENY_ALL
+  CHECK(quota_of(1e12) == quota{4'294'967'295, 71'582'788});
+  CHECK(quota_of(0) == quota{});
+  CHECK(quota_of(-1) == quota{});
+  CHECK(quota_of(std::numeric_limits<double>::quiet_NaN()) == quota{});
+  // Never more than the rate, burst included (a second's worth).
+  for (const double r : {0.02, 0.7, 1.0, 59.99, 100.0, 12'345.678}) {
+    INFO(r);
+    CHECK(quota_of(r).rate() <= r);
+    CHECK(static_cast<double>(quota_of(r).burst) <= std::max(1.0, r));
+  }
+}
+
+TEST_CASE("rlqs: Envoy's times in whole seconds: a new bucket's report of 0, and cut-down ones",
+          "[rlqs]") {
+  fixture f(rlqs_repo());
+  session s("rlqs/a/1", {});
+  const auto usage = [](double elapsed, std::uint64_t allowed) {
+    return usage_reports{"res", {{{{"name", "api"}}, elapsed, allowed, 0}}};
+  };
+  // Envoy reports a bucket at once when it first sees it: one request, no time. Known, but no
+  // rate to ask for yet.
+  REQUIRE(s.report(usage(0, 1), 0));
+  CHECK(s.buckets() == 1);
+  CHECK_FALSE(s.ask(0));
+  CHECK_FALSE(s.ask(1000));
+  // Its next, 1.9 s later, says 1 s (cut down): the time between the two here is taken.
+  REQUIRE(s.report(usage(1, 190), 1.9));
+  auto ask = s.ask(1.9);
+  REQUIRE(ask);
+  CHECK(ask->resources.at(0).wants == Approx(100));
+  s.failed(1.9);
+  // Reports every half second say 0 s each: still a rate.
+  REQUIRE(s.report(usage(0, 60), 2.4));
+  ask = s.ask(3);
+  REQUIRE(ask);
+  CHECK(ask->resources.at(0).wants == Approx(120));
+  s.failed(3);
+  // A report soon after another cannot make its time shorter than it says (nor longer by a
+  // second or more).
+  REQUIRE(s.report(usage(5, 500), 2.5));
+  CHECK(s.ask(4).value().resources.at(0).wants == Approx(100));
+  s.failed(4);
+  REQUIRE(s.report(usage(2, 300), 40));
+  CHECK(s.ask(40).value().resources.at(0).wants == Approx(100));
+  s.failed(40);
+  // A time with a fraction is taken as said.
+  REQUIRE(s.report(usage(0.25, 50), 41));
+  CHECK(s.ask(41).value().resources.at(0).wants == Approx(200));
 }
 
 TEST_CASE("rlqs: uneven Envoys converge to their fair shares, never over the capacity", "[rlqs]") {
@@ -132,10 +173,11 @@ TEST_CASE("rlqs: uneven Envoys converge to their fair shares, never over the cap
 TEST_CASE("rlqs: an assignment is pushed when it changes or half its time is gone", "[rlqs]") {
   fixture f(rlqs_repo());
   session s("rlqs/a/1", {});
-  const auto usage = [](double allowed) {
-    return usage_reports{"res", {{{{"name", "api"}}, 1, static_cast<std::uint64_t>(allowed), 0}}};
+  const auto usage = [](double elapsed) {  // 100 a second
+    return usage_reports{
+        "res", {{{{"name", "api"}}, elapsed, static_cast<std::uint64_t>(100 * elapsed), 0}}};
   };
-  REQUIRE(s.report(usage(100), seconds(f.clock)));
+  REQUIRE(s.report(usage(1), seconds(f.clock)));
   auto ask = s.ask(seconds(f.clock));
   REQUIRE(ask);
   CHECK(ask->resources.at(0).resource_id == "res/name=api");
@@ -146,14 +188,14 @@ TEST_CASE("rlqs: an assignment is pushed when it changes or half its time is gon
   auto pushed = s.answer(a.value(), seconds(f.clock));
   REQUIRE(pushed);
   REQUIRE(pushed.value().size() == 1);
-  CHECK(pushed.value()[0].assign == quota{100, 1});
+  CHECK(pushed.value()[0].assign == quota{6000, 100});
   CHECK(pushed.value()[0].ttl == 60);
   CHECK(s.next_wake() == Approx(seconds(f.clock) + 5));
   // The same grant again: nothing to push until half the lease is gone.
   int pushes = 0;
   for (int i = 0; i < 12; ++i) {
     f.clock.advance(5s);
-    REQUIRE(s.report(usage(100), seconds(f.clock)));
+    REQUIRE(s.report(usage(5), seconds(f.clock)));
     auto again = s.ask(seconds(f.clock));
     REQUIRE(again);
     auto b = f.engine.get_capacity(*again, f.clock.now());
@@ -193,10 +235,12 @@ TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][
        "bucket_quota_usages[1].bucket_id.bucket: keys and values must not be empty"},
       {{"res", {{{{"a", long_value}}, 1, 1, 0}}},
        "bucket_quota_usages[0].bucket_id: makes a resource id longer than 256 bytes"},
-      {{"res", {{{{"a", "b"}}, 0, 1, 0}}},
-       "bucket_quota_usages[0].time_elapsed: must be more than 0 and at most 1e6 seconds"},
+      {{"res", {{{{"a", "b"}}, -1, 1, 0}}},
+       "bucket_quota_usages[0].time_elapsed: must be at least 0 and at most 1e6 seconds"},
       {{"res", {{{{"a", "b"}}, std::numeric_limits<double>::quiet_NaN(), 1, 0}}},
-       "bucket_quota_usages[0].time_elapsed: must be more than 0"},
+       "bucket_quota_usages[0].time_elapsed: must be at least 0"},
+      {{"res", {{{{"a", "b"}}, 2e6, 1, 0}}},
+       "bucket_quota_usages[0].time_elapsed: must be at least 0 and at most 1e6 seconds"},
       {{"res", {{{{"a", "b"}}, 1, ~std::uint64_t{0}, 1}}},
        "bucket_quota_usages[0].num_requests_allowed: with num_requests_denied, at most 1e15"},
   };
@@ -258,19 +302,19 @@ TEST_CASE("rlqs: a first assignment of 0 waits a lease length (a new master's le
     {"identifier_glob": "res/name=off", "capacity": 0,
      "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 5,
                    "learning_mode_duration": 0}},)"));
-  envoy e{session("rlqs/a/1", {}), quota{100, 1}, 60};  // from the old master
+  envoy e{session("rlqs/a/1", {}), doorman::rlqs::quota_of(100), 60};  // from the old master
   for (int step = 0; step < 28; ++step) {
     f.clock.advance(1s);
     e.report(100, 1, seconds(f.clock));
     e.drive(f.engine, f.clock);
-    CHECK(e.assigned == quota{100, 1});
+    CHECK(e.assigned == doorman::rlqs::quota_of(100));
   }
   for (int step = 0; step < 10; ++step) {
     f.clock.advance(1s);
     e.report(100, 1, seconds(f.clock));
     e.drive(f.engine, f.clock);
   }
-  CHECK(e.assigned == quota{100, 1});  // now granted by the new master
+  CHECK(e.assigned == doorman::rlqs::quota_of(100));  // now granted by the new master
   CHECK(e.ttl == 60);
   // A bucket with nothing to give (capacity 0): its 0 goes out once it is a lease length old.
   session off("rlqs/b/1", {});
@@ -285,7 +329,7 @@ TEST_CASE("rlqs: a first assignment of 0 waits a lease length (a new master's le
     auto p = off.answer(a.value(), seconds(f.clock));
     REQUIRE(p);
     if (!p.value().empty()) {
-      CHECK(p.value()[0].assign == quota{0, 1});
+      CHECK(p.value()[0].assign == quota{});  // DENY_ALL
       pushed_at = step;
     }
   }

@@ -2,7 +2,6 @@
 
 #include "rlqs_mapping.hpp"
 
-#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -29,16 +28,6 @@ rlqs::usage_reports from_proto(const pb::RateLimitQuotaUsageReports& in) {
   return r;
 }
 
-namespace {
-
-void to_proto(double seconds, ::google::protobuf::Duration& out) {
-  const double whole = std::floor(seconds);
-  out.set_seconds(static_cast<std::int64_t>(whole));
-  out.set_nanos(static_cast<std::int32_t>(std::floor((seconds - whole) * 1e9)));
-}
-
-}  // namespace
-
 void to_proto(const rlqs::bucket_action& a, pb::RateLimitQuotaResponse::BucketAction& out) {
   auto& id = *out.mutable_bucket_id()->mutable_bucket();
   for (const auto& [k, v] : a.bucket)
@@ -48,12 +37,16 @@ void to_proto(const rlqs::bucket_action& a, pb::RateLimitQuotaResponse::BucketAc
     return;
   }
   auto& q = *out.mutable_quota_assignment_action();
-  to_proto(a.ttl, *q.mutable_assignment_time_to_live());
-  auto& s = *q.mutable_rate_limit_strategy()->mutable_requests_per_time_unit();
-  s.set_requests_per_time_unit(a.assign->count);
-  s.set_time_unit(a.assign->unit_seconds == 1    ? tpb::SECOND
-                  : a.assign->unit_seconds == 60 ? tpb::MINUTE
-                                                 : tpb::HOUR);
+  q.mutable_assignment_time_to_live()->set_seconds(a.ttl);
+  auto& strategy = *q.mutable_rate_limit_strategy();
+  if (a.assign->per_minute == 0) {
+    strategy.set_blanket_rule(tpb::RateLimitStrategy::DENY_ALL);
+    return;
+  }
+  auto& bucket = *strategy.mutable_token_bucket();
+  bucket.set_max_tokens(a.assign->burst);
+  bucket.mutable_tokens_per_fill()->set_value(a.assign->per_minute);
+  bucket.mutable_fill_interval()->set_seconds(rlqs::fill_seconds);
 }
 
 }  // namespace doorman::grpc_door

@@ -4,9 +4,11 @@
 // through the mapping (src/grpc/rlqs_mapping.cpp) into one stream's session, which asks an
 // engine; its assignments map back to messages. Properties: nothing crashes; a refused report
 // names a field of the message and changes nothing (the session's buckets and domain); every
-// answer serializes and parses back; a bucket's assignment is never above its lease; the
-// engine's invariants hold after every step (fuzz_support.hpp).
+// answer serializes and parses back; a bucket's assignment (its rate and its burst) is never above
+// its lease, for a whole second or more; the engine's invariants hold after every step
+// (fuzz_support.hpp).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -69,9 +71,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         double granted = -1;
         for (const auto& g : a.value().resources)
           if (g.resource_id == rid) granted = g.gets.capacity;
-        const double rate =
-            static_cast<double>(act.assign->count) / static_cast<double>(act.assign->unit_seconds);
-        DOORMAN_FUZZ_CHECK(rate <= granted + 1e-9, rid);
+        DOORMAN_FUZZ_CHECK(act.assign->rate() <= granted + 1e-9, rid);
+        DOORMAN_FUZZ_CHECK(act.assign->burst <= std::max(1.0, granted), rid);
+        DOORMAN_FUZZ_CHECK(act.ttl >= 1, rid);
         doorman::grpc_door::to_proto(act, *out.add_bucket_action());
       }
       std::string bytes;

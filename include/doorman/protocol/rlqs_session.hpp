@@ -19,6 +19,9 @@
 /// `envoy/name=api/tier=free`; the node's resource templates (a glob on that id) give its
 /// capacity and algorithm. Its wants are its requests a second (allowed and denied) over the
 /// last report; what it has is the lease behind its assignment on this stream, nothing before.
+/// Envoy reports a new bucket at once, with no time elapsed: that makes the bucket known, and
+/// it is asked for at its first report with a time (Envoy applies its `no_assignment_behavior`
+/// until then). Quotas are token buckets (`quota`), the strategy Envoy enforces.
 ///
 /// After a master change Envoy opens a new stream, still holding its old assignment, which the
 /// new master does not know of and which stays valid until it runs out (within a lease
@@ -50,7 +53,7 @@ using bucket_id = std::vector<std::pair<std::string, std::string>>;
 /// One bucket's usage since its last report.
 struct bucket_usage {
   bucket_id bucket;
-  double elapsed = 0;  ///< seconds since its last report (`time_elapsed`)
+  double elapsed = 0;  ///< seconds since its last report (`time_elapsed`; Envoy: whole seconds)
   std::uint64_t allowed = 0;
   std::uint64_t denied = 0;
 };
@@ -61,31 +64,39 @@ struct usage_reports {
   std::vector<bucket_usage> usages;
 };
 
-/// A quota as Envoy's strategies say it: `count` requests per `unit_seconds` (1, 60 or 3600),
-/// rounded down so that the stream's quotas never add up to more than its leases.
+/// A quota as Envoy enforces it. Its filter implements two strategies, blanket rules and token
+/// buckets (it ignores `requests_per_time_unit`), so a quota is a token bucket that gains
+/// `per_minute` tokens a minute (`fill_interval` 60 s, always the same: Envoy keeps a bucket it
+/// already has only when the new one is equal, and it compares `fill_interval` by its nanos)
+/// and holds at most `burst`, a second's worth. It starts full: Envoy makes a new one whenever a
+/// quota changes. `per_minute` 0 is `DENY_ALL`. Rounded down, so that the stream's quotas never
+/// add up to more than its leases.
 struct quota {
-  std::uint64_t count = 0;
-  std::uint64_t unit_seconds = 1;
+  std::uint32_t per_minute = 0;
+  std::uint32_t burst = 0;
   friend bool operator==(const quota&, const quota&) = default;
+  [[nodiscard]] double rate() const noexcept { return per_minute / 60.0; }
 };
 
-/// The quota of `rate` requests a second: per second when that loses under 1 % to rounding,
-/// else per minute, else per hour.
+/// The token bucket's `fill_interval`, in seconds.
+inline constexpr std::uint32_t fill_seconds = 60;
+
+/// The quota of `rate` requests a second: `DENY_ALL` below one a minute, at most 2^32 - 1 a
+/// minute.
 [[nodiscard]] inline quota quota_of(double rate) noexcept {
-  if (!(rate > 0)) return {0, 1};
-  for (const std::uint64_t unit : {std::uint64_t{1}, std::uint64_t{60}}) {
-    if (rate * static_cast<double>(unit) >= 100) {
-      return {static_cast<std::uint64_t>(std::floor(rate * static_cast<double>(unit))), unit};
-    }
-  }
-  return {static_cast<std::uint64_t>(std::floor(std::min(rate * 3600, 1e15))), 3600};
+  if (!(rate > 0)) return {};
+  const double per_minute = std::floor(std::min(rate * fill_seconds, 4294967295.0));
+  if (per_minute < 1) return {};
+  return {static_cast<std::uint32_t>(per_minute),
+          static_cast<std::uint32_t>(std::max(1.0, std::floor(per_minute / fill_seconds)))};
 }
 
-/// What to tell Envoy of one bucket: a quota for `ttl` seconds, or (none) abandon it.
+/// What to tell Envoy of one bucket: a quota for `ttl` whole seconds (Envoy reads only the
+/// seconds of `assignment_time_to_live`), or (none) abandon it.
 struct bucket_action {
   bucket_id bucket;
   std::optional<quota> assign;
-  double ttl = 0;
+  std::int64_t ttl = 0;
 };
 
 struct session_options {
@@ -115,11 +126,13 @@ class session {
       auto& [id, res] = ready.value()[i];
       auto [it, fresh] = buckets_.try_emplace(std::move(res));
       bucket& b = it->second;
-      if (fresh) b.id = std::move(id);
-      b.wants = std::min(static_cast<double>(u.allowed + u.denied) / u.elapsed,
-                         request_limits::max_quantity);
+      if (fresh) b.id = std::move(id), b.first = now;
+      const double elapsed = fresh ? u.elapsed : elapsed_since(b.reported, u.elapsed, now);
       b.reported = now;
-      if (fresh) b.ask_at = b.first = now;
+      if (!(elapsed > 0)) continue;  // no rate yet (a new bucket's first report says 0)
+      b.wants = std::min(static_cast<double>(u.allowed + u.denied) / elapsed,
+                         request_limits::max_quantity);
+      if (!b.measured) b.measured = true, b.ask_at = now;
     }
     return true;
   }
@@ -159,12 +172,14 @@ class session {
       b.refresh = g.gets.refresh_interval;
       b.ask_at = now + std::max(g.gets.refresh_interval, 0.1);
       const quota q = quota_of(g.gets.capacity);
-      if (!b.sent && q.count == 0 && now - b.first < g.gets.expires_in) continue;
+      const auto ttl = static_cast<std::int64_t>(std::floor(g.gets.expires_in));
+      if (ttl < 1) continue;  // not sayable to Envoy; its copy runs out by itself
+      if (!b.sent && q.per_minute == 0 && now - b.first < g.gets.expires_in) continue;
       if (!b.sent || *b.sent != q || now >= b.sent_until - (b.sent_until - b.sent_at) / 2) {
         b.sent = q;
         b.sent_at = now;
-        b.sent_until = b.lease_until;
-        out.push_back({b.id, q, g.gets.expires_in});
+        b.sent_until = now + static_cast<double>(ttl);
+        out.push_back({b.id, q, ttl});
       }
     }
     return out;
@@ -189,6 +204,14 @@ class session {
       return true;
     });
     return {std::move(actions), std::move(ids)};
+  }
+
+  /// The time a usage covers. Envoy says `time_elapsed` in whole seconds, cut down (so a new
+  /// bucket's first report, sent at once, says 0): the time since the bucket's last report here,
+  /// held within [said, said + 1), says it better. A time with a fraction is taken as said.
+  [[nodiscard]] static double elapsed_since(double last, double said, double now) noexcept {
+    if (said != std::floor(said)) return said;
+    return std::clamp(now - last, said, said + 1);
   }
 
   /// When `ask` or `expire` has something to do next.
@@ -231,6 +254,7 @@ class session {
     double capacity = 0;
     double lease_until = 0;
     double refresh = 0;
+    bool measured = false;  // a report with a time came: wants is a rate
     std::optional<quota> sent;
     double sent_at = 0;
     double sent_until = 0;
@@ -289,8 +313,8 @@ class session {
         return fail(at + ".bucket_id",
                     "makes a resource id longer than 256 bytes (domain/key=value/...)");
       }
-      if (!(u.elapsed > 0) || u.elapsed > request_limits::max_seconds) {
-        return fail(at + ".time_elapsed", "must be more than 0 and at most 1e6 seconds");
+      if (!(u.elapsed >= 0) || u.elapsed > request_limits::max_seconds) {
+        return fail(at + ".time_elapsed", "must be at least 0 and at most 1e6 seconds");
       }
       const auto most = static_cast<std::uint64_t>(request_limits::max_quantity);
       if (u.allowed > most || u.denied > most - u.allowed) {
