@@ -43,6 +43,13 @@ const char* rlqs_config = R"({"resources": [
   {"identifier_glob": "*", "capacity": 0,
    "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 30, "refresh_interval": 2}}]})";
 
+// Buckets `envoy/name=*` as a budget of 300 every 10 s.
+const char* rlqs_budget_config = R"({"resources": [
+  {"identifier_glob": "envoy/name=*", "capacity": 300, "budget": {"window": 10},
+   "algorithm": {"kind": "FAIR_SHARE", "lease_length": 30, "refresh_interval": 2}},
+  {"identifier_glob": "*", "capacity": 0,
+   "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 30, "refresh_interval": 2}}]})";
+
 // The same, leases of 12 s, with a learning mode (of a lease length) after a master change.
 const char* rlqs_learning_config = R"({"resources": [
   {"identifier_glob": "envoy/name=*", "capacity": 300,
@@ -64,6 +71,7 @@ const char* rlqs_learning_config = R"({"resources": [
 struct envoy_bucket {
   using action = pb::RateLimitQuotaResponse::BucketAction::QuotaAssignmentAction;
   bool assigned = false, deny = false, token_bucket = false;
+  bool deny_unassigned = false;  // no_assignment_behavior DENY_ALL (else ALLOW_ALL)
   std::tuple<std::uint32_t, std::uint32_t, std::int32_t> key;  // max, per fill, nanos
   double max_tokens = 0, fill_rate = 0, tokens = 0;
   clock_type::time_point filled, until;
@@ -94,7 +102,7 @@ struct envoy_bucket {
 
   // Of `n` requests at `now`, how many it allows.
   double allow(double n, clock_type::time_point now) {
-    if (!assigned || now >= until) return n;  // ALLOW_ALL
+    if (!assigned || now >= until) return deny_unassigned ? 0 : n;
     if (deny) return 0;
     if (!token_bucket) return n;
     tokens = std::min(max_tokens,
@@ -120,6 +128,13 @@ struct fleet {
   double bursts = 0;   // every new token bucket's max_tokens (each starts full)
   int zeros = 0;       // DENY_ALL
   int dropped = 0;     // assignments Envoy drops
+  double window = 0;   // a budget's window, seconds: what every Envoy allowed in each
+  std::map<std::int64_t, double> per_window;
+
+  std::int64_t window_at(std::chrono::system_clock::time_point t) const {
+    return static_cast<std::int64_t>(
+        std::floor(std::chrono::duration<double>(t.time_since_epoch()).count() / window));
+  }
 
   void take(int envoy, const envoy_bucket::action& q) {
     std::lock_guard l(mu);
@@ -167,6 +182,7 @@ struct fake_envoy {
   std::atomic<int> assignments{0};  // read on this stream
   bool announced = false;
   double allowed = 0, denied = 0;  // since the last report
+  double total = 0;                // allowed in all
   clock_type::time_point served = clock_type::now(), reported = served;
 
   fake_envoy(int i, fleet& f, double d, const std::string& address, double interval = 1)
@@ -209,6 +225,8 @@ struct fake_envoy {
       std::lock_guard l(all.mu);
       const double a = all.buckets[index].allow(n, now);
       all.allowed += a;
+      if (all.window > 0) all.per_window[all.window_at(std::chrono::system_clock::now())] += a;
+      total += a;
       allowed += a;
       denied += n - a;
     }
@@ -325,6 +343,31 @@ TEST_CASE("rlqs: uneven Envoys behind an intermediate converge to their fair sha
   CHECK(f.most <= 300);
   CHECK(since.over() <= 1);
   CHECK(f.dropped == 0);  // every assignment one Envoy enforces
+}
+
+TEST_CASE("rlqs: a budget's bucket is spent in blocks drawn at the root, never over a window",
+          "[grpc][rlqs][budget][process]") {
+  grpc_node root("rlqs-budget", {}, rlqs_budget_config);
+  fleet f;
+  f.window = 10;
+  std::vector<std::unique_ptr<fake_envoy>> envoys;
+  for (int i = 0; i < 2; ++i) {
+    f.buckets[i].deny_unassigned = true;  // as docs/envoy.md says to set for a budget
+    envoys.push_back(std::make_unique<fake_envoy>(i, f, i == 0 ? 10 : 30, root.address));
+  }
+  // 400 wanted in each window of 10 s, 300 to spend: the second and third windows whole.
+  const auto first = f.window_at(std::chrono::system_clock::now());
+  CHECK(drive(envoys, std::chrono::seconds(40),
+              [&] { return f.window_at(std::chrono::system_clock::now()) >= first + 3; }));
+  std::lock_guard l(f.mu);
+  for (const auto w : {first + 1, first + 2}) {
+    INFO("window " << w - first);
+    CHECK(f.per_window[w] <= 300);
+    CHECK(f.per_window[w] >= 200);
+  }
+  CHECK(envoys[0]->total > 0);
+  CHECK(envoys[1]->total > 2 * envoys[0]->total);
+  CHECK(f.dropped == 0);
 }
 
 TEST_CASE("rlqs: a master change keeps every assignment valid", "[grpc][rlqs][etcd][process]") {

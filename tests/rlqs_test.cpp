@@ -37,6 +37,20 @@ double seconds(const manual_clock& c) {
   return doorman::to_seconds(c.now().time_since_epoch());
 }
 
+// A session's first ask of its buckets (wanting nothing: is it a budget?), answered.
+void probe(session& s, engine_t& e, const manual_clock& c, double now) {
+  auto ask = s.ask(now);
+  REQUIRE(ask);
+  for (const auto& r : ask->resources)
+    CHECK(r.wants == 0);
+  CHECK(ask->reports_spend);
+  auto a = e.get_capacity(*ask, c.now());
+  REQUIRE(a);
+  auto pushed = s.answer(a.value(), now);
+  REQUIRE(pushed);
+  CHECK(pushed.value().empty());  // nothing to push from it
+}
+
 // One Envoy: a stream's session, its bucket's last assignment, and the engine it asks.
 struct envoy {
   session s;
@@ -111,6 +125,7 @@ TEST_CASE("rlqs: Envoy's times in whole seconds: a new bucket's report of 0, and
   CHECK_FALSE(s.ask(1000));
   // Its next, 1.9 s later, says 1 s (cut down): the time between the two here is taken.
   REQUIRE(s.report(usage(1, 190), 1.9));
+  probe(s, f.engine, f.clock, 1.9);
   auto ask = s.ask(1.9);
   REQUIRE(ask);
   CHECK(ask->resources.at(0).wants == Approx(100));
@@ -178,6 +193,7 @@ TEST_CASE("rlqs: an assignment is pushed when it changes or half its time is gon
         "res", {{{{"name", "api"}}, elapsed, static_cast<std::uint64_t>(100 * elapsed), 0}}};
   };
   REQUIRE(s.report(usage(1), seconds(f.clock)));
+  probe(s, f.engine, f.clock, seconds(f.clock));
   auto ask = s.ask(seconds(f.clock));
   REQUIRE(ask);
   CHECK(ask->resources.at(0).resource_id == "res/name=api");
@@ -213,8 +229,10 @@ TEST_CASE("rlqs: an assignment is pushed when it changes or half its time is gon
 }
 
 TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][bounds]") {
+  fixture f(rlqs_repo());
   session s("rlqs/a/1", {.max_buckets = 2, .max_usages = 3});
   REQUIRE(s.report({"res", {{{{"name", "api"}}, 1, 5, 0}}}, 0));
+  probe(s, f.engine, f.clock, 0);
   const auto ask = s.ask(0);
   REQUIRE(ask);
   s.failed(0);
@@ -269,6 +287,7 @@ TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][
   // The most a report can say, over a microsecond: wants within the engine's bound.
   session big("rlqs/c/1", {});
   REQUIRE(big.report({"res", {{{{"name", "api"}}, 1e-6, 1'000'000'000'000'000, 0}}}, 0));
+  probe(big, f.engine, f.clock, 0);
   CHECK(big.ask(0).value().resources.at(0).wants == 1e15);
 }
 
@@ -335,4 +354,137 @@ TEST_CASE("rlqs: a first assignment of 0 waits a lease length (a new master's le
   }
   CHECK(pushed_at >= 59);
   CHECK(pushed_at <= 65);
+}
+
+namespace {
+
+// Buckets `res/name=*` as a budget of 1000 a minute (UTC minutes; the clock starts on one).
+doorman::resource_repository rlqs_budget_repo() {
+  return doorman::resource_repository::parse(R"({"resources": [
+    {"identifier_glob": "res/name=*", "capacity": 1000, "budget": {"window": "minute"},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 5}},
+    {"identifier_glob": "*", "capacity": 0,
+     "algorithm": {"kind": "NO_ALGORITHM", "lease_length": 60, "refresh_interval": 16}}]})");
+}
+
+// One Envoy on a budget bucket: the token bucket of its last block (or DENY_ALL, or nothing:
+// its no_assignment_behavior, here DENY_ALL, as docs/envoy.md says to set for a budget).
+struct budget_envoy {
+  session s;
+  double tokens = 0;
+  double allowed = 0, denied = 0;  // since the last report
+  double spent = 0;                // in all
+  int blocks = 0, deny_all = 0;
+  std::optional<doorman::rlqs::block> last;
+
+  void take(const bucket_action& a) {
+    if (a.spend) {
+      if (last != a.spend) tokens = a.spend->tokens;  // a new block: a new, full bucket
+      last = a.spend;
+      ++blocks;
+    } else if (a.assign && a.assign->per_minute == 0) {
+      tokens = 0;
+      ++deny_all;
+    }
+  }
+
+  // `n` requests, through its bucket.
+  void serve(double n) {
+    const double a = std::min(n, std::floor(tokens));
+    tokens -= a;
+    allowed += a;
+    denied += n - a;
+    spent += a;
+  }
+
+  void report(double elapsed, double now) {
+    REQUIRE(s.report({"res",
+                      {{{{"name", "api"}},
+                        elapsed,
+                        static_cast<std::uint64_t>(allowed),
+                        static_cast<std::uint64_t>(denied)}}},
+                     now));
+    allowed = denied = 0;
+  }
+
+  // What the session asks and draws, answered by the engine.
+  void drive(engine_t& e, manual_clock& c) {
+    const double now = seconds(c);
+    const auto take_all = [&](const auto& answer, auto settle) {
+      REQUIRE(answer);
+      auto pushed = settle(answer.value());
+      REQUIRE(pushed);
+      for (const auto& act : pushed.value())
+        take(act);
+    };
+    if (auto ask = s.ask(now)) {
+      take_all(e.get_capacity(*ask, c.now()), [&](const auto& a) { return s.answer(a, now); });
+    }
+    if (auto draw = s.draw(now)) {
+      take_all(e.count_hits(*draw, c.now()), [&](const auto& a) { return s.drawn(a, now); });
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rlqs: a budget bucket is spent in blocks drawn from the budget, never over it",
+          "[rlqs][budget]") {
+  // The clock's zero is the start of a UTC minute.
+  doorman::engine_options o;
+  o.utc_offset = 1764374400;
+  fixture f(rlqs_budget_repo(), o);
+  std::vector<budget_envoy> envoys;
+  const std::vector<double> demand{10, 30};  // a second: 2400 a minute against 1000
+  for (std::size_t i = 0; i < demand.size(); ++i)
+    envoys.push_back(
+        {session("rlqs/10.0.0." + std::to_string(i) + "/1", {}), 0, 0, 0, 0, 0, 0, std::nullopt});
+  double window_spent = 0, root_spent = 0;
+  for (int step = 0; step < 3 * 60; ++step) {  // three minutes: three windows
+    if (step % 60 == 0) window_spent = 0;
+    f.clock.advance(1s);
+    for (std::size_t i = 0; i < envoys.size(); ++i) {
+      auto& e = envoys[i];
+      const double before = e.spent;
+      e.serve(demand[i]);
+      window_spent += e.spent - before;
+      e.report(step == 0 ? 0 : 1, seconds(f.clock));
+      e.drive(f.engine, f.clock);
+    }
+    INFO("step " << step);
+    CHECK(window_spent <= 1000);  // never over the minute's budget
+    if (step == 178) {            // the root counts every block as spent at once
+      const auto st = f.engine.status({"res/name=api"}, f.clock.now());
+      REQUIRE(st);
+      REQUIRE(st.value().resources.at(0).budget);
+      root_spent = st.value().resources.at(0).budget->spent;
+    }
+  }
+  // Each minute the budget is spent, less what the last blocks left (a fifth of a block at
+  // most each time one replaces another).
+  CAPTURE(window_spent);
+  CHECK(window_spent >= 700);
+  // Both Envoys had blocks, in proportion to their demand.
+  CHECK(envoys[0].blocks >= 3);
+  CHECK(envoys[1].blocks >= 3);
+  CHECK(envoys[1].spent > 2 * envoys[0].spent);
+  CHECK(root_spent >= window_spent);
+  CHECK(root_spent <= 1000);
+  // A newcomer once the minute's budget is gone: DENY_ALL until the minute ends.
+  budget_envoy late{session("rlqs/10.0.0.9/1", {}), 0, 0, 0, 0, 0, 0, std::nullopt};
+  for (int step = 0; step < 55; ++step) {  // the fourth minute, its budget gone by 50 s
+    f.clock.advance(1s);
+    for (std::size_t i = 0; i < envoys.size(); ++i) {
+      envoys[i].serve(demand[i]);
+      envoys[i].report(1, seconds(f.clock));
+      envoys[i].drive(f.engine, f.clock);
+    }
+    if (step < 50) continue;
+    late.serve(20);
+    late.report(step == 50 ? 0 : 1, seconds(f.clock));
+    late.drive(f.engine, f.clock);
+  }
+  CHECK(late.blocks == 0);
+  CHECK(late.deny_all == 1);
+  CHECK(late.spent == 0);
 }

@@ -37,6 +37,8 @@ class handler {
                                    reply<server_capacity_response> done) = 0;
   virtual void release_capacity(release_request r, caller c, reply<release_response> done) = 0;
   virtual void discovery(caller c, reply<discovery_response> done) = 0;
+  // Not a gRPC method of Doorman's: the RLQS door draws budget blocks with it.
+  virtual void count_hits(count_request r, caller c, reply<count_response> done) = 0;
 
  protected:
   handler() = default;

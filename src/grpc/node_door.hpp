@@ -36,6 +36,10 @@ class node_handler final : public handler {
     node_.template call<methods::discovery>(discovery_request{}, peer_of(std::move(c)),
                                             rpc_door::grpc, std::move(done));
   }
+  void count_hits(count_request r, caller c, reply<count_response> done) override {
+    node_.template call<methods::count_hits>(std::move(r), peer_of(std::move(c)), rpc_door::grpc,
+                                             std::move(done));
+  }
 
  private:
   // A gRPC peer has no connection of the node's, and gRPC says nothing when one closes. A

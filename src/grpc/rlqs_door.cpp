@@ -148,6 +148,20 @@ class stream final
   std::function<void()> gone_;
 };
 
+// An answer from a node that is not master ends the stream, naming the master if known.
+void not_master(const state_ptr& st, const mastership_info& m) {
+  st->reactor->finish({grpc::StatusCode::UNAVAILABLE,
+                       "not the master" + (m.master ? "; the master is " + *m.master : "")});
+}
+
+// What the session made of an answer: its actions pushed, or (not master) the stream ended.
+void deliver(const state_ptr& st, const result<std::vector<rlqs::bucket_action>>& actions,
+             const mastership_info& m) {
+  if (!actions) return not_master(st, m);
+  st->reactor->push(actions.value());
+  st->wake = st->session.next_wake();
+}
+
 // The node's answer to a session's ask.
 void on_answer(const state_ptr& st, call_result<capacity_response> r) {
   std::lock_guard l(st->mu);
@@ -169,15 +183,22 @@ void on_answer(const state_ptr& st, call_result<capacity_response> r) {
     st->wake = st->session.next_wake();
     return;
   }
-  auto actions = st->session.answer(r.value(), now);
-  if (!actions) {
-    const auto& master = r.value().mastership.master;
-    st->reactor->finish({grpc::StatusCode::UNAVAILABLE,
-                         "not the master" + (master ? "; the master is " + *master : "")});
+  deliver(st, st->session.answer(r.value(), now), r.value().mastership);
+}
+
+// The root's answer to a session's draw (budget buckets' blocks).
+void on_drawn(const state_ptr& st, call_result<count_response> r) {
+  std::lock_guard l(st->mu);
+  const double now = steady_seconds();
+  if (st->reactor == nullptr) return;  // ended meanwhile: a draw is spent, nothing to release
+  if (!r) {
+    // Not a root (it draws nothing), or refused: tried again after a while. Shutting down:
+    // soon.
+    st->session.failed_draw(now, r.code() == rpc_code::server_error ? 1.0 : 30.0);
+    st->wake = st->session.next_wake();
     return;
   }
-  st->reactor->push(actions.value());
-  st->wake = st->session.next_wake();
+  deliver(st, st->session.drawn(r.value(), now), r.value().mastership);
 }
 
 // What a session has to do at `now`: abandon what went unreported, ask what is due.
@@ -192,6 +213,10 @@ void pump(const state_ptr& st, double now) {
   if (auto ask = st->session.ask(now)) {
     st->h.get_capacity(std::move(*ask), st->who,
                        [st](call_result<capacity_response> r) { on_answer(st, std::move(r)); });
+  }
+  if (auto draw = st->session.draw(now)) {
+    st->h.count_hits(std::move(*draw), st->who,
+                     [st](call_result<count_response> r) { on_drawn(st, std::move(r)); });
   }
   st->wake = st->session.next_wake();
 }

@@ -32,13 +32,21 @@ void to_proto(const rlqs::bucket_action& a, pb::RateLimitQuotaResponse::BucketAc
   auto& id = *out.mutable_bucket_id()->mutable_bucket();
   for (const auto& [k, v] : a.bucket)
     id[k] = v;
-  if (!a.assign) {
+  if (!a.assign && !a.spend) {
     out.mutable_abandon_action();
     return;
   }
   auto& q = *out.mutable_quota_assignment_action();
   q.mutable_assignment_time_to_live()->set_seconds(a.ttl);
   auto& strategy = *q.mutable_rate_limit_strategy();
+  if (a.spend) {  // a budget's block: full, a token a year
+    auto& bucket = *strategy.mutable_token_bucket();
+    bucket.set_max_tokens(a.spend->tokens);
+    bucket.mutable_tokens_per_fill()->set_value(1);
+    bucket.mutable_fill_interval()->set_seconds(rlqs::block_fill_seconds);
+    bucket.mutable_fill_interval()->set_nanos(static_cast<std::int32_t>(a.spend->number));
+    return;
+  }
   if (a.assign->per_minute == 0) {
     strategy.set_blanket_rule(tpb::RateLimitStrategy::DENY_ALL);
     return;

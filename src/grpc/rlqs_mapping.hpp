@@ -15,8 +15,9 @@ namespace doorman::grpc_door {
 rlqs::usage_reports from_proto(
     const ::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports& in);
 
-// An action as Envoy reads it: a quota as a `token_bucket` (or `DENY_ALL` for none) for its
-// time to live in whole seconds, or an abandon.
+// An action as Envoy reads it: a quota as a `token_bucket` (or `DENY_ALL` for none), or a
+// budget's block as a `token_bucket` that is not refilled, for its time to live in whole
+// seconds; or an abandon.
 void to_proto(const rlqs::bucket_action& a,
               ::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse::BucketAction& out);
 

@@ -5,8 +5,9 @@
 // engine; its assignments map back to messages. Properties: nothing crashes; a refused report
 // names a field of the message and changes nothing (the session's buckets and domain); every
 // answer serializes and parses back; a bucket's assignment (its rate and its burst) is never above
-// its lease, for a whole second or more; the engine's invariants hold after every step
-// (fuzz_support.hpp).
+// its lease, for a whole second or more; a budget bucket's block (domain `b`) is what was
+// drawn, only when admitted, and never outlives its window; the engine's invariants hold after
+// every step (fuzz_support.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -25,11 +26,52 @@ namespace {
 
 namespace pb = ::envoy::service::rate_limit_quota::v3;
 
+// The shared templates, and buckets of domain `b` (`b/key=value`) as a budget of 500 a minute.
+std::string rlqs_config() {
+  std::string text = config_text();
+  const std::string budget = R"(
+    {"identifier_glob": "b/*", "capacity": 500, "budget": {"window": "minute"},
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 10, "refresh_interval": 2}},)";
+  text.insert(text.find('[') + 1, budget);
+  return text;
+}
+
 engine_type& engine() {
-  static engine_type eng(engine_type::parse_config(config_text()));
+  static engine_type eng(engine_type::parse_config(rlqs_config()));
   static const bool master = (eng.set_mastership(true, "fuzz:1", clock_type::time_point{}), true);
   (void)master;
   return eng;
+}
+
+// A session's draw, answered by the engine: a block only for an admitted draw, of what it drew,
+// within its window; every action serializes.
+void draw_blocks(doorman::rlqs::session& s, engine_type& eng, const doorman::count_request& draw,
+                 clock_type::time_point now, double t) {
+  for (const auto& x : draw.resources)
+    DOORMAN_FUZZ_CHECK(x.hits >= 1 && x.hits <= 4294967295.0, x.resource_id);
+  const auto v = eng.count_hits(draw, now);
+  DOORMAN_FUZZ_CHECK(v.has_value(), v.error().message);
+  const auto actions = s.drawn(v.value(), t);
+  DOORMAN_FUZZ_CHECK(actions.has_value(), "master");
+  pb::RateLimitQuotaResponse out;
+  for (const auto& act : actions.value()) {
+    const auto rid = doorman::rlqs::session::resource_of(s.domain(), act.bucket);
+    const doorman::hit_verdict* verdict = nullptr;
+    for (const auto& x : v.value().resources)
+      if (x.resource_id == rid) verdict = &x;
+    DOORMAN_FUZZ_CHECK(verdict != nullptr, rid);
+    DOORMAN_FUZZ_CHECK(act.ttl >= 1 && static_cast<double>(act.ttl) <= verdict->reset, rid);
+    if (act.spend) {
+      DOORMAN_FUZZ_CHECK(verdict->admitted, rid);
+      for (const auto& x : draw.resources)
+        if (x.resource_id == rid) DOORMAN_FUZZ_CHECK(act.spend->tokens == x.hits, rid);
+    } else {
+      DOORMAN_FUZZ_CHECK(act.assign && act.assign->per_minute == 0 && !verdict->admitted, rid);
+    }
+    doorman::grpc_door::to_proto(act, *out.add_bucket_action());
+  }
+  std::string bytes;
+  DOORMAN_FUZZ_CHECK(out.SerializeToString(&bytes), "serialize");
 }
 
 }  // namespace
@@ -81,6 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       pb::RateLimitQuotaResponse back;
       DOORMAN_FUZZ_CHECK(back.ParseFromString(bytes), "parse back");
     }
+    if (auto draw = s.draw(t)) draw_blocks(s, eng, *draw, now, t);
     check_engine(eng, now, now);
   }
   (void)eng.release_capacity(s.release_all(), now);

@@ -91,12 +91,27 @@ inline constexpr std::uint32_t fill_seconds = 60;
           static_cast<std::uint32_t>(std::max(1.0, std::floor(per_minute / fill_seconds)))};
 }
 
-/// What to tell Envoy of one bucket: a quota for `ttl` whole seconds (Envoy reads only the
-/// seconds of `assignment_time_to_live`), or (none) abandon it.
+/// A budget's block: `tokens` drawn from the budget (spent there at once) for Envoy to spend,
+/// never refilled. A token bucket of `tokens` that gains one token a year (`fill_interval`
+/// `block_fill_seconds`), whose `fill_interval` nanoseconds are the block's `number`, so that
+/// Envoy makes a new, full bucket for each block and keeps the one it has when a block is sent
+/// again.
+struct block {
+  std::uint32_t tokens = 0;
+  std::uint32_t number = 0;  ///< < 10^9
+  friend bool operator==(const block&, const block&) = default;
+};
+
+/// A block's `fill_interval`, in seconds: 366 days, longer than any budget window.
+inline constexpr std::int64_t block_fill_seconds = 366 * 86'400;
+
+/// What to tell Envoy of one bucket, for `ttl` whole seconds (Envoy reads only the seconds of
+/// `assignment_time_to_live`): a quota, a budget's block, or (neither) abandon it.
 struct bucket_action {
   bucket_id bucket;
   std::optional<quota> assign;
   std::int64_t ttl = 0;
+  std::optional<block> spend{};
 };
 
 struct session_options {
@@ -105,6 +120,11 @@ struct session_options {
   std::size_t max_pairs = 32;       ///< key-value pairs in one bucket id
   double abandon_after = 60;        ///< seconds a bucket may go unreported
   double retry = 1;                 ///< seconds before asking again after a failed ask
+  /// A budget bucket's block: its wants over this many seconds, or over five reporting
+  /// intervals if longer; at least one, at most a tenth of the window's budget
+  double block_seconds = 10;
+  /// A budget bucket draws its next block once its reports say this much of the block is used
+  double draw_when_used = 0.8;
 };
 
 /// One stream's buckets (see the file's comment). Times are seconds on one steady clock.
@@ -129,9 +149,14 @@ class session {
       if (fresh) b.id = std::move(id), b.first = now;
       const double elapsed = fresh ? u.elapsed : elapsed_since(b.reported, u.elapsed, now);
       b.reported = now;
+      b.used += static_cast<double>(u.allowed);
+      if (b.budget && b.block > 0 && b.used >= o_.draw_when_used * b.block && now >= b.dry_until) {
+        b.draw_at = std::min(b.draw_at, now);
+      }
       if (!(elapsed > 0)) continue;  // no rate yet (a new bucket's first report says 0)
       b.wants = std::min(static_cast<double>(u.allowed + u.denied) / elapsed,
                          request_limits::max_quantity);
+      b.gap = elapsed;
       if (!b.measured) b.measured = true, b.ask_at = now;
     }
     return true;
@@ -140,49 +165,60 @@ class session {
   /// The engine call due at `now`, if any: every bucket that is new or whose refresh is due,
   /// each then waiting for `answer` or `failed`.
   std::optional<capacity_request> ask(double now) {
-    if (asking_) return std::nullopt;
-    // Envoy says what it allowed, not what a budget's window spent: a budget bucket gets 0.
-    capacity_request out{client_id_, {}, false};
-    for (auto& [res, b] : buckets_) {
-      if (b.ask_at > now) continue;
-      resource_request r{res, 0, b.wants, std::nullopt};
-      if (b.lease_until > now) r.has = lease_info{b.capacity, b.lease_until - now, b.refresh};
-      out.resources.push_back(std::move(r));
-    }
-    if (out.resources.empty()) return std::nullopt;
-    asking_ = true;
-    return out;
+    // A bucket's first ask wants nothing: its answer says whether it is a budget (drawn in
+    // blocks from then on, never asked again), and takes no allotment of one.
+    return gather(asking_, capacity_request{client_id_, {}, true},
+                  [&](const std::string& res, bucket& b) -> std::optional<resource_request> {
+                    if (b.ask_at > now) return std::nullopt;
+                    resource_request r{res, 0, b.probed ? b.wants : 0, std::nullopt};
+                    if (b.lease_until > now) {
+                      r.has = lease_info{b.capacity, b.lease_until - now, b.refresh};
+                    }
+                    return r;
+                  });
   }
 
   /// The engine's answer to the last `ask`: the assignments to push (a changed quota, or one
   /// whose copy at Envoy is half gone; a first one of 0 only once the bucket is a lease length
   /// old). Not master (no grants): an error, the stream ends.
   result<std::vector<bucket_action>> answer(const capacity_response& a, double now) {
-    asking_ = false;
-    if (!a.mastership.is_master) {
-      return request_error{errc::invalid_params, "not master", ""};
-    }
-    std::vector<bucket_action> out;
-    for (const auto& g : a.resources) {
-      auto it = buckets_.find(g.resource_id);
-      if (it == buckets_.end()) continue;  // abandoned while asked
-      bucket& b = it->second;
-      b.capacity = g.gets.capacity;
-      b.lease_until = now + g.gets.expires_in;
-      b.refresh = g.gets.refresh_interval;
-      b.ask_at = now + std::max(g.gets.refresh_interval, 0.1);
-      const quota q = quota_of(g.gets.capacity);
-      const auto ttl = static_cast<std::int64_t>(std::floor(g.gets.expires_in));
-      if (ttl < 1) continue;  // not sayable to Envoy; its copy runs out by itself
-      if (!b.sent && q.per_minute == 0 && now - b.first < g.gets.expires_in) continue;
-      if (!b.sent || *b.sent != q || now >= b.sent_until - (b.sent_until - b.sent_at) / 2) {
-        b.sent = q;
-        b.sent_at = now;
-        b.sent_until = now + static_cast<double>(ttl);
-        out.push_back({b.id, q, ttl});
-      }
-    }
-    return out;
+    return settle(asking_, a,
+                  [&](bucket& b, const resource_grant& g) { return granted(b, g, now); });
+  }
+
+  /// The draws due at `now`, if any (`count_hits` on budget buckets): a bucket whose Envoy has
+  /// no block yet, or has used most of it, or whose window ended. Each then waits for `drawn`
+  /// or `failed_draw`.
+  std::optional<count_request> draw(double now) {
+    return gather(
+        drawing_, count_request{client_id_, {}},
+        [&](const std::string& res, bucket& b) -> std::optional<hit_count> {
+          if (!b.budget || b.draw_at > now || !(b.wants > 0)) return std::nullopt;
+          const double seconds = std::max(o_.block_seconds, 5 * b.gap);
+          const double most = std::min({b.most, 4294967295.0, b.limit > 0 ? b.limit / 10 : b.most});
+          b.size = std::floor(std::clamp(b.wants * seconds, 1.0, std::max(1.0, most)));
+          return hit_count{res, b.size, 1};
+        });
+  }
+
+  /// The root's answer to the last `draw`: blocks to send. A refused draw is asked again at
+  /// once for what is left, if anything is; else the bucket waits for its window's end, and
+  /// Envoy, if it holds no block of this window, is told `DENY_ALL` until then. Not master:
+  /// an error, the stream ends.
+  result<std::vector<bucket_action>> drawn(const count_response& a, double now) {
+    return settle(drawing_, a,
+                  [&](bucket& b, const hit_verdict& v) -> std::optional<bucket_action> {
+                    if (!b.budget) return std::nullopt;
+                    return drawn(b, v, now);
+                  });
+  }
+
+  /// The last `draw` failed (the node shut down; a node that is not a root, which draws
+  /// nothing): its buckets try again after `wait` seconds; Envoy keeps what it has.
+  void failed_draw(double now, double wait) {
+    drawing_ = false;
+    for (auto& [res, b] : buckets_)
+      if (b.budget && b.draw_at <= now) b.draw_at = now + wait;
   }
 
   /// The last `ask` failed (the node shut down, a refusal): its buckets ask again later.
@@ -220,6 +256,7 @@ class session {
     for (const auto& [res, b] : buckets_) {
       t = std::min(t, b.reported + o_.abandon_after);
       if (!asking_) t = std::min(t, b.ask_at);
+      if (!drawing_ && b.budget && b.wants > 0) t = std::min(t, b.draw_at);
     }
     return t;
   }
@@ -255,10 +292,103 @@ class session {
     double lease_until = 0;
     double refresh = 0;
     bool measured = false;  // a report with a time came: wants is a rate
+    // A budget bucket (drawn in blocks): the block Envoy holds, its use as reported since, its
+    // window's end, when to draw next, the draw's size, the most to ask for, and until when
+    // the window has nothing left.
+    bool probed = false;  // asked once, wanting nothing: a budget or not
+    bool budget = false;
+    double block = 0, used = 0, window_end = 0, size = 0, dry_until = 0;
+    double gap = 0;    // the time its last report covered
+    double limit = 0;  // the budget's, once a draw said it
+    double draw_at = std::numeric_limits<double>::infinity();
+    double most = request_limits::max_quantity;
+    std::uint32_t number = 0;
     std::optional<quota> sent;
     double sent_at = 0;
     double sent_until = 0;
   };
+
+  // One call of the due buckets (`entry`: a bucket's part, or none), marked under way in
+  // `busy`; none when nothing is due or one is under way.
+  template <class Call, class Entry>
+  std::optional<Call> gather(bool& busy, Call out, Entry entry) {
+    if (busy) return std::nullopt;
+    for (auto& [res, b] : buckets_)
+      if (auto e = entry(res, b)) out.resources.push_back(std::move(*e));
+    if (out.resources.empty()) return std::nullopt;
+    busy = true;
+    return out;
+  }
+
+  // An answer to the call under way in `busy`: each of its buckets' action, if any (`each`);
+  // not master, an error.
+  template <class Answer, class Each>
+  result<std::vector<bucket_action>> settle(bool& busy, const Answer& a, Each each) {
+    busy = false;
+    if (!a.mastership.is_master) {
+      return request_error{errc::invalid_params, "not master", ""};
+    }
+    std::vector<bucket_action> out;
+    for (const auto& x : a.resources) {
+      auto it = buckets_.find(x.resource_id);
+      if (it == buckets_.end()) continue;  // abandoned while asked
+      if (auto act = each(it->second, x)) out.push_back(std::move(*act));
+    }
+    return out;
+  }
+
+  // One bucket's grant: its assignment to push, if any.
+  std::optional<bucket_action> granted(bucket& b, const resource_grant& g, double now) const {
+    if (!b.probed) {  // a budget, or asked for what it wants at once
+      b.probed = true;
+      b.budget = g.budget.has_value();
+      b.ask_at = b.budget ? std::numeric_limits<double>::infinity() : now;
+      if (b.budget) b.draw_at = now;
+      return std::nullopt;
+    }
+    b.capacity = g.gets.capacity;
+    b.lease_until = now + g.gets.expires_in;
+    b.refresh = g.gets.refresh_interval;
+    b.ask_at = now + std::max(g.gets.refresh_interval, 0.1);
+    const quota q = quota_of(g.gets.capacity);
+    const auto ttl = static_cast<std::int64_t>(std::floor(g.gets.expires_in));
+    if (ttl < 1) return std::nullopt;  // not sayable to Envoy; its copy runs out by itself
+    if (!b.sent && q.per_minute == 0 && now - b.first < g.gets.expires_in) return std::nullopt;
+    if (b.sent && *b.sent == q && now < b.sent_until - (b.sent_until - b.sent_at) / 2) {
+      return std::nullopt;
+    }
+    b.sent = q;
+    b.sent_at = now;
+    b.sent_until = now + static_cast<double>(ttl);
+    return bucket_action{b.id, q, ttl};
+  }
+
+  // One bucket's verdict: its block, `DENY_ALL` when the window has nothing left and Envoy
+  // holds no block of it, or nothing.
+  std::optional<bucket_action> drawn(bucket& b, const hit_verdict& v, double now) const {
+    const auto ttl = static_cast<std::int64_t>(std::floor(v.reset));
+    b.limit = v.limit;
+    if (v.admitted) {
+      b.most = request_limits::max_quantity;
+      b.draw_at = now + v.reset;         // the next window's first block
+      if (ttl < 1) return std::nullopt;  // the window ends first
+      b.block = b.size;
+      b.used = 0;
+      b.window_end = now + v.reset;
+      b.number = (b.number + 1) % 1'000'000'000;
+      return bucket_action{b.id, std::nullopt, ttl,
+                           block{static_cast<std::uint32_t>(b.size), b.number}};
+    }
+    if (v.remaining >= 1) {  // less is left: that much, at once
+      b.most = std::floor(v.remaining);
+      b.draw_at = now;
+      return std::nullopt;
+    }
+    b.most = request_limits::max_quantity;
+    b.draw_at = b.dry_until = now + std::max(v.reset, o_.retry);
+    if (b.window_end > now || ttl < 1) return std::nullopt;  // Envoy spends what it has
+    return bucket_action{b.id, quota{}, ttl};
+  }
 
   static bucket_id sorted(bucket_id id) {
     std::sort(id.begin(), id.end());
@@ -338,6 +468,7 @@ class session {
   std::string domain_;
   std::map<std::string, bucket> buckets_;  // by resource id
   bool asking_ = false;
+  bool drawing_ = false;
 };
 
 }  // namespace doorman::rlqs
