@@ -487,4 +487,16 @@ TEST_CASE("rlqs: a budget bucket is spent in blocks drawn from the budget, never
   CHECK(late.blocks == 0);
   CHECK(late.deny_all == 1);
   CHECK(late.spent == 0);
+  // However much an Envoy wants, a block is at most a tenth of the window's budget: the first
+  // one included.
+  fixture g(rlqs_budget_repo(), o);
+  budget_envoy greedy{session("rlqs/10.0.0.8/1", {}), 0, 0, 0, 0, 0, 0, std::nullopt};
+  for (int step = 0; step < 3; ++step) {
+    g.clock.advance(1s);
+    greedy.serve(1e9);
+    greedy.report(1, seconds(g.clock));
+    greedy.drive(g.engine, g.clock);
+  }
+  REQUIRE(greedy.last);
+  CHECK(greedy.last->tokens == 100);
 }

@@ -48,7 +48,7 @@ engine_type& engine() {
 void draw_blocks(doorman::rlqs::session& s, engine_type& eng, const doorman::count_request& draw,
                  clock_type::time_point now, double t) {
   for (const auto& x : draw.resources)
-    DOORMAN_FUZZ_CHECK(x.hits >= 1 && x.hits <= 4294967295.0, x.resource_id);
+    DOORMAN_FUZZ_CHECK(x.hits >= 1 && x.hits <= doorman::request_limits::max_hits, x.resource_id);
   const auto v = eng.count_hits(draw, now);
   DOORMAN_FUZZ_CHECK(v.has_value(), v.error().message);
   const auto actions = s.drawn(v.value(), t);

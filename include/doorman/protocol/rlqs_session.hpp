@@ -190,15 +190,15 @@ class session {
   /// no block yet, or has used most of it, or whose window ended. Each then waits for `drawn`
   /// or `failed_draw`.
   std::optional<count_request> draw(double now) {
-    return gather(
-        drawing_, count_request{client_id_, {}},
-        [&](const std::string& res, bucket& b) -> std::optional<hit_count> {
-          if (!b.budget || b.draw_at > now || !(b.wants > 0)) return std::nullopt;
-          const double seconds = std::max(o_.block_seconds, 5 * b.gap);
-          const double most = std::min({b.most, 4294967295.0, b.limit > 0 ? b.limit / 10 : b.most});
-          b.size = std::floor(std::clamp(b.wants * seconds, 1.0, std::max(1.0, most)));
-          return hit_count{res, b.size, 1};
-        });
+    return gather(drawing_, count_request{client_id_, {}},
+                  [&](const std::string& res, bucket& b) -> std::optional<hit_count> {
+                    if (!b.budget || b.draw_at > now || !(b.wants > 0)) return std::nullopt;
+                    const double seconds = std::max(o_.block_seconds, 5 * b.gap);
+                    const double most = std::min(
+                        {b.most, request_limits::max_hits, b.limit > 0 ? b.limit / 10 : b.most});
+                    b.size = std::floor(std::clamp(b.wants * seconds, 1.0, std::max(1.0, most)));
+                    return hit_count{res, b.size, 1};
+                  });
   }
 
   /// The root's answer to the last `draw`: blocks to send. A refused draw is asked again at
@@ -299,7 +299,7 @@ class session {
     bool budget = false;
     double block = 0, used = 0, window_end = 0, size = 0, dry_until = 0;
     double gap = 0;    // the time its last report covered
-    double limit = 0;  // the budget's, once a draw said it
+    double limit = 0;  // the budget's, per window
     double draw_at = std::numeric_limits<double>::infinity();
     double most = request_limits::max_quantity;
     std::uint32_t number = 0;
@@ -343,7 +343,7 @@ class session {
       b.probed = true;
       b.budget = g.budget.has_value();
       b.ask_at = b.budget ? std::numeric_limits<double>::infinity() : now;
-      if (b.budget) b.draw_at = now;
+      if (b.budget) b.draw_at = now, b.limit = g.budget->limit;
       return std::nullopt;
     }
     b.capacity = g.gets.capacity;
