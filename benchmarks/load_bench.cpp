@@ -37,7 +37,10 @@
 // node's default policy requires), connections made once and reused.
 // With --grpc (a build with the gRPC layer), every client count also runs through the node's
 // gRPC door (--grpc-listen; Doorman's GetCapacity, plaintext): --connections gRPC channels,
-// each its own HTTP/2 connection with --window calls in flight, the same clients and wants.
+// each its own HTTP/2 connection with --window calls in flight, the same clients and wants;
+// first (in either shape; --no-floor leaves it out) the gRPC floor (doorman_bench_grpc_floor:
+// hosted as the doors are, answering each GetCapacity on gRPC's thread with what it wants)
+// under the same load, as the gRPC rows' "x floor".
 
 #include <doorman/net/address.hpp>
 #include <doorman/net/tls.hpp>
@@ -102,6 +105,7 @@ struct options {
   std::string node_binary;
   std::string baseline_binary;
   std::string floor_binary;
+  std::string grpc_floor_binary;  // doorman_bench_grpc_floor, with --grpc
   double seconds = 5;
   std::string shape = "real";
   int connections = 0;  // 0: the shape's (1000 real, 4 pipelined)
@@ -629,9 +633,10 @@ std::pair<drive_result, drive_result> drive_grpc(const options& o, const std::st
 
 result run_one(const options& o, const std::string& build, long clients,
                const std::filesystem::path& dir, bool tls, bool grpc) {
-  const std::string& binary = build == "baseline" ? o.baseline_binary
-                              : build == "floor"  ? o.floor_binary
-                                                  : o.node_binary;
+  const std::string& binary = build == "baseline"        ? o.baseline_binary
+                              : build == "floor" && grpc ? o.grpc_floor_binary
+                              : build == "floor"         ? o.floor_binary
+                                                         : o.node_binary;
   const auto config = dir / "resources.json";
   std::ofstream(config) << fmt::format(
       R"({{"resources": [{{"identifier_glob": "*", "capacity": {},
@@ -653,6 +658,7 @@ result run_one(const options& o, const std::string& build, long clients,
                                    "--max-connections",
                                    std::to_string(o.connections + 16)};
   if (build == "floor") args = {"/usr/bin/taskset", "-c", "0", binary, "--listen", "127.0.0.1:0"};
+  const bool grpc_floor = build == "floor" && grpc;
   if (tls) {
     for (const auto& a :
          {"--tls-cert", "/node.pem", "--tls-key", "/node.key", "--tls-ca", "/ca.pem"}) {
@@ -660,14 +666,18 @@ result run_one(const options& o, const std::string& build, long clients,
     }
     args.insert(args.end(), {"--tls-client-auth", "require"});
   }
-  if (grpc) args.insert(args.end(), {"--grpc-listen", "127.0.0.1:0"});
+  if (grpc && !grpc_floor) args.insert(args.end(), {"--grpc-listen", "127.0.0.1:0"});
   doorman_examples::process node(args, (dir / fmt::format("{}-{}{}{}.log", build, clients,
                                                           tls ? "-tls" : "", grpc ? "-grpc" : ""))
                                            .string());
   // The gRPC port binds (and says so) before the JSON-RPC one.
   std::optional<std::string> grpc_line;
-  if (grpc) grpc_line = node.wait_for("doorman.Capacity (gRPC) listening on ");
-  const auto address = node.listening_address();
+  if (grpc) {
+    grpc_line = node.wait_for(grpc_floor ? "gRPC floor listening on "
+                                         : "doorman.Capacity (gRPC) listening on ");
+  }
+  // The gRPC floor has no JSON-RPC port.
+  const auto address = grpc_floor ? std::optional<std::string>("") : node.listening_address();
   if (!address || (grpc && !grpc_line))
     throw std::runtime_error("the node did not start: " + node.log());
   const double rss0 = resident_bytes(node.pid());
@@ -833,6 +843,7 @@ int run(options o) {
       results.push_back(run_one(o, "node", n, dir, tls, false));
     }
     if (o.grpc) {
+      if (o.floor) results.push_back(run_one(o, "floor", n, dir, false, true));  // any shape
       if (!o.baseline_binary.empty())
         results.push_back(run_one(o, "baseline", n, dir, false, true));
       results.push_back(run_one(o, "node", n, dir, false, true));
@@ -856,6 +867,9 @@ int main(int argc, char** argv) {
   options o;
   o.node_binary = DOORMAN_NODE_BINARY;
   o.floor_binary = DOORMAN_FLOOR_BINARY;
+#ifdef DOORMAN_GRPC_FLOOR_BINARY
+  o.grpc_floor_binary = DOORMAN_GRPC_FLOOR_BINARY;
+#endif
   return doorman_examples::run_program(
       argc, argv, "doorman_bench_load",
       "usage: doorman_bench_load [--node-binary PATH] [--baseline-binary PATH] [--seconds S]\n"

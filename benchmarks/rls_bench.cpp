@@ -1,8 +1,8 @@
 // doorman_bench_rls: Envoy's rate limit service on a real doorman-rls, for docs/envoy.md.
 //
-//   doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S] [--window N]
-//                     [--keys N,N,...] [--redis-server PATH] [--accuracy-seconds S]
-//                     [--replicas N] [--json FILE] [--svg FILE]
+//   doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--floor-binary PATH]
+//                     [--seconds S] [--window N] [--keys N,N,...] [--redis-server PATH]
+//                     [--accuracy-seconds S] [--replicas N] [--json FILE] [--svg FILE]
 //
 // Speed: a doorman-rls pinned to core 0 (taskset), answering ShouldRateLimit for --keys distinct
 // keys (one descriptor each, picked at random per call, a rule of 10^9 a minute so that every
@@ -13,7 +13,9 @@
 // --window connections (one in flight each). Then the same doorman-rls with --server: each key
 // drawn in blocks from a doorman-node root's count (a round trip per block, not per request);
 // and with --server --block-fraction 0, every request counted at the root (one round trip to
-// the root per call). The root's CPU is not in the figures.
+// the root per call). The root's CPU is not in the figures. First in each group, on the same
+// load: the gRPC floor (doorman_bench_grpc_floor: hosted as the doors are, answering OK on
+// gRPC's thread), and each row's CPU per call as a ratio to it ("× floor").
 //
 // Accuracy: --replicas doorman-rls replicas share one limit (60 a second on one key) under
 // uneven, shifting offered traffic, paced open loop, in three phases of --accuracy-seconds: over
@@ -65,10 +67,10 @@
 namespace {
 
 const char* const usage =
-    "usage: doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--seconds S]\n"
-    "                         [--window N] [--keys N,N,...] [--redis-server PATH]\n"
-    "                         [--accuracy-seconds S] [--replicas N] [--json FILE]\n"
-    "                         [--svg FILE]\n";
+    "usage: doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--floor-binary PATH]\n"
+    "                         [--seconds S] [--window N] [--keys N,N,...]\n"
+    "                         [--redis-server PATH] [--accuracy-seconds S] [--replicas N]\n"
+    "                         [--json FILE] [--svg FILE]\n";
 
 using clock_type = std::chrono::steady_clock;
 namespace pb = ::envoy::service::ratelimit::v3;
@@ -76,6 +78,7 @@ namespace pb = ::envoy::service::ratelimit::v3;
 struct options {
   std::string rls_binary = DOORMAN_RLS_BINARY;
   std::string node_binary = DOORMAN_NODE_BINARY;
+  std::string floor_binary = DOORMAN_GRPC_FLOOR_BINARY;
   std::string redis_binary = "/usr/bin/redis-server";
   double seconds = 3;
   int window = 32;
@@ -367,6 +370,17 @@ std::vector<speed_result> speed(const options& o, const std::filesystem::path& d
   const bool redis = std::filesystem::exists(o.redis_binary);
   if (!redis) fmt::print(stderr, "no {}: the Redis rows are left out\n", o.redis_binary);
   for (const long keys : o.keys) {
+    {
+      auto floor = start({"/usr/bin/taskset", "-c", "0", o.floor_binary},
+                         dir / fmt::format("floor-{}.log", keys), "gRPC floor listening on ");
+      rls_load load(floor.address);
+      (void)load.drive(o, keys, floor.p->pid(), 0);
+      auto r = load.drive(o, keys, floor.p->pid(), o.seconds);
+      r.server = "gRPC floor";
+      out.push_back(r);
+      fmt::print(stderr, "gRPC floor keys {}: {:.0f} calls/s\n", keys, r.calls_per_s);
+      stop(floor);
+    }
     for (const mode m : all_modes) {
       std::optional<started> root;
       std::vector<std::string> args = {"/usr/bin/taskset", "-c",           "0",
@@ -642,18 +656,21 @@ int run(const options& o) {
   std::filesystem::remove_all(dir);
 
   fmt::print(
-      "| server | keys | calls/s | server CPU µs/call | p50 ms | p99 ms | errors |\n"
-      "|---|---:|---:|---:|---:|---:|---:|\n");
+      "| server | keys | calls/s | server CPU µs/call | × floor | p50 ms | p99 ms | errors |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = R"({"speed": [)";
+  double floor = 0;  // the gRPC floor's CPU per call, first in each group of keys
   for (std::size_t i = 0; i < fast.size(); ++i) {
     const auto& r = fast[i];
-    fmt::print("| {} | {} | {:.0f} | {:.1f} | {:.3f} | {:.3f} | {} |\n", r.server, r.keys,
-               r.calls_per_s, r.cpu_us_per_call, r.p50_us / 1000, r.p99_us / 1000, r.errors);
+    if (r.server == "gRPC floor") floor = r.cpu_us_per_call;
+    const double ratio = floor > 0 ? r.cpu_us_per_call / floor : 0;
+    fmt::print("| {} | {} | {:.0f} | {:.1f} | {:.2f} | {:.3f} | {:.3f} | {} |\n", r.server, r.keys,
+               r.calls_per_s, r.cpu_us_per_call, ratio, r.p50_us / 1000, r.p99_us / 1000, r.errors);
     json += fmt::format(
         R"({}{{"server": "{}", "keys": {}, "calls_per_s": {:.1f}, "cpu_us_per_call": {:.2f}, )"
-        R"("p50_us": {:.1f}, "p99_us": {:.1f}, "errors": {}}})",
-        i ? ", " : "", r.server, r.keys, r.calls_per_s, r.cpu_us_per_call, r.p50_us, r.p99_us,
-        r.errors);
+        R"("ratio_to_floor": {:.3f}, "p50_us": {:.1f}, "p99_us": {:.1f}, "errors": {}}})",
+        i ? ", " : "", r.server, r.keys, r.calls_per_s, r.cpu_us_per_call, ratio, r.p50_us,
+        r.p99_us, r.errors);
   }
   fmt::print(
       "\n| mode | phase | offered | ideal | admitted | over | under |\n"
@@ -682,6 +699,7 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
   return {
       {"--rls-binary", [&](arguments& a) { o.rls_binary = a.value(); }},
       {"--node-binary", [&](arguments& a) { o.node_binary = a.value(); }},
+      {"--floor-binary", [&](arguments& a) { o.floor_binary = a.value(); }},
       {"--redis-server", [&](arguments& a) { o.redis_binary = a.value(); }},
       {"--seconds", [&](arguments& a) { o.seconds = a.number(0, 600); }},
       {"--window", [&](arguments& a) { o.window = static_cast<int>(a.number(1, 1024)); }},
