@@ -156,8 +156,8 @@ class session {
       if (!(elapsed > 0)) continue;  // no rate yet (a new bucket's first report says 0)
       b.wants = std::min(static_cast<double>(u.allowed + u.denied) / elapsed,
                          request_limits::max_quantity);
+      if (!(b.gap > 0)) b.ask_at = now;  // its first rate: asked for at once
       b.gap = elapsed;
-      if (!b.measured) b.measured = true, b.ask_at = now;
     }
     return true;
   }
@@ -291,14 +291,13 @@ class session {
     double capacity = 0;
     double lease_until = 0;
     double refresh = 0;
-    bool measured = false;  // a report with a time came: wants is a rate
     // A budget bucket (drawn in blocks): the block Envoy holds, its use as reported since, its
     // window's end, when to draw next, the draw's size, the most to ask for, and until when
     // the window has nothing left.
     bool probed = false;  // asked once, wanting nothing: a budget or not
     bool budget = false;
     double block = 0, used = 0, window_end = 0, size = 0, dry_until = 0;
-    double gap = 0;    // the time its last report covered
+    double gap = 0;    // the time its last report with a time covered (0: no rate yet)
     double limit = 0;  // the budget's, per window
     double draw_at = std::numeric_limits<double>::infinity();
     double most = request_limits::max_quantity;
