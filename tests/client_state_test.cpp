@@ -396,6 +396,37 @@ TEST_CASE("window draws: blocks follow demand, capped at a twentieth of the limi
   CHECK(calls <= 30);     // about one every 3 s; a call per request would be 6000
 }
 
+TEST_CASE("window draws: a key asked rarely under a large limit draws a thousandth of it",
+          "[draws]") {
+  // 1 000 000 a minute, asked once every 5 s: its demand is about one request, but a block
+  // of a thousandth of the limit (1 000) serves the whole minute with one call, where a block
+  // of its demand would cost a call per request.
+  manual_clock clock;
+  draws_t draws({});
+  doorman::hit_counts<manual_clock> root(100);
+  const auto limit = [] { return 1'000'000.0; };
+  int calls = 0, admitted = 0;
+  for (int k = 0; k < 12; ++k) {
+    auto s = draws.take("k", 1, 1'000'000, 60s, clock.now(), k);
+    if (s.decided && s.decided->what == kind::admitted) ++admitted;
+    if (s.draw) {
+      ++calls;
+      CHECK(s.draw->hits == 1000);
+      const auto v = root.count(*s.draw, clock.now() + 1ms, limit, 1);
+      for (const auto& x : draws.answered("k", &v, clock.now() + 2ms).decided)
+        admitted += x.second.what == kind::admitted ? 1 : 0;
+    }
+    clock.advance(5s);
+  }
+  CHECK(admitted == 12);
+  CHECK(calls == 1);
+  // Never over the cap: with --block-fraction 0 every request is still drawn alone.
+  draws_t each({.block_fraction = 0});
+  auto s = each.take("k", 1, 1'000'000, 60s, clock.now(), 1);
+  REQUIRE(s.draw);
+  CHECK(s.draw->hits == 1);
+}
+
 TEST_CASE("window draws: the waiting are served in order, and all fail with the draw", "[draws]") {
   manual_clock clock;
   draws_t draws({.block_fraction = 0.05, .max_keys = 2, .max_waiting = 3});

@@ -15,13 +15,15 @@
 /// every process admits from its blocks stays within the limit of each root window, exactly,
 /// from the first request of a key on. A block is sized by the key's recent demand here: the
 /// hits asked in about the last twentieth of the window (a decayed count), at least what the
-/// waiting requests need, at most a twentieth of the limit. For a limit under 20 per window a
-/// draw is one request's hits, and every request is counted at the root.
+/// waiting requests need and a thousandth of the limit (a key asked rarely under a large limit
+/// costs one call a block, not one a request), at most a twentieth of the limit. For a limit
+/// under 20 per window a draw is one request's hits, and every request is counted at the root.
 ///
 /// What this costs: hits drawn and not admitted by the window's end are lost to the window
 /// (at most a twentieth of the limit per process, and no more than the process was asked for in
-/// the last twentieth of the window); a process with no block left and no answer from the root
-/// admits nothing (its driver answers "unavailable").
+/// the last twentieth of the window or a thousandth of the limit, whichever is more); a process
+/// with no block left and no answer from the root admits nothing (its driver answers
+/// "unavailable").
 ///
 /// One draw is in flight per key; requests that need it wait behind it, first come, first
 /// served. When the root refuses with less left than a request needs, the key refuses such
@@ -50,6 +52,7 @@ namespace doorman {
 
 struct window_draw_options {
   double block_fraction = 0.05;     ///< of a window: the demand a block covers, and its cap
+  double least_fraction = 0.001;    ///< of the limit: the least a block holds (under the cap)
   std::size_t max_keys = 100'000;   ///< keys held; an idle one is forgotten to make room
   std::size_t max_waiting = 4'096;  ///< requests waiting on one key's draw
 };
@@ -219,7 +222,8 @@ class window_draws {
     for (const auto& w : e.waiting)
       all += w.hits;
     const double cap = e.limit * options_.block_fraction;
-    double size = std::min(std::max(e.demand - e.balance, all), cap);
+    const double least = e.limit * options_.least_fraction;
+    double size = std::min(std::max({e.demand - e.balance, all, least}), cap);
     if (!std::isinf(e.root_left)) size = std::min(size, e.root_left);
     size = std::ceil(std::max(size, need));
     e.in_flight = true;
