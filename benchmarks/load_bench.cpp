@@ -36,11 +36,12 @@
 // client-a.pem for the generator, client ids spiffe://doorman.test/client/a#client-N as the
 // node's default policy requires), connections made once and reused.
 // With --grpc (a build with the gRPC layer), every client count also runs through the node's
-// gRPC door (--grpc-listen; Doorman's GetCapacity, plaintext): --connections gRPC channels,
-// each its own HTTP/2 connection with --window calls in flight, the same clients and wants;
-// first (in either shape; --no-floor leaves it out) the gRPC floor (doorman_bench_grpc_floor:
-// hosted as the doors are, answering each GetCapacity on gRPC's thread with what it wants)
-// under the same load, as the gRPC rows' "x floor".
+// gRPC door (--grpc-listen; Doorman's GetCapacity, plaintext, and with --tls mutual TLS as
+// above): --connections gRPC channels, each its own HTTP/2 connection with --window calls in
+// flight, the same clients and wants; first (in either shape; --no-floor leaves it out) the gRPC
+// floor (doorman_bench_grpc_floor: hosted as the doors are, with the same TLS flags, answering
+// each GetCapacity on gRPC's thread with what it wants) under the same load, as the gRPC rows'
+// "x floor".
 
 #include <doorman/net/address.hpp>
 #include <doorman/net/tls.hpp>
@@ -455,13 +456,22 @@ drive_result drive(std::vector<connection>& conns, population& people, long clie
 // answers are taken on this thread from a queue the callbacks fill).
 class grpc_load {
  public:
-  grpc_load(const std::string& address, int connections) {
+  // `tls_dir`: mutual TLS with the certificates there (client-a's), else plaintext.
+  grpc_load(const std::string& address, int connections, const std::string& tls_dir) {
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!tls_dir.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = read_file(tls_dir + "/ca.pem");
+      ssl.pem_private_key = read_file(tls_dir + "/client-a.key");
+      ssl.pem_cert_chain = read_file(tls_dir + "/client-a.pem");
+      creds = grpc::SslCredentials(ssl);
+    }
     for (int i = 0; i < connections; ++i) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
       args.SetInt("doorman.bench.connection", i);
-      stubs_.push_back(::doorman::Capacity::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(
+          ::doorman::Capacity::NewStub(grpc::CreateCustomChannel(address, creds, args)));
     }
   }
 
@@ -549,6 +559,16 @@ class grpc_load {
                                        answers_.on_done(raw));
   }
 
+  static std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in || text.empty()) {
+      throw std::runtime_error("--tls: cannot read " + path +
+                               " (make the certificates with examples/make_certs.sh DIR)");
+    }
+    return text;
+  }
+
   std::vector<std::unique_ptr<::doorman::Capacity::Stub>> stubs_;
   doorman_bench::answer_queue<call> answers_;
 };
@@ -614,19 +634,21 @@ std::pair<drive_result, drive_result> drive_json_rpc(const options& o, const std
 
 // The same through the gRPC door (`line`: the node's "listening on" line for it).
 std::pair<drive_result, drive_result> drive_grpc(const options& o, const std::string& line,
-                                                 const std::string& build, long clients,
+                                                 const std::string& build, long clients, bool tls,
                                                  pid_t node) {
 #ifdef DOORMAN_HAVE_GRPC
-  grpc_load load(line.substr(line.find("listening on ") + 13), o.connections);
-  population people(clients);
-  fmt::print(stderr, "  {} {} clients through gRPC: registering...", build, clients);
+  grpc_load load(line.substr(line.find("listening on ") + 13), o.connections,
+                 tls ? o.tls_dir : std::string());
+  population people(clients, tls ? "spiffe://doorman.test/client/a#client-" : "client-");
+  fmt::print(stderr, "  {} {} clients through gRPC{}: registering...", build, clients,
+             tls ? " over TLS" : "");
   auto reg = load.drive(people, clients, o.window, {}, true, node);
   fmt::print(stderr, " ({:.1f} s) measuring {} s...", reg.elapsed, o.seconds);
   auto m = load.drive(people, clients, o.window, measure_until(o), false, node);
   fmt::print(stderr, " done\n");
   return {std::move(reg), std::move(m)};
 #else
-  (void)o, (void)line, (void)build, (void)clients, (void)node;
+  (void)o, (void)line, (void)build, (void)clients, (void)tls, (void)node;
   throw std::invalid_argument("--grpc: this build has no gRPC");
 #endif
 }
@@ -684,7 +706,7 @@ result run_one(const options& o, const std::string& build, long clients,
   double rss_connected = rss0;
   std::optional<double> syscalls;
   auto [reg, m] =
-      grpc ? drive_grpc(o, *grpc_line, build, clients, node.pid())
+      grpc ? drive_grpc(o, *grpc_line, build, clients, tls, node.pid())
            : drive_json_rpc(o, *address, build, clients, tls, node.pid(), rss_connected,
                             dir / fmt::format("perf-{}-{}.log", build, clients), syscalls);
   const double rss1 = resident_bytes(node.pid());
@@ -842,11 +864,11 @@ int run(options o) {
       if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls, false));
       results.push_back(run_one(o, "node", n, dir, tls, false));
     }
-    if (o.grpc) {
-      if (o.floor) results.push_back(run_one(o, "floor", n, dir, false, true));  // any shape
-      if (!o.baseline_binary.empty())
-        results.push_back(run_one(o, "baseline", n, dir, false, true));
-      results.push_back(run_one(o, "node", n, dir, false, true));
+    for (const bool tls : {false, true}) {
+      if (!o.grpc || (tls && o.tls_dir.empty())) continue;
+      if (o.floor) results.push_back(run_one(o, "floor", n, dir, tls, true));  // any shape
+      if (!o.baseline_binary.empty()) results.push_back(run_one(o, "baseline", n, dir, tls, true));
+      results.push_back(run_one(o, "node", n, dir, tls, true));
     }
   }
   std::filesystem::remove_all(dir);

@@ -52,6 +52,76 @@ TEST_CASE("globs match as Go's filepath.Match (Doorman's): * and ? stop at /", "
   // A pathological pattern stays linear-ish rather than exponential.
   CHECK_FALSE(glob_match("*a*a*a*a*a*a*a*b", std::string(5000, 'a')));
   CHECK(glob_match(std::string(600, '*') + "b", std::string(600, 'a') + "b"));  // a long pattern
+  // A literal head (an access rule's escaped identity) is compared as it is.
+  const std::string identity = "\\s\\p\\i\\f\\f\\e\\:\\/\\/\\d\\/\\a";  // spiffe://d/a
+  CHECK(glob_match(identity, "spiffe://d/a"));
+  CHECK_FALSE(glob_match(identity, "spiffe://d/ab"));
+  CHECK_FALSE(glob_match(identity, "spiffe://d/"));
+  CHECK(glob_match(identity + "#*", "spiffe://d/a#worker-7"));
+  CHECK_FALSE(glob_match(identity + "#*", "spiffe://d/b#worker-7"));
+  CHECK_FALSE(glob_match(identity + "#*", "spiffe://d/a#worker/7"));
+  CHECK(glob_match("exact", "exact"));
+  CHECK_FALSE(glob_match("exact", "exactly"));
+  CHECK_FALSE(glob_match("", "x"));
+  CHECK(glob_match("", ""));
+}
+
+namespace {
+
+// Go's filepath.Match written the slow way, by trying every split (small inputs only).
+bool reference_match(std::string_view p, std::string_view t) {
+  if (p.empty()) return t.empty();
+  if (p[0] == '*') {
+    for (std::size_t n = 0; n <= t.size(); ++n) {
+      if (reference_match(p.substr(1), t.substr(n))) return true;
+      if (n < t.size() && t[n] == '/') return false;
+    }
+    return false;
+  }
+  if (t.empty()) return false;
+  if (p[0] == '?') return t[0] != '/' && reference_match(p.substr(1), t.substr(1));
+  if (p[0] == '[') {
+    std::size_t i = 1;
+    const bool negate = i < p.size() && (p[i] == '!' || p[i] == '^');
+    if (negate) ++i;
+    bool found = false;
+    for (bool first = true; i < p.size() && (first || p[i] != ']'); first = false) {
+      unsigned char lo = static_cast<unsigned char>(p[i] == '\\' ? p[++i] : p[i]);
+      unsigned char hi = lo;
+      if (i + 2 < p.size() && p[i + 1] == '-' && p[i + 2] != ']') {
+        i += 2;
+        hi = static_cast<unsigned char>(p[i] == '\\' ? p[++i] : p[i]);
+      }
+      const auto c = static_cast<unsigned char>(t[0]);
+      found |= lo <= c && c <= hi;
+      ++i;
+    }
+    return found != negate && reference_match(p.substr(i + 1), t.substr(1));
+  }
+  const bool escaped = p[0] == '\\' && p.size() > 1;
+  return t[0] == p[escaped ? 1 : 0] && reference_match(p.substr(escaped ? 2 : 1), t.substr(1));
+}
+
+}  // namespace
+
+TEST_CASE("globs match as the slow reference does, on random patterns", "[core][glob]") {
+  doorman::detail::splitmix64 draw(7);
+  const std::string_view pattern_bytes = "ab/*?[]!-\\#";
+  const std::string_view text_bytes = "ab/#-]";
+  int checked = 0;
+  for (int n = 0; n < 200000; ++n) {
+    std::string p;
+    std::string t;
+    for (auto k = draw.next() % 9; k > 0; --k)
+      p += pattern_bytes[draw.next() % pattern_bytes.size()];
+    for (auto k = draw.next() % 9; k > 0; --k)
+      t += text_bytes[draw.next() % text_bytes.size()];
+    if (doorman::glob_error(p)) continue;
+    ++checked;
+    INFO("pattern " << p << ", text " << t);
+    REQUIRE(doorman::glob_match(p, t) == reference_match(p, t));
+  }
+  CHECK(checked > 50000);
 }
 
 TEST_CASE("an id that no glob matches for its '/' gets the last template", "[core][glob]") {

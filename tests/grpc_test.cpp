@@ -485,6 +485,16 @@ TEST_CASE("grpc over mutual TLS: the peer's certificate is its identity", "[grpc
       grpc_node::context().get(), ask("spiffe://doorman.test/client/b", "api", 10), &out);
   CHECK(refused.error_code() == grpc::StatusCode::PERMISSION_DENIED);
   CHECK_THAT(refused.error_message(), Catch::Contains("forbidden"));
+  // Another certificate on another connection is its own identity, before and after the first
+  // one's calls (the door remembers each certificate's identity by its text).
+  auto client_b = tls_stub(n.address, "client-b");
+  const std::string b = "spiffe://doorman.test/client/b";
+  REQUIRE(client_b->GetCapacity(grpc_node::context().get(), ask(b, "api", 10), &out).ok());
+  CHECK(client_b->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).error_code() ==
+        grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(client_a->GetCapacity(grpc_node::context().get(), ask(b + "#worker", "api", 10), &out)
+            .error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  REQUIRE(client_a->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out).ok());
   // No certificate: no call at all.
   auto anonymous = tls_stub(n.address, "");
   const auto s = anonymous->GetCapacity(grpc_node::context().get(), ask(a, "api", 10), &out);

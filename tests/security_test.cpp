@@ -128,6 +128,35 @@ TEST_CASE("an identity never uses another identity's client ids, nor shares its 
   CHECK(bound.holders() == 4);
 }
 
+TEST_CASE("an access glob matches as its expanded pattern does, with hostile identities",
+          "[access]") {
+  using doorman::access_policy;
+  doorman::detail::splitmix64 draw(11);
+  const std::string_view pattern_bytes = "ab*?[]!-#/\\";
+  const std::string_view id_bytes = "ab*?[]#/\\";
+  const std::vector<std::string> tokens = {"{identity}", "{identity}#*", "x-{identity}",
+                                           "{identity}/{identity}", "[{identity}]*"};
+  int matched = 0;
+  for (int n = 0; n < 100000; ++n) {
+    std::string identity;
+    std::string id;
+    std::string pattern = tokens[draw.next() % tokens.size()];
+    for (auto k = draw.next() % 5; k > 0; --k)
+      pattern += pattern_bytes[draw.next() % pattern_bytes.size()];
+    if (doorman::glob_error(access_policy::expand(pattern, "x"))) continue;
+    for (auto k = draw.next() % 5; k > 0; --k)
+      identity += id_bytes[draw.next() % id_bytes.size()];
+    id = draw.next() % 2 ? identity : std::string();
+    for (auto k = draw.next() % 6; k > 0; --k)
+      id += id_bytes[draw.next() % id_bytes.size()];
+    INFO("pattern " << pattern << ", identity " << identity << ", id " << id);
+    const bool expected = doorman::glob_match(access_policy::expand(pattern, identity), id);
+    REQUIRE(access_policy::matches(pattern, identity, id) == expected);
+    matched += expected ? 1 : 0;
+  }
+  CHECK(matched > 1000);
+}
+
 TEST_CASE("client certificates without an access file: the default policy", "[access]") {
   const std::string a = "spiffe://doorman.test/client/a";
   const std::string b = a + "/w1";

@@ -2,7 +2,10 @@
 
 #include "hosting.hpp"
 
+#include <mutex>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <grpcpp/security/server_credentials.h>
@@ -35,14 +38,9 @@ std::shared_ptr<grpc::ServerCredentials> credentials_of(const net::tls_options& 
   return grpc::SslServerCredentials(o);
 }
 
-// The identity of the peer's verified certificate, by the rules of the node's other ports.
-std::string identity_of(const grpc::CallbackServerContext& ctx) {
 #ifdef DOORMAN_TLS
-  const auto auth = ctx.auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return {};
-  const auto pems = auth->FindPropertyValues("x509_pem_cert");
-  if (pems.empty()) return {};
-  const std::string pem(pems.front().data(), pems.front().size());
+// The identity in a certificate's PEM text (empty when it does not parse).
+std::string identity_in(const std::string& pem) {
   BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   if (bio == nullptr) return {};
   X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
@@ -51,6 +49,43 @@ std::string identity_of(const grpc::CallbackServerContext& ctx) {
   std::string id = net::detail::identity_of(cert);
   X509_free(cert);
   return id;
+}
+
+// The identities of the certificates seen lately, by their whole PEM text: gRPC hands each call
+// the peer's certificate as text, and parsing it costs more than the call (about 6x the gRPC
+// floor's CPU per call with mutual TLS, benchmarks/README.md), while every call on a connection
+// carries the same one. An identity is a function of the certificate alone (gRPC verified it at
+// the handshake), so the text is the key. At most `most` of them: full, it starts again.
+class identity_cache {
+ public:
+  std::string get(const std::string& pem) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (const auto it = ids_.find(pem); it != ids_.end()) return it->second;
+    }
+    std::string id = identity_in(pem);
+    const std::lock_guard lock(mutex_);
+    if (ids_.size() >= most) ids_.clear();
+    ids_.emplace(pem, id);
+    return id;
+  }
+
+ private:
+  static constexpr std::size_t most = 4096;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::string> ids_;
+};
+#endif
+
+// The identity of the peer's verified certificate, by the rules of the node's other ports.
+std::string identity_of(const grpc::CallbackServerContext& ctx) {
+#ifdef DOORMAN_TLS
+  static identity_cache cache;
+  const auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return {};
+  const auto pems = auth->FindPropertyValues("x509_pem_cert");
+  if (pems.empty()) return {};
+  return cache.get(std::string(pems.front().data(), pems.front().size()));
 #else
   (void)ctx;
   return {};

@@ -93,28 +93,44 @@ inline std::size_t glob_match_class(std::string_view p, std::size_t i, char c, b
 
 namespace detail {
 
-// One step of the matcher: from the pattern positions in `from` (each already past any `*`
-// it may skip), the positions after reading byte `c`, closed over `*` again.
-inline void glob_step(std::string_view p, const unsigned char* from, unsigned char* to, char c) {
-  std::fill(to, to + p.size() + 1, static_cast<unsigned char>(0));
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    if (!from[i]) continue;
+// The pattern positions a matcher holds, as flags, and the lowest and highest set (`lo > hi`:
+// none), so that a step visits only those: a literal pattern (an identity's) holds one.
+struct glob_positions {
+  unsigned char* at;
+  std::size_t lo;
+  std::size_t hi;
+};
+
+// One step of the matcher: from the pattern positions in `from` (each already past any `*` it
+// may skip), the positions after reading byte `c` into `to` (whose flags are clear outside its
+// range, and cleared inside it first), closed over `*` again.
+inline void glob_step(std::string_view p, const glob_positions& from, glob_positions& to, char c) {
+  if (to.lo <= to.hi) std::fill(to.at + to.lo, to.at + to.hi + 1, static_cast<unsigned char>(0));
+  to.lo = p.size() + 1;
+  to.hi = 0;
+  const auto set = [&](std::size_t j) {
+    to.at[j] = 1;
+    to.lo = std::min(to.lo, j);
+    to.hi = std::max(to.hi, j);
+  };
+  for (std::size_t i = from.lo; i <= from.hi && i < p.size(); ++i) {
+    if (!from.at[i]) continue;
     const char pc = p[i];
     if (pc == '*') {
-      if (c != '/') to[i] = 1;  // the star takes c and stays
+      if (c != '/') set(i);  // the star takes c and stays
     } else if (pc == '?') {
-      if (c != '/') to[i + 1] = 1;
+      if (c != '/') set(i + 1);
     } else if (pc == '[') {
       bool matched = false;
       const std::size_t end = glob_match_class(p, i, c, matched);
-      if (end != std::string_view::npos && matched) to[end] = 1;
+      if (end != std::string_view::npos && matched) set(end);
     } else {
       const bool escaped = pc == '\\' && i + 1 < p.size();
-      if ((escaped ? p[i + 1] : pc) == c) to[i + (escaped ? 2 : 1)] = 1;
+      if ((escaped ? p[i + 1] : pc) == c) set(i + (escaped ? 2 : 1));
     }
   }
-  for (std::size_t i = 0; i < p.size(); ++i)  // a star may also take nothing
-    if (to[i] && p[i] == '*') to[i + 1] = 1;
+  for (std::size_t i = to.lo; i <= to.hi && i < p.size(); ++i)  // a star may also take nothing
+    if (to.at[i] && p[i] == '*') set(i + 1);
 }
 
 }  // namespace detail
@@ -144,26 +160,43 @@ inline void append_escaped(std::string& out, std::string_view text, std::string_
 
 /// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`), as Go's
 /// `filepath.Match` (Doorman's) does: `*` and `?` never match a `/`. Runs the pattern as a
-/// set of positions over the text: O(pattern x text) steps, so hostile ids cannot make it
-/// exponential.
+/// set of positions over the text: O(pattern x text) steps at most, so hostile ids cannot make
+/// it exponential, and O(text) for a pattern that holds one position at a time (a literal, as
+/// an access rule's `{identity}`, with a `*` at its end).
 [[nodiscard]] inline bool glob_match(std::string_view pattern, std::string_view text) {
+  // The literal head (an access rule's escaped identity), byte by byte.
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < pattern.size() && pattern[i] != '*' && pattern[i] != '?' && pattern[i] != '[') {
+    const bool escaped = pattern[i] == '\\' && i + 1 < pattern.size();
+    if (j == text.size() || text[j] != pattern[escaped ? i + 1 : i]) return false;
+    i += escaped ? 2 : 1;
+    ++j;
+  }
+  pattern.remove_prefix(i);
+  text.remove_prefix(j);
   constexpr std::size_t inline_size = 512;
-  std::array<unsigned char, 2 * inline_size> fixed{};
+  std::array<unsigned char, 2 * inline_size> fixed;  // set as used
   std::vector<unsigned char> heap;
   unsigned char* cur = fixed.data();
   if (pattern.size() + 1 > inline_size) {
     heap.assign(2 * (pattern.size() + 1), 0);
     cur = heap.data();
   }
-  unsigned char* next = cur + pattern.size() + 1;
+  detail::glob_positions from{cur, 0, 0};
+  detail::glob_positions to{cur + pattern.size() + 1, 1, 0};
+  std::fill(cur, cur + 2 * (pattern.size() + 1), static_cast<unsigned char>(0));
   cur[0] = 1;
-  for (std::size_t i = 0; i < pattern.size() && pattern[i] == '*'; ++i)
-    cur[i + 1] = 1;
-  for (const char c : text) {
-    detail::glob_step(pattern, cur, next, c);
-    std::swap(cur, next);
+  for (std::size_t k = 0; k < pattern.size() && pattern[k] == '*'; ++k) {
+    cur[k + 1] = 1;
+    from.hi = k + 1;
   }
-  return cur[pattern.size()] != 0;
+  for (const char c : text) {
+    detail::glob_step(pattern, from, to, c);
+    std::swap(from, to);
+    if (from.lo > from.hi) return false;  // no position left: nothing more can match
+  }
+  return from.at[pattern.size()] != 0;
 }
 
 }  // namespace doorman
