@@ -294,6 +294,43 @@ TEST_CASE(
   CHECK(f.capacity() == 600);
 }
 
+TEST_CASE("a learned capacity keeps a bounded history of its steps, for the status page",
+          "[core][learn]") {
+  learning_root f;
+  CHECK(f.engine.learned_history("res", f.clock.now()).empty());
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{0, 0}));
+  f.clock.advance(5s);
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{2500, 0}));
+  f.clock.advance(5s);
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{5000, 0}));  // a rise
+  f.clock.advance(2s);
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{5500, 200}));  // a cut at once
+  f.clock.advance(3s);
+  const auto h = f.engine.learned_history("res", f.clock.now());
+  REQUIRE(h.size() == 3);
+  CHECK(h[0].step == doorman::learn_step::hold);
+  CHECK(h[1].step == doorman::learn_step::rise);
+  CHECK(h[1].at == Approx(-5));
+  CHECK(h[1].capacity == Approx(1020));
+  CHECK(h[1].wants == Approx(2000));
+  CHECK(h[1].calls == Approx(500));
+  CHECK(h[2].step == doorman::learn_step::cut);
+  CHECK(h[2].at == Approx(-3));
+  CHECK(h[2].capacity == Approx(f.capacity()));
+  CHECK(h[2].overloads > 0);
+  // Bounded: the oldest steps go.
+  for (int i = 0; i < 400; ++i) {
+    f.clock.advance(5s);
+    REQUIRE(f.ask("a", 2000, std::nullopt));
+  }
+  const auto kept = f.engine.learned_history("res", f.clock.now());
+  CHECK(kept.size() == doorman::learned_history_length);
+  CHECK(kept.back().at == Approx(0));
+  CHECK(kept.front().at == Approx(-5.0 * (doorman::learned_history_length - 1)));
+  // A resource that learns nothing has none.
+  CHECK(f.engine.learned_history("other", f.clock.now()).empty());
+}
+
 TEST_CASE("a new master's learned capacity starts from what the clients hold",
           "[core][learn][failover]") {
   manual_clock clock;

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_answers.hpp"
@@ -225,6 +226,51 @@ TEST_CASE("status pages escape what clients and the configuration wrote", "[admi
   CHECK_THAT(page, Catch::Contains("/status/resources/%3Cscript%3Ealert%281%29%3C%2Fscript%3E"));
   CHECK_THAT(page, Catch::Contains("a &amp; b"));
   CHECK_THAT(page, Catch::Contains("&lt;node&gt;"));
+}
+
+TEST_CASE("a resource's page charts its learned capacity against demand and overloads",
+          "[admin][learn]") {
+  doorman::admin_snapshot s;
+  s.started = true;
+  doorman::admin_resource r;
+  r.status.resource_id = "provider";
+  s.resources.push_back(r);
+  CHECK_THAT(doorman::render_resource(s, 1), !Catch::Contains("Learned capacity"));
+  using step = doorman::learn_step;
+  for (int i = 0; i < 20; ++i) {
+    s.resources[0].learned_history.push_back({.at = -5.0 * (19 - i),
+                                              .capacity = 1000 + 10.0 * i,
+                                              .wants = 2000,
+                                              .calls = 990 + 10.0 * i,
+                                              .overloads = i == 19 ? 42.0 : 0.0,
+                                              .step = i == 19 ? step::cut : step::rise});
+  }
+  const auto page = doorman::render_resource(s, 1);
+  CHECK_THAT(page, Catch::Contains("<h2 id=\"learned\">Learned capacity (20 steps)</h2>"));
+  CHECK_THAT(page, Catch::Contains("<svg"));
+  // Four lines: the learned capacity, the demand, the calls and the overloaded calls, each
+  // with its 20 points, from 95 s before now (the left edge) to now.
+  std::size_t lines = 0;
+  for (auto at = page.find("<polyline"); at != std::string::npos;
+       at = page.find("<polyline", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines == 4);
+  CHECK_THAT(page, Catch::Contains(">learned capacity</text>"));
+  CHECK_THAT(page, Catch::Contains(">overloaded/s</text>"));
+  CHECK_THAT(page, Catch::Contains(">-95 s</text>"));
+  CHECK_THAT(page, Catch::Contains(">0 s</text>"));
+  // The last 12 steps as a table, newest first.
+  CHECK_THAT(page, Catch::Contains("<tr><td class=\"n\">0</td><td>cut</td><td class=\"n\">1190</td>"
+                                   "<td class=\"n\">2000</td><td class=\"n\">1180</td>"
+                                   "<td class=\"n\">42</td></tr>"));
+  std::size_t rows = 0;
+  const auto table = page.substr(page.find("<table id=\"steps\">"));
+  for (auto at = table.find("<tr><td"); at != std::string::npos && at < table.find("</table>");
+       at = table.find("<tr><td", at + 1)) {
+    ++rows;
+  }
+  CHECK(rows == 12);
 }
 
 TEST_CASE("the status page shows each budget: its window, limit, spend and what is left",
@@ -633,6 +679,62 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
   CHECK_THAT(dom, Catch::Contains("<a href=\"/status/resources/orders\">orders</a></td>"
                                   "<td class=\"n\">100</td><td class=\"n\">30</td>"));
   CHECK_THAT(dom, Catch::Contains("<td>the default</td>"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium too",
+          "[admin][net][learn]") {
+  running_node<> root(R"({"resources": [{"identifier_glob": "provider", "capacity": 100,
+    "learn": {"min": 10, "max": 1000},
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 0.2,
+                  "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 5}}]})",
+                      with_admin());
+  line_client a(root.address());
+  // Calls reported, 40 a report, none overloaded, while wanting more than the capacity: the
+  // root steps (a rise each refresh interval) until three steps are kept.
+  const auto steps = [&] {
+    const auto st = status_of(root.address(), "provider").at("resources").at(0);
+    return st.contains("learned") ? st.at("learned").at("seconds").get<double>() : 0.0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double calls = 0;
+  int stepped = 0;
+  while (stepped < 3 && std::chrono::steady_clock::now() < deadline) {
+    auto params = capacity_params("alice", "provider", 500);
+    params["resources"][0]["signals"] = {{"calls", calls}, {"overloads", 0}};
+    REQUIRE(a.call("get_capacity", params).contains("result"));
+    calls += 40;
+    const auto page = http_get(root.node().admin_address(), "/status/resources/provider").body;
+    const auto at = page.find("Learned capacity (");
+    stepped = at == std::string::npos ? 0 : std::atoi(page.c_str() + at + 18);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the next report, later
+  }
+  REQUIRE(stepped >= 3);
+  CHECK(steps() > 0);
+  const auto page = http_get(root.node().admin_address(), "/status/resources/provider");
+  CHECK(page.status == 200);
+  CHECK_THAT(page.body, Catch::Contains("<svg"));
+  CHECK_THAT(page.body, Catch::Contains("<td>rise</td>"));
+  if (!have("chromium")) {
+    WARN("chromium is not installed (Debian package chromium); skipped");
+    return;
+  }
+  const auto dir = scratch("chromium-learned");
+  const auto [status, dom] =
+      run_command("timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
+                      (dir / "profile").string() + " --dump-dom http://" +
+                      root.node().admin_address() + "/status/resources/provider",
+                  true);
+  INFO(dom.substr(0, 3000));
+  CHECK(status == 0);
+  // The DOM the browser built: the chart, its four lines and their legend, and the steps.
+  CHECK_THAT(dom, Catch::Contains("<h2 id=\"learned\">Learned capacity ("));
+  CHECK_THAT(dom, Catch::Contains("<polyline"));
+  CHECK_THAT(dom, Catch::Contains(">learned capacity</text>"));
+  CHECK_THAT(dom, Catch::Contains(">demand</text>"));
+  CHECK_THAT(dom, Catch::Contains("<table id=\"steps\">"));
   fs::remove_all(dir);
 }
 

@@ -35,6 +35,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <string>
@@ -151,6 +153,19 @@ struct learned_info {
   std::string step = "hold";
 };
 
+/// One control step of a learned capacity, as its history keeps it (the status page's chart).
+struct learned_point {
+  double at = 0;         ///< seconds on the engine's clock (relative to now in a snapshot)
+  double capacity = 0;   ///< the learned capacity after the step
+  double wants = 0;      ///< what the clients wanted in all: the demand
+  double calls = 0;      ///< calls a second to the protected service in the step's interval
+  double overloads = 0;  ///< of those, answered overloaded
+  learn_step step = learn_step::hold;
+};
+
+/// The control steps a learned capacity's history keeps: half an hour at a 5 s refresh.
+inline constexpr std::size_t learned_history_length = 360;
+
 namespace detail {
 
 /// A resource's learned capacity at a root: the law, the interval under way, the last step.
@@ -163,6 +178,7 @@ struct learned_state {
   bool cut = false;     ///< it cut in this term
   TimePoint cut_at{};   ///< its last cut
   learned_info last{};
+  std::deque<learned_point> history{};  ///< the last steps, oldest first
 };
 
 /// A resource's signals at a node: each client's last report, and its rate over the reports

@@ -125,6 +125,13 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
       l.cut_at = now;
     }
     const double after = l.law.capacity();
+    l.history.push_back({.at = to_seconds(now.time_since_epoch()),
+                         .capacity = after,
+                         .wants = r.store.totals().wants,
+                         .calls = rate.calls,
+                         .overloads = rate.overloads,
+                         .step = step});
+    if (l.history.size() > learned_history_length) l.history.pop_front();
     if (std::abs(after - before) > 0.1 * before) log_learned(r, before, after, rate);
   }
 

@@ -111,6 +111,9 @@ struct admin_resource {
   std::string description;
   std::string glob;                    ///< the template's identifier_glob
   std::optional<double> parent_lease;  ///< an intermediate's lease from its parent
+  /// A learned capacity's last control steps, `at` relative to the snapshot (resource page
+  /// only; docs/learned-capacity.md).
+  std::vector<learned_point> learned_history{};
 };
 
 /// A node's state for the admin pages, taken on its strand.

@@ -243,8 +243,10 @@ class basic_node {
     for (const auto& r : st.resources) {
       const auto& t = engine_.config().find(r.resource_id);
       auto lease = engine_.parent_lease(r.resource_id);
-      s.resources.push_back({r, t.description, t.identifier_glob,
-                             lease ? std::optional<double>(lease->capacity) : std::nullopt});
+      s.resources.push_back(
+          {r, t.description, t.identifier_glob,
+           lease ? std::optional<double>(lease->capacity) : std::nullopt,
+           resource ? engine_.learned_history(r.resource_id, now) : std::vector<learned_point>{}});
     }
     s.lease_count = st.lease_count.value_or(0);
     s.leases = std::move(st.leases);

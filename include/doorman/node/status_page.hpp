@@ -8,10 +8,12 @@
 /// of the endpoint from a node's state.
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "doorman/core/markup.hpp"
+#include "doorman/core/svg_chart.hpp"
 #include "doorman/net/http_request.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/protocol/json_rpc.hpp"
@@ -186,6 +189,42 @@ inline std::string budget_table(const std::vector<admin_resource>& resources) {
          rows + "</table>\n";
 }
 
+// A learned capacity's history (docs/learned-capacity.md): a chart of the learned capacity
+// against the demand, the calls and the overloaded calls over its last steps, and a table of
+// the last few; nothing for a resource that learns nothing here.
+inline std::string learned_history(const admin_resource& r) {
+  const auto& h = r.learned_history;
+  if (h.empty()) return {};
+  double top = 0;
+  for (const auto& p : h)
+    top = std::max({top, p.capacity, p.wants, p.calls});
+  std::ostringstream svg;
+  svg_chart chart(svg, 0, top, std::min(-1.0, h.front().at));
+  chart.title(fmt::format("learned capacity, its last {} steps (seconds before now)", h.size()));
+  chart.axes();
+  const auto at = [&](std::size_t i) { return h[i].at; };
+  chart.series(
+      h.size(), at, [&](std::size_t i) { return h[i].capacity; }, "#d62728", "learned capacity", 0);
+  chart.series(
+      h.size(), at, [&](std::size_t i) { return h[i].wants; }, "#2ca02c", "demand", 1);
+  chart.series(
+      h.size(), at, [&](std::size_t i) { return h[i].calls; }, "#1f77b4", "calls/s", 2);
+  chart.series(
+      h.size(), at, [&](std::size_t i) { return h[i].overloads; }, "#ff7f0e", "overloaded/s", 3);
+  chart.end();
+  std::string out =
+      fmt::format("<h2 id=\"learned\">Learned capacity ({} steps)</h2>\n<div>", h.size());
+  out += svg.str() + "</div>\n";
+  out += table_start("steps",
+                     {"seconds ago", "step", "capacity", "demand", "calls/s", "overloaded/s"});
+  for (std::size_t i = h.size(); i-- > h.size() - std::min<std::size_t>(h.size(), 12);) {
+    const auto& p = h[i];
+    out += table_row({number(std::round(-p.at * 10) / 10 + 0.0), text(step_name(p.step)),
+                      number(p.capacity), number(p.wants), number(p.calls), number(p.overloads)});
+  }
+  return out + "</table>\n";
+}
+
 }  // namespace detail
 
 /// `/status`: the node, its resources with state, and its configuration.
@@ -220,6 +259,7 @@ inline std::string budget_table(const std::vector<admin_resource>& resources) {
   out += detail::resource_row(r, false);
   out += "</table>\n";
   out += detail::budget_table(s.resources);
+  out += detail::learned_history(r);
   const std::size_t pages =
       std::max<std::size_t>(1, (s.lease_count + leases_per_page - 1) / leases_per_page);
   out += fmt::format("<h2>Leases ({}; page {} of {})</h2>\n", s.lease_count, page, pages);

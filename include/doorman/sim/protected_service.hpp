@@ -308,7 +308,7 @@ inline void write_learning_svg(std::ostream& os, const std::vector<service_secon
   double top = 0;
   for (const auto& x : secs)
     top = std::max({top, x.truth, x.learned, x.calls});
-  detail::svg_chart chart(os, static_cast<double>(secs.size()), top);
+  doorman::detail::svg_chart chart(os, static_cast<double>(secs.size()), top);
   chart.title(title);
   chart.axes();
   const auto t = [](std::size_t i) { return static_cast<double>(i); };
