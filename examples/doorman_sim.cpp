@@ -288,7 +288,6 @@ void write_run(const std::string& out_dir, int n, std::uint64_t seed,
 // The scenarios asked for, one after the other; the summary table.
 int run_scenarios(sim_flags& f) {
   auto& options = f.options;
-  if (!f.out_dir.empty()) std::filesystem::create_directories(f.out_dir);
   std::vector<doorman::sim::run_result> results;
   for (const int n : f.which) {
     options.scenario = n;
@@ -319,6 +318,7 @@ int main(int argc, char** argv) {
   return doorman_examples::run_program(argc, argv, "doorman-sim", text.c_str(), flags(f), [&] {
     if (f.campaign) return run_campaigns(*f.campaign, f.seeds, f.minutes, f.fencing);
     if (f.costs) return run_costs(*f.costs, f.seeds, f.options.duration);
+    if (!f.out_dir.empty()) std::filesystem::create_directories(f.out_dir);
     if (f.learn) return run_learning(*f.learn, f.seeds, f.out_dir);
     return run_scenarios(f);
   });

@@ -228,13 +228,22 @@ TEST_CASE("status pages escape what clients and the configuration wrote", "[admi
   CHECK_THAT(page, Catch::Contains("&lt;node&gt;"));
 }
 
-TEST_CASE("a resource's page charts its learned capacity against demand and overloads",
-          "[admin][learn]") {
+namespace {
+
+// A started node's snapshot with one resource, `id`, and nothing else.
+doorman::admin_snapshot one_resource(const std::string& id) {
   doorman::admin_snapshot s;
   s.started = true;
-  doorman::admin_resource r;
-  r.status.resource_id = "provider";
-  s.resources.push_back(r);
+  s.resources.emplace_back();
+  s.resources.back().status.resource_id = id;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a resource's page charts its learned capacity against demand and overloads",
+          "[admin][learn]") {
+  auto s = one_resource("provider");
   CHECK_THAT(doorman::render_resource(s, 1), !Catch::Contains("Learned capacity"));
   using step = doorman::learn_step;
   for (int i = 0; i < 20; ++i) {
@@ -275,11 +284,7 @@ TEST_CASE("a resource's page charts its learned capacity against demand and over
 
 TEST_CASE("the status page shows each budget: its window, limit, spend and what is left",
           "[admin]") {
-  doorman::admin_snapshot s;
-  s.started = true;
-  doorman::admin_resource r;
-  r.status.resource_id = "tokens";
-  s.resources.push_back(r);
+  auto s = one_resource("tokens");
   CHECK_THAT(doorman::render_status(s), !Catch::Contains("Budgets"));
   s.resources[0].status.budget = doorman::budget_info{1764374400, 600, 1000, 250, 700};
   const auto page = doorman::render_status(s);
@@ -652,6 +657,22 @@ TEST_CASE("admin endpoint: a real Prometheus server scrapes a node", "[admin][ne
 }
 #endif
 
+namespace {
+
+// The DOM headless Chromium builds from `path` on the admin endpoint at `address`, and its exit
+// status (a profile of its own, removed after).
+std::pair<int, std::string> chromium_dom(const std::string& address, const std::string& path) {
+  const auto dir = scratch("chromium");
+  auto out =
+      run_command("timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
+                      (dir / "profile").string() + " --dump-dom http://" + address + path,
+                  true);
+  fs::remove_all(dir);
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][net][tools]") {
   if (!have("chromium")) {
     WARN("chromium is not installed (Debian package chromium); skipped");
@@ -666,12 +687,7 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
                       with_admin());
   line_client a(root.address());
   CHECK(gets(a.call("get_capacity", capacity_params("alice", "orders", 30))) == 30);
-  const auto dir = scratch("chromium");
-  const auto [status, dom] =
-      run_command("timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
-                      (dir / "profile").string() + " --dump-dom http://" +
-                      root.node().admin_address() + "/status",
-                  true);
+  const auto [status, dom] = chromium_dom(root.node().admin_address(), "/status");
   INFO(dom.substr(0, 2000));
   CHECK(status == 0);
   // The DOM the browser built: the resources table with its row, in order.
@@ -679,7 +695,6 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
   CHECK_THAT(dom, Catch::Contains("<a href=\"/status/resources/orders\">orders</a></td>"
                                   "<td class=\"n\">100</td><td class=\"n\">30</td>"));
   CHECK_THAT(dom, Catch::Contains("<td>the default</td>"));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium too",
@@ -721,12 +736,8 @@ TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium 
     WARN("chromium is not installed (Debian package chromium); skipped");
     return;
   }
-  const auto dir = scratch("chromium-learned");
   const auto [status, dom] =
-      run_command("timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
-                      (dir / "profile").string() + " --dump-dom http://" +
-                      root.node().admin_address() + "/status/resources/provider",
-                  true);
+      chromium_dom(root.node().admin_address(), "/status/resources/provider");
   INFO(dom.substr(0, 3000));
   CHECK(status == 0);
   // The DOM the browser built: the chart, its four lines and their legend, and the steps.
@@ -735,7 +746,6 @@ TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium 
   CHECK_THAT(dom, Catch::Contains(">learned capacity</text>"));
   CHECK_THAT(dom, Catch::Contains(">demand</text>"));
   CHECK_THAT(dom, Catch::Contains("<table id=\"steps\">"));
-  fs::remove_all(dir);
 }
 
 // ---- Doorman's YAML -----------------------------------------------------------------------

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
+#include <initializer_list>
 #include <ostream>
 #include <string>
 
@@ -88,6 +90,21 @@ class svg_chart {
         R"(<rect x="{}" y="{}" width="14" height="3" fill="{}"/><text x="{}" y="{}">{}</text>)"
         "\n",
         left + 10 + 150 * row, height - 14, colour, left + 28 + 150 * row, height - 9, name);
+  }
+
+  // One line of `lines`: its value at point i, its colour and its legend entry.
+  struct line {
+    std::function<double(std::size_t)> value;
+    const char* colour;
+    const char* name;
+  };
+
+  // Lines over the same `n` points at `t(i)`, their legend entries from row 0 in order.
+  template <class Time>
+  void lines(std::size_t n, Time t, std::initializer_list<line> all) {
+    int row = 0;
+    for (const line& l : all)
+      series(n, t, l.value, l.colour, l.name, row++);
   }
 
   // The legend of the shading and the marks (at `row` and the next), if there are any.

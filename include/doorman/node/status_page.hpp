@@ -203,14 +203,11 @@ inline std::string learned_history(const admin_resource& r) {
   chart.title(fmt::format("learned capacity, its last {} steps (seconds before now)", h.size()));
   chart.axes();
   const auto at = [&](std::size_t i) { return h[i].at; };
-  chart.series(
-      h.size(), at, [&](std::size_t i) { return h[i].capacity; }, "#d62728", "learned capacity", 0);
-  chart.series(
-      h.size(), at, [&](std::size_t i) { return h[i].wants; }, "#2ca02c", "demand", 1);
-  chart.series(
-      h.size(), at, [&](std::size_t i) { return h[i].calls; }, "#1f77b4", "calls/s", 2);
-  chart.series(
-      h.size(), at, [&](std::size_t i) { return h[i].overloads; }, "#ff7f0e", "overloaded/s", 3);
+  chart.lines(h.size(), at,
+              {{[&](std::size_t i) { return h[i].capacity; }, "#d62728", "learned capacity"},
+               {[&](std::size_t i) { return h[i].wants; }, "#2ca02c", "demand"},
+               {[&](std::size_t i) { return h[i].calls; }, "#1f77b4", "calls/s"},
+               {[&](std::size_t i) { return h[i].overloads; }, "#ff7f0e", "overloaded/s"}});
   chart.end();
   std::string out =
       fmt::format("<h2 id=\"learned\">Learned capacity ({} steps)</h2>\n<div>", h.size());

@@ -313,15 +313,13 @@ inline void write_learning_svg(std::ostream& os, const std::vector<service_secon
   chart.axes();
   const auto t = [](std::size_t i) { return static_cast<double>(i); };
   const std::size_t n = secs.size();
-  chart.series(
-      n, t, [&](std::size_t i) { return secs[i].truth; }, "#2ca02c", "true capacity", 0);
-  chart.series(
-      n, t, [&](std::size_t i) { return secs[i].learned; }, "#d62728", "learned", 1);
-  chart.series(
-      n, t, [&](std::size_t i) { return secs[i].calls - secs[i].overloads; }, "#1f77b4",
-      "served a second", 2);
-  chart.series(
-      n, t, [&](std::size_t i) { return secs[i].overloads; }, "#ff7f0e", "overloaded a second", 3);
+  chart.lines(
+      n, t,
+      {{[&](std::size_t i) { return secs[i].truth; }, "#2ca02c", "true capacity"},
+       {[&](std::size_t i) { return secs[i].learned; }, "#d62728", "learned"},
+       {[&](std::size_t i) { return secs[i].calls - secs[i].overloads; }, "#1f77b4",
+        "served a second"},
+       {[&](std::size_t i) { return secs[i].overloads; }, "#ff7f0e", "overloaded a second"}});
   chart.end();
 }
 

@@ -63,13 +63,10 @@ inline void write_svg(std::ostream& os, const run_result& r) {
   for (const auto& m : r.marks)
     chart.mark(m.t, m.label);
   const auto t = [&](std::size_t i) { return trace[i].t; };
-  chart.series(
-      trace.size(), t, [&](std::size_t i) { return trace[i].capacity; }, "#d62728", "capacity", 0);
-  chart.series(
-      trace.size(), t, [&](std::size_t i) { return trace[i].wants; }, "#2ca02c", "total wants", 1);
-  chart.series(
-      trace.size(), t, [&](std::size_t i) { return trace[i].granted; }, "#1f77b4", "total granted",
-      2);
+  chart.lines(trace.size(), t,
+              {{[&](std::size_t i) { return trace[i].capacity; }, "#d62728", "capacity"},
+               {[&](std::size_t i) { return trace[i].wants; }, "#2ca02c", "total wants"},
+               {[&](std::size_t i) { return trace[i].granted; }, "#1f77b4", "total granted"}});
   chart.legend(3, "learning mode", true);
   chart.end();
 }
