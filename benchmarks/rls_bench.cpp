@@ -2,7 +2,8 @@
 //
 //   doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--floor-binary PATH]
 //                     [--seconds S] [--window N] [--keys N,N,...] [--redis-server PATH]
-//                     [--accuracy-seconds S] [--replicas N] [--json FILE] [--svg FILE]
+//                     [--accuracy-seconds S] [--replicas N] [--tls DIR] [--json FILE]
+//                     [--svg FILE]
 //
 // Speed: a doorman-rls pinned to core 0 (taskset), answering ShouldRateLimit for --keys distinct
 // keys (one descriptor each, picked at random per call, a rule of 10^9 a minute so that every
@@ -15,7 +16,10 @@
 // and with --server --block-fraction 0, every request counted at the root (one round trip to
 // the root per call). The root's CPU is not in the figures. First in each group, on the same
 // load: the gRPC floor (doorman_bench_grpc_floor: hosted as the doors are, answering OK on
-// gRPC's thread), and each row's CPU per call as a ratio to it ("× floor").
+// gRPC's thread), and each row's CPU per call as a ratio to it ("× floor"). With --tls DIR
+// (certificates made by examples/make_certs.sh DIR), last in each group: the gRPC floor and
+// doorman-rls (alone) again over TLS (node.pem; the generator checks it against ca.pem), the
+// latter's ratio to the former.
 //
 // Accuracy: --replicas doorman-rls replicas share one limit (60 a second on one key) under
 // uneven, shifting offered traffic, paced open loop, in three phases of --accuracy-seconds: over
@@ -70,7 +74,7 @@ const char* const usage =
     "usage: doorman_bench_rls [--rls-binary PATH] [--node-binary PATH] [--floor-binary PATH]\n"
     "                         [--seconds S] [--window N] [--keys N,N,...]\n"
     "                         [--redis-server PATH] [--accuracy-seconds S] [--replicas N]\n"
-    "                         [--json FILE] [--svg FILE]\n";
+    "                         [--tls DIR] [--json FILE] [--svg FILE]\n";
 
 using clock_type = std::chrono::steady_clock;
 namespace pb = ::envoy::service::ratelimit::v3;
@@ -85,6 +89,7 @@ struct options {
   std::vector<long> keys = {1000, 10000, 100000};
   double accuracy_seconds = 20;
   int replicas = 3;
+  std::string tls_dir;  // with --tls: the speed of the floor and doorman-rls over TLS too
   std::string json_file;
   std::string svg_file;
 };
@@ -166,9 +171,16 @@ started start_root(const options& o, const std::filesystem::path& dir,
 // --window calls in flight through gRPC's callback API; answers taken on this thread.
 class rls_load {
  public:
-  explicit rls_load(const std::string& address)
-      : stub_(pb::RateLimitService::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  // `ca_pem`: TLS, the server's certificate checked against it; empty: plaintext.
+  explicit rls_load(const std::string& address, const std::string& ca_pem = {})
+      : stub_(pb::RateLimitService::NewStub(grpc::CreateChannel(address, credentials(ca_pem)))) {}
+
+  static std::shared_ptr<grpc::ChannelCredentials> credentials(const std::string& ca_pem) {
+    if (ca_pem.empty()) return grpc::InsecureChannelCredentials();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ca_pem;
+    return grpc::SslCredentials(ssl);
+  }
 
   // Calls for `seconds`, each for a key picked at random; `seconds` 0: each key once, in order.
   speed_result drive(const options& o, long keys, pid_t server, double seconds) {
@@ -360,6 +372,36 @@ speed_result drive_redis(const options& o, int port, long keys, pid_t server) {
   return r;
 }
 
+// The gRPC floor, then doorman-rls alone, over TLS (--tls): two rows for `keys` into `out`.
+void speed_tls(const options& o, const std::filesystem::path& dir,
+               const std::filesystem::path& config, long keys, std::vector<speed_result>& out) {
+  std::ifstream in(o.tls_dir + "/ca.pem");
+  const std::string ca((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (ca.empty()) {
+    throw std::invalid_argument("--tls: no " + o.tls_dir +
+                                "/ca.pem (make the certificates with examples/make_certs.sh DIR)");
+  }
+  const std::vector<std::string> tls = {"--tls-cert", o.tls_dir + "/node.pem", "--tls-key",
+                                        o.tls_dir + "/node.key"};
+  for (const bool floor : {true, false}) {
+    std::vector<std::string> args =
+        floor ? std::vector<std::string>{"/usr/bin/taskset", "-c", "0", o.floor_binary}
+              : std::vector<std::string>{"/usr/bin/taskset", "-c",           "0",
+                                         o.rls_binary,       "--listen",     "127.0.0.1:0",
+                                         "--config",         config.string()};
+    args.insert(args.end(), tls.begin(), tls.end());
+    auto server = start(args, dir / fmt::format("tls-{}-{}.log", floor ? "floor" : "rls", keys),
+                        floor ? "gRPC floor listening on " : "RateLimitService listening on ");
+    rls_load load(server.address, ca);
+    (void)load.drive(o, keys, server.p->pid(), 0);
+    auto r = load.drive(o, keys, server.p->pid(), o.seconds);
+    r.server = floor ? "gRPC floor over TLS" : "doorman-rls over TLS";
+    out.push_back(r);
+    fmt::print(stderr, "{} keys {}: {:.0f} calls/s\n", r.server, keys, r.calls_per_s);
+    stop(server);
+  }
+}
+
 std::vector<speed_result> speed(const options& o, const std::filesystem::path& dir) {
   std::vector<speed_result> out;
   const auto config = dir / "speed";
@@ -429,6 +471,7 @@ std::vector<speed_result> speed(const options& o, const std::filesystem::path& d
       fmt::print(stderr, "redis keys {}: {:.0f} calls/s\n", keys, out.back().calls_per_s);
       stop(server);
     }
+    if (!o.tls_dir.empty()) speed_tls(o, dir, config, keys, out);
   }
   return out;
 }
@@ -659,10 +702,10 @@ int run(const options& o) {
       "| server | keys | calls/s | server CPU µs/call | × floor | p50 ms | p99 ms | errors |\n"
       "|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = R"({"speed": [)";
-  double floor = 0;  // the gRPC floor's CPU per call, first in each group of keys
+  double floor = 0;  // the gRPC floor's CPU per call, first in each group of keys (and TLS's)
   for (std::size_t i = 0; i < fast.size(); ++i) {
     const auto& r = fast[i];
-    if (r.server == "gRPC floor") floor = r.cpu_us_per_call;
+    if (r.server.starts_with("gRPC floor")) floor = r.cpu_us_per_call;
     const double ratio = floor > 0 ? r.cpu_us_per_call / floor : 0;
     fmt::print("| {} | {} | {:.0f} | {:.1f} | {:.2f} | {:.3f} | {:.3f} | {} |\n", r.server, r.keys,
                r.calls_per_s, r.cpu_us_per_call, ratio, r.p50_us / 1000, r.p99_us / 1000, r.errors);
@@ -715,6 +758,7 @@ std::vector<doorman_examples::flag_action> flags(options& o) {
        }},
       {"--accuracy-seconds", [&](arguments& a) { o.accuracy_seconds = a.number(0, 3600); }},
       {"--replicas", [&](arguments& a) { o.replicas = static_cast<int>(a.number(1, 3)); }},
+      {"--tls", [&](arguments& a) { o.tls_dir = a.value(); }},
       {"--json", [&](arguments& a) { o.json_file = a.value(); }},
       {"--svg", [&](arguments& a) { o.svg_file = a.value(); }},
   };

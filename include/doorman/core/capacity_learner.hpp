@@ -171,6 +171,10 @@ namespace detail {
 /// A resource's learned capacity at a root: the law, the interval under way, the last step.
 template <class TimePoint>
 struct learned_state {
+  /// Learning from `start_at` between `min` and `max`.
+  learned_state(double min, double max, double start_at)
+      : law({.min = min, .max = max}, start_at), start(start_at), last{.min = min, .max = max} {}
+
   capacity_learner law;
   double start = 0;     ///< the configured capacity it started from (a new one starts again)
   TimePoint from{};     ///< the interval under way started then

@@ -52,12 +52,7 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
         r.learned->last.max == b.max) {
       return;
     }
-    r.learned.emplace(detail::learned_state<time_point>{
-        .law = capacity_learner({.min = b.min, .max = b.max}, r.tmpl.capacity),
-        .start = r.tmpl.capacity,
-        .from = {},
-        .seeded = false,
-        .last = {.min = b.min, .max = b.max}});
+    r.learned.emplace(b.min, b.max, r.tmpl.capacity);
   }
 
   // A client's (or a server child's) overload signals: counted for the parent at an
