@@ -42,6 +42,21 @@ def budget_config(units: float, lease_length: int = 5,
     return {"resources": [budget] + config(0)["resources"]}
 
 
+DOCS_PYTHON = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+
+
+def docs_example(index: int) -> str:
+    """The `index`-th Python code block of docs/python.md (from 0), as it is written."""
+    with open(DOCS_PYTHON) as f:
+        return f.read().split("```python\n")[index + 1].split("```", 1)[0]
+
+
+def run_docs_example(index: int, scope: dict[str, Any]) -> dict[str, Any]:
+    """Runs the `index`-th Python example of docs/python.md in `scope`; returns the scope."""
+    exec(compile(docs_example(index), DOCS_PYTHON, "exec"), scope)  # noqa: S102: the docs' own
+    return scope
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

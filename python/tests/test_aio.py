@@ -16,7 +16,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 import doorman.aio  # noqa: E402
-from support import Node, budget_config, config  # noqa: E402
+from support import Node, budget_config, config, docs_example, run_docs_example  # noqa: E402
 
 
 async def until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -119,12 +119,8 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(order, ["first done", "second"])
 
     async def test_the_asyncio_example_of_docs_python_md(self) -> None:
-        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
-        with open(docs) as f:
-            code = f.read().split("```python\n")[2].split("```", 1)[0]
-        self.assertIn("async def main(address):", code)
-        scope: dict[str, object] = {}
-        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        self.assertIn("async def main(address):", docs_example(1))
+        scope = run_docs_example(1, {})
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             await asyncio.wait_for(scope["main"](self.node.address), 10)  # type: ignore[operator]

@@ -17,7 +17,7 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 import doorman.grpc  # noqa: E402
-from support import Node, config, eventually  # noqa: E402
+from support import Node, config, docs_example, eventually, run_docs_example  # noqa: E402
 
 METHOD = "/test.Provider/Call"
 
@@ -89,12 +89,8 @@ class GrpcInterceptorTest(unittest.TestCase):
         channel.close()
 
     def test_the_grpc_example_of_docs_python_md(self) -> None:
-        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
-        with open(docs) as f:
-            code = f.read().split("```python\n")[5].split("```", 1)[0]
-        self.assertIn("doorman.grpc.ThrottlingInterceptor", code)
-        scope = {"doorman": doorman, "client": self.client, "grpc": grpc}
-        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        self.assertIn("doorman.grpc.ThrottlingInterceptor", docs_example(4))
+        scope = run_docs_example(4, {"doorman": doorman, "client": self.client, "grpc": grpc})
         self.assertEqual(scope["provider"].id, "model-provider")
         scope["channel"].close()
         scope["provider"].close()

@@ -20,7 +20,8 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 import doorman.http  # noqa: E402
-from support import Node, budget_config, config, eventually  # noqa: E402
+from support import (Node, budget_config, config, docs_example,  # noqa: E402
+                     eventually, run_docs_example)
 
 
 class HttpHelpersTest(unittest.TestCase):
@@ -231,23 +232,16 @@ class HttpHelpersTest(unittest.TestCase):
             node.stop()
 
     def test_the_http_example_of_docs_python_md(self) -> None:
-        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
-        with open(docs) as f:
-            code = f.read().split("```python\n")[3].split("```", 1)[0]
-        self.assertIn("doorman.http.WsgiLimit", code)
+        self.assertIn("doorman.http.WsgiLimit", docs_example(2))
 
         def app(environ, start_response):  # type: ignore[no-untyped-def]
             return [b""]
 
-        scope = {"doorman": doorman, "client": self.client, "app": app}
-        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        scope = run_docs_example(2, {"doorman": doorman, "client": self.client, "app": app})
         self.assertIsInstance(scope["app"], doorman.http.WsgiLimit)
         self.assertEqual(scope["inbound"].id, "inbound")  # type: ignore[attr-defined]
         # The gateway's example after it: a budget, settled from the response's header.
-        with open(docs) as f:
-            code = f.read().split("```python\n")[4].split("```", 1)[0]
-        scope = {"doorman": doorman, "client": self.client, "app": app}
-        exec(compile(code, docs, "exec"), scope)  # noqa: S102: the docs' own example
+        scope = run_docs_example(3, {"doorman": doorman, "client": self.client, "app": app})
         limited: doorman.http.WsgiLimit = scope["app"]  # type: ignore[assignment]
         self.assertIsInstance(limited, doorman.http.WsgiLimit)
         self.assertEqual((limited.cost, limited.used), (2000, "X-Tokens-Used"))
