@@ -270,19 +270,11 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     return own_capacity(it->second, now);
   }
 
-  /// The last control steps of `resource_id`'s learned capacity, oldest first (at most
-  /// `learned_history_length`), each `at` in seconds relative to `now` (before it: negative);
-  /// none for a resource that learns nothing here.
+  /// `resource_id`'s learned capacity's last steps, oldest first, `at` relative to `now`.
   [[nodiscard]] std::vector<learned_point> learned_history(std::string_view resource_id,
                                                            time_point now) const {
     const auto it = resources_.find(resource_id);
-    if (it == resources_.end() || !it->second.learned) return {};
-    const double at = to_seconds(now.time_since_epoch());
-    std::vector<learned_point> out(it->second.learned->history.begin(),
-                                   it->second.learned->history.end());
-    for (auto& p : out)
-      p.at -= at;
-    return out;
+    return base::history_of(it == resources_.end() ? nullptr : &it->second, now);
   }
 
   /// The lease store of `resource_id`, or null when it has no state.

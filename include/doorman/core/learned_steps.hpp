@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "doorman/core/capacity_learner.hpp"
 #include "doorman/core/json_reader.hpp"
@@ -128,6 +129,17 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
                          .step = step});
     if (l.history.size() > learned_history_length) l.history.pop_front();
     if (std::abs(after - before) > 0.1 * before) log_learned(r, before, after, rate);
+  }
+
+  // The last control steps of `r`'s learned capacity (at most `learned_history_length`),
+  // oldest first, each `at` in seconds relative to `now` (before it: negative); none for no
+  // resource, or one that learns nothing here.
+  static std::vector<learned_point> history_of(const resource* r, time_point now) {
+    if (r == nullptr || !r->learned) return {};
+    std::vector<learned_point> out(r->learned->history.begin(), r->learned->history.end());
+    for (auto& p : out)
+      p.at -= to_seconds(now.time_since_epoch());
+    return out;
   }
 
   void log_learned(const resource& r, double before, double after,
