@@ -373,7 +373,9 @@ TEST_CASE("rlqs: a budget's bucket is spent in blocks drawn at the root, never o
   std::lock_guard l(f.mu);
   for (const auto w : {first + 1, first + 2}) {
     INFO("window " << w - first);
-    CHECK(f.per_window[w] <= 300);
+    // The stand-in Envoy spends fractions of a request (demand x elapsed time): their sum may
+    // pass 300 by rounding (300.000000542 seen under ASan), never by a request.
+    CHECK(f.per_window[w] <= 300 + 1e-6);
     CHECK(f.per_window[w] >= 200);
   }
   CHECK(envoys[0]->total > 0);
