@@ -119,17 +119,19 @@ TEST_CASE("a learnt capacity holds on silence, within its bounds, and bounds eac
     CHECK(learn.update(s) == learn_step::hold);
   }
   CHECK(learn.capacity() == 1000);
-  // Rises by doubling steps once each was tried (the clients used the whole capacity), up
-  // to the bound.
+  // Rises by 2 %, then by doubling steps, led by the calls: never more than 20 % above the
+  // calls made without an overload (a rise not yet tried is not evidence); up to the bound.
   const auto used_all = [&] { return doorman::overload_sample{5 * learn.capacity(), 0, 5, true}; };
   CHECK(learn.update(used_all()) == learn_step::rise);
   CHECK(learn.capacity() == Approx(1020));
   learn.update(used_all());
-  CHECK(learn.capacity() == Approx(1060.8));
-  learn.update({.calls = 5000, .overloads = 0, .seconds = 5, .held = true});  // not tried
-  CHECK(learn.capacity() == Approx(1060.8 * 1.08));
-  learn.update(used_all());  // the same step again: the last one was not tried
-  CHECK(learn.capacity() == Approx(1060.8 * 1.08 * 1.08));
+  CHECK(learn.capacity() == Approx(1020 * 1.04));
+  learn.update(used_all());
+  CHECK(learn.capacity() == Approx(1020 * 1.04 * 1.08));
+  learn.update({.calls = 5000, .overloads = 0, .seconds = 5, .held = true});  // 1000 a second
+  CHECK(learn.capacity() == Approx(1200));
+  learn.update({.calls = 500, .overloads = 0, .seconds = 5, .held = true});  // far behind: 2 %
+  CHECK(learn.capacity() == Approx(1224));
   for (int i = 0; i < 10; ++i)
     learn.update(used_all());
   CHECK(learn.capacity() == 2000);
@@ -145,6 +147,34 @@ TEST_CASE("a learnt capacity holds on silence, within its bounds, and bounds eac
   for (int i = 0; i < 5; ++i)
     learn.update({.calls = 100, .overloads = 99, .seconds = 5, .held = true});
   CHECK(learn.capacity() == 100);
+  // The clients' own cuts: the capacity goes to what they would call at, when lower, at most
+  // half of it at once; nothing for a limit that is not lower, or means nothing.
+  doorman::capacity_learner own({.min = 10}, 1000);
+  CHECK(own.cut_to(850));
+  CHECK(own.capacity() == 850);
+  CHECK_FALSE(own.cut_to(900));
+  CHECK_FALSE(own.cut_to(nan));
+  CHECK_FALSE(own.cut_to(inf));
+  CHECK_FALSE(own.cut_to(-1));
+  CHECK(own.cut_to(100));
+  CHECK(own.capacity() == 425);
+  // Back up from it by the first step (its level is the clients', already below the service).
+  CHECK(own.update({.calls = 2125, .overloads = 0, .seconds = 5, .held = true}) ==
+        learn_step::rise);
+  CHECK(own.capacity() == Approx(425 * 1.02));
+  // Calls that lag a capacity that rose, of which few (1.5 %) met an overload: the share says
+  // how far over the service the clients were going (1000 a second), not the count.
+  doorman::capacity_learner lag({}, 1000);
+  CHECK(
+      lag.update({.calls = 4500, .overloads = 67.5, .seconds = 5, .held = true, .offered = 1000}) ==
+      learn_step::cut);
+  CHECK(lag.capacity() == Approx(1000 * 0.985 * 0.97));
+  // Reports of part of the clients (100 calls a second under a capacity of 1000), 18 %
+  // overloaded: the share again, not what got through.
+  doorman::capacity_learner part({}, 1000);
+  CHECK(part.update({.calls = 500, .overloads = 90, .seconds = 5, .held = true}) ==
+        learn_step::cut);
+  CHECK(part.capacity() == Approx(1000 * 0.82 * 0.97));
   // Within 0.5% of overloads, nothing is cut.
   doorman::capacity_learner calm({}, 500);
   CHECK(calm.update({.calls = 1000, .overloads = 5, .seconds = 5, .held = false}) ==
@@ -240,18 +270,20 @@ TEST_CASE(
     "[core][learn]") {
   learning_root f;
   // First reports only set where each client's count starts.
-  REQUIRE(f.ask("a", 2000, doorman::overload_signals{100, 0}));
-  REQUIRE(f.ask("b", 2000, doorman::overload_signals{0, 0}));
+  REQUIRE(f.ask("a", 600, doorman::overload_signals{100, 0}));
+  REQUIRE(f.ask("b", 600, doorman::overload_signals{0, 0}));
   CHECK(f.capacity() == 1000);
   // 5 s of 500 calls a second each. The step at the interval's end runs before the
   // decision that comes then, so these reports count at the next one (nothing yet: a hold).
   f.clock.advance(5s);
-  REQUIRE(f.ask("a", 2000, doorman::overload_signals{2600, 0}));
-  REQUIRE(f.ask("b", 2000, doorman::overload_signals{2500, 0}));
+  REQUIRE(f.ask("a", 600, doorman::overload_signals{2600, 0}));
+  const auto to_b = f.ask("b", 600, doorman::overload_signals{2500, 0});
+  REQUIRE(to_b);
+  const double b_lease = to_b.value().resources.at(0).gets.capacity;
   CHECK(f.capacity() == 1000);
-  // At the next, no overload and both held back: a rise of 2 %.
+  // At the next, no overload and both held back (1200 wanted): a rise of 2 %.
   f.clock.advance(5s);
-  REQUIRE(f.ask("a", 2000, std::nullopt));
+  REQUIRE(f.ask("a", 600, std::nullopt));
   CHECK(f.capacity() == Approx(1020));
   CHECK(f.learned().step == "rise");
   CHECK(f.learned().calls == Approx(5000));
@@ -263,19 +295,30 @@ TEST_CASE(
   REQUIRE_FALSE(negative);
   CHECK_THAT(negative.error().message, Contains("resources[0].signals.calls"));
   CHECK(f.capacity() == Approx(1020));
-  // 2 s later, 300 of a's 1000 calls since its last report (7 s) were overloaded: a cut at
-  // once to what got through (a: 100 a second, b: its last 500), less 3 %; logged.
+  // 2 s later, 300 of a's 2000 calls since its last report (7 s) were overloaded, and a cut
+  // itself to 200 a second, which it now wants: the root cuts at once to what the clients
+  // would call at, a's 200 and b's lease (400); logged with the rates (a: 285.7 calls and
+  // 42.9 overloads a second, b: its last 500).
   f.clock.advance(2s);
-  REQUIRE(f.ask("a", 2000, doorman::overload_signals{3600, 300}));
-  CHECK(f.capacity() == Approx(600 * 0.97));
-  CHECK(f.learned().step == "cut");
+  REQUIRE(f.ask("a", 200, doorman::overload_signals{4600, 300}));
+  CHECK(b_lease == Approx(400));
+  CHECK(f.capacity() == Approx(200 + b_lease));
+  CHECK(f.engine.learned_history("res", f.clock.now()).back().step == doorman::learn_step::cut);
   REQUIRE_FALSE(f.log.empty());
   CHECK(f.log.back() ==
-        "resource res: learned capacity 1020 -> 582 (calls 642.9/s, overloaded 42.9/s)");
-  // Another report of the same overloads within a refresh of the cut: no second cut.
+        "resource res: learned capacity 1020 -> 600 (calls 785.7/s, overloaded 42.9/s)");
+  // Within a second of that cut, b's own cut waits; a second after it, the root follows.
+  f.clock.advance(500ms);
+  REQUIRE(f.ask("b", 300, doorman::overload_signals{3000, 200}));
+  CHECK(f.capacity() == Approx(600));
+  f.clock.advance(500ms);
+  REQUIRE(f.ask("b", 300, doorman::overload_signals{3100, 260}));
+  CHECK(f.capacity() == Approx(500));
+  // Overloads from a client that did not cut itself: its lease is what it would call at,
+  // counted already; no cut at once (the interval's step judges the rates).
   f.clock.advance(1s);
-  REQUIRE(f.ask("b", 2000, doorman::overload_signals{3000, 200}));
-  CHECK(f.capacity() == Approx(600 * 0.97));
+  REQUIRE(f.ask("a", 2000, doorman::overload_signals{4700, 350}));
+  CHECK(f.capacity() == Approx(500));
   // Silence: once the clients' reports are stale (two intervals), the capacity holds,
   // interval after interval.
   f.clock.advance(11s);
@@ -304,7 +347,7 @@ TEST_CASE("a learned capacity keeps a bounded history of its steps, for the stat
   f.clock.advance(5s);
   REQUIRE(f.ask("a", 2000, doorman::overload_signals{5000, 0}));  // a rise
   f.clock.advance(2s);
-  REQUIRE(f.ask("a", 2000, doorman::overload_signals{5500, 200}));  // a cut at once
+  REQUIRE(f.ask("a", 200, doorman::overload_signals{5500, 200}));  // cut itself: one at once
   f.clock.advance(3s);
   const auto h = f.engine.learned_history("res", f.clock.now());
   REQUIRE(h.size() == 3);
@@ -423,7 +466,13 @@ TEST_CASE(
       CHECK(v.step_overloads < 0.05);
       CHECK(v.overloads < 0.01);
       CHECK(v.used >= 0.9);
-      CHECK(v.reach_up <= 100);
+      // What the law meets today (docs/learned-capacity.md): the issue's 30 s and ±10 % are
+      // met flat but for the swing, not through a tree.
+      CHECK(v.reach_up <= (intermediate ? 45 : 30));
+      CHECK(v.swing <= (intermediate ? 0.2 : 0.15));
+      // The clients tell the root after a second of overloads, and it follows their own cuts
+      // at once: flat, within 5 s of the -50 % step (10 s when each waited for its refresh).
+      if (!intermediate) CHECK(v.reach_down <= 5);
     }
   }
 }
@@ -447,7 +496,7 @@ TEST_CASE("docs: learned-capacity.md quotes what the code says", "[docs][learn]"
   CHECK_THAT(doc, Contains("`resources[0].learn.max: must be at least min`"));
   CHECK_THAT(doc, Contains("`a budget cannot be learned: only a rate`"));
   // The log line, as the engine test above sees it.
-  CHECK_THAT(doc, Contains("resource res: learned capacity 1020 -> 582 (calls 642.9/s, "
+  CHECK_THAT(doc, Contains("resource res: learned capacity 1020 -> 600 (calls 785.7/s, "
                            "overloaded 42.9/s)"));
   CHECK_THAT(doc, Contains("doorman-sim --learn 1 --seeds 8"));
 }

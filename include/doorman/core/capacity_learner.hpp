@@ -10,25 +10,35 @@
 ///     // each interval, the clients' calls and overload answers, summed:
 ///     learn.update({.calls = 5200, .overloads = 600, .seconds = 5, .held = true});
 ///     // learn.capacity() == 892.4: what got through (920 a second), less 3 %
+///     // a client cut itself after a second of overloads; what the clients now call at:
+///     learn.cut_to(850);  // learn.capacity() == 850
 ///
-/// The law, chosen on a model of a protected service whose true capacity steps by -50% and
-/// +50% (tests/capacity_learner_test.cpp):
-/// - **Cut to what got through.** When more than `overload_ratio` (0.5 %) of the calls were
-///   answered overloaded, the service served about its true capacity: the calls that got
-///   through, a second. The capacity goes there, less `margin`, never below `(1 - max_cut)` of
-///   itself. When more got through than the capacity, the overloads are of calls made under an
-///   earlier, higher capacity (signals come a refresh or two late): nothing changes.
+/// The law, chosen in the simulator (`doorman-sim --learn`, docs/learned-capacity.md) on a model
+/// of a protected service whose true capacity steps by -50 % and +50 %, with clients that sample
+/// their answers each second, cut themselves and tell the root early:
+/// - **Follow the clients' own cuts at once.** A client that met more than `overload_ratio`
+///   (0.5 %) of overloads in a second cuts itself to what got through, less `margin`, and asks
+///   again soon, wanting that. The root then takes what the clients would call at, each the
+///   least of its lease and its wants (`cut_to`): fresh, second by second, and already the
+///   service's level once every client has cut itself. The root's own numbers are rates over
+///   reports that straddle the change.
+/// - **Cut to what got through.** When an interval's calls met more than `overload_ratio` of
+///   overloads, the capacity goes to the calls that got through, a second, less `margin`, never
+///   below `(1 - max_cut)` of itself. Two cases say less than that: the calls cover under half
+///   the capacity (only some clients reported), or under `small_share` (3 %) of them were
+///   overloaded (the calls lag a capacity that rose, so only the last of them went over). Then
+///   the share overloaded says how far over the service the clients went: the capacity goes to
+///   what they were moving to call at, times the share that got through, less `margin`. When
+///   that is not below the capacity, the overloads are of calls under an earlier, higher one,
+///   already cut: nothing changes.
 /// - **Hold on a few overloads.** An interval with overloads, too few to cut, holds: the
 ///   capacity is near the service's (its noise, or the clients' own cuts hiding the rest).
-/// - **Rise by doubling steps.** An interval without overload in which some client was held
-///   back by its lease (the capacity binds) raises the capacity by `step`, which starts at
-///   `first_step` after each cut. Once past what got through at the last cut, the step
-///   doubles, up to `max_step`, but only after an interval whose calls used the whole
-///   capacity (within `margin`): leases adopt a change over a refresh interval, and a rise
-///   not yet tried is not yet evidence. On the flat model near the true capacity the steps
-///   stay small (a swing of about 5 %; through a tree, where signals come a refresh or two
-///   late, more: docs/learned-capacity.md); after the service grows they grow until an
-///   overload finds its new level.
+/// - **Rise, led by the calls.** An interval without overload in which some client was held
+///   back by its lease (the capacity binds) raises the capacity: back to the last cut's level at
+///   once, then by `first_step`, doubling each interval up to `max_step`. A rise never takes
+///   the capacity more than `lead` (20 %) above the calls the clients were seen to make without
+///   an overload: a rise they have not tried yet is not evidence (leases adopt a change over a
+///   refresh, and through a tree over two).
 /// - **Hold on silence.** No calls, numbers that are not finite and >= 0, more overloads than
 ///   calls, or demand below the capacity: nothing changes. Silence never raises a capacity.
 /// - Always between `min` and `max`.
@@ -57,6 +67,8 @@ struct learning_options {
   double first_step = 0.02;       ///< the first rise after a cut, a share of the capacity
   double max_step = 0.25;         ///< the most one rise adds, a share of the capacity
   double max_cut = 0.5;           ///< the most one cut takes, a share of the capacity
+  double lead = 0.2;  ///< a rise goes at most this share above the calls made without overload
+  double small_share = 0.03;  ///< overloads under this share of the calls: the share, not the count
 };
 
 /// One control interval's signals, summed over the clients.
@@ -65,6 +77,9 @@ struct overload_sample {
   double overloads = 0;  ///< of those, answered overloaded (429, 503, RESOURCE_EXHAUSTED, ...)
   double seconds = 0;    ///< the interval's length
   bool held = false;     ///< some client wanted more than its lease: the capacity binds
+  /// What the clients were allowed and wanted to call at, a second: the sum of their leases,
+  /// or of their wants when less. Unknown: infinity.
+  double offered = std::numeric_limits<double>::infinity();
 };
 
 /// What a client's calls to the protected service met, counted since the client started
@@ -94,28 +109,41 @@ class capacity_learner {
   /// Moves the capacity for one interval's signals.
   learn_step update(const overload_sample& s) {
     if (!usable(s)) return learn_step::hold;
-    if (s.overloads > o_.overload_ratio * s.calls) {
-      const double through = (s.calls - s.overloads) / s.seconds;
-      const double target = through * (1 - o_.margin);
-      // More got through than the capacity: these calls were made under an earlier, higher
-      // one (signals come a refresh or two late), which was cut already.
+    const double share = s.overloads / s.calls;
+    const double calls = s.calls / s.seconds;
+    if (share > o_.overload_ratio) {
+      double target = calls * (1 - share) * (1 - o_.margin);
+      if (calls < 0.5 * capacity_ || share < o_.small_share) {
+        const double offered = std::max(calls, std::min(capacity_, s.offered));
+        target = std::max(target, offered * (1 - share) * (1 - o_.margin));
+      }
+      // Not below the capacity: overloads of calls under an earlier, higher one.
       if (target >= capacity_) return learn_step::hold;
-      peak_ = through;
-      capacity_ = clamp(std::max(capacity_ * (1 - o_.max_cut), target));
-      step_ = o_.first_step;
+      cut(std::max(capacity_ * (1 - o_.max_cut), target), target / (1 - o_.margin));
       return learn_step::cut;
     }
     // Some overloads, too few to cut (the clients' own cuts hide most of them): the capacity
     // is near the service's, and a rise would find it too late. Hold.
     if (!s.held || s.overloads > 0) return learn_step::hold;
-    // Whether the clients used the whole capacity: leases adopt a change over a refresh, so
-    // an interval after a rise may not have tried it yet.
-    const bool tried = s.calls / s.seconds >= (1 - o_.margin) * capacity_;
-    capacity_ = clamp(capacity_ * (1 + step_));
-    // Below the last overload's level, small steps back to it; past it, doubling ones, each
-    // once the last was tried.
-    if (capacity_ >= peak_ && tried) step_ = std::min(step_ * 2, o_.max_step);
+    const double level = level_ * (1 - o_.margin);
+    if (capacity_ < level * (1 - 1e-9)) {  // back to the last cut's level
+      capacity_ = clamp(std::min(capacity_ * (1 + o_.max_step), level));
+      return learn_step::rise;
+    }
+    const double led = calls * (1 + o_.lead);
+    capacity_ =
+        clamp(std::max(capacity_ * (1 + o_.first_step), std::min(capacity_ * (1 + step_), led)));
+    step_ = std::min(step_ * 2, o_.max_step);
     return learn_step::rise;
+  }
+
+  /// The clients cut themselves after overloads: the capacity goes to what they would call at
+  /// now (`limit`: each client's lease, or its wants when less, summed), when that is lower,
+  /// never below `(1 - max_cut)` of itself. Returns whether it cut.
+  bool cut_to(double limit) {
+    if (!std::isfinite(limit) || limit <= 0 || limit >= capacity_) return false;
+    cut(std::max(capacity_ * (1 - o_.max_cut), limit), limit);
+    return true;
   }
 
  private:
@@ -123,6 +151,13 @@ class capacity_learner {
     const auto ok = [](double x) { return std::isfinite(x) && x >= 0; };
     return ok(s.calls) && ok(s.overloads) && ok(s.seconds) && s.calls > 0 && s.seconds > 0 &&
            s.overloads <= s.calls;
+  }
+
+  // A cut to `to`; `level` is the service's level it found (rises go back to it at once).
+  void cut(double to, double level) {
+    capacity_ = clamp(to);
+    level_ = level;
+    step_ = o_.first_step;
   }
 
   [[nodiscard]] double clamp(double c) const noexcept {
@@ -133,7 +168,7 @@ class capacity_learner {
   learning_options o_;
   double capacity_ = 0;
   double step_;
-  double peak_ = 0;  // what got through at the last cut
+  double level_ = 0;  // the service's level the last cut found
 };
 
 /// The name of a step: `"hold"`, `"cut"` or `"rise"`.
@@ -176,11 +211,12 @@ struct learned_state {
       : law({.min = min, .max = max}, start_at), start(start_at), last{.min = min, .max = max} {}
 
   capacity_learner law;
-  double start = 0;     ///< the configured capacity it started from (a new one starts again)
-  TimePoint from{};     ///< the interval under way started then
-  bool seeded = false;  ///< its first step in this term was taken (after learning mode)
-  bool cut = false;     ///< it cut in this term
-  TimePoint cut_at{};   ///< its last cut
+  double start = 0;        ///< the configured capacity it started from (a new one starts again)
+  TimePoint from{};        ///< the interval under way started then
+  bool seeded = false;     ///< its first step in this term was taken (after learning mode)
+  bool cut = false;        ///< it cut in this term
+  TimePoint cut_at{};      ///< its last cut
+  TimePoint limited_at{};  ///< it last looked at what the clients would call at
   learned_info last{};
   std::deque<learned_point> history{};  ///< the last steps, oldest first
 };
@@ -200,9 +236,12 @@ struct learned_state {
 /// in the interval cover (a sender without one: its last rate), summed.
 class signal_count {
  public:
-  /// A client's report at `at` (seconds on the node's clock); returns what it added.
-  overload_signals report(std::string_view client_id, const overload_signals& s, double at) {
+  /// A client's report at `at` (seconds on the node's clock), with what it wants now;
+  /// returns what the report added.
+  overload_signals report(std::string_view client_id, const overload_signals& s, double at,
+                          double wants = 0) {
     auto [it, first] = senders_.try_emplace(std::string(client_id), sender{.last = s, .at = at});
+    it->second.wants = wants;
     if (first) return {};
     sender& x = it->second;
     if (s.calls < x.last.calls || s.overloads < x.last.overloads) x.last = {};
@@ -247,6 +286,17 @@ class signal_count {
     return out;
   }
 
+  /// What the senders heard from within `stale` seconds of `at` would call at now: each one's
+  /// lease (`lease(id)`), or its wants at its last report when less, summed. O(senders).
+  template <class Lease>
+  [[nodiscard]] double limit(double at, double stale, Lease lease) const {
+    double out = 0;
+    for (const auto& [id, x] : senders_) {
+      if (at - x.at <= stale) out += std::min(lease(id), x.wants);
+    }
+    return out;
+  }
+
   /// Starts another interval (`rate` keeps each sender's last until it reports again).
   void next_interval() noexcept {
     for (auto& [id, x] : senders_) {
@@ -271,6 +321,7 @@ class signal_count {
     overload_signals interval{};  // what its reports added in the interval under way
     double span = 0;              // the time those reports cover
     overload_signals rate{};      // a second, over the last interval it reported in
+    double wants = 0;             // what it wanted at its last report
   };
 
   std::unordered_map<std::string, sender, string_hash, std::equal_to<>> senders_;

@@ -327,7 +327,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
         return resource_grant{x.resource_id, unreportable(r, req.client_id, now), 0.0, {}};
       }
       const band_demand band{x.priority, x.wants, 1};
-      learn_from(r, req.client_id, x.signals, now);
+      learn_from(r, req.client_id, x.signals, std::span(&band, 1), now);
       if (r.budget) charge(r, req.client_id, x, now);
       const lease_type l = decide(r, req.client_id, std::span(&band, 1), x.has, std::nullopt, now);
       if (r.budget) mind_mark(r);
@@ -352,7 +352,7 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
           for (const auto& b : x.wants) {
             bands.push_back({b.priority, b.wants, static_cast<double>(b.num_clients)});
           }
-          learn_from(r, req.server_id, x.signals, now);
+          learn_from(r, req.server_id, x.signals, bands, now);
           // A budget's server child reports for its clients as a client does for itself.
           if (r.budget) charge(r, req.server_id, x, now);
           const lease_type l = decide(r, req.server_id, bands, x.has, x.outstanding, now);

@@ -7,9 +7,11 @@
 /// `capacity_learner` (core/capacity_learner.hpp).
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,17 +58,22 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
     r.learned.emplace(b.min, b.max, r.tmpl.capacity);
   }
 
-  // A client's (or a server child's) overload signals: counted for the parent at an
-  // intermediate (which asks its parent soon when they hold overloads), for the learned
-  // capacity at a root (ignored at a root that learns nothing). The root's control step runs
-  // first, so that the report counts in the interval under way; a report of overloads may
-  // cut at once.
+  // A client's (or a server child's) overload signals, with its demand: counted for the
+  // parent at an intermediate (which asks its parent soon when they hold overloads), for the
+  // learned capacity at a root (ignored at a root that learns nothing). The root's control
+  // step runs first, so that the report counts in the interval under way; a report of
+  // overloads may cut at once, to what the clients would call at (each its lease, or its wants
+  // when less: a client that cut itself wants its cut).
   void learn_from(resource& r, std::string_view who, const std::optional<overload_signals>& s,
-                  time_point now) {
+                  std::span<const band_demand> bands, time_point now) {
     step_learned(r, now, false);
     if (!s || (options_.is_root && !r.learned)) return;
     if (!r.signals) r.signals.emplace();
-    const overload_signals added = r.signals->report(who, *s, to_seconds(now.time_since_epoch()));
+    double wants = 0;
+    for (const auto& b : bands)
+      wants += b.wants;
+    const overload_signals added =
+        r.signals->report(who, *s, to_seconds(now.time_since_epoch()), wants);
     r.signals->forget_unless(r.store.size(), [&](const std::string& id) {
       return id == who || r.store.find(id) != nullptr;
     });
@@ -77,10 +84,11 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
   }
 
   // A root's control step (docs/learned-capacity.md): once per refresh interval of the
-  // resource, or `at_once` on a report of overloads (a cut only). None in learning mode (the
-  // leases are the old master's); the first after it starts from what the clients said they
-  // hold (the capacity the old master had learned, as far as it was granted); then the law, on
-  // the clients' rates.
+  // resource, on the clients' rates; or `at_once` on a report of overloads, at most once a
+  // second, a cut to what the clients would call at (`capacity_learner::cut_to`). None in
+  // learning mode (the leases are the old master's); the first after it starts from what the
+  // clients said they hold (the capacity the old master had learned, as far as it was
+  // granted); none at once before its first interval (the rates are of part of it).
   void step_learned(resource& r, time_point now, bool at_once) {
     if (!r.learned) return;
     auto& l = *r.learned;
@@ -98,18 +106,36 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
     }
     const double span = to_seconds(now - l.from);
     const double interval = r.tmpl.algorithm.refresh_interval.count();
-    // At once only a refresh after the last cut: reports until then tell of leases before it.
-    if (at_once ? span <= 0 || now - l.cut_at < to_duration<duration>(interval) : span < interval) {
+    const double at = to_seconds(now.time_since_epoch());
+    const double before = l.law.capacity();
+    if (at_once) {
+      // O(senders): at most once a second, however many clients report their cuts.
+      if (!r.signals || l.last.seconds <= 0 || now - l.limited_at < std::chrono::seconds(1)) {
+        return;
+      }
+      l.limited_at = now;
+      const auto lease = [&](const std::string& id) {
+        const auto* c = r.store.find(id);
+        return c ? c->lease.capacity : 0.0;
+      };
+      if (!l.law.cut_to(r.signals->limit(at, 2 * interval, lease))) return;
+      l.cut = true;
+      l.cut_at = now;
+      record_learned(r, at, before, r.signals->rate(at, 2 * interval), learn_step::cut);
       return;
     }
+    if (span < interval) return;
+    // The overloads of a client silent since the last cut were taken into account by it.
     const overload_signals rate =
-        r.signals ? r.signals->rate(to_seconds(now.time_since_epoch()), 2 * interval,
+        r.signals ? r.signals->rate(at, 2 * interval,
                                     l.cut ? to_seconds(l.cut_at.time_since_epoch()) : -1)
                   : overload_signals{};
-    const double before = l.law.capacity();
-    const bool held = !at_once && r.store.totals().wants > before * (1 + 1e-9);
-    const learn_step step = l.law.update({rate.calls * span, rate.overloads * span, span, held});
-    if (at_once && step != learn_step::cut) return;
+    const auto& totals = r.store.totals();
+    const learn_step step = l.law.update({.calls = rate.calls * span,
+                                          .overloads = rate.overloads * span,
+                                          .seconds = span,
+                                          .held = totals.wants > before * (1 + 1e-9),
+                                          .offered = std::min(r.store.sum_has(), totals.wants)});
     if (r.signals) r.signals->next_interval();
     l.from = now;
     l.last.calls = rate.calls * span;
@@ -120,8 +146,15 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
       l.cut = true;
       l.cut_at = now;
     }
+    record_learned(r, at, before, rate, step);
+  }
+
+  // A step in the history (and a log line for a large change).
+  void record_learned(resource& r, double at, double before, const overload_signals& rate,
+                      learn_step step) {
+    auto& l = *r.learned;
     const double after = l.law.capacity();
-    l.history.push_back({.at = to_seconds(now.time_since_epoch()),
+    l.history.push_back({.at = at,
                          .capacity = after,
                          .wants = r.store.totals().wants,
                          .calls = rate.calls,

@@ -484,7 +484,12 @@ class simulation {
   /// sent with its next refresh, and its own cut while it waits (`set_signals`).
   void set_signals(std::size_t index, const overload_signals& signals) {
     client& c = clients_.at(index);
-    if (c.active) c.state->set_signals(options_.resource, signals, now());
+    if (!c.active) return;
+    const time_point before = c.state->next_request();
+    c.state->set_signals(options_.resource, signals, now());
+    // A second of overloads brings the next request forward, as a real client's driver does.
+    const time_point after = c.state->next_request();
+    if (after < before && c.up.in_flight == 0) client_side{*this, index}.wake_at(after);
   }
 
   /// What client `index`'s limiter enforces now: its state's capacity (a cut of its own
