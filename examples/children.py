@@ -38,18 +38,20 @@ def prepare(p: argparse.ArgumentParser, folder: str, prefix: str,
 
 
 class Process:
-    """A child whose output goes to a log file; `address` is what it says it listens on."""
+    """A child whose output goes to a log file; it has started once its log matches `ready`,
+    and `address` is the pattern's group (what a doorman process says it listens on)."""
 
-    def __init__(self, name: str, argv: list[str], logs: str, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, name: str, argv: list[str], logs: str, env: Optional[dict[str, str]] = None,
+                 ready: str = r"listening on (\S+)") -> None:
         self.name = name
         self.log_path = os.path.join(logs, name + ".log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while True:
-            m = re.search(r"listening on (\S+)", self.log())
+            m = re.search(ready, self.log())
             if m:
-                self.address = m.group(1)
+                self.address = m.group(1) if m.groups() else ""
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()

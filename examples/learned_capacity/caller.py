@@ -31,7 +31,8 @@ except ImportError:  # this repository's python/
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--doorman", required=True, help="the node's HOST:PORT")
+    p.add_argument("--doorman", required=True,
+                   help="the node's HOST:PORT, or its position's tasks: HOST:PORT,HOST:PORT")
     p.add_argument("--backend", required=True, help="the backend's http://HOST:PORT")
     p.add_argument("--wants", type=float, default=200, help="calls a second it asks for")
     p.add_argument("--name", default="caller")
@@ -39,7 +40,8 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     calls = overloaded = 0
-    with doorman.Client(a.doorman, client_id=a.name, minimum_refresh_interval=0.5) as client:
+    with doorman.Client(a.doorman.split(","), client_id=a.name,
+                        minimum_refresh_interval=0.5) as client:
         backend = client.rate("backend", wants=a.wants)
         opener = urllib.request.build_opener(doorman.http.ThrottlingHandler(backend, timeout=1))
         print("listening on -", flush=True)

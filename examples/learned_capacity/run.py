@@ -2,14 +2,17 @@
 answers 429 above a capacity it changes at run time; three callers (caller.py) call it through
 their doorman rate handles, two under an intermediate and one at the root, which learns the
 backend's capacity from their answers. The backend's capacity steps -50 % at 20 s and +50 % at
-45 s; at 60 s the root is stopped and started again (a master change: the new one starts from
-what the clients hold, once its learning mode is over). Every 5 s a line: the backend's
-capacity, the root's, and what the backend served and refused a second. At the end, a verdict:
+45 s. At 60 s the master changes: the one root task is stopped and started again; with --etcd
+the root is two tasks electing a master through a real etcd (/usr/bin/etcd, Debian's
+etcd-server), and the master is killed (SIGKILL), so the other takes over. Either way the new
+master starts from what the clients hold, once its learning mode is over.
+Every 5 s a line: the backend's capacity, the master's, and what the backend served and refused
+a second. At the end, a verdict:
 
 - overloaded: at most 5 % of all calls, and at most 15 % of those in the 15 s after -50 %;
 - used: at least 70 % of the capacity served over each steady span (the 5 s before a change,
   and the last 10 s);
-- learned: the root's capacity within 30 % of the backend's at the end.
+- learned: the master's capacity within 30 % of the backend's at the end.
 
     /usr/bin/python3 examples/learned_capacity/run.py --bin build/dev/examples
 
@@ -34,7 +37,8 @@ from children import Process, prepare  # noqa: E402  (examples/children.py)
 
 CAPACITY = 300.0  # the backend's at first, calls a second
 STEPS = [(20.0, 150.0), (45.0, 225.0)]  # (seconds, capacity): -50 %, then +50 %
-RESTART = 60.0  # the root is stopped and started again then
+CHANGE = 60.0  # the master changes then
+ETCD = "/usr/bin/etcd"
 DURATION = 80.0
 
 
@@ -54,15 +58,21 @@ def free_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def learned(cli: str, root: str) -> float:
-    """The root's capacity for `backend` (`doorman status --json`), or -1 when it answers none."""
-    out = subprocess.run([cli, "status", "--server", root, "--json"], capture_output=True, text=True)
-    try:
-        for r in json.loads(out.stdout).get("resources", []):
+def learned(cli: str, roots: list[str]) -> float:
+    """The master's capacity for `backend` (`doorman status --json` of each root task), or -1
+    when no task answers as master."""
+    for root in roots:
+        out = subprocess.run([cli, "status", "--server", root, "--json"], capture_output=True,
+                             text=True)
+        try:
+            status = json.loads(out.stdout)
+        except ValueError:
+            continue
+        if not status.get("mastership", {}).get("is_master"):
+            continue
+        for r in status.get("resources", []):
             if r.get("resource_id") == "backend":
                 return float(r.get("capacity", -1))
-    except ValueError:
-        pass
     return -1.0
 
 
@@ -81,54 +91,101 @@ def seconds(backend: str) -> list[list[float]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", required=True, help="the folder of doorman-node and doorman")
+    p.add_argument("--etcd", action="store_true",
+                   help="two root tasks electing a master through etcd (/usr/bin/etcd), the "
+                        "master killed at 60 s; else one root task, stopped and started again")
     a = p.parse_args()
+    if a.etcd and not os.access(ETCD, os.X_OK):
+        p.error(f"--etcd: no {ETCD} (Debian's etcd-server)")
     node, cli, env, logs = prepare(p, a.bin, "doorman-learned-capacity-", config())
     children: list[Process] = []
     try:
-        return run(node, cli, env, logs, children)
+        return run(node, cli, env, logs, children, not a.etcd)
     finally:
         for c in reversed(children):
             c.stop()
         print(f"logs in {logs}")
 
 
-def run(node: str, cli: str, env: dict[str, str], logs: str, children: list[Process]) -> int:
+def start_roots(node: str, logs: str, children: list[Process], restart: bool) -> list[Process]:
+    """The root position: one task (`restart`), or two electing a master through a new etcd."""
+    argv = [node, "--admin", "off", "--config", os.path.join(logs, "resources.json")]
+    if restart:
+        root = Process("root", [*argv, "--listen", free_address()], logs)
+        children.append(root)
+        return [root]
+    client, peer = free_address(), "http://" + free_address()
+    etcd = Process("etcd", [ETCD, "--name", "learned", "--data-dir", os.path.join(logs, "etcd"),
+                            "--listen-client-urls", "http://" + client,
+                            "--advertise-client-urls", "http://" + client,
+                            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                            "--initial-cluster", "learned=" + peer],
+                   logs, ready="ready to serve client requests")
+    children.append(etcd)
+    roots = []
+    for name in ("root-a", "root-b"):
+        roots.append(Process(name, [*argv, "--listen", free_address(), "--id", name,
+                                    "--etcd-endpoints", client, "--election-key",
+                                    "/doorman-learned/root", "--election-ttl", "2"], logs))
+        children.append(roots[-1])
+    return roots
+
+
+def change_master(node: str, logs: str, children: list[Process], roots: list[Process],
+                  cli: str) -> str:
+    """The master's end: the one root task stopped and started again on its address, or the
+    elected one killed (the other task takes over; `roots` keeps the live ones). What
+    happened, for the output."""
+    if len(roots) == 1:
+        roots[0].stop()
+        argv = list(roots[0].proc.args)  # the same address
+        roots[0] = Process("root-2", argv, logs)
+        children.append(roots[0])
+        return "root stopped and started again"
+    for i, r in enumerate(roots):
+        out = subprocess.run([cli, "status", "--server", r.address, "--json"],
+                             capture_output=True, text=True)
+        if '"is_master": true' in out.stdout:
+            r.proc.kill()
+            roots.pop(i)  # asked no more (a dead address costs the CLI its timeout)
+            return f"master {r.name} killed; {roots[0].name} takes over"
+    return "no master to kill"
+
+
+def run(node: str, cli: str, env: dict[str, str], logs: str, children: list[Process],
+        restart: bool) -> int:
     py = sys.executable
-    address = free_address()  # the root's, kept across its restart
-    root_argv = [node, "--listen", address, "--admin", "off", "--config",
-                 os.path.join(logs, "resources.json")]
-    root = Process("root", root_argv, logs)
-    children.append(root)
+    roots = start_roots(node, logs, children, restart)
+    addresses = ",".join(r.address for r in roots)
     mid = Process("intermediate", [node, "--listen", "127.0.0.1:0", "--admin", "off", "--parent",
-                                   address, "--id", "mid"], logs)
+                                   addresses, "--id", "mid"], logs)
     children.append(mid)
     backend = Process("backend", [py, os.path.join(HERE, "backend.py"), "--capacity",
                                   str(CAPACITY)], logs, env)
     children.append(backend)
     callers = []
-    for i, at in enumerate([mid.address, mid.address, address]):
+    for i, at in enumerate([mid.address, mid.address, addresses]):
         c = Process(f"caller-{i + 1}", [py, os.path.join(HERE, "caller.py"), "--doorman", at,
                                         "--backend", "http://" + backend.address, "--wants", "200",
                                         "--name", f"caller-{i + 1}"], logs, env)
         children.append(c)
         callers.append(c)
-    print(f"root {address}, intermediate {mid.address} (callers 1 and 2), backend {backend.address};"
-          f" the root learns 'backend' from {CAPACITY:g}")
+    print(f"root {addresses}{' (two tasks under etcd)' if len(roots) > 1 else ''}, intermediate "
+          f"{mid.address} (callers 1 and 2), backend {backend.address}; the root learns "
+          f"'backend' from {CAPACITY:g}")
     print("   t  backend  learned  served/s  429/s")
     began, wall = time.monotonic(), time.time()
     steps = list(STEPS)
-    restarted = False
+    changed = False
     history: list[tuple[float, float, float]] = []  # (t, backend's capacity, learned)
     for tick in range(1, int(DURATION) + 1):
         time.sleep(max(0.0, began + tick - time.monotonic()))
         if steps and tick >= steps[0][0]:
             post_capacity(backend.address, steps.pop(0)[1])
-        if not restarted and tick >= RESTART:
-            root.stop()
-            root = Process("root-2", root_argv, logs)  # the same address
-            children.append(root)
-            restarted = True
-        history.append((tick, current(tick), learned(cli, address)))
+        if not changed and tick >= CHANGE:
+            print(f"{tick:4d}s  {change_master(node, logs, children, roots, cli)}", flush=True)
+            changed = True
+        history.append((tick, current(tick), learned(cli, [r.address for r in roots])))
         if tick % 5 == 0:
             recent = [s for s in seconds(backend.address) if s[0] >= wall + tick - 5]
             served = sum(s[2] for s in recent) / 5
@@ -168,7 +225,7 @@ def verdict(record: list[list[float]], wall: float, history: list[tuple[float, f
         (step_over <= 0.15 * step_calls, f"in the 15 s after -50 %: {step_over:.0f} of "
                                           f"{step_calls:.0f} ({100 * step_over / max(step_calls, 1):.1f} %, at most 15 %)"),
         (used >= 0.7, f"used over the steady spans: at least {100 * used:.1f} % (at least 70 %)"),
-        (error <= 0.3, f"learned at the end, after the root's restart: within {100 * error:.1f} % "
+        (error <= 0.3, f"learned at the end, after the master changed: within {100 * error:.1f} % "
                        "of the backend's (at most 30 %)"),
     ]
     for ok, line in checks:
