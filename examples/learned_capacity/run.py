@@ -58,17 +58,25 @@ def free_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+def master_status(cli: str, address: str) -> dict[str, Any] | None:
+    """`doorman status --json` of the task at `address` when it answers as master, else None."""
+    out = subprocess.run([cli, "status", "--server", address, "--json"], capture_output=True,
+                         text=True)
+    try:
+        status = json.loads(out.stdout)
+    except ValueError:
+        return None
+    if not isinstance(status, dict) or not status.get("mastership", {}).get("is_master"):
+        return None
+    return status
+
+
 def learned(cli: str, roots: list[str]) -> float:
-    """The master's capacity for `backend` (`doorman status --json` of each root task), or -1
-    when no task answers as master."""
+    """The master's capacity for `backend` (`master_status` of each root task), or -1 when no
+    task answers as master."""
     for root in roots:
-        out = subprocess.run([cli, "status", "--server", root, "--json"], capture_output=True,
-                             text=True)
-        try:
-            status = json.loads(out.stdout)
-        except ValueError:
-            continue
-        if not status.get("mastership", {}).get("is_master"):
+        status = master_status(cli, root)
+        if status is None:
             continue
         for r in status.get("resources", []):
             if r.get("resource_id") == "backend":
@@ -143,9 +151,7 @@ def change_master(node: str, logs: str, children: list[Process], roots: list[Pro
         children.append(roots[0])
         return "root stopped and started again"
     for i, r in enumerate(roots):
-        out = subprocess.run([cli, "status", "--server", r.address, "--json"],
-                             capture_output=True, text=True)
-        if '"is_master": true' in out.stdout:
+        if master_status(cli, r.address) is not None:
             r.proc.kill()
             roots.pop(i)  # asked no more (a dead address costs the CLI its timeout)
             return f"master {r.name} killed; {roots[0].name} takes over"

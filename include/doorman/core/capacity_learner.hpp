@@ -286,13 +286,21 @@ class signal_count {
     return out;
   }
 
-  /// What the senders heard from within `stale` seconds of `at` would call at now: each one's
-  /// lease (`lease(id)`), or its wants at its last report when less, summed. O(senders).
+  /// What the senders heard from within `stale` seconds of `at` would call at now (`limit`:
+  /// each one's lease, `lease(id)`, or its wants at its last report when less, summed), and
+  /// their `rate`. O(senders), one pass.
+  struct limit_and_rate {
+    double limit = 0;
+    overload_signals rate{};
+  };
   template <class Lease>
-  [[nodiscard]] double limit(double at, double stale, Lease lease) const {
-    double out = 0;
+  [[nodiscard]] limit_and_rate limit(double at, double stale, Lease lease) const {
+    limit_and_rate out;
     for (const auto& [id, x] : senders_) {
-      if (at - x.at <= stale) out += std::min(lease(id), x.wants);
+      if (at - x.at > stale) continue;
+      out.limit += std::min(lease(id), x.wants);
+      out.rate.calls += x.rate.calls;
+      out.rate.overloads += x.rate.overloads;
     }
     return out;
   }

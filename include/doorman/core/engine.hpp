@@ -536,29 +536,16 @@ class basic_engine : private detail::budget_steps<Clock, Algorithms> {
     return it->second;
   }
 
-  // The leases of `r` in client id order from `req.offset`, at most `req.limit`: O(leases) to
-  // pick the page (partitions, not a full sort), then O(page × log page).
+  // The leases of `r` in client id order from `req.offset`, at most `req.limit`.
   void page_of_leases(const resource& r, const lease_page& req, time_point now,
                       status_response& out) const {
-    using holder = typename store_type::client;
-    std::vector<const holder*> all;
-    all.reserve(r.store.size());
-    r.store.for_each([&](const holder& c) { all.push_back(&c); });
-    out.lease_count = all.size();
-    const auto by_id = [](const holder* a, const holder* b) { return a->id < b->id; };
-    const std::size_t from = std::min(all.size(), static_cast<std::size_t>(req.offset));
-    const std::size_t to =
-        req.limit ? std::min(all.size(), from + static_cast<std::size_t>(*req.limit)) : all.size();
-    const auto first = all.begin() + static_cast<std::ptrdiff_t>(from);
-    const auto last = all.begin() + static_cast<std::ptrdiff_t>(to);
-    if (from > 0) std::nth_element(all.begin(), first, all.end(), by_id);
-    if (to < all.size()) std::nth_element(first, last, all.end(), by_id);
-    std::sort(first, last, by_id);
-    out.leases.reserve(to - from);
-    for (auto i = first; i != last; ++i) {
-      const holder& c = **i;
-      out.leases.push_back({c.id, to_lease_info(c.lease, now), c.wants(), c.subclients(),
-                            c.is_server, c.outstanding(), c.bands.to_vector()});
+    out.lease_count = r.store.size();
+    const auto limit = req.limit ? std::optional<std::size_t>(*req.limit) : std::nullopt;
+    const auto page = r.store.page(static_cast<std::size_t>(req.offset), limit);
+    out.leases.reserve(page.size());
+    for (const auto* c : page) {
+      out.leases.push_back({c->id, to_lease_info(c->lease, now), c->wants(), c->subclients(),
+                            c->is_server, c->outstanding(), c->bands.to_vector()});
     }
   }
 

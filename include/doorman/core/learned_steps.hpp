@@ -19,6 +19,7 @@
 
 #include "doorman/core/capacity_learner.hpp"
 #include "doorman/core/json_reader.hpp"
+#include "doorman/core/lease.hpp"
 #include "doorman/core/lease_decision.hpp"
 #include "doorman/core/messages.hpp"
 
@@ -69,11 +70,8 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
     step_learned(r, now, false);
     if (!s || (options_.is_root && !r.learned)) return;
     if (!r.signals) r.signals.emplace();
-    double wants = 0;
-    for (const auto& b : bands)
-      wants += b.wants;
-    const overload_signals added =
-        r.signals->report(who, *s, to_seconds(now.time_since_epoch()), wants);
+    const overload_signals added = r.signals->report(who, *s, to_seconds(now.time_since_epoch()),
+                                                     sum_over(bands, &band_demand::wants));
     r.signals->forget_unless(r.store.size(), [&](const std::string& id) {
       return id == who || r.store.find(id) != nullptr;
     });
@@ -118,10 +116,11 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
         const auto* c = r.store.find(id);
         return c ? c->lease.capacity : 0.0;
       };
-      if (!l.law.cut_to(r.signals->limit(at, 2 * interval, lease))) return;
+      const auto senders = r.signals->limit(at, 2 * interval, lease);
+      if (!l.law.cut_to(senders.limit)) return;
       l.cut = true;
       l.cut_at = now;
-      record_learned(r, at, before, r.signals->rate(at, 2 * interval), learn_step::cut);
+      record_learned(r, at, before, senders.rate, learn_step::cut);
       return;
     }
     if (span < interval) return;

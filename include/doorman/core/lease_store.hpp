@@ -14,6 +14,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <span>
 #include <string>
@@ -418,6 +419,24 @@ class basic_lease_store {
     for (const client& c : clients_) {
       if (!c.id.empty()) f(c);  // freed slots have an empty id
     }
+  }
+
+  /// The clients in id order from `offset`, at most `limit` of them (all when none): O(n) to
+  /// pick the page (partitions, not a full sort), then O(page × log page).
+  [[nodiscard]] std::vector<const client*> page(std::size_t offset,
+                                                std::optional<std::size_t> limit) const {
+    std::vector<const client*> all;
+    all.reserve(size());
+    for_each([&](const client& c) { all.push_back(&c); });
+    const auto by_id = [](const client* a, const client* b) { return a->id < b->id; };
+    const std::size_t from = std::min(all.size(), offset);
+    const std::size_t to = limit ? std::min(all.size(), from + *limit) : all.size();
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(from);
+    const auto last = all.begin() + static_cast<std::ptrdiff_t>(to);
+    if (from > 0) std::nth_element(all.begin(), first, all.end(), by_id);
+    if (to < all.size()) std::nth_element(first, last, all.end(), by_id);
+    std::sort(first, last, by_id);
+    return {first, last};
   }
 
  private:
