@@ -287,16 +287,19 @@ class replay {
     return nullptr;
   }
 
+  // client_core::record_signals: at each sample, and before each refresh.
+  void record_signals(const std::string& id, const entry& e) {
+    if (e.answers == 0 || e.kind == "budget") return;
+    state_.set_signals(
+        id, {static_cast<double>(e.answers), static_cast<double>(std::min(e.answers, e.overloads))},
+        now());
+  }
+
   void sample() {
     const double span = doorman::to_seconds(now() - last_sample_);
     last_sample_ = now();
     for (auto& [id, e] : entries_) {
-      if (e->answers > 0 && e->kind != "budget") {  // client_core::record_signals
-        state_.set_signals(id,
-                           {static_cast<double>(e->answers),
-                            static_cast<double>(std::min(e->answers, e->overloads))},
-                           now());
-      }
+      record_signals(id, *e);
       if (!e->estimate || !(span > 0)) continue;
       if (e->kind == "budget") {
         const auto* r = state_.find(id);
@@ -351,6 +354,7 @@ class replay {
     const double timeout =
         state_.call_timeout(now(), doorman::seconds(opt("call_timeout"))).count();
     for (auto& [id, e] : entries_) {
+      record_signals(id, *e);
       if (e->kind == "budget") state_.set_spend(id, e->budget.report(), e->budget.left(now()));
     }
     return {

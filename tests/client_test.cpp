@@ -808,6 +808,11 @@ class stalling_server {
     const std::lock_guard lock(mutex_);
     return released_;
   }
+  // The resources of each get_capacity call read so far.
+  [[nodiscard]] std::vector<json> asked() const {
+    const std::lock_guard lock(mutex_);
+    return asked_;
+  }
 
   // Closes the port and every connection; later connection attempts are refused.
   void vanish() {
@@ -845,6 +850,10 @@ class stalling_server {
         const std::lock_guard lock(mutex_);
         released_.push_back(call["params"]["resources"]);
       }
+      if (call["method"] == "get_capacity") {
+        const std::lock_guard lock(mutex_);
+        asked_.push_back(call["params"]["resources"]);
+      }
       if (call["method"] != "get_capacity" || answered_ >= answers_) continue;
       ++answered_;
       json grants = json::array();
@@ -874,6 +883,7 @@ class stalling_server {
   std::atomic<int> calls_{0};
   mutable std::mutex mutex_;
   std::vector<json> released_;
+  std::vector<json> asked_;
   std::thread thread_;
 };
 
@@ -918,6 +928,31 @@ TEST_CASE("a client stops within release_timeout when its server has gone away",
   // for up to call_timeout (5 s) first.
   REQUIRE(destroyed.wait_for(3s) == std::future_status::ready);
   CHECK(steady::now() - started < 1.5s);
+}
+
+TEST_CASE("a refresh carries the answers recorded up to it, not those of the last sample",
+          "[client][net][learn]") {
+  // Demand is sampled once a minute here; the root's rates of calls divide each report's
+  // counts by the time between reports, so the counts must be those at the send.
+  stalling_server server(1000);
+  auto options = fast_client(server.address());
+  options.sample_interval = doorman::seconds(60);
+  doorman::client cl(options);
+  doorman::rate_resource r(cl, "api", {.wants = 1});
+  REQUIRE(eventually([&] { return r.leased(); }));
+  r.record_answers(7, 2);
+  const auto carried = [&] {
+    for (const json& resources : server.asked()) {
+      for (const json& item : resources) {
+        if (item.contains("signals") && item["signals"]["calls"] == 7 &&
+            item["signals"]["overloads"] == 2) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  CHECK(eventually(carried));
 }
 
 TEST_CASE("a release still unanswered when the client stops goes out again with the final one",

@@ -733,6 +733,7 @@ class ClientCore:
             return Step("wait", at=min(at, self._next_sample))
         timeout = self.state.call_timeout(now, self.call_timeout)
         for rid, e in self.entries.items():
+            self._record_signals(rid, e, now)  # as of the send: the root takes rates
             if isinstance(e.limiter, BudgetCounter):
                 self.state.set_spend(rid, e.limiter.report(), e.limiter.left())
         return Step("refresh", self.state.make_request(now), timeout)
@@ -828,13 +829,17 @@ class ClientCore:
         per_second = sampled_wants(e.demand, value, span, throttled, False)
         return min(per_second * horizon, _wire.MAX_QUANTITY)
 
+    def _record_signals(self, rid: str, e: Entry, now: int) -> None:
+        """What the service answered `rid`'s calls, into the state (`client_core::record_signals`):
+        at each sample, and before each refresh."""
+        if e.answers > 0 and e.kind != "budget":
+            self.state.set_signals(rid, float(e.answers), float(min(e.answers, e.overloads)), now)
+
     def _sample(self, now: int) -> None:
         span = to_s(now - self._last_sample)
         self._last_sample = now
         for rid, e in self.entries.items():
-            if e.answers > 0 and e.kind != "budget":
-                self.state.set_signals(rid, float(e.answers), float(min(e.answers, e.overloads)),
-                                       now)
+            self._record_signals(rid, e, now)
             if not e.estimate or not span > 0:
                 continue
             if isinstance(e.limiter, BudgetCounter):

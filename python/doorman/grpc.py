@@ -11,11 +11,13 @@ This module needs grpcio (Debian: python3-grpcio); the rest of the package does 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional
 
 import grpc  # type: ignore
 
 from .client import RateResource
+from .http import _check_latency_target, _over
 
 #: The status codes that say the service is overloaded.
 OVERLOADED_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
@@ -35,28 +37,33 @@ class ThrottlingInterceptor(grpc.UnaryUnaryClientInterceptor,  # type: ignore[mi
     first (TimeoutError after `timeout` seconds, nothing consumed, the call not made). When it
     ends, its status is recorded on the resource (`record_answer`), overloaded when
     `is_overloaded(code)` says so (by default `overloaded`). A call the caller cancelled is not
-    recorded: the service did not answer it."""
+    recorded: the service did not answer it. With `latency_target` (seconds), a call that
+    ended more than that after it was made is recorded overloaded too."""
 
     def __init__(self, resource: RateResource, n: float = 1, timeout: Optional[float] = None,
-                 is_overloaded: Callable[[Any], bool] = overloaded) -> None:
+                 is_overloaded: Callable[[Any], bool] = overloaded,
+                 latency_target: Optional[float] = None) -> None:
         self.resource = resource
         self.n = n
         self.timeout = timeout
         self.is_overloaded = is_overloaded
+        self.latency_target = _check_latency_target(latency_target)
 
-    def _record(self, call: Any) -> None:
+    def _record(self, call: Any, sent: float) -> None:
         try:
             code = call.code()
         except Exception:  # noqa: BLE001: a call without a status says nothing
             return
         if code is None or code == grpc.StatusCode.CANCELLED:
             return
-        self.resource.record_answer(bool(self.is_overloaded(code)))
+        late = _over(self.latency_target, sent)
+        self.resource.record_answer(late or bool(self.is_overloaded(code)))
 
     def _intercept(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
         self.resource.wait(self.n, self.timeout)
+        sent = time.monotonic()
         call = continuation(details, request)
-        call.add_done_callback(self._record)
+        call.add_done_callback(lambda done: self._record(done, sent))
         return call
 
     def intercept_unary_unary(self, continuation: Callable[..., Any], client_call_details: Any,

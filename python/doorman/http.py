@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import urllib.request
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar, Union
 
@@ -43,50 +44,97 @@ def throttled(resource: RateResource, n: float = 1, timeout: Optional[float] = N
 
 
 def overloaded(status: int, headers: Any = None) -> bool:
-    """Whether an HTTP answer says the service is overloaded: 429, 503, or a `Retry-After`."""
+    """Whether an HTTP answer says the service is overloaded: 429, 503, a `Retry-After`, or a
+    provider's remaining quota at 0 (`quota_spent`)."""
     if status in (429, 503):
         return True
     try:
-        return headers is not None and headers.get("Retry-After") is not None
+        return headers is not None and (headers.get("Retry-After") is not None or
+                                        quota_spent(headers))
     except AttributeError:
         return False
 
 
+def quota_spent(headers: Any) -> bool:
+    """Whether a header whose name holds both `ratelimit` and `remaining` (any case:
+    `X-RateLimit-Remaining`, `RateLimit-Remaining`, `x-ratelimit-remaining-requests`,
+    `anthropic-ratelimit-tokens-remaining`) says 0 or less is left. Headers with `items()`
+    (urllib's, requests', urllib3's) or a list of pairs; a value that is not a number says
+    nothing."""
+    try:
+        pairs = headers.items() if hasattr(headers, "items") else headers
+        for name, value in pairs:
+            n = str(name).lower()
+            if "ratelimit" in n and "remaining" in n:
+                try:
+                    if float(str(value).split(",")[0].strip()) <= 0:
+                        return True
+                except ValueError:
+                    continue
+    except (TypeError, ValueError):
+        return False
+    return False
+
+
+def _check_latency_target(latency_target: Optional[float]) -> Optional[float]:
+    if latency_target is not None and not (isinstance(latency_target, (int, float)) and
+                                           not isinstance(latency_target, bool) and
+                                           0 < latency_target < math.inf):
+        raise ValueError("latency_target: must be a number of seconds above 0, or None")
+    return latency_target
+
+
+def _over(latency_target: Optional[float], sent: Optional[float]) -> bool:
+    """Whether an answer to a call sent at `sent` (time.monotonic) came past the target."""
+    return latency_target is not None and sent is not None and (
+        time.monotonic() - sent > latency_target)
+
+
 class ThrottlingHandler(urllib.request.BaseHandler):
     """A `urllib.request` handler: every request opened through the opener waits for a permit,
-    and every answer is recorded (`record_answer`: 429, 503 or a `Retry-After` overloaded)."""
+    and every answer is recorded (`record_answer`): overloaded when `overloaded` says so, or
+    when it came more than `latency_target` seconds after the request was sent."""
 
     handler_order = 100  # before the handlers that open connections, and that raise on 4xx
 
-    def __init__(self, resource: RateResource, timeout: Optional[float] = None) -> None:
+    def __init__(self, resource: RateResource, timeout: Optional[float] = None,
+                 latency_target: Optional[float] = None) -> None:
         self.resource = resource
         self.timeout = timeout
+        self.latency_target = _check_latency_target(latency_target)
 
     def http_request(self, req: urllib.request.Request) -> urllib.request.Request:
         self.resource.wait(1, self.timeout)
+        req._doorman_sent = time.monotonic()  # type: ignore[attr-defined]
         return req
 
     def http_response(self, req: urllib.request.Request, response: Any) -> Any:
-        self.resource.record_answer(overloaded(response.status, response.headers))
+        late = _over(self.latency_target, getattr(req, "_doorman_sent", None))
+        self.resource.record_answer(late or overloaded(response.status, response.headers))
         return response
 
     https_request = http_request
     https_response = http_response
 
 
-def throttle_session(session: Any, resource: RateResource, timeout: Optional[float] = None) -> Any:
+def throttle_session(session: Any, resource: RateResource, timeout: Optional[float] = None,
+                     latency_target: Optional[float] = None) -> Any:
     """Makes every request of a `requests.Session` (or anything with a `request(method, url,
     ...)` method, such as a `urllib3.PoolManager`) wait for a permit first, and records its
-    answer (`record_answer`: 429, 503 or a `Retry-After` overloaded). Returns `session`."""
+    answer (`record_answer`): overloaded when `overloaded` says so, or when it came more than
+    `latency_target` seconds after the request was sent. Returns `session`."""
+    _check_latency_target(latency_target)
     send = session.request
 
     @functools.wraps(send)
     def request(*args: Any, **kwargs: Any) -> Any:
         resource.wait(1, timeout)
+        sent = time.monotonic()
         response = send(*args, **kwargs)
         status = getattr(response, "status_code", getattr(response, "status", 0))
         if isinstance(status, int):
-            resource.record_answer(overloaded(status, getattr(response, "headers", None)))
+            late = _over(latency_target, sent)
+            resource.record_answer(late or overloaded(status, getattr(response, "headers", None)))
         return response
 
     session.request = request

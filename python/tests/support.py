@@ -42,18 +42,19 @@ def budget_config(units: float, lease_length: int = 5,
     return {"resources": [budget] + config(0)["resources"]}
 
 
-DOCS_PYTHON = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
 
 
-def docs_example(index: int) -> str:
-    """The `index`-th Python code block of docs/python.md (from 0), as it is written."""
-    with open(DOCS_PYTHON) as f:
+def docs_example(index: int, doc: str = "python.md") -> str:
+    """The `index`-th Python code block of docs/`doc` (from 0), as it is written."""
+    with open(os.path.join(DOCS, doc)) as f:
         return f.read().split("```python\n")[index + 1].split("```", 1)[0]
 
 
-def run_docs_example(index: int, scope: dict[str, Any]) -> dict[str, Any]:
-    """Runs the `index`-th Python example of docs/python.md in `scope`; returns the scope."""
-    exec(compile(docs_example(index), DOCS_PYTHON, "exec"), scope)  # noqa: S102: the docs' own
+def run_docs_example(index: int, scope: dict[str, Any], doc: str = "python.md") -> dict[str, Any]:
+    """Runs the `index`-th Python example of docs/`doc` in `scope`; returns the scope."""
+    exec(compile(docs_example(index, doc), os.path.join(DOCS, doc), "exec"),  # noqa: S102
+         scope)
     return scope
 
 

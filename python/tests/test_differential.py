@@ -289,6 +289,21 @@ def run(replay: str, traces: int, first_seed: int, steps: int) -> tuple[int, str
     return divergences, first
 
 
+class SignalsTest(unittest.TestCase):
+    def test_a_refresh_carries_the_answers_recorded_up_to_it(self) -> None:
+        # Demand sampled once a minute: the root divides each report's counts by the time
+        # between reports, so a refresh carries the counts at its send, not the last sample's.
+        clock = Clock(10**12)
+        core = ClientCore("c", clock.now, clock=clock, sample_interval=60.0,
+                          minimum_refresh_interval=0.0)
+        e = core.attach("api", "rate", ResourceOptions(wants=1), clock.now)
+        e.answers, e.overloads = 7, 2
+        step = core.step(clock.now)
+        self.assertEqual(step.action, "refresh")
+        items = {i["resource_id"]: i for i in step.params["resources"]}
+        self.assertEqual(items["api"].get("signals"), {"calls": 7.0, "overloads": 2.0})
+
+
 class DifferentialTest(unittest.TestCase):
     @unittest.skipUnless(os.environ.get("DOORMAN_REPLAY_BINARY"), "DOORMAN_REPLAY_BINARY unset")
     def test_the_python_core_decides_as_the_cpp_client(self) -> None:

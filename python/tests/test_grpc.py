@@ -30,6 +30,8 @@ def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
         context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
     if request == b"wrong":
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no")
+    if request == b"slow":  # a service answering late (its latency, not a synchronization)
+        time.sleep(0.3)
     return b"ok:" + request
 
 
@@ -86,6 +88,21 @@ class GrpcInterceptorTest(unittest.TestCase):
         with self.assertRaises(TimeoutError):
             channel.unary_unary(METHOD)(b"x", timeout=5)
         self.assertEqual(api._e.answers, 0)
+        channel.close()
+
+    def test_a_call_answered_past_the_latency_target_is_recorded_overloaded(self) -> None:
+        api = self.client.rate("grpc-slow", wants=100, burst=1)
+        with self.assertRaises(ValueError) as e:
+            doorman.grpc.ThrottlingInterceptor(api, latency_target=0)
+        self.assertIn("latency_target", str(e.exception))
+        channel = grpc.intercept_channel(
+            grpc.insecure_channel(f"127.0.0.1:{self.port}"),
+            doorman.grpc.ThrottlingInterceptor(api, timeout=5, latency_target=0.2))
+        call = channel.unary_unary(METHOD)
+        self.assertEqual(call(b"fast", timeout=5), b"ok:fast")
+        self.assertEqual(call(b"slow", timeout=5), b"ok:slow")  # 0.3 s: past 0.2 s
+        self.assertTrue(eventually(lambda: api._e.answers == 2))
+        self.assertEqual((api._e.answers, api._e.overloads), (2, 1))
         channel.close()
 
     def test_the_grpc_example_of_docs_python_md(self) -> None:

@@ -61,6 +61,14 @@ class HttpHelpersTest(unittest.TestCase):
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802: http.server's name
                 seen.append(self.path)
+                if self.path == "/slow":  # a service answering late (its latency)
+                    time.sleep(0.3)
+                if self.path == "/spent":  # served, the provider's quota now at 0
+                    self.send_response(200)
+                    self.send_header("X-RateLimit-Remaining", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.path == "/busy":
                     self.send_response(429)
                     self.send_header("Retry-After", "1")
@@ -90,9 +98,48 @@ class HttpHelpersTest(unittest.TestCase):
             with self.assertRaises(urllib.error.HTTPError):
                 opener.open(f"http://127.0.0.1:{server.server_port}/busy", timeout=5)
             self.assertEqual((api._e.answers, api._e.overloads), (7, 1))
+            with opener.open(f"http://127.0.0.1:{server.server_port}/spent", timeout=5) as r:
+                r.read()
+            self.assertEqual((api._e.answers, api._e.overloads), (8, 2))
+            # With a latency target, an answer that came late is overloaded too.
+            with self.assertRaises(ValueError) as e:
+                doorman.http.ThrottlingHandler(api, latency_target=-1)
+            self.assertIn("latency_target", str(e.exception))
+            late = urllib.request.build_opener(
+                doorman.http.ThrottlingHandler(api, latency_target=0.2))
+            for path in ("fast", "slow"):  # 0.3 s: past 0.2 s
+                with late.open(f"http://127.0.0.1:{server.server_port}/{path}", timeout=5) as r:
+                    self.assertEqual(r.read(), b"ok")
+            self.assertEqual((api._e.answers, api._e.overloads), (10, 3))
         finally:
             server.shutdown()
             server.server_close()
+
+    def test_the_latency_target_example_of_docs_learned_capacity_md(self) -> None:
+        self.assertIn("latency_target=0.5", docs_example(0, "learned-capacity.md"))
+        scope = run_docs_example(0, {"doorman": doorman, "client": self.client,
+                                     "urllib": urllib}, "learned-capacity.md")
+        handler = next(h for h in scope["opener"].handlers
+                       if isinstance(h, doorman.http.ThrottlingHandler))
+        self.assertEqual((handler.resource.id, handler.latency_target), ("provider", 0.5))
+        scope["provider"].close()
+
+    def test_what_says_overloaded(self) -> None:
+        o = doorman.http.overloaded
+        self.assertTrue(o(429) and o(503))
+        self.assertFalse(o(200, {}) or o(500, {}))
+        self.assertTrue(o(200, {"Retry-After": "3"}))
+        for name in ("X-RateLimit-Remaining", "ratelimit-remaining",
+                     "x-ratelimit-remaining-tokens", "anthropic-ratelimit-requests-remaining"):
+            self.assertTrue(o(200, {name: "0"}), name)
+            self.assertTrue(o(200, {name: "-1, 5"}), name)  # joined values: the first
+            self.assertFalse(o(200, {name: "12"}), name)
+            for hostile in ("", "none", "nan", "0x0", "1e999x"):
+                self.assertFalse(o(200, {name: hostile}), (name, hostile))
+        self.assertFalse(o(200, {"X-RateLimit-Limit": "0"}))  # the limit, not what is left
+        self.assertTrue(doorman.http.quota_spent([("x-ratelimit-remaining", "0")]))
+        self.assertFalse(doorman.http.quota_spent(None))
+        self.assertFalse(doorman.http.quota_spent(42))
 
     def test_a_session_waits_for_its_permits(self) -> None:
         class Session:  # what requests.Session and urllib3.PoolManager offer
@@ -110,6 +157,27 @@ class HttpHelpersTest(unittest.TestCase):
             self.assertEqual(s.request("GET", f"http://x/{i}"), "response")
         self.assertGreaterEqual(time.monotonic() - start, 0.45)
         self.assertEqual(len(s.sent), 6)
+
+    def test_a_session_records_each_answer(self) -> None:
+        class Response:
+            def __init__(self, status: int, headers: dict[str, str]) -> None:
+                self.status_code, self.headers = status, headers
+
+        class Session:
+            def request(self, method: str, url: str, **kwargs: object) -> Response:
+                if url.endswith("/slow"):  # a service answering late (its latency)
+                    time.sleep(0.3)
+                if url.endswith("/spent"):
+                    return Response(200, {"x-ratelimit-remaining-requests": "0"})
+                return Response(429 if url.endswith("/busy") else 200, {})
+
+        api = self.rate("session-answers", 100)
+        with self.assertRaises(ValueError):
+            doorman.http.throttle_session(Session(), api, latency_target=float("nan"))
+        s = doorman.http.throttle_session(Session(), api, latency_target=0.2)
+        for path in ("ok", "busy", "spent", "slow"):
+            s.request("GET", f"http://x/{path}")
+        self.assertEqual((api._e.answers, api._e.overloads), (4, 3))
 
     def test_wsgi_answers_429_with_retry_after(self) -> None:
         inbound = self.rate("wsgi", 0.5)  # one every 2 s, a burst of 1

@@ -422,6 +422,8 @@ class client_core {
     const seconds timeout = state_.call_timeout(now, options_.call_timeout);
     const auto read = coarse_clock::now();  // the budgets' reports (the callers' clock)
     for (auto& [id, e] : active_) {
+      // The answers as of the send: the root takes rates over the time between reports.
+      record_signals(id, *e, now);
       if (e->kind == resource_kind::budget)
         state_.set_spend(id, e->budget.report(), e->budget.left(read));
     }
