@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <arpa/inet.h>
@@ -14,12 +16,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include <random>
 
+#include "answer_recorder.hpp"
 #include "doorman.grpc.pb.h"
 #include "etcd_server.hpp"
 #include "grpc_node.hpp"
@@ -100,6 +104,83 @@ constexpr const char* budget_config_text = R"({"resources": [
                    "learning_mode_duration": 0}}]})";
 
 }  // namespace
+
+namespace {
+
+// A service answering any method by its name: /p/busy RESOURCE_EXHAUSTED, /p/down
+// UNAVAILABLE, /p/wrong INVALID_ARGUMENT, /p/slow OK after 0.3 s (its latency), else OK.
+class status_service final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    class reactor final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit reactor(grpc::Status s) { Finish(std::move(s)); }
+      void OnDone() override { delete this; }
+    };
+    const std::string& m = ctx->method();
+    if (m == "/p/slow") std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (m == "/p/busy") return new reactor(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, ""));
+    if (m == "/p/down") return new reactor(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+    if (m == "/p/wrong") return new reactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, ""));
+    return new reactor(grpc::Status::OK);
+  }
+};
+
+// Counts what the recorder records (any handle with `record_answer(bool)` will do).
+struct tally {
+  std::atomic<int> calls{0};
+  std::atomic<int> overloads{0};
+  void record_answer(bool overloaded) {
+    ++calls;
+    overloads += overloaded ? 1 : 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("grpc: the answer recorder counts each call's status, overloaded as gRPC says",
+          "[grpc][learn]") {
+  status_service service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(&service);
+  const auto server = builder.BuildAndStart();
+  REQUIRE(server);
+  tally t;
+  CHECK_THROWS_WITH(doorman::grpc_answer_recorder(t, doorman::seconds(0)),
+                    Catch::Contains("latency_target"));
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> f;
+  f.push_back(std::make_unique<doorman::grpc_answer_recorder>(t, doorman::seconds(0.2)));
+  const auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), {}, std::move(f));
+  grpc::GenericStub stub(channel);
+  const auto call = [&](const std::string& method, bool cancel = false) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), response;
+    std::promise<grpc::StatusCode> done;
+    stub.UnaryCall(&ctx, method, {}, &request, &response,
+                   [&](const grpc::Status& s) { done.set_value(s.error_code()); });
+    if (cancel) ctx.TryCancel();
+    return done.get_future().get();
+  };
+  CHECK(call("/p/ok") == grpc::StatusCode::OK);
+  CHECK(call("/p/busy") == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(call("/p/down") == grpc::StatusCode::UNAVAILABLE);
+  CHECK(call("/p/wrong") == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(call("/p/slow") == grpc::StatusCode::OK);  // 0.3 s: past the 0.2 s target
+  CHECK(t.calls == 5);
+  CHECK(t.overloads == 3);
+  // A call its caller cancelled is not an answer.
+  CHECK(call("/p/slow", true) == grpc::StatusCode::CANCELLED);
+  CHECK(t.calls == 5);
+  // Any doorman handle: a rate resource records into its client.
+  doorman::client cl(doorman_test::fast_client("127.0.0.1:1"));
+  doorman::rate_resource r(cl, "provider", {.wants = 1});
+  doorman::grpc_answer_recorder on_resource(r);
+  server->Shutdown();
+}
 
 TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients expect",
           "[grpc][process]") {
