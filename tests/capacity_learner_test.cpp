@@ -410,11 +410,20 @@ TEST_CASE("an intermediate reports its clients' signals as rates summed over tim
   t.clock.advance(4s);
   t.left.report_signals(x, t.clock.now());
   CHECK(x.signals->calls == Approx(300 * 4));
-  CHECK(x.signals->overloads == Approx(5 * 4));
+  // Overloads are events: those reported before the count started are not sent, and a
+  // client's last rate of them does not count again while it is silent.
+  CHECK(x.signals->overloads == 0);
   // An intermediate that heard of overloads has news for its parent.
   const auto before = t.left.news();
-  ask("a", {1600, 20});
+  ask("a", {1600, 20});  // 10 more
   CHECK(t.left.news() != before);
+  t.clock.advance(2s);
+  t.left.report_signals(x, t.clock.now());
+  CHECK(x.signals->overloads == 10);  // exactly those reported since
+  t.clock.advance(2s);
+  t.left.report_signals(x, t.clock.now());
+  CHECK(x.signals->overloads == 10);  // none since
+  CHECK(x.signals->calls > 300 * 4);  // the calls go on at their rates
 }
 
 TEST_CASE("a client sends its signals, and cuts itself at once on a second of overloads",

@@ -253,20 +253,25 @@ class signal_count {
     if (x.span > 0) x.rate = {x.interval.calls / x.span, x.interval.overloads / x.span};
     x.last = s;
     x.at = at;
+    unsent_overloads_ += added.overloads;
     return added;
   }
 
-  /// What an intermediate reports to its parent at `at`, as its own cumulative count: its
-  /// clients' rates (`rate`), summed over time since its last report, which starts another
-  /// interval. Its clients' reports come in bursts (one per refresh each); the rates make the
-  /// count grow as their calls did.
+  /// What an intermediate reports to its parent at `at`, as its own cumulative count, which
+  /// starts another interval: its clients' calls as their rates say (`rate`), summed over
+  /// time since its last report (their reports come in bursts, one per refresh each; the
+  /// rates make the count grow as their calls did), and the overloads they reported since,
+  /// as they came. An overload is an event: a client's last rate of them, summed on while
+  /// the client is silent, would count them again (and cut the parent for overloads long
+  /// gone, after the service had risen).
   overload_signals report_up(double at, double stale) noexcept {
     const overload_signals r = rate(at, stale);
     const double span = std::max(0.0, at - up_at_);
     if (up_at_ > 0) {
       up_.calls += r.calls * span;
-      up_.overloads += r.overloads * span;
+      up_.overloads = std::min(up_.calls, up_.overloads + unsent_overloads_);
     }
+    unsent_overloads_ = 0;
     up_at_ = at;
     next_interval();
     return up_;
@@ -333,8 +338,9 @@ class signal_count {
   };
 
   std::unordered_map<std::string, sender, string_hash, std::equal_to<>> senders_;
-  overload_signals up_{};  // an intermediate's count for its parent (`report_up`)
-  double up_at_ = 0;       // when it reported last
+  overload_signals up_{};        // an intermediate's count for its parent (`report_up`)
+  double up_at_ = 0;             // when it reported last
+  double unsent_overloads_ = 0;  // overloads its clients reported since
 };
 
 }  // namespace detail
