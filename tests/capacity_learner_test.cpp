@@ -147,6 +147,19 @@ TEST_CASE("a learnt capacity holds on silence, within its bounds, and bounds eac
   for (int i = 0; i < 5; ++i)
     learn.update({.calls = 100, .overloads = 99, .seconds = 5, .held = true});
   CHECK(learn.capacity() == 100);
+  // Overloads too few to cut hold, and say the capacity is near the service's: the next rise
+  // starts from the first step again, not from where the doubling had got to.
+  doorman::capacity_learner near({}, 1000);
+  const auto all_used = [&] { return doorman::overload_sample{5 * near.capacity(), 0, 5, true}; };
+  near.update(all_used());
+  near.update(all_used());
+  near.update(all_used());  // 2 %, 4 %, 8 %: the next would be 16 %
+  const double before = near.capacity();
+  CHECK(near.update({.calls = 5 * before, .overloads = 10, .seconds = 5, .held = true}) ==
+        learn_step::hold);  // 0.2 % overloaded
+  CHECK(near.capacity() == before);
+  CHECK(near.update(all_used()) == learn_step::rise);
+  CHECK(near.capacity() == Approx(before * 1.02));
   // The clients' own cuts: the capacity goes to what they would call at, when lower, at most
   // half of it at once; nothing for a limit that is not lower, or means nothing.
   doorman::capacity_learner own({.min = 10}, 1000);
@@ -477,8 +490,8 @@ TEST_CASE(
       CHECK(v.used >= 0.9);
       // What the law meets today (docs/learned-capacity.md): the issue's 30 s and ±10 % are
       // met flat but for the swing, not through a tree.
-      CHECK(v.reach_up <= (intermediate ? 45 : 30));
-      CHECK(v.swing <= (intermediate ? 0.2 : 0.15));
+      CHECK(v.reach_up <= (intermediate ? 40 : 30));
+      CHECK(v.swing <= 0.15);
       // The clients tell the root after a second of overloads, and it follows their own cuts
       // at once: flat, within 5 s of the -50 % step (10 s when each waited for its refresh).
       if (!intermediate) CHECK(v.reach_down <= 5);

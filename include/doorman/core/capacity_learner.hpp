@@ -32,7 +32,8 @@
 ///   that is not below the capacity, the overloads are of calls under an earlier, higher one,
 ///   already cut: nothing changes.
 /// - **Hold on a few overloads.** An interval with overloads, too few to cut, holds: the
-///   capacity is near the service's (its noise, or the clients' own cuts hiding the rest).
+///   capacity is near the service's (its noise, or the clients' own cuts hiding the rest), and
+///   the next rise starts from `first_step` again.
 /// - **Rise, led by the calls.** An interval without overload in which some client was held
 ///   back by its lease (the capacity binds) raises the capacity: back to the last cut's level at
 ///   once, then by `first_step`, doubling each interval up to `max_step`. A rise never takes
@@ -123,7 +124,9 @@ class capacity_learner {
       return learn_step::cut;
     }
     // Some overloads, too few to cut (the clients' own cuts hide most of them): the capacity
-    // is near the service's, and a rise would find it too late. Hold.
+    // is near the service's, and a rise would find it too late. Hold, and rise from the first
+    // step again (a doubled step from here overshoots).
+    if (s.overloads > 0) step_ = o_.first_step;
     if (!s.held || s.overloads > 0) return learn_step::hold;
     const double level = level_ * (1 - o_.margin);
     if (capacity_ < level * (1 - 1e-9)) {  // back to the last cut's level
