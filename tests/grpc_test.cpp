@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include <random>
 
@@ -175,11 +176,11 @@ TEST_CASE("grpc: the answer recorder counts each call's status, overloaded as gR
   // A call its caller cancelled is not an answer.
   CHECK(call("/p/slow", true) == grpc::StatusCode::CANCELLED);
   CHECK(t.calls == 5);
-  // Any doorman handle: a rate resource records into its client.
-  doorman::client cl(doorman_test::fast_client("127.0.0.1:1"));
-  doorman::rate_resource r(cl, "provider", {.wants = 1});
-  doorman::grpc_answer_recorder on_resource(r);
   server->Shutdown();
+  // Any doorman handle records (`record_answer(bool)`); anything else does not compile.
+  static_assert(std::is_constructible_v<doorman::grpc_answer_recorder, doorman::rate_resource&>);
+  static_assert(std::is_constructible_v<doorman::grpc_answer_recorder, doorman::gauge_resource&>);
+  static_assert(!std::is_constructible_v<doorman::grpc_answer_recorder, int&>);
 }
 
 TEST_CASE("grpc: a master answers Discovery and GetCapacity as Doorman's clients expect",
