@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import grpc  # type: ignore
 
 from .client import RateResource
-from .http import _check_latency_target, _over
+from ._answers import check_latency_target, past_target
 
 #: The status codes that say the service is overloaded.
 OVERLOADED_CODES = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE})
@@ -47,7 +47,7 @@ class ThrottlingInterceptor(grpc.UnaryUnaryClientInterceptor,  # type: ignore[mi
         self.n = n
         self.timeout = timeout
         self.is_overloaded = is_overloaded
-        self.latency_target = _check_latency_target(latency_target)
+        self.latency_target = check_latency_target(latency_target)
 
     def _record(self, call: Any, sent: float) -> None:
         try:
@@ -56,7 +56,7 @@ class ThrottlingInterceptor(grpc.UnaryUnaryClientInterceptor,  # type: ignore[mi
             return
         if code is None or code == grpc.StatusCode.CANCELLED:
             return
-        late = _over(self.latency_target, sent)
+        late = past_target(self.latency_target, sent)
         self.resource.record_answer(late or bool(self.is_overloaded(code)))
 
     def _intercept(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:

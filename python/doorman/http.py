@@ -23,6 +23,7 @@ import time
 import urllib.request
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar, Union
 
+from ._answers import check_latency_target, past_target
 from .client import RateResource
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,20 +77,6 @@ def quota_spent(headers: Any) -> bool:
     return False
 
 
-def _check_latency_target(latency_target: Optional[float]) -> Optional[float]:
-    if latency_target is not None and not (isinstance(latency_target, (int, float)) and
-                                           not isinstance(latency_target, bool) and
-                                           0 < latency_target < math.inf):
-        raise ValueError("latency_target: must be a number of seconds above 0, or None")
-    return latency_target
-
-
-def _over(latency_target: Optional[float], sent: Optional[float]) -> bool:
-    """Whether an answer to a call sent at `sent` (time.monotonic) came past the target."""
-    return latency_target is not None and sent is not None and (
-        time.monotonic() - sent > latency_target)
-
-
 class ThrottlingHandler(urllib.request.BaseHandler):
     """A `urllib.request` handler: every request opened through the opener waits for a permit,
     and every answer is recorded (`record_answer`): overloaded when `overloaded` says so, or
@@ -101,7 +88,7 @@ class ThrottlingHandler(urllib.request.BaseHandler):
                  latency_target: Optional[float] = None) -> None:
         self.resource = resource
         self.timeout = timeout
-        self.latency_target = _check_latency_target(latency_target)
+        self.latency_target = check_latency_target(latency_target)
 
     def http_request(self, req: urllib.request.Request) -> urllib.request.Request:
         self.resource.wait(1, self.timeout)
@@ -109,7 +96,7 @@ class ThrottlingHandler(urllib.request.BaseHandler):
         return req
 
     def http_response(self, req: urllib.request.Request, response: Any) -> Any:
-        late = _over(self.latency_target, getattr(req, "_doorman_sent", None))
+        late = past_target(self.latency_target, getattr(req, "_doorman_sent", None))
         self.resource.record_answer(late or overloaded(response.status, response.headers))
         return response
 
@@ -123,7 +110,7 @@ def throttle_session(session: Any, resource: RateResource, timeout: Optional[flo
     ...)` method, such as a `urllib3.PoolManager`) wait for a permit first, and records its
     answer (`record_answer`): overloaded when `overloaded` says so, or when it came more than
     `latency_target` seconds after the request was sent. Returns `session`."""
-    _check_latency_target(latency_target)
+    check_latency_target(latency_target)
     send = session.request
 
     @functools.wraps(send)
@@ -133,7 +120,7 @@ def throttle_session(session: Any, resource: RateResource, timeout: Optional[flo
         response = send(*args, **kwargs)
         status = getattr(response, "status_code", getattr(response, "status", 0))
         if isinstance(status, int):
-            late = _over(latency_target, sent)
+            late = past_target(latency_target, sent)
             resource.record_answer(late or overloaded(status, getattr(response, "headers", None)))
         return response
 

@@ -85,8 +85,8 @@ struct overload_sample {
 
 /// What a client's calls to the protected service met, counted since the client started
 /// (cumulative, as a budget's spend: a report sent twice counts once). On the wire in a
-/// request's `signals` (docs/protocol.md); an intermediate reports its clients' rates, summed
-/// over time.
+/// request's `signals` (docs/protocol.md); an intermediate reports its clients' calls as their
+/// rates summed over time, and their overloads as they came (`detail::signal_count::report_up`).
 struct overload_signals {
   double calls = 0;      ///< calls made to the protected service
   double overloads = 0;  ///< of those, answered overloaded (or slower than their target)
@@ -284,14 +284,8 @@ class signal_count {
   /// or its last one, summed; a sender silent for `stale` seconds counts no more (it is gone,
   /// or cut off), and the overloads of one silent since `since` (a cut that took them into
   /// account) count no more either. O(senders).
-  [[nodiscard]] overload_signals rate(double at, double stale, double since = -1) const noexcept {
-    overload_signals out;
-    for (const auto& [id, x] : senders_) {
-      if (at - x.at > stale) continue;
-      out.calls += x.rate.calls;
-      if (x.at > since) out.overloads += x.rate.overloads;
-    }
-    return out;
+  [[nodiscard]] overload_signals rate(double at, double stale, double since = -1) const {
+    return walk(at, stale, since, [](const std::string&) { return 0.0; }).rate;
   }
 
   /// What the senders heard from within `stale` seconds of `at` would call at now (`limit`:
@@ -303,14 +297,7 @@ class signal_count {
   };
   template <class Lease>
   [[nodiscard]] limit_and_rate limit(double at, double stale, Lease lease) const {
-    limit_and_rate out;
-    for (const auto& [id, x] : senders_) {
-      if (at - x.at > stale) continue;
-      out.limit += std::min(lease(id), x.wants);
-      out.rate.calls += x.rate.calls;
-      out.rate.overloads += x.rate.overloads;
-    }
-    return out;
+    return walk(at, stale, -1, lease);
   }
 
   /// Starts another interval (`rate` keeps each sender's last until it reports again).
@@ -339,6 +326,19 @@ class signal_count {
     overload_signals rate{};      // a second, over the last interval it reported in
     double wants = 0;             // what it wanted at its last report
   };
+
+  // `limit` and `rate` in one walk over the senders heard from within `stale` of `at`.
+  template <class Lease>
+  [[nodiscard]] limit_and_rate walk(double at, double stale, double since, Lease lease) const {
+    limit_and_rate out;
+    for (const auto& [id, x] : senders_) {
+      if (at - x.at > stale) continue;
+      out.limit += std::min(lease(id), x.wants);
+      out.rate.calls += x.rate.calls;
+      if (x.at > since) out.rate.overloads += x.rate.overloads;
+    }
+    return out;
+  }
 
   std::unordered_map<std::string, sender, string_hash, std::equal_to<>> senders_;
   overload_signals up_{};        // an intermediate's count for its parent (`report_up`)
