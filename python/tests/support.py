@@ -14,9 +14,17 @@ import subprocess
 import tempfile
 import threading
 import time
+import unittest
 from typing import Any, Optional
 
 NODE = os.environ.get("DOORMAN_NODE_BINARY", "build/dev/examples/doorman-node")
+
+# A long run in real time (45 s and more). DOORMAN_PYTHON_LONG_RUNS=0 skips it: the sanitizer
+# presets set it. These runs take their time on the clock whatever the build (about 3.5 minutes
+# in all), and test the client's sharing over time, which `make test` runs; the sanitizer presets
+# keep every shorter run against real nodes.
+long_run = unittest.skipIf(os.environ.get("DOORMAN_PYTHON_LONG_RUNS") == "0",
+                           "a long run in real time (DOORMAN_PYTHON_LONG_RUNS=0)")
 
 
 def config(capacity: float, lease_length: int = 5, refresh_interval: int = 1,

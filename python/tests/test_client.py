@@ -24,7 +24,8 @@ if os.environ.get("DOORMAN_PYTHON_SOURCE"):  # else: the installed package (the 
 
 import doorman  # noqa: E402
 from support import (  # noqa: E402
-    Etcd, FakeServer, Node, budget_config, config, eventually, free_port, free_port_refusing)
+    Etcd, FakeServer, Node, budget_config, config, eventually, free_port, free_port_refusing,
+    long_run)
 
 
 def fast(address: str, **kw) -> doorman.Client:  # type: ignore[no-untyped-def]
@@ -225,6 +226,7 @@ class ClientTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "this handle is closed"):
                 api.settle(1, 1)
 
+    @long_run
     def test_calls_of_heavy_tailed_cost_keep_every_minute_within_capacity(self) -> None:
         # Ten replicas call through an intermediate and a root, each call reserving an
         # estimate (1 000 units) and settling its real cost, 100 to 30 000 units: up to 10
@@ -499,6 +501,7 @@ class ClientTest(unittest.TestCase):
         finally:
             etcd.stop()
 
+    @long_run
     def test_a_budget_shared_by_replicas_across_a_master_change_and_a_kill(self) -> None:
         # Three replicas (processes) spend one budget through two roots electing in etcd: the
         # master is killed, then a replica in the middle of a call. What they spent in all
@@ -544,6 +547,7 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(eventually(lambda: replicas.total() > before + 3000, timeout=15))
             self.check_spent_in_full(replicas, root, units)
 
+    @long_run
     def test_a_day_budget_through_an_intermediate_across_a_master_change_and_a_kill(
             self) -> None:
         # A budget per UTC day, spent by three replicas through an intermediate whose parents
