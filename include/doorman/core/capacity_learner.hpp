@@ -106,6 +106,7 @@ class capacity_learner {
   }
 
   [[nodiscard]] double capacity() const noexcept { return capacity_; }
+  [[nodiscard]] const learning_options& options() const noexcept { return o_; }
 
   /// Moves the capacity for one interval's signals.
   learn_step update(const overload_sample& s) {

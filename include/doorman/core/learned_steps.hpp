@@ -76,7 +76,8 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
       return id == who || r.store.find(id) != nullptr;
     });
     if (added.overloads > 0 && !options_.is_root) ++overload_news_;
-    if (added.overloads > learning_options{}.overload_ratio * added.calls) {
+    // A cut at once on the law's own threshold (nothing to cut where nothing is learned).
+    if (r.learned && added.overloads > r.learned->law.options().overload_ratio * added.calls) {
       step_learned(r, now, true);
     }
   }
