@@ -20,7 +20,7 @@ from typing import Any, Optional
 NODE = os.environ.get("DOORMAN_NODE_BINARY", "build/dev/examples/doorman-node")
 
 # A long run in real time (45 s and more). DOORMAN_PYTHON_LONG_RUNS=0 skips it: the sanitizer
-# presets set it. These runs take their time on the clock whatever the build (about 3.5 minutes
+# presets set it. These runs take their time on the clock whatever the build (about 4 minutes
 # in all), and test the client's sharing over time, which `make test` runs; the sanitizer presets
 # keep every shorter run against real nodes.
 long_run = unittest.skipIf(os.environ.get("DOORMAN_PYTHON_LONG_RUNS") == "0",
