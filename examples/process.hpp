@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -116,6 +117,20 @@ class process {
       return false;
     }
     return true;
+  }
+
+  /// Whether the process exits with status 0 by `timeout`. If not, its status and the end of its
+  /// log go to stderr: a test's log is in its temporary folder, gone by the time anyone looks.
+  bool exits_cleanly(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const int status = wait_exit(timeout);
+    if (status == 0) return true;
+    std::string text = log();
+    constexpr std::size_t tail = 16'000;
+    if (text.size() > tail) text.erase(0, text.size() - tail);
+    std::fprintf(stderr, "--- %s: %s; the end of its log:\n%s--- end of %s\n", log_path_.c_str(),
+                 status < 0 ? "still running" : ("exit status " + std::to_string(status)).c_str(),
+                 text.c_str(), log_path_.c_str());
+    return false;
   }
 
   /// The exit status (128 + signal when killed), or -1 if still running at the deadline.

@@ -561,9 +561,9 @@ TEST_CASE("doorman-http-429 answers 429 with Retry-After beyond its lease", "[cl
   CHECK(ok + refused == 40);  // every other answer is a 429 saying "Retry-After: 1"
   CHECK(refused > 0);
   http.signal(SIGTERM);
-  CHECK(http.wait_exit() == 0);
+  CHECK(http.exits_cleanly());
   node.signal(SIGTERM);
-  CHECK(node.wait_exit() == 0);
+  CHECK(node.exits_cleanly());
   std::filesystem::remove_all(dir);
 }
 namespace {
@@ -627,7 +627,7 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
       (dir / "bad.log").string(),
       "descriptors[0].rate_limit.unit: must be one of second, minute, hour, day");
   http.signal(SIGTERM);
-  CHECK(http.wait_exit() == 0);
+  CHECK(http.exits_cleanly());
 
   // Elastic: requests over the limit wait for room instead of a 429 (a fresh service, so
   // that the per-address limit above does not apply).
@@ -640,7 +640,7 @@ TEST_CASE("doorman-http-429 with rules: RateLimit headers, 429 with Retry-After,
   CHECK(http_get(at, "/slow").status == 200);  // held until the next second
   CHECK(steady::now() - start >= 500ms);
   elastic.signal(SIGTERM);
-  CHECK(elastic.wait_exit() == 0);
+  CHECK(elastic.exits_cleanly());
   std::filesystem::remove_all(dir);
 }
 #endif

@@ -66,7 +66,7 @@ struct grpc_node {
   }
   ~grpc_node() {
     node->signal(SIGTERM);
-    CHECK(node->wait_exit() == 0);
+    CHECK(node->exits_cleanly());
     std::filesystem::remove_all(dir);
   }
 

@@ -146,9 +146,9 @@ TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM",
   });
 
   mid.signal(SIGTERM);
-  CHECK(mid.wait_exit() == 0);
+  CHECK(mid.exits_cleanly());
   root.signal(SIGINT);
-  CHECK(root.wait_exit() == 0);
+  CHECK(root.exits_cleanly());
   std::filesystem::remove_all(dir);
 }
 
@@ -181,7 +181,7 @@ TEST_CASE("doorman-node on SIGTERM: answers what it computed, within --drain-tim
 
   const auto stopped_at = steady::now();
   node.signal(SIGTERM);
-  CHECK(node.wait_exit() == 0);
+  CHECK(node.exits_cleanly());
   const double took = std::chrono::duration<double>(steady::now() - stopped_at).count();
   std::printf("doorman-node stopped %.2f s after SIGTERM (--drain-timeout 1)\n", took);
   // The stuck peer holds the node for the drain timeout, not longer (and not forever).
@@ -298,7 +298,7 @@ TEST_CASE("doorman-node follows its configuration through a ConfigMap's symlink 
                         [&](const std::string& text) { cm.publish("resources.json", text); });
 
   node.signal(SIGTERM);
-  CHECK(node.wait_exit() == 0);
+  CHECK(node.exits_cleanly());
   const auto log = node.log();
   std::size_t reloads = 0;
   for (auto at = log.find("changed: reloading"); at != std::string::npos;
@@ -342,7 +342,7 @@ TEST_CASE("doorman-node reads its flags from DOORMAN_<FLAG> variables", "[net][p
     process p({DOORMAN_NODE_BINARY}, (dir / "good.log").string());
     doorman_test::listening_address(p);  // SIGTERM is handled by then
     p.signal(SIGTERM);
-    CHECK(p.wait_exit() == 0);
+    CHECK(p.exits_cleanly());
   }
   ::setenv("DOORMAN_DECAY_FACTOR", "7", 1);
   check_refused_start({DOORMAN_NODE_BINARY}, (dir / "bad.log").string(),

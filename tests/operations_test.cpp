@@ -652,7 +652,7 @@ TEST_CASE("admin endpoint: a real Prometheus server scrapes a node", "[admin][ne
   INFO(answer);
   CHECK(found);
   prom.signal(SIGTERM);
-  CHECK(prom.wait_exit() == 0);
+  CHECK(prom.exits_cleanly());
   fs::remove_all(dir);
 }
 #endif
@@ -991,7 +991,7 @@ TEST_CASE("doorman-node loads Doorman's YAML and warns about unknown DOORMAN_ va
   REQUIRE(rejected);
   CHECK_THAT(*rejected, Catch::Contains("resources[0].capacity: must be a number (line 3 of"));
   p.signal(SIGTERM);
-  CHECK(p.wait_exit() == 0);
+  CHECK(p.exits_cleanly());
   fs::remove_all(dir);
 }
 #endif
@@ -1023,7 +1023,7 @@ TEST_CASE("doorman-node --log-level warning keeps only the problems", "[log][pro
   p.signal(SIGHUP);
   CHECK(p.wait_for("warning: configuration"));
   p.signal(SIGTERM);
-  CHECK(p.wait_exit() == 0);
+  CHECK(p.exits_cleanly());
   CHECK_THAT(p.log(), !Catch::Contains("listening on"));
   CHECK_THAT(p.log(), !Catch::Contains("became master"));
   check_refused_start(
@@ -1097,7 +1097,7 @@ TEST_CASE("a budget through a real node: a report retried across a pause counts 
   CHECK(st["result"]["resources"][0]["budget"]["spent"] == 520);
   CHECK(st["result"]["resources"][0]["budget"]["left"] == 480);
   node.signal(SIGTERM);
-  CHECK(node.wait_exit() == 0);
+  CHECK(node.exits_cleanly());
   fs::remove_all(dir);
 }
 

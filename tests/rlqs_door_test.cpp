@@ -35,15 +35,6 @@ namespace pb = ::envoy::service::rate_limit_quota::v3;
 using doorman_test::grpc_node;
 using clock_type = std::chrono::steady_clock;
 
-// How much slower a sanitizer build runs the processes of a test, for the times it checks (a
-// deadline passes as soon as its condition holds; a time measured is held to its bound times
-// this). CI runs these tests under ASan with other tests beside them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double timing_slack = 3;
-#else
-constexpr double timing_slack = 1;
-#endif
-
 // Buckets `envoy/name=*`: 300 a second, FAIR_SHARE, a 30 s lease refreshed every 2 s.
 const char* rlqs_config = R"({"resources": [
   {"identifier_glob": "envoy/name=*", "capacity": 300,
@@ -338,14 +329,16 @@ TEST_CASE("rlqs: uneven Envoys behind an intermediate converge to their fair sha
     f.buckets.erase(2);
   }
   // At the other Envoy's next refresh the engine decides: its asks every 2 s get their lease
-  // back unchanged until the node's minimum refresh interval (5 s by default) has passed since
-  // its last decision. So within 5 s and two refreshes (4 s), the door's wake (0.2 s) and the
-  // requests' pace (0.1 s): 2.0 s, 6.0 s and 8.0 s were seen, multiples of the refresh.
+  // back unchanged until the node's minimum refresh interval has passed since its last
+  // decision. On an idle machine that was 2.0 s, 6.0 s or 8.0 s (multiples of the refresh); CI
+  // saw 12.6 s with other tests beside it. What is checked is that the share was freed, not
+  // waited out: the ended stream's lease (30 s, refreshed within 2 s of the end) would hold it
+  // for 28 s or more.
   const auto ended = clock_type::now();
   CHECK(drive(envoys, std::chrono::seconds(30), [&] { return near(f.rate(1), 200); }));
   const double took = std::chrono::duration<double>(clock_type::now() - ended).count();
   CAPTURE(took);
-  CHECK(took <= 9.5 * timing_slack);
+  CHECK(took < 25);
   CHECK(f.most <= 300);
   // Demand moves: the shares follow.
   envoys[0]->demand = 250;

@@ -62,7 +62,7 @@ struct rls_service {
   }
   ~rls_service() {
     rls->signal(SIGTERM);
-    CHECK(rls->wait_exit() == 0);
+    CHECK(rls->exits_cleanly());
     std::filesystem::remove_all(dir);
   }
 
@@ -75,6 +75,7 @@ struct rls_service {
     if (status) {
       *status = s;
     } else {
+      INFO(s.error_message());
       REQUIRE(s.ok());
     }
     return out;
@@ -286,7 +287,7 @@ TEST_CASE("rls: the sample configuration of docs/envoy.md loads", "[rls][process
   REQUIRE(rls.wait_for("RateLimitService listening on "));
   CHECK(rls.handles(SIGTERM));
   rls.signal(SIGTERM);
-  CHECK(rls.wait_exit() == 0);
+  CHECK(rls.exits_cleanly());
   // Its log lines name it, each with a time stamp, as the node's do.
   std::istringstream lines(rls.log());
   int seen = 0;
@@ -377,11 +378,11 @@ struct rls_tree {
   ~rls_tree() {
     for (auto& p : replicas) {
       p->signal(SIGTERM);
-      CHECK(p->wait_exit() == 0);
+      CHECK(p->exits_cleanly());
     }
     if (root) {
       root->signal(SIGTERM);
-      CHECK(root->wait_exit() == 0);
+      CHECK(root->exits_cleanly());
     }
     std::filesystem::remove_all(dir);
   }
@@ -395,12 +396,13 @@ struct rls_tree {
     e.set_key("tenant");
     e.set_value(tenant);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     pb::RateLimitResponse out;
     const auto s = stubs[static_cast<std::size_t>(i)]->ShouldRateLimit(&ctx, r, &out);
     if (status) {
       *status = s;
     } else {
+      INFO("replica " << i << ": " << s.error_message());
       REQUIRE(s.ok());
     }
     return out;
@@ -512,7 +514,9 @@ TEST_CASE("rls: a new key asked flat out at two replicas admits its limit, not m
 
 TEST_CASE("rls: a large limit is drawn in blocks, far fewer calls than requests",
           "[rls][process]") {
-  rls_tree t("blocks", 6000, {});
+  // A draw may take up to 5 s (1 s by default): with other tests beside it, CI saw this test
+  // fail once (what failed was not kept), and a draw past its timeout is an UNAVAILABLE answer.
+  rls_tree t("blocks", 6000, {"--exact-timeout", "5"});
   rls_tree::wait_for_window(std::chrono::seconds(20));
   // 200 asks at each replica, 10 ms apart: every one admitted (the limit is 6000 a minute).
   const auto start = std::chrono::steady_clock::now();
@@ -565,7 +569,7 @@ TEST_CASE("rls: a small limit is counted exactly at the root, its refusals remem
   // Without the root: a remembered refusal still answers; a new key is UNAVAILABLE (Envoy's
   // failure_mode_deny then decides), within --exact-timeout.
   t.root->signal(SIGTERM);
-  CHECK(t.root->wait_exit() == 0);
+  CHECK(t.root->exits_cleanly());
   t.root.reset();
   CHECK(t.ask(0).overall_code() == pb::RateLimitResponse::OVER_LIMIT);
   grpc::Status s;

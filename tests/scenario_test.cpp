@@ -224,7 +224,7 @@ class scenario_run {
   void stop_node() {
     if (!node_) return;
     node_->signal(SIGTERM);
-    CHECK(node_->wait_exit() == 0);
+    CHECK(node_->exits_cleanly());
     node_.reset();
   }
 

@@ -661,7 +661,7 @@ TEST_CASE(
 
   client.stop();
   root.signal(SIGTERM);
-  CHECK(root.wait_exit() == 0);
+  CHECK(root.exits_cleanly());
   std::filesystem::remove_all(dir);
 }
 
