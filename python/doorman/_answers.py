@@ -9,6 +9,8 @@ from typing import Optional
 
 
 def check_latency_target(latency_target: Optional[float]) -> Optional[float]:
+    """`latency_target` itself when it is None or a finite number of seconds above 0 (a bool is
+    not a number here); otherwise ValueError naming the argument."""
     if latency_target is not None and not (isinstance(latency_target, (int, float)) and
                                            not isinstance(latency_target, bool) and
                                            0 < latency_target < math.inf):
