@@ -565,7 +565,7 @@ TEST_CASE(
   CHECK(moved < 1.0 + 0.4 + 1.0);  // call timeout + refresh interval + the test's polls
 
   // Resumed long after its term: the queued request is answered by a non-master, which grants
-  // nothing and knows no master yet.
+  // nothing (it names the new master only if the election told it first).
   const std::size_t paused_log = root.nodes[first]->log().size();
   root.nodes[first]->signal(SIGCONT);
   const auto answer = queued.read_line(5s);
