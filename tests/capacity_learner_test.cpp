@@ -492,11 +492,42 @@ TEST_CASE(
       // met flat but for the swing, not through a tree.
       CHECK(v.reach_up <= (intermediate ? 40 : 30));
       CHECK(v.swing <= 0.15);
+      // How long it strays: flat, 1-3 s after a rise that met the service's level; through an
+      // intermediate, mostly 4-7 s (the clients' own cuts reach the root with its next step),
+      // and the seconds a slow +50 % leaves under.
+      CHECK(v.off <= (intermediate ? 0.12 : 0.04));
       // The clients tell the root after a second of overloads, and it follows their own cuts
       // at once: flat, within 5 s of the -50 % step (10 s when each waited for its refresh).
       if (!intermediate) CHECK(v.reach_down <= 5);
     }
   }
+}
+
+TEST_CASE("a learning run's verdict: how far and how long the learned capacity strays",
+          "[sim][learn]") {
+  // 480 seconds on the default truth's shape, the learned capacity on the truth but for a
+  // 3-second spike 12 % over it at 100 s, a second 8 % under it at 200 s (within 10 %: not
+  // off) and 4 seconds 11 % under it at 300 s.
+  std::vector<doorman::sim::service_second> secs(480);
+  for (std::size_t t = 0; t < secs.size(); ++t) {
+    const double truth =
+        doorman::sim::truth_at(doorman::sim::learning_run_options{}.truth, static_cast<double>(t));
+    secs[t] = {.calls = truth, .overloads = 0, .truth = truth, .learned = truth};
+  }
+  for (std::size_t t = 100; t < 103; ++t)
+    secs[t].learned = 1.12 * secs[t].truth;
+  secs[200].learned = 0.92 * secs[200].truth;
+  for (std::size_t t = 300; t < 304; ++t)
+    secs[t].learned = 0.89 * secs[t].truth;
+  const auto v = doorman::sim::judge_learning(secs);
+  CHECK(v.swing == Approx(0.12));
+  // The steady spans are 30 + 90 + 90 seconds; 7 of them are off.
+  CHECK(v.off == Approx(7.0 / 210));
+  CHECK(v.used == Approx(1));
+  CHECK(v.reach_up == 0);
+  const auto span = doorman::sim::judge_span(secs, 295, 310);
+  CHECK(span.seconds == 15);
+  CHECK(span.off == 4);
 }
 
 TEST_CASE("simulated: a root's learned capacity survives a master change", "[sim][learn]") {

@@ -242,9 +242,11 @@ struct learning_run_options {
 struct learning_span {
   double calls = 0;
   double overloads = 0;
-  double served = 0;       ///< calls not overloaded
-  double truth = 0;        ///< the true capacity's calls over the span
-  double worst_error = 0;  ///< the largest |learned − truth| / truth of any second
+  double served = 0;        ///< calls not overloaded
+  double truth = 0;         ///< the true capacity's calls over the span
+  double worst_error = 0;   ///< the largest |learned − truth| / truth of any second
+  std::size_t seconds = 0;  ///< seconds with a truth
+  std::size_t off = 0;      ///< of those, seconds with the learned capacity over 10 % off it
   double overload_share() const { return calls > 0 ? overloads / calls : 0; }
   double used() const { return truth > 0 ? served / truth : 0; }
 };
@@ -260,7 +262,10 @@ struct learning_span {
     out.served += x.calls - x.overloads;
     out.truth += x.truth;
     if (x.truth > 0) {
-      out.worst_error = std::max(out.worst_error, std::abs(x.learned - x.truth) / x.truth);
+      const double error = std::abs(x.learned - x.truth) / x.truth;
+      out.worst_error = std::max(out.worst_error, error);
+      ++out.seconds;
+      if (error > 0.1) ++out.off;
     }
   }
   return out;
@@ -275,6 +280,9 @@ struct learning_verdict {
   double overloads = 0;       ///< the share of calls overloaded from 60 s on
   double used = 0;            ///< the least share of the truth served in a steady span
   double swing = 0;           ///< the largest |learned - truth| / truth in a steady span
+  /// The share of the steady spans' seconds with the learned capacity over 10 % off the truth:
+  /// how long the swing lasts.
+  double off = 0;
 };
 
 [[nodiscard]] inline learning_verdict judge_learning(const std::vector<service_second>& secs) {
@@ -292,12 +300,16 @@ struct learning_verdict {
   v.step_overloads = judge_span(secs, 120, 150).overload_share();
   v.overloads = judge_span(secs, 60, static_cast<double>(secs.size())).overload_share();
   v.used = 1;
+  std::size_t seconds = 0, off = 0;
   // Steady: from 30 s after each change of the truth to the next.
   for (const auto& [a, b] : {std::pair{90.0, 120.0}, {150.0, 240.0}, {270.0, 360.0}}) {
     const auto span = judge_span(secs, a, b);
     v.used = std::min(v.used, span.used());
     v.swing = std::max(v.swing, span.worst_error);
+    seconds += span.seconds;
+    off += span.off;
   }
+  v.off = seconds > 0 ? static_cast<double>(off) / static_cast<double>(seconds) : 0;
   return v;
 }
 
