@@ -58,6 +58,17 @@ inline node_status read_status(const nlohmann::json& answer) {
   if (r.error()) {
     throw failure(fmt::format("status: the node's answer is malformed: {}", r.error()->message));
   }
+  for (std::size_t i = 0; i < n.status.resources.size(); ++i) {
+    const auto& l = n.status.resources[i].learned;
+    const auto known = [&](doorman::learn_step s) { return l->step == doorman::step_name(s); };
+    if (l && !known(doorman::learn_step::hold) && !known(doorman::learn_step::cut) &&
+        !known(doorman::learn_step::rise)) {
+      throw failure(
+          fmt::format("status: the node's answer is malformed: "
+                      "result.resources[{}].learned.step: must be hold, cut or rise",
+                      i));
+    }
+  }
   return n;
 }
 
@@ -122,6 +133,23 @@ inline std::string budgets_table(const node_status& st) {
     const auto& b = *r.budget;
     rows.push_back({shown(r.resource_id), utc_text(b.window), num(b.limit), num(b.spent),
                     num(b.left), num(b.reset) + " s", b.mark ? num(*b.mark) : "-"});
+  }
+  return rows.size() == 1 ? std::string() : "\n" + table(rows);
+}
+
+// The learned capacities among the resources (docs/learned-capacity.md): the capacity the root
+// learned, its bounds, and its last control step (the calls and overloads a second in that
+// step's interval, and what it did); nothing when there are none. `-` before the first step.
+inline std::string learned_table(const node_status& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"LEARNED", "CAPACITY", "MIN", "MAX", "CALLS/S", "OVERLOADED/S", "STEP"}};
+  for (const auto& r : st.status.resources) {
+    if (!r.learned) continue;
+    const auto& l = *r.learned;
+    const bool stepped = l.seconds > 0;
+    const auto per_second = [&](double n) { return stepped ? num(n / l.seconds) : "-"; };
+    rows.push_back({shown(r.resource_id), num(r.capacity), num(l.min), num(l.max),
+                    per_second(l.calls), per_second(l.overloads), stepped ? shown(l.step) : "-"});
   }
   return rows.size() == 1 ? std::string() : "\n" + table(rows);
 }

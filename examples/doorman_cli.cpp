@@ -197,7 +197,7 @@ int status(const options& o) {
     return 0;
   }
   const auto st = read_status(answer);
-  fmt::print("{}{}{}", node_line(st), resources_table(st), budgets_table(st));
+  fmt::print("{}{}{}{}", node_line(st), resources_table(st), budgets_table(st), learned_table(st));
   if (o.words.size() > 1) {
     const auto shown = st.status.leases.size();
     const auto all = st.status.lease_count.value_or(0);
@@ -305,7 +305,7 @@ int watch(const options& o) {
                                      num(o.interval), n);
     try {  // a failed call or a malformed answer is shown, and the next one is asked for
       const auto st = read_status(r.call("status", json::object()));
-      screen += node_line(st) + "\n" + resources_table(st) + budgets_table(st);
+      screen += node_line(st) + "\n" + resources_table(st) + budgets_table(st) + learned_table(st);
     } catch (const std::exception& e) {
       screen += fmt::format("cannot read status: {}\n", e.what());
     }

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1133,6 +1134,53 @@ TEST_CASE("doorman CLI: get, status, release and discovery against a root", "[cl
   CHECK(out == "master: " + root.address() + "\n");
 }
 
+TEST_CASE("doorman CLI: status shows a root's learned capacity and its last step",
+          "[cli][net][learn]") {
+  running_node<> root(R"({"resources": [{"identifier_glob": "provider", "capacity": 100,
+    "learn": {"min": 10, "max": 1000},
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 0.2,
+                  "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 5}}]})");
+  const std::string s = " --server " + root.address();
+  line_client a(root.address());
+  // The fields of the row of `provider` under the LEARNED header, split on spaces.
+  const auto learned_row = [&] {
+    auto [rc, out] = cli("status" + s);
+    CHECK(rc == 0);
+    std::istringstream in(out.substr(std::min(out.size(), out.find("\nLEARNED "))));
+    std::vector<std::string> words;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("provider ", 0) != 0) continue;
+      std::istringstream fields(line);
+      for (std::string w; fields >> w;)
+        words.push_back(w);
+    }
+    return words;
+  };
+  REQUIRE(a.call("get_capacity", capacity_params("alice", "provider", 500)).contains("result"));
+  CHECK(learned_row() == std::vector<std::string>{"provider", "100", "10", "1000", "-", "-", "-"});
+  // Calls reported, 40 a report and none overloaded, while wanting more than the capacity: the
+  // root rises each refresh interval.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  double calls = 0;
+  std::vector<std::string> row;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto params = capacity_params("alice", "provider", 500);
+    params["resources"][0]["signals"] = {{"calls", calls}, {"overloads", 0}};
+    REQUIRE(a.call("get_capacity", params).contains("result"));
+    calls += 40;
+    row = learned_row();
+    if (row.size() == 7 && row[6] == "rise") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the next report, later
+  }
+  REQUIRE(row.size() == 7);
+  CHECK(row[6] == "rise");
+  CHECK(std::stod(row[1]) > 100);  // the learned capacity rose
+  CHECK(std::stod(row[4]) > 0);    // calls a second in the step's interval
+  CHECK(row[5] == "0");            // none overloaded
+}
+
 TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a crash", "[cli]") {
   using doorman_examples::cli::failure;
   using doorman_examples::cli::read_status;
@@ -1186,6 +1234,41 @@ TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a c
   refused("/resources/0/budget",
           json{{"window", -1}, {"reset", 1}, {"limit", 1}, {"spent", 0}, {"left", 0}},
           "result.resources[0].budget.window: must be between 0 and 1e11");
+  // A learned capacity: its own table ("-" before the root's first step); hostile fields are
+  // refused naming the field.
+  CHECK(doorman_examples::cli::learned_table(st).empty());
+  json learned = good;
+  learned["resources"][0]["learned"] = {{"min", 10},      {"max", 1000},  {"calls", 0},
+                                        {"overloads", 0}, {"seconds", 0}, {"step", "hold"}};
+  CHECK(doorman_examples::cli::learned_table(read_status(learned)) ==
+        "\nLEARNED  CAPACITY  MIN  MAX   CALLS/S  OVERLOADED/S  STEP\n"
+        "db       5         10   1000  -        -             -\n");
+  learned["resources"][0]["capacity"] = 612;
+  learned["resources"][0]["learned"].update(
+      {{"calls", 3930}, {"overloads", 210}, {"seconds", 5}, {"step", "cut"}});
+  const std::string shown_learned = doorman_examples::cli::learned_table(read_status(learned));
+  CHECK(shown_learned ==
+        "\nLEARNED  CAPACITY  MIN  MAX   CALLS/S  OVERLOADED/S  STEP\n"
+        "db       612       10   1000  786      42            cut\n");
+  std::ifstream docs(std::string(DOORMAN_SOURCE_DIR) + "/docs/learned-capacity.md");
+  const std::string doc((std::istreambuf_iterator<char>(docs)), std::istreambuf_iterator<char>());
+  CHECK_THAT(doc, Catch::Contains(shown_learned.substr(1)));
+  refused("/resources/0/learned",
+          json{{"min", 10},
+               {"max", 1000},
+               {"calls", 1},
+               {"overloads", 0},
+               {"seconds", 1},
+               {"step", "\x1b[2J"}},
+          "result.resources[0].learned.step: must be hold, cut or rise");
+  refused("/resources/0/learned",
+          json{{"min", 10},
+               {"max", 1000},
+               {"calls", -1},
+               {"overloads", 0},
+               {"seconds", 1},
+               {"step", "rise"}},
+          "result.resources[0].learned.calls: must be between 0 and 1e15");
   CHECK_THROWS_AS(read_status(json::array()), failure);
   CHECK_THROWS_AS(read_status(nullptr), failure);
   // Control bytes a node sends are not written to the terminal.
