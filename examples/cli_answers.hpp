@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <ctime>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -124,34 +125,51 @@ inline std::string utc_text(std::int64_t unix_seconds) {
   return fmt::format("{:%Y-%m-%d %H:%M} UTC", fmt::gmtime(static_cast<std::time_t>(unix_seconds)));
 }
 
+// A table of the resources that have `part` (a budget, a learned capacity), after a blank
+// line, a row each by `row(resource, part)`; nothing when none has it.
+template <class Part, class Row>
+std::string part_table(const node_status& st, std::optional<Part> doorman::resource_status::*part,
+                       std::vector<std::string> header, Row row) {
+  std::vector<std::vector<std::string>> rows = {std::move(header)};
+  for (const auto& r : st.status.resources)
+    if (r.*part) rows.push_back(row(r, *(r.*part)));
+  return rows.size() == 1 ? std::string() : "\n" + table(rows);
+}
+
 // The budgets among the resources (docs/budgets.md), or nothing when there are none.
 inline std::string budgets_table(const node_status& st) {
-  std::vector<std::vector<std::string>> rows = {
-      {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN", "MARK"}};
-  for (const auto& r : st.status.resources) {
-    if (!r.budget) continue;
-    const auto& b = *r.budget;
-    rows.push_back({shown(r.resource_id), utc_text(b.window), num(b.limit), num(b.spent),
-                    num(b.left), num(b.reset) + " s", b.mark ? num(*b.mark) : "-"});
-  }
-  return rows.size() == 1 ? std::string() : "\n" + table(rows);
+  return part_table(st, &doorman::resource_status::budget,
+                    {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN", "MARK"},
+                    [](const doorman::resource_status& r, const doorman::budget_info& b) {
+                      return std::vector<std::string>{shown(r.resource_id),
+                                                      utc_text(b.window),
+                                                      num(b.limit),
+                                                      num(b.spent),
+                                                      num(b.left),
+                                                      num(b.reset) + " s",
+                                                      b.mark ? num(*b.mark) : "-"};
+                    });
 }
 
 // The learned capacities among the resources (docs/learned-capacity.md): the capacity the root
 // learned, its bounds, and its last control step (the calls and overloads a second in that
 // step's interval, and what it did); nothing when there are none. `-` before the first step.
 inline std::string learned_table(const node_status& st) {
-  std::vector<std::vector<std::string>> rows = {
-      {"LEARNED", "CAPACITY", "MIN", "MAX", "CALLS/S", "OVERLOADED/S", "STEP"}};
-  for (const auto& r : st.status.resources) {
-    if (!r.learned) continue;
-    const auto& l = *r.learned;
-    const bool stepped = l.seconds > 0;
-    const auto per_second = [&](double n) { return stepped ? num(n / l.seconds) : "-"; };
-    rows.push_back({shown(r.resource_id), num(r.capacity), num(l.min), num(l.max),
-                    per_second(l.calls), per_second(l.overloads), stepped ? shown(l.step) : "-"});
-  }
-  return rows.size() == 1 ? std::string() : "\n" + table(rows);
+  return part_table(st, &doorman::resource_status::learned,
+                    {"LEARNED", "CAPACITY", "MIN", "MAX", "CALLS/S", "OVERLOADED/S", "STEP"},
+                    [](const doorman::resource_status& r, const doorman::learned_info& l) {
+                      const bool stepped = l.seconds > 0;
+                      const auto per_second = [&](double n) {
+                        return stepped ? num(n / l.seconds) : "-";
+                      };
+                      return std::vector<std::string>{shown(r.resource_id),
+                                                      num(r.capacity),
+                                                      num(l.min),
+                                                      num(l.max),
+                                                      per_second(l.calls),
+                                                      per_second(l.overloads),
+                                                      stepped ? shown(l.step) : "-"};
+                    });
 }
 
 inline std::string leases_table(const node_status& st) {

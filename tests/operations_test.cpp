@@ -698,15 +698,31 @@ TEST_CASE("admin endpoint: headless Chromium renders the status page", "[admin][
   CHECK_THAT(dom, Catch::Contains("<td>the default</td>"));
 }
 
+namespace {
+
+// A root learning `provider` from 100 between 10 and 1000, a control step every `refresh`
+// seconds (no learning mode); any other resource at 100.
+std::string learned_root_config(double refresh) {
+  return R"({"resources": [{"identifier_glob": "provider", "capacity": 100,
+    "learn": {"min": 10, "max": 1000},
+    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": )" +
+         std::to_string(refresh) + R"(, "learning_mode_duration": 0}},
+    {"identifier_glob": "*", "capacity": 100,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 5}}]})";
+}
+
+// `alice` wants 500 of `provider` and reports `calls` calls in all, none overloaded.
+void report_calls(line_client& a, double calls) {
+  auto params = capacity_params("alice", "provider", 500);
+  params["resources"][0]["signals"] = {{"calls", calls}, {"overloads", 0}};
+  REQUIRE(a.call("get_capacity", params).contains("result"));
+}
+
+}  // namespace
+
 TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium too",
           "[admin][net][learn]") {
-  running_node<> root(R"({"resources": [{"identifier_glob": "provider", "capacity": 100,
-    "learn": {"min": 10, "max": 1000},
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 0.2,
-                  "learning_mode_duration": 0}},
-    {"identifier_glob": "*", "capacity": 100,
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 5}}]})",
-                      with_admin());
+  running_node<> root(learned_root_config(0.2), with_admin());
   line_client a(root.address());
   // Calls reported, 40 a report, none overloaded, while wanting more than the capacity: the
   // root steps (a rise each refresh interval) until three steps are kept.
@@ -718,9 +734,7 @@ TEST_CASE("admin endpoint: a live root charts its learned capacity, in Chromium 
   double calls = 0;
   int stepped = 0;
   while (stepped < 3 && std::chrono::steady_clock::now() < deadline) {
-    auto params = capacity_params("alice", "provider", 500);
-    params["resources"][0]["signals"] = {{"calls", calls}, {"overloads", 0}};
-    REQUIRE(a.call("get_capacity", params).contains("result"));
+    report_calls(a, calls);
     calls += 40;
     const auto page = http_get(root.node().admin_address(), "/status/resources/provider").body;
     const auto at = page.find("Learned capacity (");
@@ -1138,12 +1152,7 @@ TEST_CASE("doorman CLI: status shows a root's learned capacity and its last step
           "[cli][net][learn]") {
   // A step a second: a sender's rate counts for two seconds after its report, far longer than
   // a turn of the loop below takes, even with a sanitizer's CLI started at each turn.
-  running_node<> root(R"({"resources": [{"identifier_glob": "provider", "capacity": 100,
-    "learn": {"min": 10, "max": 1000},
-    "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 1,
-                  "learning_mode_duration": 0}},
-    {"identifier_glob": "*", "capacity": 100,
-     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 300, "refresh_interval": 5}}]})");
+  running_node<> root(learned_root_config(1));
   const std::string s = " --server " + root.address();
   line_client a(root.address());
   // The fields of the row of `provider` under the LEARNED header, split on spaces.
@@ -1168,9 +1177,7 @@ TEST_CASE("doorman CLI: status shows a root's learned capacity and its last step
   double calls = 0;
   std::vector<std::string> row;
   while (std::chrono::steady_clock::now() < deadline) {
-    auto params = capacity_params("alice", "provider", 500);
-    params["resources"][0]["signals"] = {{"calls", calls}, {"overloads", 0}};
-    REQUIRE(a.call("get_capacity", params).contains("result"));
+    report_calls(a, calls);
     calls += 40;
     row = learned_row();
     if (row.size() == 7 && row[6] == "rise") break;
