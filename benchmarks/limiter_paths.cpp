@@ -66,7 +66,10 @@ int main(int argc, char** argv) {
 #if LIMITER_PATH == 5
   auto call = [&] { return lim.try_acquire(1, doorman::coarse_clock::now()); };
 #else
-  auto call = [&] { return lim.try_acquire(2, doorman::coarse_clock::now()) && lim.settle(2, 1); };
+  auto call = [&] {
+    const auto w = lim.window();
+    return lim.try_acquire(2, doorman::coarse_clock::now()) && lim.settle(2, 1, w);
+  };
 #endif
 #else
   doorman::rate_limiter lim({.rate = rate, .burst = 1000});

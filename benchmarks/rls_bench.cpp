@@ -139,10 +139,15 @@ struct started {
   std::string address;
 };
 
+// Starts `args`, logging to `log` numbered by the start (`3-floor-1000.log`): a log that an
+// earlier process wrote still holds its "listening on" line, which would send the load to a
+// closed port (`--keys 1000,1000` measured refused calls in its second group).
 started start(std::vector<std::string> args, const std::filesystem::path& log,
               const std::string& line) {
+  static int starts = 0;
+  const auto own = log.parent_path() / fmt::format("{}-{}", ++starts, log.filename().string());
   started s;
-  s.p = std::make_unique<doorman_examples::process>(std::move(args), log.string());
+  s.p = std::make_unique<doorman_examples::process>(std::move(args), own.string());
   const auto l = s.p->wait_for(line);
   if (!l) throw std::runtime_error("did not start: " + s.p->log());
   s.address = l->substr(l->rfind(' ') + 1);
@@ -157,7 +162,6 @@ void stop(started& s) {
 // A root for --server, configured by doorman-rls --print-root-config over `config`.
 started start_root(const options& o, const std::filesystem::path& dir,
                    const std::filesystem::path& config, const std::string& name) {
-  // A log of its own per root: a reused log still holds an earlier root's "listening on".
   static int roots = 0;
   const auto json = dir / fmt::format("{}-root-{}.json", name, ++roots);
   const std::string cmd = fmt::format("{} --config {} --print-root-config > {}", o.rls_binary,

@@ -7,6 +7,7 @@
 // out-of-range conversion. Kept apart from main() so the fuzz target reads answers as the CLI
 // does (tests/fuzz/fuzz_cli.cpp).
 
+#include <doorman/core/time_text.hpp>
 #include <doorman/protocol.hpp>
 
 #include <fmt/chrono.h>
@@ -120,11 +121,6 @@ inline std::string resources_table(const node_status& st) {
   return table(rows);
 }
 
-// A Unix time as `2026-11-29 00:00 UTC`.
-inline std::string utc_text(std::int64_t unix_seconds) {
-  return fmt::format("{:%Y-%m-%d %H:%M} UTC", fmt::gmtime(static_cast<std::time_t>(unix_seconds)));
-}
-
 // A table of the resources that have `part` (a budget, a learned capacity), after a blank
 // line, a row each by `row(resource, part)`; nothing when none has it.
 template <class Part, class Row>
@@ -142,11 +138,11 @@ inline std::string budgets_table(const node_status& st) {
                     {"BUDGET", "WINDOW", "LIMIT", "SPENT", "LEFT", "RESETS IN", "MARK"},
                     [](const doorman::resource_status& r, const doorman::budget_info& b) {
                       return std::vector<std::string>{shown(r.resource_id),
-                                                      utc_text(b.window),
+                                                      doorman::utc_text(b.window),
                                                       num(b.limit),
                                                       num(b.spent),
                                                       num(b.left),
-                                                      num(b.reset) + " s",
+                                                      doorman::duration_text(b.reset),
                                                       b.mark ? num(*b.mark) : "-"};
                     });
 }

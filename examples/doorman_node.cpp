@@ -190,6 +190,23 @@ std::string default_admin(const std::string& listen) {
   return doorman::net::address{a->host, std::to_string(port == 0 ? 0 : port + 80)}.to_string();
 }
 
+// --election-ttl: whole seconds, 2 to 86400.
+double election_ttl(const doorman_examples::flag_values& v) {
+  const double ttl = v.number("election-ttl", 2, 86400);
+  if (ttl != std::floor(ttl)) {
+    throw std::invalid_argument(
+        fmt::format("--election-ttl: expected whole seconds, got \"{}\"", v.at("election-ttl")));
+  }
+  return ttl;
+}
+
+// The election's own flags, read without etcd too: a bad value is refused whether it applies
+// or not (a typo must not wait for the day etcd is added to show).
+void check_election_flags(const doorman_examples::flag_values& v) {
+  (void)election_ttl(v);
+  (void)v.number("budget-mark-step", 0, 1);
+}
+
 void read_election(const doorman_examples::flag_values& v, doorman::etcd_election_options& e,
                    doorman::node_options& o) {
   o.config.etcd_endpoints = doorman::net::split_list(v.at("etcd-endpoints"));
@@ -203,12 +220,7 @@ void read_election(const doorman_examples::flag_values& v, doorman::etcd_electio
   e.endpoints = o.config.etcd_endpoints;
   e.key = v.at("election-key");
   if (e.key.empty()) throw std::invalid_argument("--election-key: empty");
-  const double ttl = v.number("election-ttl", 2, 86400);
-  if (ttl != std::floor(ttl)) {
-    throw std::invalid_argument(
-        fmt::format("--election-ttl: expected whole seconds, got \"{}\"", v.at("election-ttl")));
-  }
-  e.ttl = doorman::seconds(ttl);
+  e.ttl = doorman::seconds(election_ttl(v));
   e.log = o.log;
   e.tls = o.config.etcd_tls;
   o.engine.budget_mark_step = v.number("budget-mark-step", 0, 1);
@@ -507,6 +519,7 @@ int main(int argc, char** argv) {
     read_options(v, o);
     reload_interval = v.number("reload-interval", 0, 3600);
     grpc_listen = read_grpc(v, o);
+    check_election_flags(v);
     if (v.given("etcd-endpoints")) read_election(v, election, o);
     if (doorman::config_location::parse(o.config.source).type ==
             doorman::config_location::kind::etcd &&

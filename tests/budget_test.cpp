@@ -11,6 +11,7 @@
 #include <doorman/limit/budget_counter.hpp>
 
 #include "core_support.hpp"
+#include "fuzz/limit_properties.hpp"
 
 using namespace doorman_test;  // NOLINT: the tests' own helpers (core_support.hpp)
 
@@ -685,14 +686,15 @@ TEST_CASE("a client's budget counter: allotments set a ceiling, settling spends 
   CHECK_FALSE(b.try_acquire(-1, clock.now()));
   CHECK_FALSE(b.try_acquire(std::numeric_limits<double>::infinity(), clock.now()));
   CHECK(b.left(clock.now()) == 40);
-  CHECK(b.settle(60, 90));  // it cost 30 more: 10 left
+  const auto w = b.window();
+  CHECK(b.settle(60, 90, w));  // it cost 30 more: 10 left
   CHECK(b.left(clock.now()) == 10);
   CHECK(b.report() == 90);
-  CHECK(b.settle(10, 0));  // a refund after the report ...
+  CHECK(b.settle(10, 0, w));  // a refund after the report ...
   CHECK(b.spent() == 80);
   CHECK(b.report() == 90);  // ... is not taken back from the root
-  CHECK_FALSE(b.settle(1, std::nan("")));
-  CHECK(b.settle(0, 50));  // a debt: 30 over
+  CHECK_FALSE(b.settle(1, std::nan(""), w));
+  CHECK(b.settle(0, 50, w));  // a debt: 30 over
   CHECK(b.left(clock.now()) == -30);
   CHECK_FALSE(b.try_acquire(0.5, clock.now()));
   // An allotment answering the report of 90 (sent before the debt) ...
@@ -706,6 +708,7 @@ TEST_CASE("a client's budget counter: allotments set a ceiling, settling spends 
   // A new window: what was spent since the report it answers (130) counts again.
   b.grant({.units = 40, .spent_at_send = 100, .expires = clock.now() + 10s});
   CHECK(b.left(clock.now()) == 10);
+  CHECK(b.report() == 130);
   b.grant({.units = 25, .spent_at_send = 130, .new_window = true, .expires = clock.now() + 10s});
   CHECK(b.spent() == 0);
   CHECK(b.report() == 0);
@@ -714,6 +717,58 @@ TEST_CASE("a client's budget counter: allotments set a ceiling, settling spends 
   CHECK(b.refused() == 4);  // the refusals above, not the invalid amounts
   b.close();
   CHECK_FALSE(b.try_acquire(1, clock.now()));
+}
+
+TEST_CASE("a call open when the root names a new window refunds nothing into it",
+          "[budget][limit]") {
+  // An allotment of 20; call A takes 10 and is still open when the report goes out.
+  manual_clock clock;
+  doorman::budget_counter<manual_clock> b;
+  b.grant({.units = 20, .spent_at_send = 0, .expires = clock.now() + 10s});
+  const auto old = b.window();
+  REQUIRE(b.try_acquire(10, clock.now()));
+  const double reported = b.report();
+  CHECK(reported == 10);
+  const auto new_window = [&](double units) {
+    b.grant({.units = units,
+             .spent_at_send = reported,
+             .new_window = true,
+             .expires = clock.now() + 10s});
+    CHECK(b.window() != old);
+  };
+  SECTION("A settles in the new window") {
+    new_window(10);
+    const auto now = b.window();
+    REQUIRE(b.try_acquire(10, clock.now()));  // the new window's 10
+    CHECK(b.settle(10, 0, old));              // A cost nothing: its window is over
+    CHECK(b.spent() == 10);
+    CHECK_FALSE(b.try_acquire(10, clock.now()));  // (was admitted: 20 against 10)
+    CHECK(b.settle(10, 4, now));  // a call of this window gives back what it did not use
+    CHECK(b.spent() == 4);
+    CHECK(b.settle(0, 3, old));  // an old call's debt still counts
+    CHECK(b.spent() == 7);
+  }
+  SECTION("A settles between the report and the new window's answer") {
+    REQUIRE(b.try_acquire(10, clock.now()));  // call B, after the report: the root has not seen it
+    CHECK(b.settle(10, 0, old));              // A cost nothing, before the answer
+    new_window(10);
+    CHECK(b.spent() == 10);                      // B counts in the new window
+    CHECK_FALSE(b.try_acquire(1, clock.now()));  // (was 0 spent: B's 10 went uncounted)
+  }
+}
+
+TEST_CASE("a budget window's count is never under what its calls spent, over random programs",
+          "[budget][limit][property]") {
+  // The fuzz target `limits` runs the same property on what libFuzzer finds.
+  doorman::detail::splitmix64 draw(80);
+  for (int program = 0; program < 3000; ++program) {
+    std::vector<std::uint8_t> bytes(1 + draw.next() % 600);
+    for (auto& b : bytes)
+      b = static_cast<std::uint8_t>(draw.next());
+    const auto broken = doorman_fuzz::budget_window_property(bytes.data(), bytes.size());
+    INFO("program " << program);
+    REQUIRE_FALSE(broken);
+  }
 }
 
 TEST_CASE("a client's budget counter loses no unit to threads racing its driver",

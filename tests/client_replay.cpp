@@ -11,7 +11,9 @@
 //   ["reserve", id, n]                      a wait's reservation: ns until due (or "never")
 //   ["settle", id, reserved, used]          a rate handle's settle: whether it settled
 //   ["gauge_try", id] / ["gauge_release", id]
-//   ["budget_try", id, n] / ["budget_settle", id, reserved, used]   a budget handle's
+//   ["budget_try", id, n] / ["budget_settle", id, reserved, used, windows_back]   a budget
+//                                           handle's (settled in the window `windows_back`
+//                                           before the counter's)
 //   ["answers", id, calls, overloads]       a handle's record_answers (learned capacity)
 //   ["step"]                                the client's next step: release, refresh or wait
 //   ["answer", result] / ["fail"]           what came back for the step's call
@@ -124,7 +126,9 @@ class replay {
     if (op == "budget_settle") {
       auto* e = find(s.at(1));
       if (e == nullptr || e->kind != "budget") return nullptr;
-      return e->budget.settle(s.at(2), s.at(3));
+      // The window the call was admitted in, `s[4]` windows before the counter's.
+      const std::uint64_t back = s.at(4), now = e->budget.window();
+      return e->budget.settle(s.at(2), s.at(3), now - std::min(back, now));
     }
     if (op == "gauge_release") {
       if (auto* e = find(s.at(1)); e && e->kind == "gauge" && e->gauge.in_flight() > 0) {

@@ -224,14 +224,16 @@ TEST_CASE("a budget resource spends its allotment, settles, reports and frees th
                                                        doorman::resource_options{.wants = 400});
   doorman::budget_resource tb(b, "tokens", {.wants = 400});
   REQUIRE(eventually([&] { return ta->left() == Approx(400) && tb.left() == Approx(400); }));
+  const auto wa = ta->window();
   CHECK(ta->try_acquire(300));
   CHECK_FALSE(ta->try_acquire(200));  // 100 left
   CHECK_FALSE(ta->try_acquire(-1));
-  CHECK(ta->settle(300, 350));  // it cost more: 50 left
+  CHECK(ta->settle(300, 350, wa));  // it cost more: 50 left
   CHECK(ta->left() == Approx(50));
   CHECK(ta->spent() == Approx(350));
+  const auto wb = tb.window();
   CHECK(tb.try_acquire(100));
-  CHECK(tb.settle(100, 40));  // a refund: back at once
+  CHECK(tb.settle(100, 40, wb));  // a refund: back at once
   CHECK(tb.left() == Approx(360));
   // The reports ride on the refreshes: the root counts 350 + 100 (a refund after a report is
   // not taken back; before one, it never reached the root: 40).
@@ -295,7 +297,7 @@ TEST_CASE("a budget's waits: blocking, asynchronous, cancelled, woken by a refun
   REQUIRE(t.try_acquire(940));
   auto more = t.async_wait(10, asio::use_future);
   CHECK(more.wait_for(50ms) == std::future_status::timeout);
-  CHECK(t.settle(40, 20));
+  CHECK(t.settle(40, 20, t.window()));  // (a call of this window)
   REQUIRE(more.wait_for(10s) == std::future_status::ready);
   more.get();
   CHECK(t.spent() == Approx(990));  // 1000, 20 back, 10 taken again

@@ -322,6 +322,11 @@ TEST_CASE("doorman-node refuses bad flags with a message", "[net][process]") {
       {{"--parent", "127.0.0.1:1", "--etcd-endpoints", "127.0.0.1:2379", "--election-ttl", "2.5"},
        "--election-ttl: expected whole seconds"},
       {{"--config", "etcd:/doorman/config"}, "--config etcd:KEY needs --etcd-endpoints"},
+      // The election's flags are checked without etcd too (they were taken unread).
+      {{"--listen", "127.0.0.1:0", "--parent", "127.0.0.1:1", "--budget-mark-step", "abc"},
+       "--budget-mark-step: expected a number in [0, 1]"},
+      {{"--listen", "127.0.0.1:0", "--parent", "127.0.0.1:1", "--election-ttl", "1e9"},
+       "--election-ttl: expected a number in [2, 86400]"},
   };
   for (auto [flags, message] : cases) {
     flags.insert(flags.begin(), node);

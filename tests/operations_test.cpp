@@ -154,6 +154,29 @@ TEST_CASE("metrics: a learned capacity's last step, a second", "[admin][learn]")
   CHECK_THAT(text, !Catch::Contains(R"(doorman_resource_learned_calls{resource="fixed"})"));
 }
 
+TEST_CASE("metrics: a budget's limit, spend, what is left and its window", "[admin][budget]") {
+  doorman::admin_snapshot s;
+  s.started = true;
+  doorman::admin_resource r;
+  r.status.resource_id = "tokens";
+  r.status.budget = doorman::budget_info{1764374400, 600, 1000, 850, 100};
+  s.resources.push_back(r);
+  r.status.resource_id = "rate";
+  r.status.budget.reset();
+  s.resources.push_back(r);
+  const auto text = doorman::render_metrics(s, doorman::node_metrics{});
+  CHECK_THAT(text, Catch::Contains("# TYPE doorman_budget_spent gauge"));
+  CHECK_THAT(text, Catch::Contains(R"(doorman_budget_limit{resource="tokens"} 1000)"));
+  CHECK_THAT(text, Catch::Contains(R"(doorman_budget_spent{resource="tokens"} 850)"));
+  CHECK_THAT(text, Catch::Contains(R"(doorman_budget_left{resource="tokens"} 100)"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 R"(doorman_budget_window_start_timestamp_seconds{resource="tokens"} 1764374400)"));
+  CHECK_THAT(text,
+             Catch::Contains(R"(doorman_budget_window_remaining_seconds{resource="tokens"} 600)"));
+  CHECK_THAT(text, !Catch::Contains(R"(doorman_budget_limit{resource="rate"})"));
+}
+
 TEST_CASE("metrics: label values are escaped, histograms are cumulative", "[admin]") {
   doorman::admin_snapshot s;
   s.identity.id = "a\"b\\c\nd";
@@ -290,21 +313,27 @@ TEST_CASE("the status page shows each budget: its window, limit, spend and what 
   s.resources[0].status.budget = doorman::budget_info{1764374400, 600, 1000, 250, 700};
   const auto page = doorman::render_status(s);
   CHECK_THAT(page, Catch::Contains("<h2>Budgets</h2>"));
-  CHECK_THAT(page, Catch::Contains("<tr><td>tokens</td><td class=\"n\">1764374400</td><td "
+  // The window as a date and its end as a span, never raw seconds.
+  CHECK_THAT(page, Catch::Contains("<tr><td>tokens</td><td>2025-11-29 00:00 UTC</td><td "
                                    "class=\"n\">1000</td><td class=\"n\">250</td><td "
-                                   "class=\"n\">700</td><td class=\"n\">600</td><td "
+                                   "class=\"n\">700</td><td class=\"n\">10 min</td><td "
                                    "class=\"n\">-</td></tr>"));
+  CHECK_THAT(page, !Catch::Contains("1764374400"));
   // At a root keeping budget marks: the window's durable mark, once read.
   s.resources[0].status.budget->mark = 960;
   CHECK_THAT(doorman::render_status(s),
-             Catch::Contains("<td class=\"n\">600</td><td class=\"n\">960</td></tr>"));
+             Catch::Contains("<td class=\"n\">10 min</td><td class=\"n\">960</td></tr>"));
 }
 
 TEST_CASE("the status page says uptime as people read it", "[admin]") {
-  CHECK(doorman::detail::duration_text(18.2584) == "18 s");
-  CHECK(doorman::detail::duration_text(185) == "3 min 5 s");
-  CHECK(doorman::detail::duration_text(2 * 3600 + 14 * 60 + 9) == "2 h 14 min");
-  CHECK(doorman::detail::duration_text(3 * 86400 + 4 * 3600 + 59) == "3 d 4 h");
+  CHECK(doorman::duration_text(18.2584) == "18 s");
+  CHECK(doorman::duration_text(3.64) == "3.6 s");
+  CHECK(doorman::duration_text(3600) == "1 h");
+  CHECK(doorman::duration_text(3599.7) == "1 h");
+  CHECK(doorman::duration_text(-1) == "-");
+  CHECK(doorman::duration_text(185) == "3 min 5 s");
+  CHECK(doorman::duration_text(2 * 3600 + 14 * 60 + 9) == "2 h 14 min");
+  CHECK(doorman::duration_text(3 * 86400 + 4 * 3600 + 59) == "3 d 4 h");
   doorman::admin_snapshot s;
   s.started = true;
   s.uptime = 18.2584;
@@ -1231,10 +1260,13 @@ TEST_CASE("doorman CLI: a node's malformed answers are named failures, never a c
       {"window", 1764374400}, {"reset", 3600}, {"limit", 1e6}, {"spent", 250000}, {"left", 700000}};
   CHECK(doorman_examples::cli::budgets_table(read_status(budget)) ==
         "\nBUDGET  WINDOW                LIMIT  SPENT   LEFT    RESETS IN  MARK\n"
-        "db      2025-11-29 00:00 UTC  1e+06  250000  700000  3600 s     -\n");
+        "db      2025-11-29 00:00 UTC  1e+06  250000  700000  1 h        -\n");
   budget["resources"][0]["budget"]["mark"] = 260000;  // a root keeping budget marks
   CHECK_THAT(doorman_examples::cli::budgets_table(read_status(budget)),
-             Catch::EndsWith("3600 s     260000\n"));
+             Catch::EndsWith("1 h        260000\n"));
+  budget["resources"][0]["budget"]["reset"] = 32029.7;  // (was "32029.7 s")
+  CHECK_THAT(doorman_examples::cli::budgets_table(read_status(budget)),
+             Catch::Contains("  8 h 54 min  "));
   budget["resources"][0]["budget"]["mark"] = -1;
   CHECK_THROWS_MATCHES(read_status(budget), failure,
                        Catch::Matchers::Message("status: the node's answer is malformed: "
@@ -1556,6 +1588,43 @@ TEST_CASE("docs: make targets and links they name exist", "[docs]") {
       const auto target = file.parent_path() / (*it)[1].str();
       INFO(file.filename().string() << " links to " << (*it)[1].str());
       CHECK(fs::exists(target));
+    }
+  }
+}
+
+TEST_CASE("docs: every table row and every link they open is closed on its line", "[docs]") {
+  // (A cut line once left operations.md's admin table with a row ending in an open link, and
+  // the rest of the line as a file at the repository's root.)
+  for (const auto& file : markdown_files()) {
+    std::istringstream in(read_text(file));
+    bool fenced = false;
+    int number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++number;
+      if (line.starts_with("```")) fenced = !fenced;
+      if (fenced) continue;
+      INFO(file.filename().string() << ":" << number << ": " << line);
+      if (line.starts_with("|")) CHECK(line.ends_with("|"));
+      for (auto at = line.find("]("); at != std::string::npos; at = line.find("](", at + 2))
+        CHECK(line.find(')', at) != std::string::npos);
+    }
+  }
+  // The repository's root holds what the README says it does, and nothing else.
+  const auto [status, listed] =
+      run_command("git -C " + std::string(DOORMAN_SOURCE_DIR) + " ls-files --full-name", true);
+  std::set<std::string> top;
+  std::istringstream files(status == 0 ? listed : std::string());
+  for (std::string f; std::getline(files, f);)
+    top.insert(f.substr(0, f.find('/')));
+  if (!top.empty()) {  // (not a git checkout: an unpacked source tree)
+    const std::set<std::string> expected = {
+        ".ci",      ".clang-format", ".gitignore", "CMakeLists.txt", "CMakePresets.json",
+        "Makefile", "README.md",     "benchmarks", "cmake",          "deploy",
+        "docs",     "examples",      "include",    "proto",          "python",
+        "src",      "tests"};
+    for (const auto& t : top) {
+      INFO("at the repository's root: " << t);
+      CHECK(expected.contains(t));
     }
   }
 }

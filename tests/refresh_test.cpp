@@ -315,6 +315,20 @@ void lost_and_sent_again(doorman::failover<call_tp>& route, doorman::call_machin
   CHECK(a.what == call_kind::fail);
   CHECK(a.error == doorman::errc::unreachable);
   CHECK(a.message == "connection lost (last problem: reset)");
+  // Lost before the deadline, with no attempt that fits before it: the machine's words, then
+  // the driver's, apart (they once ran together: "in a rowconnection lost").
+  route.failed(t0 + 6s, doorman::failure::unreachable);
+  route.failed(t0 + 6s, doorman::failure::unreachable);  // a round: backing off 1-2 s
+  doorman::call_machine<call_tp> short_one(route, t0 + 6s, t0 + 6s + 500ms, {});
+  a = short_one.lost(t0 + 6s + 100ms, "connection lost");
+  REQUIRE(a.what == call_kind::wait);  // (a call's first attempt may cut the backoff short)
+  a = short_one.resume(a.until, false);
+  REQUIRE(a.what == call_kind::connect);
+  a = short_one.lost(t0 + 6s + 300ms, "connection lost");
+  REQUIRE(a.what == call_kind::fail);
+  CHECK(a.message ==
+        "no task of the position answered; backing off after 2 failures in a row; "
+        "connection lost");
 }
 
 void connects_fail(doorman::failover<call_tp>& route, doorman::call_machine<call_tp>& m) {

@@ -9,6 +9,7 @@
 
 #include "core_support.hpp"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -501,4 +502,46 @@ TEST_CASE("rlqs: a budget bucket is spent in blocks drawn from the budget, never
   }
   REQUIRE(greedy.last);
   CHECK(greedy.last->tokens == 100);
+}
+
+TEST_CASE("rlqs: distinct buckets are distinct resources, whatever their keys and values hold",
+          "[rlqs][bounds]") {
+  using doorman::rlqs::bucket_id;
+  // A value taken from a request header cannot name another bucket ...
+  const auto joined = session::resource_of("edge", {{"name", "api/tier=free"}});
+  const auto apart = session::resource_of("edge", {{"name", "api"}, {"tier", "free"}});
+  CHECK(apart == "edge/name=api/tier=free");
+  CHECK(joined == "edge/name=api%2Ftier%3Dfree");
+  CHECK(session::resource_of("a/b=c", {{"x", "1"}}) != session::resource_of("a", {{"b", "c/x=1"}}));
+  // ... nor another template: `res/name=*` does not cross the escaped `/`.
+  fixture f(rlqs_repo(0, R"({"identifier_glob": "res/name=api/tier=free", "capacity": 1000,
+     "algorithm": {"kind": "FAIR_SHARE", "lease_length": 60, "refresh_interval": 5}},)"));
+  session s("rlqs/a/1", {});
+  REQUIRE(s.report({"res", {{{{"name", "api/tier=free"}}, 1, 5, 0}}}, 0));
+  probe(s, f.engine, f.clock, 0);
+  const auto st = f.engine.status({"res/name=api%2Ftier%3Dfree"}, f.clock.now());
+  REQUIRE(st);
+  CHECK(st.value().resources.at(0).capacity == 300);  // (1000 when joined unescaped)
+
+  // Over random buckets drawn from the bytes that could join them: equal ids, equal buckets.
+  doorman::detail::splitmix64 draw(7);
+  const std::string alphabet = "a=/%2F3D";
+  const auto text = [&] {
+    std::string t(1 + draw.next() % 4, 'a');
+    for (auto& ch : t)
+      ch = alphabet[draw.next() % alphabet.size()];
+    return t;
+  };
+  std::map<std::string, std::pair<std::string, bucket_id>> seen;
+  for (int i = 0; i < 20000; ++i) {
+    const std::string domain = text();
+    bucket_id id;
+    for (std::uint64_t k = 0, n = 1 + draw.next() % 3; k < n; ++k)
+      id.emplace_back(text(), text());
+    std::sort(id.begin(), id.end());
+    const auto rid = session::resource_of(domain, id);
+    const auto [at, fresh] = seen.try_emplace(rid, domain, id);
+    INFO(rid);
+    REQUIRE((fresh || at->second == std::pair(domain, id)));
+  }
 }

@@ -24,4 +24,5 @@
 #include "doorman/core/share_index.hpp"
 #include "doorman/core/string_hash.hpp"
 #include "doorman/core/time.hpp"
+#include "doorman/core/time_text.hpp"
 #include "doorman/core/upstream.hpp"

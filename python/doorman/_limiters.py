@@ -6,6 +6,7 @@ gives another), so both decide alike to the nanosecond. A capacity of -1 is unli
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from typing import Callable, NamedTuple, Optional
@@ -34,7 +35,9 @@ def check_permits(n: object, name: str = "n") -> None:
     (what the C++ limiters' `valid_permits` admits)."""
     if not isinstance(n, (int, float)):
         raise TypeError(f"{name}: must be a number of permits, not {type(n).__name__}")
-    if not 0 <= n < math.inf:
+    # An int compares exactly: one past a double's range is refused here, not by an
+    # OverflowError where it is first used as a float.
+    if not 0 <= n <= sys.float_info.max:
         raise ValueError(f"{name}: must be a finite number >= 0, not {n!r}")
 
 
@@ -324,7 +327,10 @@ class BudgetCounter:
         self._expires = -NEVER  # no allotment
         self._closed = False  # for good: no allotment applies any more
         self._capacity = 0.0  # the lease's (its allotment)
-        self._reported = 0.0  # the driver's
+        self._window = 0  # changes when the root names a new window
+        self._reported = 0.0  # the driver's last report,
+        self._at_report = 0.0  # the spend when it was made,
+        self._refunded = 0.0  # and the refunds since
         self.attempted = 0.0  # units asked for (admitted or not, and settled above)
         self.refused = 0
 
@@ -359,15 +365,25 @@ class BudgetCounter:
         self._spent += n
         return True
 
-    def settle(self, reserved: float, used: float) -> bool:
-        """A call admitted for `reserved` units cost `used`: above, the rest is spent too (past
-        the ceiling, a debt); below, the difference is back. Raises as `try_acquire`."""
+    @property
+    def window(self) -> int:
+        """The window a call admitted now counts in: read it before `try_acquire` and pass it
+        to `settle`. It changes when the root names a new window."""
+        return self._window
+
+    def settle(self, reserved: float, used: float, window: int) -> bool:
+        """A call admitted in `window` for `reserved` units cost `used`: above, the rest is
+        spent too (past the ceiling, a debt); below, the difference is back unless the root
+        named a new window since (the call counted in the old one). Raises as `try_acquire`."""
         check_permits(reserved, "reserved")
         check_permits(used, "used")
         with self._lock:
             if used > reserved:
                 self.attempted += used - reserved
-            self._spent = max(0.0, self._spent + (used - reserved))
+                self._spent += used - reserved
+            elif used < reserved and window == self._window:
+                self._spent = max(0.0, self._spent - (reserved - used))
+                self._refunded += reserved - used
             return True
 
     def left(self) -> float:
@@ -381,19 +397,22 @@ class BudgetCounter:
     def report(self) -> float:
         """The spend to report: never less than a report before it."""
         with self._lock:
+            self._at_report = self._spent
+            self._refunded = 0.0
             self._reported = max(self._reported, self._spent)
             return self._reported
 
     def grant(self, units: float, spent_at_send: float, new_window: bool, expires: int) -> None:
         """Applies an allotment of `units` answering the report `spent_at_send`, until
         `expires` (the clock's nanoseconds); in a new window the count starts again from what
-        was spent since that report."""
+        was admitted since that report (refunds since then are not taken off it)."""
         with self._lock:
             if self._closed:
                 return
             if new_window:
-                self._spent = max(0.0, self._spent - spent_at_send)
-                self._reported = 0.0
+                self._spent = max(0.0, self._spent + self._refunded - self._at_report)
+                self._window += 1
+                self._reported = self._at_report = self._refunded = 0.0
                 self._ceiling = units
             else:
                 self._ceiling = spent_at_send + units

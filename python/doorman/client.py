@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import math
 import random
 import socket
@@ -29,6 +30,11 @@ from ._core import ClientCore, Entry, ResourceOptions, Step
 from ._limiters import Acquired, BudgetCounter, Gauge, RateLimiter, check_permits
 
 _ids = itertools.count()
+
+
+def _warn_to_logging(line: str) -> None:
+    """What a client without `log=` tells: to the "doorman" logger, at WARNING."""
+    logging.getLogger("doorman").warning(line.removeprefix("warning: "))
 
 
 class ClientClosed(Exception):
@@ -85,7 +91,10 @@ class Client:
                 raise ValueError(f"{name}: must be a number of seconds in (0, 3600]")
         self.call_timeout = float(call_timeout)
         self.release_timeout = float(release_timeout)
-        self._log = log
+        # Without `log`, what the client tells goes to the "doorman" logger, at WARNING (never
+        # lost in silence: Python's last-resort handler prints it when nothing is configured);
+        # the channel's every failed attempt only to `log` (a refresh that failed is told here).
+        self._log = log or _warn_to_logging
         self._channel = Channel(addresses, ssl_context=ssl_context, server_name=server_name, log=log)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # capacities changed, or work to do
@@ -250,8 +259,7 @@ class Client:
             self._warn(f"release of {len(ids)} resources failed: {e}")
 
     def _warn(self, what: str) -> None:
-        if self._log:
-            self._log(f"warning: {what}")
+        self._log(f"warning: {what}")
 
     # ---- what the handles tell -------------------------------------------------------------
 
@@ -447,7 +455,8 @@ class GaugeResource(_GaugeHandle):
 
 class BudgetResource(_Handle):
     """A handle to a budget resource (docs/budgets.md): `try_acquire(n)` takes units from the
-    allotment, `settle(reserved, used)` after a call. No call to the server per request."""
+    allotment, `settle(reserved, used, window)` after a call. No call to the server per
+    request."""
 
     def __init__(self, client: Client, e: Entry) -> None:
         super().__init__(client, e)
@@ -467,13 +476,20 @@ class BudgetResource(_Handle):
             self._client._held_back(self._e)
         return False
 
-    def settle(self, reserved: float, used: float) -> bool:
-        """A call admitted for `reserved` units cost `used`: below, the difference is back at
-        once; above, the rest is spent too (past the allotment, a debt the next allotment
+    @property
+    def window(self) -> int:
+        """The window a call admitted now counts in (it changes when the root names a new
+        one): read it before `try_acquire` or `wait`, and pass it to `settle`."""
+        return self._counter.window
+
+    def settle(self, reserved: float, used: float, window: int) -> bool:
+        """A call admitted in `window` for `reserved` units cost `used`: below, the difference
+        is back at once, unless the root has named a new window since (the call counted in the
+        old one); above, the rest is spent too (past the allotment, a debt the next allotment
         covers first). Raises as `try_acquire`, naming the argument."""
         if not self._open:
             self._check()
-        self._counter.settle(reserved, used)
+        self._counter.settle(reserved, used, window)
         if used < reserved:  # a refund: the waiters look again
             with self._client._lock:
                 self._client._wake(self._e)

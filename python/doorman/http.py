@@ -160,6 +160,15 @@ def _text(b: Any) -> str:
     return b.decode("latin-1") if isinstance(b, (bytes, bytearray)) else str(b)
 
 
+def _settler(resource: Any) -> Callable[[float, float], Any]:
+    """How a call admitted now will be settled: a budget's settle names the window the call was
+    admitted in (read before `try_acquire`), so that a refund never lands in a later one."""
+    window = getattr(resource, "window", None)
+    if isinstance(window, int) and not isinstance(window, bool):
+        return lambda reserved, used: resource.settle(reserved, used, window)
+    return lambda reserved, used: resource.settle(reserved, used)
+
+
 def _refuse(got: Any) -> str:
     """`Retry-After` for a refusal: a rate's own wait, or 1 (a budget's refusal names none: its
     next allotment comes with the next refresh)."""
@@ -180,6 +189,7 @@ class WsgiLimit:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         n = self.cost(environ) if callable(self.cost) else self.cost
+        settle = _settler(self.resource)
         got = self.resource.try_acquire(n)
         if got:
             if self.used is None:
@@ -189,7 +199,7 @@ class WsgiLimit:
                 code = int(status.split(" ", 1)[0]) if status[:3].isdigit() else 0
                 real = _used(self.used, code, headers)
                 if real is not None:
-                    self.resource.settle(n, real)
+                    settle(n, real)
                 return start_response(status, headers, *rest)
 
             return self.app(environ, settling)
@@ -217,6 +227,7 @@ class AsgiLimit:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
+        settle = _settler(self.resource)
         got = self.resource.try_acquire(self.cost)
         if got:
             if self.used is None:
@@ -228,7 +239,7 @@ class AsgiLimit:
                     headers = [(_text(k), _text(v)) for k, v in message.get("headers", [])]
                     real = _used(self.used, int(message.get("status", 0)), headers)
                     if real is not None:
-                        self.resource.settle(self.cost, real)
+                        settle(self.cost, real)
                 await send(message)
 
             await self.app(scope, receive, settling)

@@ -37,6 +37,7 @@ def main() -> None:
         units = c.budget("tokens", **options) if kind == "budget" else c.rate("api", **options)
         with open(log_path, "a", buffering=1) as log:
             while not os.path.exists(log_path + ".stop"):
+                window = units.window if kind == "budget" else None
                 try:
                     units.wait(reserve, timeout=0.2)
                 except TimeoutError:
@@ -44,7 +45,10 @@ def main() -> None:
                 log.write(f"reserve {reserve} {time.monotonic():.6f}\n")
                 time.sleep(latency)  # the call
                 used = min(most, int(100 * rng.paretovariate(shape)))
-                units.settle(reserve, used)
+                if window is None:
+                    units.settle(reserve, used)
+                else:  # a budget's, in the window the call was admitted in
+                    units.settle(reserve, used, window)
                 log.write(f"settle {used}\n")
 
 

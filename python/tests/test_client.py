@@ -266,15 +266,17 @@ class ClientTest(unittest.TestCase):
             tb = b.budget("tokens", wants=400)
             self.assertTrue(eventually(lambda: ta.left == 400 and tb.left == 400),
                             (ta.left, tb.left))
+            w = ta.window
             self.assertTrue(ta.try_acquire(300))
             self.assertFalse(ta.try_acquire(200))  # 100 left: all or nothing
-            self.assertTrue(ta.settle(300, 350))  # it cost more: 50 left
+            self.assertTrue(ta.settle(300, 350, w))  # it cost more: 50 left
             self.assertEqual(ta.left, 50)
             self.assertEqual(ta.spent, 350)
             with self.assertRaisesRegex(ValueError, "^n: must be a finite number >= 0"):
                 ta.try_acquire(-1)
+            w = tb.window
             self.assertTrue(tb.try_acquire(100))
-            self.assertTrue(tb.settle(100, 40))  # a refund: back at once
+            self.assertTrue(tb.settle(100, 40, w))  # a refund: back at once
             self.assertEqual(tb.left, 360)
             # The reports ride on the refreshes.
             self.assertTrue(eventually(lambda: at_root()["spent"] >= 390), at_root())
@@ -310,6 +312,20 @@ class ClientTest(unittest.TestCase):
             st = n.call("status", {"resource_id": "tokens"})["result"]["resources"][0]["budget"]
             self.assertLessEqual(st["spent"], 100)
             self.assertEqual(sum("is a budget at the server" in l for l in lines), 1)
+
+    def test_without_log_a_wrong_handle_is_told_through_the_logging_module(self) -> None:
+        # Without `log=`, what the client would tell goes to the "doorman" logger (at WARNING:
+        # Python's last-resort handler prints it when nothing is configured): a budget handle on
+        # a rate resource refuses forever, and says why, once.
+        n = self.node(config(1000))
+        with self.assertLogs("doorman", level="WARNING") as seen:
+            with fast(n.address) as c:
+                b = c.budget("api", wants=100)
+                self.assertTrue(eventually(
+                    lambda: any("is not a budget at the server" in m for m in seen.output)),
+                    seen.output)
+                self.assertFalse(b.try_acquire(1))
+        self.assertEqual(sum("is not a budget at the server" in m for m in seen.output), 1)
 
     def test_overloads_recorded_cut_the_client_at_once_and_the_root_learns_them(self) -> None:
         # A learned capacity of 1000: the client's calls meet 40 % overloads. It cuts itself
@@ -358,7 +374,7 @@ class ClientTest(unittest.TestCase):
 
             threading.Thread(target=waiter).start()
             self.assertFalse(woken.wait(0.05))
-            t.settle(40, 20)  # a refund wakes it
+            t.settle(40, 20, t.window)  # a refund wakes it (the window's own call)
             self.assertTrue(woken.wait(10))
             self.assertEqual(t.spent, 990)  # 1000, 20 back, 10 taken again
             ended: list[BaseException] = []

@@ -99,7 +99,8 @@ class PythonReplay:
         if op == "budget_settle":
             if e is None or not isinstance(e.limiter, BudgetCounter):
                 return None
-            return e.limiter.settle(s[2], s[3])
+            window = e.limiter.window  # the call's: s[4] windows before the counter's
+            return e.limiter.settle(s[2], s[3], window - min(s[4], window))
         if op == "answers":  # a handle's record_answers
             if e is not None:
                 e.answers += s[2]
@@ -245,7 +246,8 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
     if r < 0.67:
         return ["budget_try", rid, rng.choice([1, 5, 20, 60, 0.5])]
     if r < 0.69:
-        return ["budget_settle", rid, rng.choice([1, 5, 20]), rng.choice([0, 3, 5, 40])]
+        return ["budget_settle", rid, rng.choice([1, 5, 20]), rng.choice([0, 3, 5, 40]),
+                rng.choice([0, 0, 1])]
     if r < 0.72:
         return ["gauge_try", rid]
     if r < 0.74:

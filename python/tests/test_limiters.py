@@ -102,7 +102,8 @@ class RateLimiterTest(unittest.TestCase):
 
     def test_bad_numbers_of_permits_name_n(self) -> None:
         lim = RateLimiter(10)
-        for bad in (-1, math.nan, math.inf, -math.inf):
+        # 10**400: an int past a double's range (it raised OverflowError where first used).
+        for bad in (-1, math.nan, math.inf, -math.inf, 10**400):
             with self.subTest(bad=bad):
                 with self.assertRaisesRegex(ValueError, r"^n: must be a finite number >= 0"):
                     lim.try_acquire(bad)
@@ -146,15 +147,16 @@ class BudgetCounterTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^n: "):
             b.try_acquire(math.inf)
         self.assertEqual(b.left(), 40)
-        self.assertTrue(b.settle(60, 90))  # it cost 30 more: 10 left
+        w = b.window
+        self.assertTrue(b.settle(60, 90, w))  # it cost 30 more: 10 left
         self.assertEqual(b.left(), 10)
         self.assertEqual(b.report(), 90)
-        self.assertTrue(b.settle(10, 0))  # a refund after the report ...
+        self.assertTrue(b.settle(10, 0, w))  # a refund after the report ...
         self.assertEqual(b.spent, 80)
         self.assertEqual(b.report(), 90)  # ... is not taken back from the root
         with self.assertRaisesRegex(ValueError, "^used: "):
-            b.settle(1, math.nan)
-        self.assertTrue(b.settle(0, 50))  # a debt: 30 over
+            b.settle(1, math.nan, w)
+        self.assertTrue(b.settle(0, 50, w))  # a debt: 30 over
         self.assertEqual(b.left(), -30)
         self.assertFalse(b.try_acquire(0.5))
         b.grant(40, 90, False, clock() + 10**10)  # answering the report of 90: covers the debt
@@ -167,6 +169,7 @@ class BudgetCounterTest(unittest.TestCase):
         b.grant(40, 100, False, clock() + 10**10)
         self.assertEqual(b.left(), 10)
         # A new window: what was spent since the report it answers (130) counts again.
+        self.assertEqual(b.report(), 130)
         b.grant(25, 130, True, clock() + 10**10)
         self.assertEqual(b.spent, 0)
         self.assertEqual(b.report(), 0)
@@ -174,6 +177,43 @@ class BudgetCounterTest(unittest.TestCase):
         self.assertEqual(b.refused, 4)  # the refusals above, not the invalid amounts
         b.close()
         b.grant(25, 0, False, clock() + 10**10)  # closed is closed
+        self.assertFalse(b.try_acquire(1))
+
+    def test_a_call_open_when_a_new_window_begins_refunds_nothing_into_it(self) -> None:
+        """The C++ test "a call open when the root names a new window refunds nothing into it"
+        (tests/budget_test.cpp), its first section, step for step."""
+        clock = ManualClock()
+        b = BudgetCounter(clock)
+        b.grant(10, 0, False, clock() + 10**10)
+        old = b.window
+        self.assertTrue(b.try_acquire(10))  # a call of 10, open
+        reported = b.report()
+        self.assertEqual(reported, 10)
+        b.grant(10, reported, True, clock() + 10**10)
+        self.assertNotEqual(b.window, old)
+        now = b.window
+        self.assertTrue(b.try_acquire(10))  # the new window's 10
+        self.assertTrue(b.settle(10, 0, old))  # the old call cost nothing: its window is over
+        self.assertEqual(b.spent, 10)
+        self.assertFalse(b.try_acquire(10))  # (was admitted: 20 against 10)
+        self.assertTrue(b.settle(10, 4, now))  # this window's call gives back what it did not use
+        self.assertEqual(b.spent, 4)
+        self.assertTrue(b.settle(0, 3, old))  # an old call's debt still counts
+        self.assertEqual(b.spent, 7)
+
+    def test_a_refund_between_a_report_and_a_new_window_is_not_taken_off_it(self) -> None:
+        """The same C++ test's second section, step for step: a refund between a report and the
+        new window's answer is not taken off the new window's count."""
+        clock = ManualClock()
+        b = BudgetCounter(clock)
+        b.grant(20, 0, False, clock() + 10**10)
+        w = b.window
+        self.assertTrue(b.try_acquire(10))  # call A, open when the report goes out
+        reported = b.report()
+        self.assertTrue(b.try_acquire(10))  # call B, after the report: the root has not seen it
+        self.assertTrue(b.settle(10, 0, w))  # A cost nothing, before the answer
+        b.grant(10, reported, True, clock() + 10**10)
+        self.assertEqual(b.spent, 10)  # B counts in the new window
         self.assertFalse(b.try_acquire(1))
 
 

@@ -5,13 +5,15 @@
 // engine; its assignments map back to messages. Properties: nothing crashes; a refused report
 // names a field of the message and changes nothing (the session's buckets and domain); every
 // answer serializes and parses back; a bucket's assignment (its rate and its burst) is never above
-// its lease, for a whole second or more; a budget bucket's block (domain `b`) is what was
+// its lease, for a whole second or more; two distinct buckets never share a resource id; a
+// budget bucket's block (domain `b`) is what was
 // drawn, only when admitted, and never outlives its window; the engine's invariants hold after
 // every step (fuzz_support.hpp).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include <doorman/protocol/rlqs_session.hpp>
@@ -81,6 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto& eng = engine();
   static clock_type::time_point now = clock_type::time_point{} + std::chrono::seconds(100);
   doorman::rlqs::session s("rlqs/fuzz/" + std::to_string(++streams), {.max_buckets = 50});
+  std::map<std::string, doorman::rlqs::bucket_id> ids;  // each resource's bucket
   std::size_t at = 0;
   while (at < size) {
     const std::size_t n = std::min<std::size_t>(data[at], size - at - 1);
@@ -92,7 +95,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (parsed) {
       const std::size_t buckets = s.buckets();
       const std::string domain = s.domain();
-      const auto r = s.report(doorman::grpc_door::from_proto(in), t);
+      const auto reports = doorman::grpc_door::from_proto(in);
+      const auto r = s.report(reports, t);
+      // Distinct buckets never share a resource (their keys and values are escaped).
+      for (const auto& u : r ? reports.usages : decltype(reports.usages){}) {
+        auto id = u.bucket;
+        std::sort(id.begin(), id.end());
+        const auto rid = doorman::rlqs::session::resource_of(s.domain(), id);
+        const auto [known, fresh] = ids.try_emplace(rid, id);
+        DOORMAN_FUZZ_CHECK(fresh || known->second == id, rid);
+      }
       if (!r) {
         const auto& m = r.error().message;
         DOORMAN_FUZZ_CHECK(m.starts_with("domain: ") || m.starts_with("bucket_quota_usages"), m);

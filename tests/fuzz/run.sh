@@ -12,7 +12,7 @@ seconds=${1:-60}
 bin=${FUZZ_BIN:-build/fuzz/tests/fuzz}    # where the targets are
 # grpc, rlqs: when the gRPC layer was found (Doorman's gRPC messages, and Envoy's quota reports,
 # through their mappings).
-all="dispatch engine config answers http admin access rules cli yaml"
+all="dispatch engine config answers http admin access rules cli limits yaml"
 [ -x "$bin/doorman_fuzz_grpc" ] && all="$all grpc"
 [ -x "$bin/doorman_fuzz_rlqs" ] && all="$all rlqs"
 targets=${*:-$all}

@@ -371,8 +371,9 @@ inline gauge_resource::slot::slot(gauge_resource* g) noexcept : entry_(g->entry_
 /// refresh and on its release, so the root frees what it did not spend.
 ///
 ///     doorman::budget_resource tokens(client, "tokens/day");
-///     if (tokens.try_acquire(estimate)) { auto used = call_model(); tokens.settle(estimate, used);
-///     } else reply_429();
+///     const auto w = tokens.window();
+///     if (!tokens.try_acquire(estimate)) return reply_429();
+///     tokens.settle(estimate, call_model(), w);
 ///
 /// Its wants (when measured) are the units its callers asked for at the rate they asked, for
 /// two refresh intervals; a refusal raises them to its allotment × `throttled_headroom`.
@@ -392,12 +393,18 @@ class budget_resource : public detail::resource_handle {
     return false;
   }
 
-  /// Settles a call admitted for `reserved` units whose real cost was `used`: above the
-  /// reservation the rest is spent too (past the allotment, a debt that admits nothing until
-  /// the next allotment covers it); below, the difference is given back. False, changing
-  /// nothing, when either is not a finite number >= 0.
-  bool settle(double reserved, double used) noexcept {
-    if (!entry_->budget.settle(reserved, used)) return false;
+  /// The window a call admitted now counts in (it changes when the root names a new one):
+  /// read it before `try_acquire` or a wait, and pass it to `settle`.
+  [[nodiscard]] std::uint64_t window() const noexcept { return entry_->budget.window(); }
+
+  /// Settles a call admitted in `window` for `reserved` units whose real cost was `used`:
+  /// above the reservation the rest is spent too (past the allotment, a debt that admits
+  /// nothing until the next allotment covers it); below, the difference is given back, unless
+  /// the root has named a new window since (the call's units counted in the old one, so
+  /// nothing of them is the new one's to give). False, changing nothing, when either amount
+  /// is not a finite number >= 0.
+  bool settle(double reserved, double used, std::uint64_t window) noexcept {
+    if (!entry_->budget.settle(reserved, used, window)) return false;
     if (used < reserved && entry_->async_waiters.load() > 0)  // a refund: the waits look again
       asio::post(entry_->strand, [e = entry_] { e->wake(); });
     return true;

@@ -139,7 +139,7 @@ class call_machine {
   /// The connection was lost at `now` before the answer: connected and sent again while the
   /// deadline allows.
   [[nodiscard]] action lost(TimePoint now, std::string why) {
-    if (now < deadline_) return resume(now, false, why);
+    if (now < deadline_) return resume(now, false, "; " + why);
     return fail(errc::unreachable, std::move(why));
   }
 

@@ -50,6 +50,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -286,19 +287,21 @@ class signal_count {
   /// or cut off), and the overloads of one silent since `since` (a cut that took them into
   /// account) count no more either. O(senders).
   [[nodiscard]] overload_signals rate(double at, double stale, double since = -1) const {
-    return walk(at, stale, since, [](const std::string&) { return 0.0; }).rate;
+    overload_signals out;
+    for (const auto& [id, x] : senders_) {
+      if (at - x.at > stale) continue;
+      out.calls += x.rate.calls;
+      if (x.at > since) out.overloads += x.rate.overloads;
+    }
+    return out;
   }
 
-  /// What the senders heard from within `stale` seconds of `at` would call at now (`limit`:
-  /// each one's lease, `lease(id)`, or its wants at its last report when less, summed), and
-  /// their `rate`. O(senders), one pass.
-  struct limit_and_rate {
-    double limit = 0;
-    overload_signals rate{};
-  };
-  template <class Lease>
-  [[nodiscard]] limit_and_rate limit(double at, double stale, Lease lease) const {
-    return walk(at, stale, -1, lease);
+  /// What sender `id` wanted at its last report, if it reported within `stale` seconds of
+  /// `at`.
+  [[nodiscard]] std::optional<double> wants_of(std::string_view id, double at, double stale) const {
+    const auto it = senders_.find(id);
+    if (it == senders_.end() || at - it->second.at > stale) return std::nullopt;
+    return it->second.wants;
   }
 
   /// Starts another interval (`rate` keeps each sender's last until it reports again).
@@ -327,19 +330,6 @@ class signal_count {
     overload_signals rate{};      // a second, over the last interval it reported in
     double wants = 0;             // what it wanted at its last report
   };
-
-  // `limit` and `rate` in one walk over the senders heard from within `stale` of `at`.
-  template <class Lease>
-  [[nodiscard]] limit_and_rate walk(double at, double stale, double since, Lease lease) const {
-    limit_and_rate out;
-    for (const auto& [id, x] : senders_) {
-      if (at - x.at > stale) continue;
-      out.limit += std::min(lease(id), x.wants);
-      out.rate.calls += x.rate.calls;
-      if (x.at > since) out.rate.overloads += x.rate.overloads;
-    }
-    return out;
-  }
 
   std::unordered_map<std::string, sender, string_hash, std::equal_to<>> senders_;
   overload_signals up_{};        // an intermediate's count for its parent (`report_up`)

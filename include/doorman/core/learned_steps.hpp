@@ -113,15 +113,10 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
         return;
       }
       l.limited_at = now;
-      const auto lease = [&](const std::string& id) {
-        const auto* c = r.store.find(id);
-        return c ? c->lease.capacity : 0.0;
-      };
-      const auto senders = r.signals->limit(at, 2 * interval, lease);
-      if (!l.law.cut_to(senders.limit)) return;
+      if (!l.law.cut_to(would_call_at(r, now, 2 * interval))) return;
       l.cut = true;
       l.cut_at = now;
-      record_learned(r, at, before, senders.rate, learn_step::cut);
+      record_learned(r, at, before, r.signals->rate(at, 2 * interval), learn_step::cut);
       return;
     }
     if (span < interval) return;
@@ -147,6 +142,21 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
       l.cut_at = now;
     }
     record_learned(r, at, before, rate, step);
+  }
+
+  // What the clients heard from within `stale` seconds of `now` would call at: each its lease,
+  // or its wants when less (a client that cut itself wants its cut; its last signals' wants
+  // when they are newer than its last decision). Every such client counts, whether it sent
+  // signals or not: one that has not called yet still holds its lease. O(clients).
+  double would_call_at(const resource& r, time_point now, double stale) const {
+    const double at = to_seconds(now.time_since_epoch());
+    double sum = 0;
+    r.store.for_each([&](const auto& c) {
+      if (to_seconds(now - c.last_decision) > stale) return;
+      const auto reported = r.signals ? r.signals->wants_of(c.id, at, stale) : std::nullopt;
+      sum += std::min(c.lease.capacity, reported.value_or(c.wants()));
+    });
+    return sum;
   }
 
   // A step in the history (and a log line for a large change).

@@ -8,12 +8,14 @@
 ///
 ///     doorman::budget_counter<> b;
 ///     b.grant({.units = 5000, .spent_at_send = 0, .expires = t + 30s});
-///     if (b.try_acquire(estimate, clock::now())) { call(); b.settle(estimate, used); }
+///     const auto w = b.window();
+///     if (b.try_acquire(estimate, clock::now())) { call(); b.settle(estimate, used, w); }
 ///
 /// The ceiling is the spend the allotment allows in all: what the client had reported when it
 /// asked, plus the units granted. `spent` only grows within a window, except by a refund
-/// (`settle` below the reservation), and the report the client sends never goes down (see
-/// `report`): what the root counted stays counted.
+/// (`settle` below the reservation, of a call admitted in the same window: a call still open
+/// when the root names a new window gives nothing back to the new one), and the report the
+/// client sends never goes down (see `report`): what the root counted stays counted.
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +23,8 @@
 #include <cstdint>
 #include <limits>
 #include <stop_token>
+
+#include <mutex>
 
 #include "doorman/limit/clock.hpp"
 #include "doorman/limit/limiter_base.hpp"
@@ -35,7 +39,7 @@ class budget_counter {
 
   /// An allotment as the driver applies it: `units` granted on the request sent when the
   /// report said `spent_at_send`; `new_window`: the root counts in a new window, where what
-  /// was spent since that report counts again (never under); `expires`: the lease's end.
+  /// was admitted since that report counts again (never under); `expires`: the lease's end.
   struct allotment {
     double units = 0;
     double spent_at_send = 0;
@@ -92,15 +96,31 @@ class budget_counter {
     return taken;
   }
 
-  /// A call admitted for `reserved` units cost `used`: above the reservation the difference
-  /// is spent too (a debt when it passes the ceiling: nothing is admitted until an allotment
-  /// covers it); below, it is given back. False, changing nothing, when either is not a
-  /// finite number >= 0.
-  bool settle(double reserved, double used) noexcept {
+  /// The window a call admitted now counts in: read it before `try_acquire` (or a wait) and
+  /// pass it to `settle`. It changes when the root names a new window (`grant`).
+  [[nodiscard]] std::uint64_t window() const noexcept { return window_.load(); }
+
+  /// A call admitted for `reserved` units in `window` cost `used`: above the reservation the
+  /// difference is spent too (a debt when it passes the ceiling: nothing is admitted until an
+  /// allotment covers it); below, it is given back if `window` is still the counter's (a call
+  /// admitted in a window the root has closed refunds nothing: its units were counted there,
+  /// and the new window's count never went up for them). False, changing nothing, when either
+  /// amount is not a finite number >= 0.
+  bool settle(double reserved, double used, std::uint64_t window) noexcept {
     if (!valid_permits(reserved) || !valid_permits(used)) return false;
-    if (used > reserved) attempted_.fetch_add(used - reserved, std::memory_order_relaxed);
-    double s = spent_.load();
-    while (!spent_.compare_exchange_weak(s, std::max(0.0, s + (used - reserved)))) {
+    if (used > reserved) {
+      attempted_.fetch_add(used - reserved, std::memory_order_relaxed);
+      add_spent(used - reserved);
+      return true;
+    }
+    if (used < reserved) {
+      // Under the driver's lock: a new window cannot begin between the check and the refund.
+      const std::scoped_lock lock(window_lock_);
+      if (window != window_.load()) return true;
+      double s = spent_.load();
+      while (!spent_.compare_exchange_weak(s, std::max(0.0, s - (reserved - used)))) {
+      }
+      refunded_ += reserved - used;
     }
     if (used < reserved) wake();
     return true;
@@ -127,19 +147,26 @@ class budget_counter {
   /// The spend to report: what was spent in the window, never less than a report before it
   /// (a refund after a report is not taken back from the root).
   [[nodiscard]] double report() noexcept {
-    reported_ = std::max(reported_, spent_.load());
+    const std::scoped_lock lock(window_lock_);
+    at_report_ = spent_.load();
+    refunded_ = 0;
+    reported_ = std::max(reported_, at_report_);
     return reported_;
   }
 
-  /// Applies an allotment. In a new window the count starts again from what was spent since
-  /// the report the allotment answers.
+  /// Applies an allotment answering the last `report`. In a new window the count starts again
+  /// from what was admitted since that report: refunds since then are not taken off it (they
+  /// may be of calls the root counted in the window that ended), and a call admitted before
+  /// the new window refunds nothing into it (`settle`).
   void grant(const allotment& a) noexcept {
     if (a.new_window) {
       close();
+      const std::scoped_lock lock(window_lock_);
       double s = spent_.load();
-      while (!spent_.compare_exchange_weak(s, std::max(0.0, s - a.spent_at_send))) {
+      while (!spent_.compare_exchange_weak(s, std::max(0.0, s + refunded_ - at_report_))) {
       }
-      reported_ = 0;
+      window_.fetch_add(1);
+      reported_ = at_report_ = refunded_ = 0;
       ceiling_.store(a.units);
     } else {
       ceiling_.store(a.spent_at_send + a.units);
@@ -165,6 +192,11 @@ class budget_counter {
     changes_.fetch_add(1);
     changes_.notify_all();
   }
+  void add_spent(double n) noexcept {
+    double s = spent_.load();
+    while (!spent_.compare_exchange_weak(s, s + n)) {
+    }
+  }
   bool refuse() noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -177,7 +209,11 @@ class budget_counter {
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<int> waiting_{0};
   std::atomic<std::uint32_t> changes_{0};
-  double reported_ = 0;  // the driver's
+  std::atomic<std::uint64_t> window_{0};
+  detail::spin_lock window_lock_;  // a new window or a report against a refund; guards:
+  double reported_ = 0;            // the last report
+  double at_report_ = 0;           // the spend when it was made
+  double refunded_ = 0;            // refunds since then
 };
 
 }  // namespace doorman

@@ -259,29 +259,57 @@ inline void render_connections(prom_writer& w, const admin_snapshot& s) {
            static_cast<double>(s.connections.failed_handshakes));
 }
 
+// A gauge per resource that has a part (a budget, a learned capacity), read from that part.
+template <class Part>
+struct part_gauge {
+  const char* name;
+  const char* help;
+  double (*get)(const Part&);
+};
+
+// Each of `gauges` for every resource that has `part`, labelled with the resource.
+template <class Part, std::size_t N>
+void render_part(prom_writer& w, const admin_snapshot& s,
+                 std::optional<Part> resource_status::*part, const part_gauge<Part> (&gauges)[N]) {
+  for (const auto& g : gauges) {
+    w.family(g.name, "gauge", g.help);
+    for (const auto& r : s.resources)
+      if (const auto& p = r.status.*part) {
+        w.sample(g.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)),
+                 g.get(*p));
+      }
+  }
+}
+
 // A root's learned capacities (docs/learned-capacity.md): the calls and overloads a second of
 // each one's last control step; its capacity is `doorman_resource_capacity`.
 inline void render_learned(prom_writer& w, const admin_snapshot& s) {
-  struct column {
-    const char* name;
-    const char* help;
-    double learned_info::*count;
-  };
-  static constexpr column columns[] = {
+  static constexpr part_gauge<learned_info> gauges[] = {
       {"doorman_resource_learned_calls",
        "Calls a second to the protected service in a learned resource's last control step.",
-       &learned_info::calls},
+       [](const learned_info& l) { return l.seconds > 0 ? l.calls / l.seconds : 0.0; }},
       {"doorman_resource_learned_overloads", "Of those, answered overloaded, a second.",
-       &learned_info::overloads}};
-  for (const auto& c : columns) {
-    w.family(c.name, "gauge", c.help);
-    for (const auto& r : s.resources) {
-      const auto& l = r.status.learned;
-      if (!l) continue;
-      w.sample(c.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)),
-               l->seconds > 0 ? (*l).*c.count / l->seconds : 0.0);
-    }
-  }
+       [](const learned_info& l) { return l.seconds > 0 ? l.overloads / l.seconds : 0.0; }}};
+  render_part(w, s, &resource_status::learned, gauges);
+}
+
+// The budgets (docs/budgets.md), for alerts on what is spent of a window: its limit, what was
+// spent and what is left (neither spent nor allotted), when it began and how long until it
+// ends.
+inline void render_budgets(prom_writer& w, const admin_snapshot& s) {
+  static constexpr part_gauge<budget_info> gauges[] = {
+      {"doorman_budget_limit", "Units a budget holds per window.",
+       [](const budget_info& b) { return b.limit; }},
+      {"doorman_budget_spent", "Units spent in the budget's current window, as reported.",
+       [](const budget_info& b) { return b.spent; }},
+      {"doorman_budget_left", "Units of the current window neither spent nor allotted.",
+       [](const budget_info& b) { return b.left; }},
+      {"doorman_budget_window_start_timestamp_seconds",
+       "When the budget's current window began, Unix seconds.",
+       [](const budget_info& b) { return static_cast<double>(b.window); }},
+      {"doorman_budget_window_remaining_seconds", "Seconds until the budget's window ends.",
+       [](const budget_info& b) { return b.reset; }}};
+  render_part(w, s, &resource_status::budget, gauges);
 }
 
 inline void render_resources(prom_writer& w, const admin_snapshot& s) {
@@ -310,6 +338,7 @@ inline void render_resources(prom_writer& w, const admin_snapshot& s) {
       w.sample(c.name, fmt::format("resource=\"{}\"", prom_escape(r.status.resource_id)), c.get(r));
   }
   render_learned(w, s);
+  render_budgets(w, s);
   w.family("doorman_resource_info", "gauge", "1 per resource, labelled with its algorithm.");
   for (const auto& r : s.resources)
     w.sample("doorman_resource_info",

@@ -22,6 +22,7 @@
 
 #include "doorman/core/markup.hpp"
 #include "doorman/core/svg_chart.hpp"
+#include "doorman/core/time_text.hpp"
 #include "doorman/net/http_request.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/protocol/json_rpc.hpp"
@@ -50,15 +51,6 @@ inline std::string url_segment(std::string_view s) {
 
 inline std::string num(double v) {
   return fmt::format("{:.6g}", v);
-}
-
-// A duration as people read it: "18 s", "3 min 5 s", "2 h 14 min", "3 d 4 h".
-inline std::string duration_text(double seconds) {
-  const auto s = static_cast<long long>(std::max(0.0, seconds));
-  if (s < 60) return fmt::format("{} s", s);
-  if (s < 3600) return fmt::format("{} min {} s", s / 60, s % 60);
-  if (s < 86400) return fmt::format("{} h {} min", s / 3600, s % 3600 / 60);
-  return fmt::format("{} d {} h", s / 86400, s % 86400 / 3600);
 }
 
 // One cell of a table row: HTML already escaped, and the cell's attributes.
@@ -175,17 +167,17 @@ inline std::string budget_table(const std::vector<admin_resource>& resources) {
     if (!r.status.budget) continue;
     const auto& b = *r.status.budget;
     rows += table_row({text(r.status.resource_id),
-                       {std::to_string(b.window), " class=\"n\""},
+                       text(utc_text(b.window)),
                        number(b.limit),
                        number(b.spent),
                        number(b.left),
-                       number(b.reset),
+                       {duration_text(b.reset), " class=\"n\""},
                        b.mark ? number(*b.mark) : cell{"-", " class=\"n\""}});
   }
   if (rows.empty()) return {};
   return "<h2>Budgets</h2>\n" +
-         table_start("budgets", {"resource", "window (Unix s, UTC)", "limit", "spent", "left",
-                                 "resets in (s)", "durable mark"}) +
+         table_start("budgets", {"resource", "window from", "limit", "spent", "left", "resets in",
+                                 "durable mark"}) +
          rows + "</table>\n";
 }
 

@@ -15,10 +15,10 @@
 ///     });
 ///     // wake at s.next_wake(), call s.expire(now): abandoned buckets, and what to release
 ///
-/// A bucket's resource id is its domain and its key-value pairs, sorted by key:
-/// `envoy/name=api/tier=free`; the node's resource templates (a glob on that id) give its
-/// capacity and algorithm. Its wants are its requests a second (allowed and denied) over the
-/// last report; what it has is the lease behind its assignment on this stream, nothing before.
+/// A bucket's resource id is its domain and its key-value pairs, sorted by key, each escaped
+/// (`resource_of`): `envoy/name=api/tier=free`; the node's resource templates (a glob on that id)
+/// give its capacity and algorithm. Its wants are its requests a second (allowed and denied) over
+/// the last report; what it has is the lease behind its assignment on this stream, nothing before.
 /// Envoy reports a new bucket at once, with no time elapsed: that makes the bucket known, and
 /// it is asked for at its first report with a time (Envoy applies its `no_assignment_behavior`
 /// until then). Quotas are token buckets (`quota`), the strategy Envoy enforces.
@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "doorman/core/error.hpp"
+#include "doorman/core/glob.hpp"
 #include "doorman/core/limits.hpp"
 #include "doorman/core/messages.hpp"
 
@@ -269,14 +270,18 @@ class session {
     return r;
   }
 
-  /// The resource id of bucket `id` (sorted by key) in `domain`.
+  /// The resource id of bucket `id` (sorted by key) in `domain`: `domain/key=value/...`, the
+  /// domain, each key and each value escaped as rule keys are (`append_escaped`: `/`, `=`,
+  /// `%`, glob bytes and bytes outside printable ASCII as `%XX`), so distinct buckets never
+  /// share a resource (`{name: "api/tier=free"}` is `edge/name=api%2Ftier%3Dfree`).
   [[nodiscard]] static std::string resource_of(const std::string& domain, const bucket_id& id) {
-    std::string out = domain;
+    std::string out;
+    append_escaped(out, domain, "=");
     for (const auto& [k, v] : id) {
       out += '/';
-      out += k;
+      append_escaped(out, k, "=");
       out += '=';
-      out += v;
+      append_escaped(out, v, "=");
     }
     return out;
   }
