@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= true
 
-.PHONY: demo demo-deps tree-demo sim campaign test asan tsan fuzz bench format lint deps clean package package-check
+.PHONY: demo demo-deps tree-demo tools sim campaign test asan tsan fuzz bench format lint deps clean package package-check
 
 # Configure, build and run the tests of one CMake preset.
 define preset_tests
@@ -35,6 +35,14 @@ tree-demo: demo-deps
 	@cmake --preset demo >/dev/null
 	@cmake --build --preset demo -j $(JOBS) --target doorman-tree-demo-all
 	@./build/demo/examples/doorman-tree-demo
+
+## The programs alone, for the Python and Envoy docs: doorman-node, doorman (the CLI),
+## doorman-sim and doorman-rls in build/tools/examples, without the tests (docs/python.md).
+tools:
+	@sh cmake/install-deps.sh tools
+	@cmake --preset tools >/dev/null
+	@cmake --build --preset tools -j $(JOBS) --target doorman-node doorman-cli doorman-sim doorman-rls
+	@echo "built: build/tools/examples/doorman-node build/tools/examples/doorman build/tools/examples/doorman-sim build/tools/examples/doorman-rls"
 
 # Doorman's convergence scenarios on the simulator: charts and CSVs in build/sim/.
 sim: demo-deps

@@ -3,7 +3,8 @@
 # Quick (a dpkg query, no network) when everything is already present.
 # Runs apt-get as root, or through sudo otherwise.
 # `install-deps.sh demo`: only what building and running the demos needs (make demo,
-# make tree-demo, make sim); no argument: everything the tests and benchmarks need too.
+# make tree-demo, make sim); `tools`: the programs (make tools); no argument: everything the
+# tests and benchmarks need too.
 set -eu
 
 # etcd-server: the high-availability tests start a real etcd (its service need not run).
@@ -28,6 +29,11 @@ if ! command -v kubectl >/dev/null 2>&1; then
 fi
 if [ "${1:-}" = demo ]; then
   packages="$build"
+fi
+# `install-deps.sh tools`: what `make tools` builds the programs with: the demo's, and the
+# optional layers they serve (gRPC, TLS, YAML).
+if [ "${1:-}" = tools ]; then
+  packages="$build libgrpc++-dev protobuf-compiler-grpc libssl-dev libyaml-cpp-dev"
 fi
 # `install-deps.sh package`: what `make package` and its check need: dpkg-shlibdeps (dpkg-dev)
 # for the package's dependencies, systemd-analyze (systemd) to verify the unit.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import socket
@@ -889,16 +890,22 @@ class ClientTest(unittest.TestCase):
         self.assertIsInstance(errors[0], doorman.ClientClosed)
 
     def test_the_example_of_docs_python_md(self) -> None:
-        n = self.node(config(100))
         docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
         with open(docs) as f:
             text = f.read()
+        # The node as the docs start it: their configuration, and their flags.
+        shown = text.split("cat > try.json <<'EOF'\n", 1)[1]
+        n = self.node(json.loads(shown.split("\nEOF\n", 1)[0]))
+        self.assertIn("build/tools/examples/doorman-node --listen 127.0.0.1:7700 --config try.json",
+                      shown)
         code = text.split("```python\n", 1)[1].split("```", 1)[0]
         self.assertIn('"127.0.0.1:7700"', code)
         code = code.replace("127.0.0.1:7700", n.address)
         out = io.StringIO()
+        started = time.monotonic()
         with contextlib.redirect_stdout(out):
             exec(compile(code, docs, "exec"), {})  # noqa: S102: the docs' own example
+        self.assertLess(time.monotonic() - started, 3)  # its first refresh admits
         self.assertIn("admitted", out.getvalue())  # wait() blocks until the permit is due
         self.assertIn("one of at most 2 jobs in flight", out.getvalue())
         self.assertEqual(n.leases("api"), {})

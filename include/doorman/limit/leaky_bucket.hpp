@@ -131,22 +131,9 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
 
   /// Changes the rate at once; permits already queued keep their place, at the new spacing.
   void set_rate(double rate) noexcept {
-    double interval = 0;
-    if (rate == 0 || std::isnan(rate)) {
-      interval = std::numeric_limits<double>::infinity();
-    } else if (rate > 0) {
-      interval = 1e9 / rate;
-    }
+    const double interval = detail::interval_of(rate);
     const double old = interval_.exchange(interval, std::memory_order_relaxed);
-    if (old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval) &&
-        old != interval) {
-      const std::int64_t now = ticks::point(ticks::precise(clock_));
-      std::int64_t next = next_.load(std::memory_order_relaxed);
-      while (next > now && !next_.compare_exchange_weak(
-                               next, now + to_ns(static_cast<double>(next - now) * interval / old),
-                               std::memory_order_relaxed)) {
-      }
-    }
+    detail::rescale_schedule(next_, old, interval, ticks::point(ticks::precise(clock_)));
     changes_.notify();
   }
 
@@ -159,10 +146,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
   void set_burst(double) noexcept {}
 
   [[nodiscard]] double rate() const noexcept {
-    const double interval = interval_.load(std::memory_order_relaxed);
-    if (interval == 0) return -1;
-    if (std::isinf(interval)) return 0;
-    return 1e9 / interval;
+    return detail::rate_of(interval_.load(std::memory_order_relaxed));
   }
   [[nodiscard]] double queue() const noexcept { return queue_.load(std::memory_order_relaxed); }
 
@@ -223,9 +207,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
   }
 
   static std::int64_t span(double n, double interval) noexcept { return to_ns(n * interval); }
-  static std::int64_t to_ns(double ns) noexcept {
-    return static_cast<std::int64_t>(std::clamp(ns, 0.0, 1e18));
-  }
+  static std::int64_t to_ns(double ns) noexcept { return detail::schedule_span(ns); }
 
   [[no_unique_address]] Clock clock_;
   const std::int64_t lag_ = ticks::lag(clock_);

@@ -98,6 +98,44 @@ struct ticks_of {
   }
 };
 
+/// The two algorithms that keep a schedule (GCRA's theoretical arrival time, the leaky bucket's
+/// next departure) count a rate as nanoseconds per permit: 0 unlimited (a rate < 0), infinity
+/// blocked (a rate of 0, or not a number).
+[[nodiscard]] inline double interval_of(double rate) noexcept {
+  if (rate == 0 || std::isnan(rate)) return std::numeric_limits<double>::infinity();
+  return rate > 0 ? 1e9 / rate : 0.0;
+}
+
+/// The rate of `interval` (`interval_of` backwards): < 0 unlimited, 0 blocked.
+[[nodiscard]] inline double rate_of(double interval) noexcept {
+  if (interval == 0) return -1;
+  if (std::isinf(interval)) return 0;
+  return 1e9 / interval;
+}
+
+/// A span of `ns` nanoseconds as the schedules keep it: saturated to [0, 10^18] (~31 years), so
+/// that a huge request cannot overflow the state (and 0 for not a number).
+[[nodiscard]] inline std::int64_t schedule_span(double ns) noexcept {
+  return static_cast<std::int64_t>(std::min(1e18, std::max(0.0, ns)));
+}
+
+/// A schedule `t` (the time it is next free) after its interval went from `old` to `interval`
+/// at `now`: the permits already taken beyond now are kept in permits, not in time, so a faster
+/// rate applies at once and a slower one is not escaped. Nothing moves from or to unlimited or
+/// blocked.
+inline void rescale_schedule(std::atomic<std::int64_t>& t, double old, double interval,
+                             std::int64_t now) noexcept {
+  if (!(old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval)) ||
+      old == interval) {
+    return;
+  }
+  std::int64_t at = t.load(std::memory_order_relaxed);
+  while (at > now && !t.compare_exchange_weak(
+                         at, now + schedule_span(static_cast<double>(at - now) * interval / old),
+                         std::memory_order_relaxed)) {
+  }
+}
+
 /// Permits in thousandths, the unit the counting algorithms keep (so that sums are exact);
 /// clamped to [0, 10^12] permits.
 inline std::uint64_t to_milli(double n) noexcept {

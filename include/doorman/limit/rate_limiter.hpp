@@ -186,25 +186,10 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
   /// new rate; reservations already made keep their times. Wakes waiters blocked at rate 0.
   void set_rate(double rate) noexcept {
-    double interval = 0;  // unlimited
-    if (rate == 0 || std::isnan(rate)) {
-      interval = std::numeric_limits<double>::infinity();
-    } else if (rate > 0) {
-      interval = 1e9 / rate;  // nanoseconds per permit
-    }
+    const double interval = detail::interval_of(rate);
     const double old = interval_.exchange(interval, std::memory_order_relaxed);
     update_steps();
-    // Permits already taken beyond now are a debt; it is kept in permits, not in time, so a
-    // faster rate applies at once and a slower one is not escaped.
-    if (old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval) &&
-        old != interval) {
-      const std::int64_t now = ticks(precise_now());
-      std::int64_t tat = tat_.load(std::memory_order_relaxed);
-      while (tat > now && !tat_.compare_exchange_weak(
-                              tat, now + to_ticks(static_cast<double>(tat - now) * interval / old),
-                              std::memory_order_relaxed)) {
-      }
-    }
+    detail::rescale_schedule(tat_, old, interval, ticks(precise_now()));
     notify_change();
   }
 
@@ -216,10 +201,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
 
   /// The rate: permits per second, < 0 unlimited, 0 blocked.
   [[nodiscard]] double rate() const noexcept {
-    const double interval = interval_.load(std::memory_order_relaxed);
-    if (interval == 0) return -1;
-    if (std::isinf(interval)) return 0;
-    return 1e9 / interval;
+    return detail::rate_of(interval_.load(std::memory_order_relaxed));
   }
 
   [[nodiscard]] double burst() const noexcept { return burst_.load(std::memory_order_relaxed); }
@@ -342,11 +324,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   static duration from_ticks(std::int64_t t) noexcept {
     return std::chrono::duration_cast<duration>(std::chrono::nanoseconds{t});
   }
-  // A span in nanoseconds, saturated so that a huge request cannot overflow the state.
-  static std::int64_t to_ticks(double ns) noexcept {
-    constexpr double limit = 1e18;  // ~31 years
-    return static_cast<std::int64_t>(std::min(limit, std::max(0.0, ns)));
-  }
+  static std::int64_t to_ticks(double ns) noexcept { return detail::schedule_span(ns); }
   [[no_unique_address]] Clock clock_;
   std::int64_t lag_ = lag_of(clock_);  // how far clock_.now() may lag precise_now()
   // Read-mostly configuration on one cache line, the contended state on another.
