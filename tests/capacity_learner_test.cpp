@@ -352,22 +352,26 @@ TEST_CASE(
 
 TEST_CASE("a cut at once counts every client heard from, not only those that sent signals",
           "[core][learn]") {
-  // Three clients start, each wanting 300 of 1000; none has called yet, so none has signals to
-  // send. Then one meets overloads in its first second of calls and cuts itself to 200: the
-  // root takes what all three would call at (200 and the two others' 300 each), as the docs'
-  // rule says, not the one sender's 200 alone (which cut a truth-sized capacity by half at
-  // every start).
+  // Three clients start, each wanting 300 of 1000; b has not called yet, so it has no signals
+  // to send. c once reported signals wanting 100, and has asked for 300 since. Then a meets
+  // overloads and cuts itself to 200: the root takes what all three would call at, as the
+  // docs' rule says: a's 200, b's 300 and c's 300 (its last decision, newer than its signals).
+  // Counting the signal senders alone cut a truth-sized capacity by half at every start (500
+  // here); taking c's older signals, 600.
   learning_root f;
   for (const char* c : {"a", "b", "c"})
     CHECK(f.ask(c, 300, std::nullopt).value().resources.at(0).gets.capacity == 300);
   f.clock.advance(5s);
-  for (const char* c : {"b", "c"})
-    REQUIRE(f.ask(c, 300, std::nullopt));
+  REQUIRE(f.ask("b", 300, std::nullopt));
+  REQUIRE(f.ask("c", 100, doorman::overload_signals{0, 0}));
   REQUIRE(f.ask("a", 300, doorman::overload_signals{0, 0}));  // where a's count starts
+  f.clock.advance(5s);
+  for (const char* c : {"b", "c"})
+    CHECK(f.ask(c, 300, std::nullopt).value().resources.at(0).gets.capacity == 300);
   CHECK(f.capacity() == 1000);
   f.clock.advance(1s);
   REQUIRE(f.ask("a", 200, doorman::overload_signals{300, 10}));
-  CHECK(f.capacity() == Approx(800));  // (was 500: a's 200, at most half at once)
+  CHECK(f.capacity() == Approx(800));
   CHECK(f.engine.learned_history("res", f.clock.now()).back().step == doorman::learn_step::cut);
 }
 

@@ -296,11 +296,10 @@ class signal_count {
     return out;
   }
 
-  /// What sender `id` wanted at its last report, if it reported within `stale` seconds of
-  /// `at`.
-  [[nodiscard]] std::optional<double> wants_of(std::string_view id, double at, double stale) const {
+  /// What sender `id` wanted at its last report, if that report came at `since` or later.
+  [[nodiscard]] std::optional<double> wants_since(std::string_view id, double since) const {
     const auto it = senders_.find(id);
-    if (it == senders_.end() || at - it->second.at > stale) return std::nullopt;
+    if (it == senders_.end() || it->second.at < since) return std::nullopt;
     return it->second.wants;
   }
 

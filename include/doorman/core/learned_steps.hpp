@@ -145,15 +145,16 @@ class learned_steps : protected lease_decision<Clock, Algorithms> {
   }
 
   // What the clients heard from within `stale` seconds of `now` would call at: each its lease,
-  // or its wants when less (a client that cut itself wants its cut; its last signals' wants
-  // when they are newer than its last decision). Every such client counts, whether it sent
+  // or its wants when less (a client that cut itself wants its cut): the wants of its last
+  // signals when they are no older than its last decision (the report under way comes before
+  // its decision), else those of that decision. Every such client counts, whether it sent
   // signals or not: one that has not called yet still holds its lease. O(clients).
   double would_call_at(const resource& r, time_point now, double stale) const {
-    const double at = to_seconds(now.time_since_epoch());
     double sum = 0;
     r.store.for_each([&](const auto& c) {
       if (to_seconds(now - c.last_decision) > stale) return;
-      const auto reported = r.signals ? r.signals->wants_of(c.id, at, stale) : std::nullopt;
+      const double decided = to_seconds(c.last_decision.time_since_epoch());
+      const auto reported = r.signals ? r.signals->wants_since(c.id, decided) : std::nullopt;
       sum += std::min(c.lease.capacity, reported.value_or(c.wants()));
     });
     return sum;

@@ -22,9 +22,8 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
-#include <stop_token>
-
 #include <mutex>
+#include <stop_token>
 
 #include "doorman/limit/clock.hpp"
 #include "doorman/limit/limiter_base.hpp"
