@@ -47,10 +47,9 @@ class byte_source {
 /// The budget window property over the program in `data` (at most 400 steps).
 inline std::optional<std::string> budget_window_property(const std::uint8_t* data,
                                                          std::size_t size) {
-  using clock_type = doorman::manual_clock;
   using namespace std::chrono_literals;
-  clock_type time;
-  doorman::budget_counter<clock_type> b;
+  doorman::manual_clock time;
+  doorman::budget_counter<doorman::manual_clock> b;
   struct call {
     double reserved = 0;
     std::uint64_t window = 0;   // the ticket: the counter's window read before it was admitted
