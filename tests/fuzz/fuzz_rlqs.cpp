@@ -83,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto& eng = engine();
   static clock_type::time_point now = clock_type::time_point{} + std::chrono::seconds(100);
   doorman::rlqs::session s("rlqs/fuzz/" + std::to_string(++streams), {.max_buckets = 50});
-  std::map<std::string, doorman::rlqs::bucket_id> ids;  // each resource's bucket
+  std::map<std::string, doorman::rlqs::bucket_id> bucket_of;  // each resource id's bucket
   std::size_t at = 0;
   while (at < size) {
     const std::size_t n = std::min<std::size_t>(data[at], size - at - 1);
@@ -102,7 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         auto id = u.bucket;
         std::sort(id.begin(), id.end());
         const auto rid = doorman::rlqs::session::resource_of(s.domain(), id);
-        const auto [known, fresh] = ids.try_emplace(rid, id);
+        const auto [known, fresh] = bucket_of.try_emplace(rid, id);
         DOORMAN_FUZZ_CHECK(fresh || known->second == id, rid);
       }
       if (!r) {
