@@ -10,13 +10,11 @@
 #include <doorman/core/time_text.hpp>
 #include <doorman/protocol.hpp>
 
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <ctime>
 #include <optional>
 #include <stdexcept>
 #include <string>

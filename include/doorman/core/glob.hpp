@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -156,6 +157,32 @@ inline void append_escaped(std::string& out, std::string_view text, std::string_
       out += ch;
     }
   }
+}
+
+/// One piece of a key made from outside text (a rule's descriptor entry, an RLQS bucket's key
+/// or value): escaped whole (`append_escaped`, `=` too) when at most `whole` bytes; a longer
+/// one by its first `whole` bytes and `~` with the 16 hex digits of a 64-bit FNV-1a hash of
+/// the whole, so pieces that differ past that count apart while a key stays bounded (no piece
+/// of at most `whole` bytes can read the same: it would be longer).
+inline void append_key_piece(std::string& key, std::string_view piece, std::size_t whole) {
+  append_escaped(key, piece.substr(0, whole), "=");
+  if (piece.size() <= whole) return;
+  std::uint64_t h = 0xcbf2'9ce4'8422'2325;
+  for (const char c : piece)
+    h = (h ^ static_cast<unsigned char>(c)) * 0x0000'0100'0000'01b3;
+  key += '~';
+  for (int shift = 60; shift >= 0; shift -= 4)
+    key += "0123456789abcdef"[(h >> shift) & 0xf];
+}
+
+/// Extends a key with `/<k>=<value>`, each a piece (`append_key_piece`), so that distinct
+/// entries, or lists of them, give distinct keys.
+inline void append_key_entry(std::string& key, std::string_view k, std::string_view value,
+                             std::size_t whole) {
+  key += '/';
+  append_key_piece(key, k, whole);
+  key += '=';
+  append_key_piece(key, value, whole);
 }
 
 /// Whether `text` matches the glob `pattern` (assumed valid: see `glob_error`), as Go's

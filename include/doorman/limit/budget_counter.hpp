@@ -107,12 +107,15 @@ class budget_counter {
   /// amount is not a finite number >= 0.
   bool settle(double reserved, double used, std::uint64_t window) noexcept {
     if (!valid_permits(reserved) || !valid_permits(used)) return false;
+    if (used == reserved) return true;
     if (used > reserved) {
       attempted_.fetch_add(used - reserved, std::memory_order_relaxed);
-      add_spent(used - reserved);
+      double s = spent_.load();
+      while (!spent_.compare_exchange_weak(s, s + (used - reserved))) {
+      }
       return true;
     }
-    if (used < reserved) {
+    {
       // Under the driver's lock: a new window cannot begin between the check and the refund.
       const std::scoped_lock lock(window_lock_);
       if (window != window_.load()) return true;
@@ -121,7 +124,7 @@ class budget_counter {
       }
       refunded_ += reserved - used;
     }
-    if (used < reserved) wake();
+    wake();
     return true;
   }
 
@@ -190,11 +193,6 @@ class budget_counter {
   void notify() noexcept {
     changes_.fetch_add(1);
     changes_.notify_all();
-  }
-  void add_spent(double n) noexcept {
-    double s = spent_.load();
-    while (!spent_.compare_exchange_weak(s, s + n)) {
-    }
   }
   bool refuse() noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);

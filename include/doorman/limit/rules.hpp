@@ -684,28 +684,11 @@ class basic_rule_set<local_algorithm_list<Algorithms...>> {
     }
   }
 
-  // Extends a request key with `/<key>=<value>`, each a piece (`append_piece`), so distinct
-  // descriptor tuples give distinct keys.
   static void append_entry(std::string& key, std::string_view k, std::string_view value) {
-    key += '/';
-    append_piece(key, k);
-    key += '=';
-    append_piece(key, value);
+    append_key_entry(key, k, value, rule_limits::max_key_bytes);
   }
-
-  // One piece of a request key, from outside: escaped (`append_escaped`, `=` too) whole when
-  // at most 256 bytes; a longer one by its first 256 bytes and `~` with the 16 hex digits of
-  // a 64-bit FNV-1a hash of the whole, so pieces that differ past byte 256 count apart while a
-  // key stays bounded (no piece of at most 256 bytes can read the same: it would be longer).
   static void append_piece(std::string& key, std::string_view piece) {
-    append_escaped(key, piece.substr(0, rule_limits::max_key_bytes), "=");
-    if (piece.size() <= rule_limits::max_key_bytes) return;
-    std::uint64_t h = 0xcbf2'9ce4'8422'2325;
-    for (const char c : piece)
-      h = (h ^ static_cast<unsigned char>(c)) * 0x0000'0100'0000'01b3;
-    key += '~';
-    for (int shift = 60; shift >= 0; shift -= 4)
-      key += "0123456789abcdef"[(h >> shift) & 0xf];
+    append_key_piece(key, piece, rule_limits::max_key_bytes);
   }
 
   // Counts `n` hits of `key` against `r` (with `limiters`, the rule's or an override's).

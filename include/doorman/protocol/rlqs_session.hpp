@@ -270,19 +270,16 @@ class session {
     return r;
   }
 
-  /// The resource id of bucket `id` (sorted by key) in `domain`: `domain/key=value/...`, the
-  /// domain, each key and each value escaped as rule keys are (`append_escaped`: `/`, `=`,
-  /// `%`, glob bytes and bytes outside printable ASCII as `%XX`), so distinct buckets never
-  /// share a resource (`{name: "api/tier=free"}` is `edge/name=api%2Ftier%3Dfree`).
+  /// The resource id of bucket `id` (sorted by key) in `domain`: `domain/key=value/...`, built
+  /// as rule keys are (`append_key_piece`: `/`, `=`, `%`, glob bytes and bytes outside
+  /// printable ASCII as `%XX`), so distinct buckets never share a resource
+  /// (`{name: "api/tier=free"}` is `edge/name=api%2Ftier%3Dfree`).
   [[nodiscard]] static std::string resource_of(const std::string& domain, const bucket_id& id) {
+    constexpr std::size_t whole = request_limits::max_id_bytes;  // longer: refused (`prepare`)
     std::string out;
-    append_escaped(out, domain, "=");
-    for (const auto& [k, v] : id) {
-      out += '/';
-      append_escaped(out, k, "=");
-      out += '=';
-      append_escaped(out, v, "=");
-    }
+    append_key_piece(out, domain, whole);
+    for (const auto& [k, v] : id)
+      append_key_entry(out, k, v, whole);
     return out;
   }
 
