@@ -80,7 +80,7 @@ struct holder final : any_limiter {
           l.burst();
         }) {
       // The shaper queues: its callers wait (up to its queue), they are not refused.
-      const auto at = l.reserve(1);
+      const auto at = l.reserve(1).at;
       return at == manual_clock::time_point::max() ? -1 : at.time_since_epoch().count();
     } else {
       return l.try_acquire().admitted ? now : -1;

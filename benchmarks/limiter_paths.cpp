@@ -10,7 +10,7 @@
 // 10^6 calls). Each executable prints one JSON line: its path, the calls, the admitted ones.
 // LIMITER_PATH: plain (rate_limiter::try_acquire), builtin (any_rate_limiter running GCRA),
 // users (a user's GCRA behind the virtual call of basic_rate_resource), settle_debt
-// (try_acquire(2) then settle(2, 3)), settle_refund (try_acquire(2) then settle(2, 1)),
+// (try_acquire(2) then settle(2, 3)), settle_refund (try_acquire(2) then settle(2, 1, its slot)),
 // budget (a budget's units: budget_counter::try_acquire at coarse_clock's time, as
 // budget_resource calls it), budget_settle (budget_counter::try_acquire(2) then settle(2, 1)).
 
@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   auto call = [&] { return lim.try_acquire(2).admitted && lim.settle(2, 3); };
 #elif LIMITER_PATH == 4
   doorman::rate_limiter lim({.rate = rate, .burst = 1000});
-  auto call = [&] { return lim.try_acquire(2).admitted && lim.settle(2, 1); };
+  auto call = [&] {
+    const auto r = lim.try_acquire(2);
+    return r.admitted && lim.settle(2, 1, r.slot);
+  };
 #elif LIMITER_PATH == 5 || LIMITER_PATH == 6
   // An allotment no loop exhausts, for an hour.
   doorman::budget_counter<> lim;

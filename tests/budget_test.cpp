@@ -771,6 +771,22 @@ TEST_CASE("a budget window's count is never under what its calls spent, over ran
   }
 }
 
+TEST_CASE(
+    "a rate limiter's calls, settled and cancelled, keep to rate x W + burst, over random "
+    "programs",
+    "[limit][costs][property]") {
+  // The fuzz target `limits` runs the same property on what libFuzzer finds.
+  doorman::detail::splitmix64 draw(81);
+  for (int program = 0; program < 3000; ++program) {
+    std::vector<std::uint8_t> bytes(1 + draw.next() % 500);
+    for (auto& b : bytes)
+      b = static_cast<std::uint8_t>(draw.next());
+    const auto broken = doorman_fuzz::rate_window_property(bytes.data(), bytes.size());
+    INFO("program " << program << ": " << broken.value_or(""));
+    REQUIRE_FALSE(broken.has_value());
+  }
+}
+
 TEST_CASE("a client's budget counter loses no unit to threads racing its driver",
           "[budget][limit][threads]") {
   using counter = doorman::budget_counter<manual_clock>;

@@ -9,7 +9,9 @@
 //   ["detach", id]                          a handle goes (the last one removes the resource)
 //   ["try", id, n]                          a rate handle's try_acquire: [admitted, retry_after]
 //   ["reserve", id, n]                      a wait's reservation: ns until due (or "never")
-//   ["settle", id, reserved, used]          a rate handle's settle: whether it settled
+//   ["settle", id, reserved, used, back]    a rate handle's settle: whether it settled (with
+//                                           the slot of the `back`-th latest admission or
+//                                           reservation of the resource; 0: without a slot)
 //   ["gauge_try", id] / ["gauge_release", id]
 //   ["budget_try", id, n] / ["budget_settle", id, reserved, used, windows_back]   a budget
 //                                           handle's (settled in the window `windows_back`
@@ -33,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -72,6 +75,7 @@ struct entry {
   std::uint64_t delayed_seen = 0;
   std::uint64_t answers = 0;  // record_answers, in all
   std::uint64_t overloads = 0;
+  std::vector<std::int64_t> slots;  // of the admissions and reservations, oldest first
 };
 
 json time_or_never(time_point t, time_point now) {
@@ -120,7 +124,7 @@ class replay {
     if (op == "detach") return detach(s.at(1));
     if (op == "try") return try_acquire(s.at(1), s.at(2));
     if (op == "reserve") return reserve(s.at(1), s.at(2));
-    if (op == "settle") return settle(s.at(1), s.at(2), s.at(3));
+    if (op == "settle") return settle(s.at(1), s.at(2), s.at(3), s.at(4));
     if (op == "gauge_try") return gauge_try(s.at(1));
     if (op == "budget_try") return budget_try(s.at(1), s.at(2));
     if (op == "budget_settle") {
@@ -197,7 +201,10 @@ class replay {
     if (e == nullptr || e->kind != "rate") return nullptr;
     if (closed_) return json::array({false, "never"});
     const auto r = e->rate.try_acquire(n);
-    if (r) return json::array({true, 0.0});
+    if (r) {
+      e->slots.push_back(r.slot);
+      return json::array({true, 0.0});
+    }
     if (r.retry_after == ns::max()) {
       held_back(id, *e);
       return json::array({false, "never"});
@@ -208,17 +215,22 @@ class replay {
   json reserve(const std::string& id, double n) {
     auto* e = find(id);
     if (e == nullptr || e->kind != "rate" || closed_) return nullptr;
-    const time_point at = e->rate.reserve(n);
-    if (at == time_point::max()) held_back(id, *e);
+    const auto reserved = e->rate.reserve(n);
+    const time_point at = reserved.at;
+    if (at == time_point::max())
+      held_back(id, *e);
+    else
+      e->slots.push_back(reserved.slot);
     return time_or_never(at, now());
   }
 
   // As `rate_resource::settle`: the limiter settles (a closed client's too: nothing admitted
   // depends on it).
-  json settle(const std::string& id, double reserved, double used) {
+  json settle(const std::string& id, double reserved, double used, std::size_t back) {
     auto* e = find(id);
     if (e == nullptr || e->kind != "rate") return nullptr;
-    return e->rate.settle(reserved, used);
+    if (back == 0 || back > e->slots.size()) return e->rate.settle(reserved, used);
+    return e->rate.settle(reserved, used, e->slots[e->slots.size() - back]);
   }
 
   json gauge_try(const std::string& id) {

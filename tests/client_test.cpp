@@ -178,10 +178,15 @@ TEST_CASE("a call's real cost settles after it: a debt waits, a refund admits at
   REQUIRE_FALSE(refused);
   CHECK(refused.retry_after > 1800ms);  // 2.1 s: the debt, then one permit
   CHECK(refused.retry_after < 2400ms);
-  REQUIRE(refund.try_acquire(5));  // reserved 5 ...
+  const auto call = refund.try_acquire(5);  // reserved 5 ...
+  REQUIRE(call);
   CHECK_FALSE(refund.try_acquire(1));
-  CHECK(refund.settle(5, 1));  // ... and it cost 1: 4 back at once
+  CHECK(refund.settle(5, 1, call.slot));  // ... and it cost 1: 4 back at once
   CHECK(refund.try_acquire(4));
+  CHECK_FALSE(refund.try_acquire(1));
+  // Without its slot, a call's refund gives nothing back (its debt still counts).
+  CHECK(refund.settle(4, 0));
+  CHECK_FALSE(refund.try_acquire(1));
   CHECK_FALSE(refund.settle(1, -1));  // not a cost
   // A window algorithm counts each call at its reservation.
   doorman::rate_resource window(cl, "window",

@@ -142,7 +142,7 @@ TEST_CASE("rate limiter reports when a refused request would be admitted", "[lim
       const auto refused = lim.try_acquire(n);
       CHECK_FALSE(refused);
       CHECK(refused.retry_after == manual_clock::duration::max());
-      CHECK(lim.reserve(n) == manual_clock::time_point::max());
+      CHECK(lim.reserve(n).at == manual_clock::time_point::max());
       CHECK_FALSE(lim.wait(n, std::stop_token{}));
     }
     CHECK(lim.attempted() == before);
@@ -185,7 +185,7 @@ TEST_CASE(
   }
   // Waiting for a reservation agrees: a call above the burst on an idle limiter is due at once.
   clock.advance(10s);
-  CHECK(lim.reserve(burst + 4) == clock.now());
+  CHECK(lim.reserve(burst + 4).at == clock.now());
   for (const auto w : {0ms, 100ms, 1000ms, 10000ms}) {
     for (std::size_t i = 0; i < admitted.size(); ++i) {
       double sum = 0;
@@ -212,7 +212,7 @@ TEST_CASE("rate limiter: -1 is unlimited, 0 is blocked, and changes apply at onc
   const auto r = lim.try_acquire();
   CHECK_FALSE(r);
   CHECK(r.retry_after == manual_clock::duration::max());
-  CHECK(lim.reserve() == manual_clock::time_point::max());
+  CHECK(lim.reserve().at == manual_clock::time_point::max());
   clock.advance(1h);
   CHECK_FALSE(lim.try_acquire());
 
@@ -248,34 +248,112 @@ TEST_CASE("rate limiter reservations are served in order", "[limit]") {
   manual_clock clock;
   test_limiter lim({.rate = 10, .burst = 1}, clock_ref{&clock});
   const auto t0 = clock.now();
-  CHECK(lim.reserve() == t0);
-  CHECK(lim.reserve() == t0 + 100ms);
-  CHECK(lim.reserve(5) == t0 + 200ms);  // due when the burst is whole; it borrows the rest
-  CHECK(lim.reserve() == t0 + 700ms);   // after the debt
-  CHECK_FALSE(lim.try_acquire());       // the reservations are ahead of it
+  CHECK(lim.reserve().at == t0);
+  CHECK(lim.reserve().at == t0 + 100ms);
+  CHECK(lim.reserve(5).at == t0 + 200ms);  // due when the burst is whole; it borrows the rest
+  CHECK(lim.reserve().at == t0 + 700ms);   // after the debt
+  CHECK_FALSE(lim.try_acquire());          // the reservations are ahead of it
   clock.advance(700ms);
   CHECK_FALSE(lim.try_acquire());
   clock.advance(100ms);
   CHECK(lim.try_acquire());
 }
 
-TEST_CASE("rate limiter: a cancelled reservation gives its permits back while it is ahead",
-          "[limit]") {
+TEST_CASE("rate limiter: a cancelled reservation gives its place back while it is ahead and last",
+          "[limit][costs]") {
   manual_clock clock;
   test_limiter lim({.rate = 10, .burst = 1}, clock_ref{&clock});
   const auto t0 = clock.now();
   REQUIRE(lim.try_acquire());
-  const auto at = lim.reserve();
-  CHECK(at == t0 + 100ms);
+  const auto first = lim.reserve();
+  CHECK(first.at == t0 + 100ms);
   const auto later = lim.reserve();  // made after it: keeps its time
-  CHECK(later == t0 + 200ms);
-  CHECK(lim.cancel_reservation(1, at));
-  // The next reservation takes the place given back (it would be t0 + 300 ms otherwise).
-  CHECK(lim.reserve() == t0 + 200ms);
+  CHECK(later.at == t0 + 200ms);
+  // Dropped, but its place is held by the one behind it, which may use its permits as soon as
+  // 100 ms from now: given back as well, 3 permits would be due within 100 ms where 2 may be.
+  CHECK(lim.cancel_reservation(1, first));
+  const auto last = lim.reserve();
+  CHECK(last.at == t0 + 300ms);
+  // The last one's place is nobody else's: the next reservation takes it.
+  CHECK(lim.cancel_reservation(1, last));
+  CHECK(lim.reserve().at == t0 + 300ms);
   // Once its time has come, a reservation counts as used.
   clock.advance(200ms);
   CHECK_FALSE(lim.cancel_reservation(1, later));
   CHECK_FALSE(lim.try_acquire());
+}
+
+TEST_CASE("rate limiter: a refund gives back only time that no later call holds",
+          "[limit][costs]") {
+  manual_clock clock;
+  SECTION("the issue's sequence: a refund of a call whose time has passed gives nothing") {
+    // Rate 1/s, burst 1: calls at 0 and 5; the first settles (1, 0) at 5.1. Given back, the
+    // call at 5.1 would be admitted: 2 permits within 0.1 s, where rate·W + burst = 1.1.
+    test_limiter lim({.rate = 1, .burst = 1}, clock_ref{&clock});
+    const auto a = lim.try_acquire();
+    REQUIRE(a);
+    clock.advance(5s);
+    REQUIRE(lim.try_acquire());
+    clock.advance(100ms);
+    CHECK(lim.settle(1, 0, a.slot));
+    const auto r = lim.try_acquire();
+    CHECK_FALSE(r);
+    CHECK(r.retry_after == 900ms);
+  }
+  SECTION("from the middle of the schedule, the part still ahead") {
+    test_limiter lim({.rate = 10, .burst = 10}, clock_ref{&clock});
+    const auto a = lim.try_acquire(5);  // holds 0-500 ms
+    REQUIRE(a);
+    REQUIRE(lim.try_acquire(3));  // holds 500-800 ms
+    clock.advance(100ms);
+    CHECK(lim.settle(5, 1, a.slot));  // 4 unused, all of them ahead: given back
+    CHECK(lim.try_acquire(7));        // 3 + 7 from 100 ms: the burst of 10, exactly
+    CHECK_FALSE(lim.try_acquire(1));
+    // A refund moves every later call's span back: a call behind the one refunded ends
+    // earlier than it did when admitted, and gives back only what is ahead of its new end.
+    clock.advance(2s);                   // 2.1 s: the burst whole again
+    const auto c1 = lim.try_acquire(5);  // 2.1-2.6 s
+    const auto c2 = lim.try_acquire(3);  // 2.6-2.9 s
+    REQUIRE((c1 && c2));
+    clock.advance(100ms);
+    CHECK(lim.settle(5, 1, c1.slot));  // 4 back: c2 now holds 2.2-2.5 s
+    clock.advance(150ms);
+    REQUIRE(lim.try_acquire(1));  // 2.35 s: holds 2.5-2.6 s
+    clock.advance(50ms);
+    CHECK(lim.settle(3, 0, c2.slot));  // 2.4 s: 100 ms of its span is ahead, not 500 ms
+    // 1 permit at 2.35 s and 9 at 2.4 s: 10 within 50 ms, where 10.5 may be (given back from
+    // its old end, 11 would have been).
+    CHECK(lim.try_acquire(9));
+    CHECK_FALSE(lim.try_acquire(1));
+  }
+  SECTION("with a reservation waiting, only from the tail") {
+    test_limiter lim({.rate = 10, .burst = 1}, clock_ref{&clock});
+    const auto t0 = clock.now();
+    const auto a = lim.try_acquire();  // 0-100 ms
+    REQUIRE(a);
+    REQUIRE(lim.reserve().at == t0 + 100ms);  // due at 100 ms, holds 100-200 ms
+    CHECK(lim.settle(1, 0, a.slot));          // the reservation may run at 100 ms: nothing back
+    CHECK(lim.reserve().at == t0 + 200ms);
+  }
+  SECTION("a call open across a change of rate gives nothing back") {
+    test_limiter lim({.rate = 10, .burst = 10}, clock_ref{&clock});
+    const auto a = lim.try_acquire(5);  // 0-500 ms at 10/s
+    REQUIRE(a);
+    lim.set_rate(20);                 // the same 5 permits now hold 0-250 ms
+    CHECK(lim.settle(5, 0, a.slot));  // its end when admitted (500 ms) is not trusted
+    CHECK(lim.try_acquire(5));        // what the new rate leaves: a burst of 500 ms, 250 held
+    CHECK_FALSE(lim.try_acquire(1));
+  }
+  SECTION("without a slot, a settle only runs debts") {
+    test_limiter lim({.rate = 10, .burst = 10}, clock_ref{&clock});
+    REQUIRE(lim.try_acquire(10));
+    CHECK(lim.settle(10, 0));
+    CHECK_FALSE(lim.try_acquire(1));
+    CHECK(lim.settle(0, 1));  // a debt of 1
+    clock.advance(1s);
+    CHECK(lim.try_acquire(9));
+    CHECK_FALSE(lim.try_acquire(1));
+  }
 }
 
 TEST_CASE(
@@ -292,18 +370,20 @@ TEST_CASE(
   CHECK(r.retry_after == 500ms);  // the debt of 4 repaid and one permit due: 5 / 10 per second
   clock.advance(500ms);
   CHECK(lim.try_acquire(1));
-  // Reserved 3, used 1: 2 given back at once.
+  // Reserved 5, used 3: 2 given back at once.
   clock.advance(1s);  // the burst whole again
-  REQUIRE(lim.try_acquire(5));
+  const auto five = lim.try_acquire(5);
+  REQUIRE(five);
   CHECK_FALSE(lim.try_acquire(2));
-  CHECK(lim.settle(3, 1));
+  CHECK(lim.settle(5, 3, five.slot));
   CHECK(lim.try_acquire(2));
   CHECK_FALSE(lim.try_acquire(1));
   // A refund never makes more than the burst: a limiter idle since gets nothing back.
   clock.advance(10s);
-  REQUIRE(lim.try_acquire(5));
+  const auto idle = lim.try_acquire(5);
+  REQUIRE(idle);
   clock.advance(10s);
-  CHECK(lim.settle(5, 0));
+  CHECK(lim.settle(5, 0, idle.slot));
   CHECK(lim.try_acquire(5));
   CHECK_FALSE(lim.try_acquire(1));
   // The demand measured is what was asked and the use beyond it: 2 + 7 + 1 + 1 + 5 + 2 + 2 +
@@ -677,31 +757,38 @@ TEST_CASE("leaky bucket: admissions spaced by 1/rate, a bounded queue served in 
   SECTION("reservations") {
     leaky lim({.rate = 10, .queue = 2}, clock_ref{&clock});
     const auto start = clock.now();
-    CHECK(lim.reserve() == start);
-    CHECK(lim.reserve() == start + 100ms);
-    CHECK(lim.reserve() == start + 200ms);
-    CHECK(lim.reserve() == manual_clock::time_point::max());  // two wait already: full
-    CHECK_FALSE(lim.try_acquire());                           // nobody jumps the queue
+    CHECK(lim.reserve().at == start);
+    const auto second = lim.reserve();
+    CHECK(second.at == start + 100ms);
+    const auto third = lim.reserve();
+    CHECK(third.at == start + 200ms);
+    CHECK(lim.reserve().at == manual_clock::time_point::max());  // two wait already: full
+    CHECK_FALSE(lim.try_acquire());                              // nobody jumps the queue
     CHECK(lim.status().remaining == 0);
-    CHECK(lim.cancel_reservation(1, start + 200ms));
-    CHECK(lim.reserve() == start + 200ms);
+    CHECK(lim.cancel_reservation(1, third));  // the last: its place goes back
+    CHECK(lim.reserve().at == start + 200ms);
+    // From the middle of the queue: dropped, its place lost (the one behind leaves on time).
+    CHECK(lim.cancel_reservation(1, second));
+    CHECK(lim.reserve().at == manual_clock::time_point::max());
     clock.advance(300ms);
     CHECK(lim.try_acquire());
-    CHECK(lim.refused() == 2);
+    CHECK(lim.refused() == 3);
   }
   SECTION("settling a call's real cost") {
     leaky lim({.rate = 10, .queue = 5}, clock_ref{&clock});
     const auto start = clock.now();
-    REQUIRE(lim.try_acquire(1));            // leaves now; the next at +100 ms
-    CHECK(lim.settle(1, 4));                // it cost 4: the next at +400 ms
-    CHECK(lim.reserve() == start + 400ms);  // (the next after it at +500 ms)
-    CHECK(lim.settle(1, 0));                // that one cost nothing: +400 ms again
-    CHECK(lim.reserve() == start + 400ms);
+    REQUIRE(lim.try_acquire(1));  // leaves now; the next at +100 ms
+    CHECK(lim.settle(1, 4));      // it cost 4: the next at +400 ms
+    const auto next = lim.reserve();
+    CHECK(next.at == start + 400ms);     // (the next after it at +500 ms)
+    CHECK(lim.settle(1, 0, next.slot));  // that one cost nothing: +400 ms again
+    const auto again = lim.reserve();
+    CHECK(again.at == start + 400ms);
     CHECK(lim.attempted() == Approx(1 + 3 + 1 + 1));
     clock.advance(10s);  // idle: a refund makes no room before now
-    CHECK(lim.settle(5, 0));
-    CHECK(lim.reserve() == clock.now());
-    CHECK(lim.reserve() == clock.now() + 100ms);
+    CHECK(lim.settle(5, 0, again.slot));
+    CHECK(lim.reserve().at == clock.now());
+    CHECK(lim.reserve().at == clock.now() + 100ms);
     CHECK_FALSE(lim.settle(1, -2));
     CHECK_FALSE(lim.settle(std::numeric_limits<double>::infinity(), 1));
   }
@@ -1242,7 +1329,7 @@ TEST_CASE("local algorithms are an open list: a user's joins by name, in a limit
         10.0 / 3600);
     CHECK(lim.algorithm() == half_name);
     CHECK_FALSE(lim.reserves());
-    CHECK(lim.reserve(1) == doorman::any_rate_limiter::time_point::max());
+    CHECK(lim.reserve(1).at == doorman::any_rate_limiter::time_point::max());
     auto* half = lim.get_if<half_window_limiter<doorman::coarse_clock>>();
     REQUIRE(half != nullptr);
     CHECK(lim.get_if<doorman::rate_limiter>() == nullptr);

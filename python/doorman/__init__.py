@@ -1,7 +1,7 @@
 """doorman: a client of a doorman capacity tree (docs/python.md). Standard library only."""
 
 from ._core import ResourceOptions
-from ._limiters import Acquired
+from ._limiters import NO_SLOT, Acquired
 from .client import (
     BudgetResource,
     Client,
@@ -17,6 +17,7 @@ __all__ = [
     "Client",
     "ClientClosed",
     "GaugeResource",
+    "NO_SLOT",
     "RateResource",
     "ResourceOptions",
     "tls_context",

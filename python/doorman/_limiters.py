@@ -13,14 +13,17 @@ from typing import Callable, NamedTuple, Optional
 
 NEVER = 2**63 - 1  # no time: blocked
 _START = -(2**62)  # a tat long past
+NO_SLOT = -(2**63)  # a call's slot when it has none: its settle only runs debts
 
 
 class Acquired(NamedTuple):
     """A `try_acquire` answer: true when admitted; else `retry_after` seconds until it could be
-    (`math.inf` while the capacity is 0). Immutable: answers are shared."""
+    (`math.inf` while the capacity is 0). An admission's `slot` is its place in the limiter's
+    schedule, for `settle` (`NO_SLOT` when unlimited). Immutable: answers are shared."""
 
     admitted: bool
     retry_after: float = 0.0
+    slot: int = NO_SLOT
 
     def __bool__(self) -> bool:
         return self.admitted
@@ -70,7 +73,8 @@ class RateLimiter(_Limiter):
     the client measures."""
 
     __slots__ = ("_lock", "_clock", "_burst_option", "_burst", "_interval", "_step", "_tolerance",
-                 "_room1", "_open_or_shut", "_tat", "asked", "delayed")
+                 "_room1", "_open_or_shut", "_tat", "_refunded", "_reserved_until", "asked",
+                 "delayed")
 
     def __init__(
         self, capacity: float = 0.0, burst: float = 0.0, clock: Callable[[], int] = time.monotonic_ns
@@ -85,6 +89,8 @@ class RateLimiter(_Limiter):
         self._step = _ticks(math.inf)
         self._tolerance = _ticks(math.inf)  # the burst, in nanoseconds
         self._tat = _START
+        self._refunded = 0  # every refund's span, and what a change of rate moved (refund_book)
+        self._reserved_until = -(2**63)  # the latest time a reservation is due
         self.asked = 0.0  # permits asked for (admitted or not)
         self.delayed = 0  # waits that were not due at once
         self.set_capacity(capacity)
@@ -111,6 +117,8 @@ class RateLimiter(_Limiter):
             if 0 < old < math.inf and 0 < interval < math.inf and old != interval:
                 now = self._clock()
                 if self._tat > now:
+                    # A call open across the change gives nothing back (refund_book::rescale).
+                    self._refunded += self._tat - now
                     self._tat = now + _ticks((self._tat - now) * interval / old)
 
     def _steps(self) -> None:
@@ -143,21 +151,23 @@ class RateLimiter(_Limiter):
             if n == 1:
                 late = tat - now - self._room1
                 if late <= 0:
-                    self._tat = tat + self._step
-                    return ADMITTED
+                    tat += self._step
+                    self._tat = tat
+                    return Acquired(True, 0.0, tat + self._refunded)
             else:
                 increment = _ticks(n * self._interval)
                 tolerance = self._tolerance
                 late = tat + (increment if increment < tolerance else tolerance) - now - tolerance
                 if late <= 0:
-                    self._tat = tat + increment
-                    return ADMITTED
+                    tat += increment
+                    self._tat = tat
+                    return Acquired(True, 0.0, tat + self._refunded)
         return Acquired(False, late / 1e9)
 
-    def reserve_at(self, n: float = 1, count: bool = True) -> int:
+    def reserve_slot(self, n: float = 1, count: bool = True) -> tuple[int, int]:
         """Takes `n` permits and says when they are due (clock nanoseconds), when `try_acquire`
-        would admit them; NEVER while the capacity is 0 (nothing taken). `count`: as asked for
-        (the first attempt of a wait)."""
+        would admit them, with the reservation's slot; NEVER while the capacity is 0 (nothing
+        taken). `count`: as asked for (the first attempt of a wait)."""
         check_permits(n)
         with self._lock:
             if count:
@@ -165,35 +175,59 @@ class RateLimiter(_Limiter):
             interval = self._interval
             now = self._clock()
             if interval == 0:
-                return now
+                return now, NO_SLOT
             if interval == math.inf:
                 self.delayed += 1
-                return NEVER
+                return NEVER, NO_SLOT
             tolerance = self._tolerance
             increment = self._step if n == 1 else _ticks(n * interval)
             base = max(self._tat, now)
             self._tat = base + increment
+            slot = self._tat + self._refunded
             due = base + min(increment, tolerance) - tolerance
+            if due > self._reserved_until:
+                self._reserved_until = due
             if due > now:
                 self.delayed += 1
-                return due
-            return now
+                return due, slot
+            return now, slot
 
-    def reserve(self, n: float = 1, count: bool = True) -> tuple[float, int]:
-        """`reserve_at`, as the seconds to wait (`math.inf`: capacity 0) and the due time to
-        give `cancel`."""
-        at = self.reserve_at(n, count)
-        if at == NEVER:
+    def reserve_at(self, n: float = 1, count: bool = True) -> int:
+        """`reserve_slot`'s due time alone."""
+        return self.reserve_slot(n, count)[0]
+
+    def reserve(self, n: float = 1, count: bool = True) -> tuple[float, tuple[int, int]]:
+        """`reserve_slot`, as the seconds to wait (`math.inf`: capacity 0) and the reservation
+        to give `cancel` (its due time and slot)."""
+        at = self.reserve_slot(n, count)
+        if at[0] == NEVER:
             return math.inf, at
-        return max(0.0, (at - self._clock()) / 1e9), at
+        return max(0.0, (at[0] - self._clock()) / 1e9), at
 
-    def settle(self, reserved: float, used: float) -> bool:
-        """Settles a call admitted for `reserved` permits that turned out to use `used`: above
-        the reservation the limiter runs into debt by the difference (nothing more is admitted
-        until the rate has repaid it); below, the difference is given back, never more than
-        makes an idle limiter whole. The use above the reservation counts as asked for (the
-        demand measured grows by it). The C++ `rate_limiter::settle`, step for step. Raises
-        ValueError/TypeError naming `reserved` or `used` unless each is a finite number >= 0."""
+    def _give_back(self, slot: int, span: int, now: int) -> None:
+        """Gives back up to `span` of the call at `slot`: what of its span is still ahead of now
+        (its end moved back by the refunds since it was made), from anywhere in the schedule
+        unless a reservation is due after now, then only from its tail (refund_book::give_back).
+        Under the lock."""
+        end = slot - self._refunded
+        if slot == NO_SLOT or span <= 0 or end <= now:
+            return
+        if self._reserved_until > now and self._tat != end:
+            return
+        give = min(span, end - now)
+        self._tat -= give
+        self._refunded += give
+
+    def settle(self, reserved: float, used: float, slot: int = NO_SLOT) -> bool:
+        """Settles a call admitted for `reserved` permits (its `slot` from `try_acquire` or
+        `reserve_slot`) that turned out to use `used`: above the reservation the limiter runs
+        into debt by the difference (nothing more is admitted until the rate has repaid it);
+        below, it gives back what of the difference no later call holds (the part of its span
+        still ahead of now; only from the schedule's tail while a reservation waits; nothing for
+        a call open across a change of capacity, or without a slot). The use above the
+        reservation counts as asked for (the demand measured grows by it). The C++
+        `rate_limiter::settle`, step for step. Raises ValueError/TypeError naming `reserved` or
+        `used` unless each is a finite number >= 0."""
         check_permits(reserved, "reserved")
         check_permits(used, "used")
         with self._lock:
@@ -205,22 +239,22 @@ class RateLimiter(_Limiter):
             now = self._clock()
             if used > reserved:
                 self._tat = max(self._tat, now) + _ticks((used - reserved) * interval)
-            elif self._tat > now:
-                self._tat = max(self._tat - _ticks((reserved - used) * interval), now)
+            else:
+                self._give_back(slot, _ticks((reserved - used) * interval), now)
             return True
 
-    def cancel(self, n: float, at: int) -> bool:
-        """Gives back `n` permits reserved for `at`, if `at` is still ahead (a wait that will
-        not use them); false once it has come (they count as used)."""
+    def cancel(self, n: float, at: tuple[int, int]) -> bool:
+        """Drops a reservation of `n` permits (`reserve`'s due time and slot) while it is still
+        ahead (a wait that will not use them): its place goes back when no one reserved after
+        it. False once it has come (they count as used)."""
         with self._lock:
             interval = self._interval
             if not 0 < interval < math.inf:
                 return False
             now = self._clock()
-            if at <= now:
+            if at[0] <= now:
                 return False
-            increment = self._step if n == 1 else _ticks(n * interval)
-            self._tat = max(self._tat - increment, now)
+            self._give_back(at[1], self._step if n == 1 else _ticks(n * interval), now)
             return True
 
 

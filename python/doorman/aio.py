@@ -120,9 +120,10 @@ async def _until_taken(h: "_sync._Handle", take: Callable[[], bool], timeout: Op
 class RateResource(_sync._RateHandle):
     """A rate resource's handle for asyncio: `try_acquire(n)`, `await wait(n)`."""
 
-    async def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:
-        """Until `n` permits are due. TimeoutError after `timeout` (nothing consumed);
-        ClientClosed if the client closes first; cancelled, the reservation is given back."""
+    async def wait(self, n: float = 1, timeout: Optional[float] = None) -> int:
+        """Until `n` permits are due: their slot, for `settle`. TimeoutError after `timeout`
+        (nothing consumed); ClientClosed if the client closes first; cancelled, the reservation
+        is given back."""
         h = self
         h._check()
         limiter = self._limiter
@@ -143,7 +144,7 @@ class RateResource(_sync._RateHandle):
                     await waiting.changed(left)
                     continue
                 if wait <= 0:
-                    return
+                    return at[1]
                 left = _left(deadline)
                 if left is not None and wait > left:
                     limiter.cancel(n, at)
@@ -156,7 +157,7 @@ class RateResource(_sync._RateHandle):
                 if client.closed:
                     limiter.cancel(n, at)
                     raise _sync.ClientClosed("the client is closed")
-                return
+                return at[1]
 
 class BudgetResource(_sync.BudgetResource):
     """A budget resource's handle for asyncio: `try_acquire(n)`, `settle`, `await wait(n)`."""

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from . import _wire
 from ._channel import CallError, Channel
 from ._core import ClientCore, Entry, ResourceOptions, Step
-from ._limiters import Acquired, BudgetCounter, Gauge, RateLimiter, check_permits
+from ._limiters import NO_SLOT, Acquired, BudgetCounter, Gauge, RateLimiter, check_permits
 
 _ids = itertools.count()
 
@@ -363,25 +363,26 @@ class _RateHandle(_Handle):
             self._client._held_back(self._e)
         return got
 
-    def settle(self, reserved: float, used: float) -> bool:
-        """Settles a call admitted for `reserved` permits (by `try_acquire` or `wait`) whose
-        real cost, known after it, was `used` (tokens, bytes, money): above the reservation the
-        limiter runs into debt, admitting nothing more until the rate has repaid it; below, the
-        difference is given back (never more than makes an idle limiter whole). The use above
-        the reservation counts as demand. No call to the server. ValueError/TypeError naming
-        the argument unless each is a finite number >= 0; ValueError once the handle is
-        closed."""
+    def settle(self, reserved: float, used: float, slot: int = NO_SLOT) -> bool:
+        """Settles a call admitted for `reserved` permits whose real cost, known after it, was
+        `used` (tokens, bytes, money): above the reservation the limiter runs into debt,
+        admitting nothing more until the rate has repaid it; below, it gives back the part of
+        the call's time no later call holds (what of it is still ahead), given the call's
+        `slot` (`try_acquire`'s answer's; without it, as after `wait`, nothing is given back).
+        The use above the reservation counts as demand. No call to the server.
+        ValueError/TypeError naming the argument unless each is a finite number >= 0;
+        ValueError once the handle is closed."""
         if not self._open:
             self._check()
-        return self._limiter.settle(reserved, used)
+        return self._limiter.settle(reserved, used, slot)
 
 
 class RateResource(_RateHandle):
     """A handle to a rate resource: `try_acquire(n)`, `wait(n)`."""
 
-    def wait(self, n: float = 1, timeout: Optional[float] = None) -> None:
-        """Blocks until `n` permits are due; TimeoutError after `timeout` seconds (nothing
-        consumed), ClientClosed if the client closes first."""
+    def wait(self, n: float = 1, timeout: Optional[float] = None) -> int:
+        """Blocks until `n` permits are due; returns their slot, for `settle`. TimeoutError
+        after `timeout` seconds (nothing consumed), ClientClosed if the client closes first."""
         self._check()
         limiter = self._limiter
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -399,14 +400,14 @@ class RateResource(_RateHandle):
                 self._client._wait_for_change(left)
                 continue
             if wait <= 0:
-                return
+                return at[1]
             if deadline is not None and time.monotonic() + wait > deadline:
                 limiter.cancel(n, at)
                 raise TimeoutError(f"{n} permits of {self.id} not due within the timeout")
             if self._client._closed.wait(wait):
                 limiter.cancel(n, at)
                 raise ClientClosed("the client is closed")
-            return
+            return at[1]
 
 
 class _GaugeHandle(_Handle):

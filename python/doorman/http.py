@@ -160,13 +160,21 @@ def _text(b: Any) -> str:
     return b.decode("latin-1") if isinstance(b, (bytes, bytearray)) else str(b)
 
 
-def _settler(resource: Any) -> Callable[[float, float], Any]:
-    """How a call admitted now will be settled: a budget's settle names the window the call was
-    admitted in (read before `try_acquire`), so that a refund never lands in a later one."""
+def _settler(resource: Any) -> Callable[[float, float, Any], Any]:
+    """How a call admitted now will be settled, given `try_acquire`'s answer: a budget's settle
+    names the window the call was admitted in (read before `try_acquire`), so that a refund
+    never lands in a later one; a rate's names the call's slot (its answer's), so that a refund
+    gives back only time no later call holds."""
     window = getattr(resource, "window", None)
     if isinstance(window, int) and not isinstance(window, bool):
-        return lambda reserved, used: resource.settle(reserved, used, window)
-    return lambda reserved, used: resource.settle(reserved, used)
+        return lambda reserved, used, got: resource.settle(reserved, used, window)
+
+    def by_slot(reserved: float, used: float, got: Any) -> Any:
+        slot = getattr(got, "slot", None)
+        if isinstance(slot, int) and not isinstance(slot, bool):
+            return resource.settle(reserved, used, slot)
+        return resource.settle(reserved, used)
+    return by_slot
 
 
 def _refuse(got: Any) -> str:
@@ -199,7 +207,7 @@ class WsgiLimit:
                 code = int(status.split(" ", 1)[0]) if status[:3].isdigit() else 0
                 real = _used(self.used, code, headers)
                 if real is not None:
-                    settle(n, real)
+                    settle(n, real, got)
                 return start_response(status, headers, *rest)
 
             return self.app(environ, settling)
@@ -239,7 +247,7 @@ class AsgiLimit:
                     headers = [(_text(k), _text(v)) for k, v in message.get("headers", [])]
                     real = _used(self.used, int(message.get("status", 0)), headers)
                     if real is not None:
-                        settle(self.cost, real)
+                        settle(self.cost, real, got)
                 await send(message)
 
             await self.app(scope, receive, settling)

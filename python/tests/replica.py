@@ -39,14 +39,14 @@ def main() -> None:
             while not os.path.exists(log_path + ".stop"):
                 window = units.window if kind == "budget" else None
                 try:
-                    units.wait(reserve, timeout=0.2)
+                    slot = units.wait(reserve, timeout=0.2)  # a rate's call's place, for settle
                 except TimeoutError:
                     continue
                 log.write(f"reserve {reserve} {time.monotonic():.6f}\n")
                 time.sleep(latency)  # the call
                 used = min(most, int(100 * rng.paretovariate(shape)))
                 if window is None:
-                    units.settle(reserve, used)
+                    units.settle(reserve, used, slot)
                 else:  # a budget's, in the window the call was admitted in
                     units.settle(reserve, used, window)
                 log.write(f"settle {used}\n")

@@ -49,6 +49,7 @@ class PythonReplay:
         self.core = ClientCore("replay", self.clock.now, seed=trace["seed"], clock=self.clock,
                                **trace["options"])
         self.closed = False
+        self.slots: dict[str, list[int]] = {}  # each rate resource's admissions' slots
 
     def apply(self, s: list[Any]) -> Any:
         op, now, core = s[0], self.clock.now, self.core
@@ -65,13 +66,17 @@ class PythonReplay:
                 return "kind"
             return "shared" if known else "new"
         if op == "detach":
-            return core.detach(s[1])
+            gone = core.detach(s[1])
+            if gone:  # the resource goes with its last handle, and its calls' slots
+                self.slots.pop(s[1], None)
+            return gone
         e = core.entries.get(s[1]) if len(s) > 1 and isinstance(s[1], str) else None
         if op == "try":
             if e is None or not isinstance(e.limiter, RateLimiter):
                 return None
             got = e.limiter.try_acquire(s[2])
             if got.admitted:
+                self.slots.setdefault(s[1], []).append(got.slot)
                 return [True, 0.0]
             if got.retry_after == float("inf"):
                 core.held_back(s[1], now)
@@ -80,15 +85,19 @@ class PythonReplay:
         if op == "reserve":
             if e is None or not isinstance(e.limiter, RateLimiter) or self.closed:
                 return None
-            at = e.limiter.reserve_at(s[2])
+            at, slot = e.limiter.reserve_slot(s[2])
             if at == NEVER:
                 core.held_back(s[1], now)
                 return "never"
+            self.slots.setdefault(s[1], []).append(slot)
             return at - now
         if op == "settle":
             if e is None or not isinstance(e.limiter, RateLimiter):
                 return None
-            return e.limiter.settle(s[2], s[3])
+            slots = self.slots.get(s[1], [])
+            if s[4] == 0 or s[4] > len(slots):
+                return e.limiter.settle(s[2], s[3])
+            return e.limiter.settle(s[2], s[3], slots[-s[4]])
         if op in ("gauge_try", "budget_try"):  # a closed client's limiters are closed
             if e is None or not isinstance(e.limiter, Gauge if op == "gauge_try" else BudgetCounter):
                 return None
@@ -242,7 +251,8 @@ def _op(rng: random.Random, ids: list[str]) -> list[Any]:
     if r < 0.60:
         return ["reserve", rid, rng.choice([1, 2, 10])]
     if r < 0.63:
-        return ["settle", rid, rng.choice([1, 2, 10]), rng.choice([0, 0.5, 1, 3, 25])]
+        return ["settle", rid, rng.choice([1, 2, 10]), rng.choice([0, 0.5, 1, 3, 25]),
+                rng.choice([0, 1, 1, 1, 2, 3])]
     if r < 0.67:
         return ["budget_try", rid, rng.choice([1, 5, 20, 60, 0.5])]
     if r < 0.69:

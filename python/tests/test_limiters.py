@@ -87,18 +87,75 @@ class RateLimiterTest(unittest.TestCase):
             self.assertTrue(lim.try_acquire(1))
             # A refund gives back what was not used, never more than makes it whole.
             idle = RateLimiter(10, burst=2, clock=clock)
+            first = idle.try_acquire(2)
+            self.assertTrue(idle.settle(2, 0, first.slot))
+            second = idle.try_acquire(2)
+            self.assertTrue(second)
+            self.assertTrue(idle.settle(2, 0, second.slot))
+            self.assertTrue(idle.settle(50, 0, second.slot))  # already whole: nothing more
             self.assertTrue(idle.try_acquire(2))
-            self.assertTrue(idle.settle(2, 0))
-            self.assertTrue(idle.try_acquire(2))
-            self.assertTrue(idle.settle(2, 0))
-            self.assertTrue(idle.settle(50, 0))  # already whole: nothing more
-            self.assertTrue(idle.try_acquire(2))
+            self.assertFalse(idle.try_acquire(1))
+            self.assertTrue(idle.settle(2, 0))  # without its slot: nothing back
             self.assertFalse(idle.try_acquire(1))
             for bad, name in (((-1, 1), "reserved"), ((1, math.inf), "used"), ((1, math.nan), "used")):
                 with self.assertRaisesRegex(ValueError, f"^{name}: must be a finite number >= 0"):
                     lim.settle(*bad)
             with self.assertRaisesRegex(TypeError, "^used: must be a number of permits"):
                 lim.settle(1, "2")  # type: ignore[arg-type]
+
+    def test_a_refund_gives_back_only_time_no_later_call_holds(self) -> None:
+        # rate_limiter's "a refund gives back only time that no later call holds", step for step.
+        with manual_clock() as clock:
+            # Rate 1/s, burst 1: calls at 0 and 5; the first settles (1, 0) at 5.1: nothing back.
+            lim = RateLimiter(1, burst=1, clock=clock)
+            a = lim.try_acquire()
+            clock.now += 5
+            self.assertTrue(lim.try_acquire())
+            clock.now += 0.1
+            self.assertTrue(lim.settle(1, 0, a.slot))
+            self.assertAlmostEqual(lim.try_acquire().retry_after, 0.9)
+            # From the middle of the schedule, the part still ahead; a later call's end moved
+            # back by the refund before its own.
+            lim = RateLimiter(10, burst=10, clock=clock)
+            a = lim.try_acquire(5)
+            self.assertTrue(lim.try_acquire(3))
+            clock.now += 0.1
+            self.assertTrue(lim.settle(5, 1, a.slot))
+            self.assertTrue(lim.try_acquire(7))
+            self.assertFalse(lim.try_acquire(1))
+            clock.now += 2
+            c1, c2 = lim.try_acquire(5), lim.try_acquire(3)
+            clock.now += 0.1
+            self.assertTrue(lim.settle(5, 1, c1.slot))
+            clock.now += 0.15
+            self.assertTrue(lim.try_acquire(1))
+            clock.now += 0.05
+            self.assertTrue(lim.settle(3, 0, c2.slot))
+            self.assertTrue(lim.try_acquire(9))
+            self.assertFalse(lim.try_acquire(1))
+            # With a reservation waiting, only from the tail.
+            lim = RateLimiter(10, burst=1, clock=clock)
+            a = lim.try_acquire()
+            self.assertAlmostEqual(lim.reserve(1)[0], 0.1)
+            self.assertTrue(lim.settle(1, 0, a.slot))
+            self.assertAlmostEqual(lim.reserve(1)[0], 0.2)
+            # A cancel: its place lost from the middle of the queue, given back from its tail.
+            lim = RateLimiter(10, burst=1, clock=clock)
+            self.assertTrue(lim.try_acquire())
+            _, first = lim.reserve(1)
+            lim.reserve(1)
+            self.assertTrue(lim.cancel(1, first))
+            wait, last = lim.reserve(1)
+            self.assertAlmostEqual(wait, 0.3)
+            self.assertTrue(lim.cancel(1, last))
+            self.assertAlmostEqual(lim.reserve(1)[0], 0.3)
+            # A call open across a change of capacity gives nothing back.
+            lim = RateLimiter(10, burst=10, clock=clock)
+            a = lim.try_acquire(5)
+            lim.set_capacity(20)  # (the burst option given stays)
+            self.assertTrue(lim.settle(5, 0, a.slot))
+            self.assertTrue(lim.try_acquire(5))
+            self.assertFalse(lim.try_acquire(1))
 
     def test_bad_numbers_of_permits_name_n(self) -> None:
         lim = RateLimiter(10)

@@ -231,13 +231,18 @@ class rate_resource : public detail::resource_handle {
     return detail::async_pending(entry_, n, std::forward<CompletionToken>(token));
   }
 
-  /// Settles a call admitted for `reserved` permits (by `try_acquire`, `wait` or `async_wait`)
-  /// whose real cost, known after it, was `used` (tokens, bytes, money): above the reservation
-  /// the limiter runs into debt, admitting nothing more until the rate has repaid it; below, the
-  /// difference is given back at once (never more than makes an idle limiter whole). The use
-  /// above the reservation counts as demand, so the wants sent grow with the real cost. With
-  /// `gcra` (the default) and `leaky_bucket`; false, changing nothing, with a window algorithm,
-  /// or when either is not a finite number >= 0.
+  /// Settles a call admitted by `try_acquire(reserved)` (its answer's `slot`) whose real
+  /// cost, known after it, was `used` (tokens, bytes, money): above the reservation the limiter
+  /// runs into debt, admitting nothing more until the rate has repaid it; below, it gives back
+  /// the part of the call's time that no other call holds (what of its span is still ahead of
+  /// now; see `rate_limiter::settle`). The use above the reservation counts as demand, so the
+  /// wants sent grow with the real cost. With `gcra` (the default) and `leaky_bucket`; false,
+  /// changing nothing, with a window algorithm, or when either is not a finite number >= 0.
+  bool settle(double reserved, double used, std::int64_t slot) noexcept {
+    return entry_->rate.settle(reserved, used, slot);
+  }
+  /// `settle` of a call whose slot is unknown (admitted by `wait` or `async_wait`): the debt
+  /// of a use above the reservation; a use below it gives nothing back.
   bool settle(double reserved, double used) noexcept { return entry_->rate.settle(reserved, used); }
 
   /// The local limiter (e.g. to change its burst), running `resource_options::algorithm`.

@@ -251,25 +251,36 @@ bool reserves(const L& l) noexcept {
     };
   }
 }
+// A user's limiter may reserve with a time alone (its reservations have no slot), and settle
+// without one.
+using any_reservation = basic_reservation<coarse_clock::time_point>;
 template <class L>
-coarse_clock::time_point reserve(L& l, double n) noexcept {
-  if constexpr (requires { l.reserve(n); }) {
+any_reservation reserve(L& l, double n) noexcept {
+  if constexpr (requires {
+                  { l.reserve(n) } -> std::convertible_to<any_reservation>;
+                }) {
     return l.reserve(n);
+  } else if constexpr (requires { l.reserve(n); }) {
+    return {l.reserve(n)};
   } else {
-    return coarse_clock::time_point::max();
+    return {};
   }
 }
 template <class L>
-bool cancel_reservation(L& l, double n, coarse_clock::time_point at) noexcept {
-  if constexpr (requires { l.cancel_reservation(n, at); }) {
-    return l.cancel_reservation(n, at);
+bool cancel_reservation(L& l, double n, const any_reservation& r) noexcept {
+  if constexpr (requires { l.cancel_reservation(n, r); }) {
+    return l.cancel_reservation(n, r);
+  } else if constexpr (requires { l.cancel_reservation(n, r.at); }) {
+    return l.cancel_reservation(n, r.at);
   } else {
     return false;
   }
 }
 template <class L>
-bool settle(L& l, double reserved, double used) noexcept {
-  if constexpr (requires { l.settle(reserved, used); }) {
+bool settle(L& l, double reserved, double used, std::int64_t slot) noexcept {
+  if constexpr (requires { l.settle(reserved, used, slot); }) {
+    return l.settle(reserved, used, slot);
+  } else if constexpr (requires { l.settle(reserved, used); }) {
     return l.settle(reserved, used);
   } else {
     return false;
@@ -304,9 +315,9 @@ class other_rate_limiter {
   [[nodiscard]] virtual std::uint64_t refused() const noexcept = 0;
   [[nodiscard]] virtual std::uint64_t delayed() const noexcept = 0;
   [[nodiscard]] virtual bool reserves() const noexcept = 0;
-  virtual time_point reserve(double n) noexcept = 0;
-  virtual bool cancel_reservation(double n, time_point at) noexcept = 0;
-  virtual bool settle(double reserved, double used) noexcept = 0;
+  virtual basic_reservation<time_point> reserve(double n) noexcept = 0;
+  virtual bool cancel_reservation(double n, const basic_reservation<time_point>& r) noexcept = 0;
+  virtual bool settle(double reserved, double used, std::int64_t slot) noexcept = 0;
   /// The limiter when its type is `type`, else null.
   [[nodiscard]] virtual void* target(const std::type_info& type) noexcept = 0;
 };
@@ -327,6 +338,7 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   using duration = coarse_clock::duration;
   using time_point = coarse_clock::time_point;
   using acquire_result = basic_acquire_result<duration>;
+  using reservation = basic_reservation<time_point>;
 
   /// A limiter running `options.algorithm` at `rate` permits per second (< 0 unlimited, 0
   /// blocked).
@@ -381,21 +393,26 @@ class basic_any_rate_limiter<local_algorithm_list<Algorithms...>> {
   [[nodiscard]] bool reserves() const noexcept {
     return visit([](const auto& l) { return detail::reserves(l); });
   }
-  /// With `reserves()`: see `rate_limiter::reserve` and `leaky_bucket_limiter::reserve`. Otherwise
-  /// `time_point::max()`.
-  time_point reserve(double n) noexcept {
+  /// With `reserves()`: see `rate_limiter::reserve` and `leaky_bucket_limiter::reserve`.
+  /// Otherwise nothing is reserved (`at` is `time_point::max()`).
+  reservation reserve(double n) noexcept {
     return visit([n](auto& l) { return detail::reserve(l, n); });
   }
-  bool cancel_reservation(double n, time_point at) noexcept {
-    return visit([&](auto& l) { return detail::cancel_reservation(l, n, at); });
+  bool cancel_reservation(double n, const reservation& r) noexcept {
+    return visit([&](auto& l) { return detail::cancel_reservation(l, n, r); });
   }
 
-  /// Settles a call admitted for `reserved` permits that used `used` (see
-  /// `rate_limiter::settle`): a debt for a use above the reservation, a refund below it. False,
-  /// changing nothing, when either is not a number of permits or the algorithm cannot settle
-  /// (the window algorithms: the call stays counted as reserved).
+  /// Settles a call admitted for `reserved` permits, its `slot` from `try_acquire` or
+  /// `reserve`, that used `used` (see `rate_limiter::settle`): a debt for a use above the
+  /// reservation, a refund of what no one else holds below it. False, changing nothing, when
+  /// either is not a number of permits or the algorithm cannot settle (the window algorithms:
+  /// the call stays counted as reserved).
+  bool settle(double reserved, double used, std::int64_t slot) noexcept {
+    return visit([&](auto& l) { return detail::settle(l, reserved, used, slot); });
+  }
+  /// `settle` without a slot: the debt only.
   bool settle(double reserved, double used) noexcept {
-    return visit([&](auto& l) { return detail::settle(l, reserved, used); });
+    return settle(reserved, used, acquire_result::no_slot);
   }
 
   /// The limiter, when it runs `L`'s algorithm (one of this list's or, made by
@@ -482,12 +499,14 @@ class other_limiter_of final : public other_rate_limiter {
   std::uint64_t refused() const noexcept override { return impl_.refused(); }
   std::uint64_t delayed() const noexcept override { return impl_.delayed(); }
   bool reserves() const noexcept override { return detail::reserves(impl_); }
-  time_point reserve(double n) noexcept override { return detail::reserve(impl_, n); }
-  bool cancel_reservation(double n, time_point at) noexcept override {
-    return detail::cancel_reservation(impl_, n, at);
+  basic_reservation<time_point> reserve(double n) noexcept override {
+    return detail::reserve(impl_, n);
   }
-  bool settle(double reserved, double used) noexcept override {
-    return detail::settle(impl_, reserved, used);
+  bool cancel_reservation(double n, const basic_reservation<time_point>& r) noexcept override {
+    return detail::cancel_reservation(impl_, n, r);
+  }
+  bool settle(double reserved, double used, std::int64_t slot) noexcept override {
+    return detail::settle(impl_, reserved, used, slot);
   }
   void* target(const std::type_info& type) noexcept override {
     return typeid(typename A::limiter) == type ? &impl_ : nullptr;

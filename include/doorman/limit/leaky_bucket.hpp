@@ -43,6 +43,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
   using duration = typename Clock::duration;
   using time_point = typename Clock::time_point;
   using acquire_result = basic_acquire_result<duration>;
+  using reservation = basic_reservation<time_point>;
   using options_type = leaky_bucket_options;
 
   explicit basic_leaky_bucket_limiter(leaky_bucket_options options = {}, Clock clock = Clock{})
@@ -62,6 +63,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
     if (std::isinf(interval)) return refuse(detail::never);
     std::int64_t now = ticks::point(clock_.now());
     bool precise = lag_ == 0;
+    const std::int64_t refunded = refunds_.refunded();  // before the CAS: see refund_book
     std::int64_t next = next_.load(std::memory_order_relaxed);
     for (;;) {
       if (next > now) {
@@ -72,43 +74,50 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
         }
         return refuse(next - now);
       }
-      if (next_.compare_exchange_weak(next, now + span(n, interval), std::memory_order_relaxed))
-        return {true, {}};
+      const std::int64_t end = now + span(n, interval);
+      if (next_.compare_exchange_weak(next, end, std::memory_order_relaxed))
+        return {true, {}, detail::refund_book::slot(end, refunded)};
     }
   }
 
-  /// Queues for `n` permits: the time they leave (now or later), or `time_point::max()` when
-  /// the queue is full or the shaper is blocked (nothing is queued then).
-  time_point reserve(double n = 1) noexcept {
+  /// Queues for `n` permits: the time `at` they leave (now or later) and the reservation's
+  /// slot (for `cancel_reservation` and `settle`); `at` is `time_point::max()` when the queue
+  /// is full or the shaper is blocked (nothing is queued then).
+  reservation reserve(double n = 1) noexcept {
     this->count_attempt(n);
     return reserve_uncounted(n);
   }
 
-  /// Gives back `n` permits queued for `at`, if `at` is still ahead (a cancelled wait): the
-  /// callers queued behind keep their times; later ones may leave sooner.
-  bool cancel_reservation(double n, time_point at) noexcept {
+  /// Drops `n` permits queued (`reserve`) whose time is still ahead (a cancelled wait): the
+  /// callers queued behind keep their times. Its place goes back as `rate_limiter`'s does:
+  /// only when no one queued after it. False once its time has come (the permits count as
+  /// used).
+  bool cancel_reservation(double n, const reservation& r) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     if (!(interval > 0) || std::isinf(interval)) return false;
     const std::int64_t now = ticks::point(ticks::precise(clock_));
-    if (ticks::point(at) <= now) return false;
-    const std::int64_t s = span(n, interval);
-    std::int64_t next = next_.load(std::memory_order_relaxed);
-    while (!next_.compare_exchange_weak(next, std::max(next - s, now), std::memory_order_relaxed)) {
-    }
+    if (ticks::point(r.at) <= now) return false;
+    refunds_.give_back(next_, r.slot, span(n, interval), now, now);
     return true;
   }
 
-  /// Settles a call admitted for `reserved` permits that turned out to use `used`, as
-  /// `rate_limiter::settle` does: more moves the permits queued after it later by the
-  /// difference (a debt; later callers leave later), less gives the difference back (never
-  /// making room before now). A use above the reservation counts as attempted. False, changing
-  /// nothing, when either is not a number of permits; unlimited or blocked: true.
-  bool settle(double reserved, double used) noexcept {
+  /// Settles a call admitted for `reserved` permits (its `slot` from `try_acquire` or
+  /// `reserve`) that turned out to use `used`, as `rate_limiter::settle` does: more moves the
+  /// permits queued after it later by the difference (a debt; later callers leave later), less
+  /// gives back what of the difference no one holds (the part of its span still ahead, and
+  /// only when no one queued after it). A use above the reservation counts as attempted. False,
+  /// changing nothing, when either is not a number of permits; unlimited or blocked: true.
+  bool settle(double reserved, double used, std::int64_t slot) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     return this->settle_schedule(
-        next_, interval, reserved, used,
+        next_, refunds_, slot, interval, reserved, used,
         [this](std::int64_t, bool) { return ticks::point(ticks::precise(clock_)); },
         [interval](double n) { return span(n, interval); });
+  }
+
+  /// `settle` of a call whose slot is unknown: its debt only.
+  bool settle(double reserved, double used) noexcept {
+    return settle(reserved, used, acquire_result::no_slot);
   }
 
   /// Queues for `n` permits and blocks until they leave: true then; false when the queue was
@@ -119,10 +128,10 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
     for (;;) {
       if (stop.stop_requested()) return false;
       const std::uint32_t seen = changes_.seen();
-      const time_point at = reserve_uncounted(n);
-      if (at != time_point::max()) {
-        return detail::sleep_until([this] { return ticks::precise(clock_); }, at, stop) ||
-               !cancel_reservation(n, at);
+      const reservation r = reserve_uncounted(n);
+      if (r.at != time_point::max()) {
+        return detail::sleep_until([this] { return ticks::precise(clock_); }, r.at, stop) ||
+               !cancel_reservation(n, r);
       }
       if (!std::isinf(interval_.load(std::memory_order_relaxed))) return false;  // full
       changes_.wait(seen, stop);
@@ -133,7 +142,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
   void set_rate(double rate) noexcept {
     const double interval = detail::interval_of(rate);
     const double old = interval_.exchange(interval, std::memory_order_relaxed);
-    detail::rescale_schedule(next_, old, interval, ticks::point(ticks::precise(clock_)));
+    refunds_.rescale(next_, old, interval, ticks::point(ticks::precise(clock_)));
     changes_.notify();
   }
 
@@ -183,27 +192,30 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
     return {false, ticks::to_duration(wait)};
   }
 
-  time_point reserve_uncounted(double n) noexcept {
+  reservation reserve_uncounted(double n) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     const std::int64_t now = ticks::point(ticks::precise(clock_));
-    if (interval == 0) return ticks::to_point(now);
+    if (interval == 0) return {ticks::to_point(now)};
     if (std::isinf(interval)) {
       this->count_delay();
-      return time_point::max();
+      return {};
     }
     const std::int64_t room = to_ns(queue() * interval);
     const std::int64_t s = span(n, interval);
+    const std::int64_t refunded = refunds_.refunded();
     std::int64_t next = next_.load(std::memory_order_relaxed);
     std::int64_t at = 0;
     do {
       at = std::max(next, now);
       if (at - now > room) {
         this->count_refusal();
-        return time_point::max();
+        return {};
       }
-    } while (!next_.compare_exchange_weak(next, at + s, std::memory_order_relaxed));
+      refunds_.reserving(at);  // published before the CAS (release)
+    } while (!next_.compare_exchange_weak(next, at + s, std::memory_order_release,
+                                          std::memory_order_relaxed));
     if (at > now) this->count_delay();
-    return ticks::to_point(at);
+    return {ticks::to_point(at), detail::refund_book::slot(at + s, refunded)};
   }
 
   static std::int64_t span(double n, double interval) noexcept { return to_ns(n * interval); }
@@ -214,6 +226,7 @@ class basic_leaky_bucket_limiter : public detail::limiter_counters<1> {
   std::atomic<double> interval_{0};  // nanoseconds per permit
   std::atomic<double> queue_{0};
   alignas(64) std::atomic<std::int64_t> next_{std::numeric_limits<std::int64_t>::min() / 2};
+  detail::refund_book refunds_;
   detail::change_signal changes_;
 };
 

@@ -30,8 +30,23 @@ struct basic_acquire_result {
   /// permits (`valid_permits`), or, for the algorithms that cannot borrow (all but GCRA), when
   /// the request is larger than they ever admit at once.
   Duration retry_after{};
+  /// When admitted by an algorithm that keeps a schedule (GCRA, the leaky bucket): the call's
+  /// place in it, to pass to `settle` so that a call that used less than it took can give back
+  /// the part of its time no later call holds. `no_slot` otherwise.
+  std::int64_t slot = no_slot;
 
   explicit operator bool() const noexcept { return admitted; }
+
+  /// A slot that gives nothing back: `settle` with it only runs debts.
+  static constexpr std::int64_t no_slot = std::numeric_limits<std::int64_t>::min();
+};
+
+/// A reservation (`reserve`): the time `at` its permits are due (`TimePoint::max()` when
+/// nothing was reserved) and its `slot`, for `cancel_reservation` and `settle`.
+template <class TimePoint>
+struct basic_reservation {
+  TimePoint at = TimePoint::max();
+  std::int64_t slot = basic_acquire_result<typename TimePoint::duration>::no_slot;
 };
 
 /// Where a limiter stands, in its own terms (what `RateLimit-Limit`, `RateLimit-Remaining`
@@ -122,18 +137,19 @@ struct ticks_of {
 /// A schedule `t` (the time it is next free) after its interval went from `old` to `interval`
 /// at `now`: the permits already taken beyond now are kept in permits, not in time, so a faster
 /// rate applies at once and a slower one is not escaped. Nothing moves from or to unlimited or
-/// blocked.
-inline void rescale_schedule(std::atomic<std::int64_t>& t, double old, double interval,
-                             std::int64_t now) noexcept {
+/// blocked. Returns the value it replaced (`now` when it moved nothing).
+inline std::int64_t rescale_schedule(std::atomic<std::int64_t>& t, double old, double interval,
+                                     std::int64_t now) noexcept {
   if (!(old > 0 && interval > 0 && std::isfinite(old) && std::isfinite(interval)) ||
       old == interval) {
-    return;
+    return now;
   }
   std::int64_t at = t.load(std::memory_order_relaxed);
   while (at > now && !t.compare_exchange_weak(
                          at, now + schedule_span(static_cast<double>(at - now) * interval / old),
-                         std::memory_order_relaxed)) {
+                         std::memory_order_acq_rel, std::memory_order_relaxed)) {
   }
+  return std::max(at, now);
 }
 
 /// Permits in thousandths, the unit the counting algorithms keep (so that sums are exact);
@@ -173,6 +189,104 @@ class demand_counter {
   stripe stripes_[Stripes]{};
 };
 
+/// A test-and-test-and-set lock for a few-word critical section (BasicLockable).
+class spin_lock {
+ public:
+  void lock() noexcept {
+    for (unsigned spins = 0;; ++spins) {
+      if (!locked_.exchange(true, std::memory_order_acquire)) return;
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++spins > 64) std::this_thread::yield();
+      }
+    }
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+/// What a schedule (GCRA's theoretical arrival time, the leaky bucket's next departure) may
+/// give back when a call used less than it took, and the bookkeeping that makes it safe.
+///
+/// Each call holds a span of the schedule, its slot, which ends where the schedule stood after
+/// it; every call admitted later holds a span after it, and uses its permits no later than its
+/// span begins. Over any window W the permits used are then at most what fits in W plus the
+/// tolerance (`rate·W + burst`), and a refund keeps that bound when it gives back only time no
+/// one uses: at most the call's unused span, and none of it before now (time already passed
+/// was held). Moving the schedule's end back by g moves every later span back by g, which each
+/// of them can take while it still begins after the time its permits were used: true of every
+/// call already admitted when g ≤ (the call's end − now), not of a reservation due later.
+/// Hence the rule: a refund gives min(unused span, end − now), and only from the schedule's
+/// tail while any reservation is still ahead of now.
+///
+/// A slot is the call's end plus the refunds made before it (`refunded()`, read before the
+/// call's compare-and-swap); the refunds made since, which may have moved it back, are taken
+/// off when it settles, so the end a refund assumes is never later than the real one. A rate
+/// change counts the whole schedule ahead of now as refunded, so a call open across it gives
+/// nothing back. Refunds take a short lock among themselves (admissions never do).
+class refund_book {
+ public:
+  /// The refunds so far: read before an admission's compare-and-swap, to make its slot.
+  [[nodiscard]] std::int64_t refunded() const noexcept {
+    return refunded_.load(std::memory_order_acquire);
+  }
+
+  /// The slot of a call whose span ends at `end`, `refunded` having been read before it.
+  [[nodiscard]] static std::int64_t slot(std::int64_t end, std::int64_t refunded) noexcept {
+    return end + refunded;
+  }
+
+  /// Before a reservation's compare-and-swap (made with release): its permits are due at `due`.
+  void reserving(std::int64_t due) noexcept {
+    std::int64_t seen = reserved_until_.load(std::memory_order_relaxed);
+    while (seen < due &&
+           !reserved_until_.compare_exchange_weak(seen, due, std::memory_order_relaxed)) {
+    }
+  }
+
+  /// Gives back up to `span` of the call at `slot` to the schedule `t`, `lo` and `hi` bounding
+  /// now from below and above: what the rule above allows (0 for `no_slot`). Returns it.
+  std::int64_t give_back(std::atomic<std::int64_t>& t, std::int64_t slot, std::int64_t span,
+                         std::int64_t lo, std::int64_t hi) noexcept {
+    if (slot == std::numeric_limits<std::int64_t>::min() || span <= 0) return 0;
+    const std::lock_guard lock(lock_);
+    const std::int64_t refunded = refunded_.load(std::memory_order_relaxed);
+    const std::int64_t end = slot - refunded;  // never later than the call's span really ends
+    if (end <= hi) return 0;
+    const std::int64_t give = std::min(span, end - hi);
+    std::int64_t at = t.load(std::memory_order_acquire);
+    for (;;) {
+      // Read after the schedule: a reservation in it has published its due time.
+      const bool ahead = reserved_until_.load(std::memory_order_relaxed) > lo;
+      if (ahead && at != end) return 0;
+      if (t.compare_exchange_weak(at, at - give, std::memory_order_acq_rel,
+                                  std::memory_order_acquire)) {
+        break;
+      }
+    }
+    refunded_.store(refunded + give, std::memory_order_release);
+    return give;
+  }
+
+  /// `rescale_schedule(t, old, interval, now)` (a new rate), with every call open across it
+  /// giving nothing back: the schedule ahead of now that it moved counts as refunded.
+  void rescale(std::atomic<std::int64_t>& t, double old, double interval,
+               std::int64_t now) noexcept {
+    const std::lock_guard lock(lock_);
+    const std::int64_t before = rescale_schedule(t, old, interval, now);
+    if (before > now) {
+      refunded_.store(refunded_.load(std::memory_order_relaxed) + (before - now),
+                      std::memory_order_release);
+    }
+  }
+
+ private:
+  std::atomic<std::int64_t> refunded_{0};
+  std::atomic<std::int64_t> reserved_until_{std::numeric_limits<std::int64_t>::min()};
+  spin_lock lock_;
+};
+
 /// The demand and hold-back counters every rate algorithm keeps, and their readings: the
 /// algorithms derive from it, so these are part of their public surface.
 template <unsigned Stripes>
@@ -200,31 +314,30 @@ class limiter_counters {
   void count_refusal() noexcept { refused_.fetch_add(1, std::memory_order_relaxed); }
   void count_delay() noexcept { delayed_.fetch_add(1, std::memory_order_relaxed); }
 
-  /// `settle(reserved, used)` for a limiter whose state is the time `t` its schedule is next
-  /// free (GCRA's theoretical arrival time, the leaky bucket's next departure), at `interval`
-  /// ns per permit: false for a number that is not one of permits; the use above the
+  /// `settle(reserved, used, slot)` for a limiter whose state is the time `t` its schedule is
+  /// next free (GCRA's theoretical arrival time, the leaky bucket's next departure), at
+  /// `interval` ns per permit: false for a number that is not one of permits; the use above the
   /// reservation counted as attempted; `t` moved later by `span(used − reserved)` (a debt,
-  /// counted from `now(t, true)` when the schedule was already free) or earlier by
-  /// `span(reserved − used)`, never before `now(t, false)` (a refund makes an idle limiter no
-  /// more than whole). Unlimited or blocked: nothing to move (true).
+  /// counted from `now(t, true)` when the schedule was already free), or `refunds` gives back
+  /// what it safely can of `span(reserved − used)` (`refund_book::give_back`). Unlimited or
+  /// blocked: nothing to move (true).
   template <class Now, class Span>
-  bool settle_schedule(std::atomic<std::int64_t>& t, double interval, double reserved, double used,
-                       Now now, Span span) noexcept {
+  bool settle_schedule(std::atomic<std::int64_t>& t, refund_book& refunds, std::int64_t slot,
+                       double interval, double reserved, double used, Now now, Span span) noexcept {
     if (!valid_permits(reserved) || !valid_permits(used)) return false;
     if (used > reserved) count_attempt(used - reserved);
     if (!(interval > 0) || std::isinf(interval) || used == reserved) return true;
+    if (used < reserved) {
+      // Now from below (the cheap clock) and from above (the precise one).
+      const std::int64_t lo = now(std::numeric_limits<std::int64_t>::max(), false);
+      const std::int64_t hi = now(std::numeric_limits<std::int64_t>::min(), true);
+      refunds.give_back(t, slot, span(reserved - used), lo, hi);
+      return true;
+    }
     std::int64_t at = t.load(std::memory_order_relaxed);
-    const bool debt = used > reserved;
-    const std::int64_t from = now(at, debt);
-    if (debt) {
-      const std::int64_t shift = span(used - reserved);
-      while (!t.compare_exchange_weak(at, std::max(at, from) + shift, std::memory_order_relaxed)) {
-      }
-    } else {
-      const std::int64_t shift = span(reserved - used);
-      while (at > from &&
-             !t.compare_exchange_weak(at, std::max(at - shift, from), std::memory_order_relaxed)) {
-      }
+    const std::int64_t from = now(at, true);
+    const std::int64_t shift = span(used - reserved);
+    while (!t.compare_exchange_weak(at, std::max(at, from) + shift, std::memory_order_relaxed)) {
     }
     return true;
   }
@@ -273,23 +386,6 @@ class change_signal {
 
  private:
   std::atomic<std::uint32_t> changes_{0};
-};
-
-/// A test-and-test-and-set lock for a few-word critical section (BasicLockable).
-class spin_lock {
- public:
-  void lock() noexcept {
-    for (unsigned spins = 0;; ++spins) {
-      if (!locked_.exchange(true, std::memory_order_acquire)) return;
-      while (locked_.load(std::memory_order_relaxed)) {
-        if (++spins > 64) std::this_thread::yield();
-      }
-    }
-  }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
 };
 
 }  // namespace detail

@@ -27,8 +27,11 @@
 /// refuse too early, never admit too early, and a refusal within `resolution` of admission is
 /// decided again on the precise clock. The latest precise reading, a time already passed, is
 /// kept as a lower bound too, so one precise reading serves up to a burst of later calls. So
-/// the bound above holds in real time and the rate is reached exactly, while an admitted
-/// `try_acquire` costs one cheap clock read and one CAS.
+/// the rate is reached exactly while an admitted `try_acquire` costs one cheap clock read and
+/// one CAS, and the bound above holds in real time but for one case, not yet mended: a call
+/// admitted when the limiter was idle starts its span at the cheap reading, up to `resolution`
+/// before now, so a window may hold up to `rate × resolution` permits more (the property test
+/// of settled costs allows exactly that on its lagging clock).
 /// `wait` and `reserve` use the precise clock.
 
 #include <algorithm>
@@ -65,6 +68,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   using duration = typename Clock::duration;
   using time_point = typename Clock::time_point;
   using acquire_result = basic_acquire_result<duration>;
+  using reservation = basic_reservation<time_point>;
   using options_type = rate_limiter_options;
 
   explicit basic_rate_limiter(rate_limiter_options options = {}, Clock clock = Clock{})
@@ -97,6 +101,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     // later one: with it, one precise reading serves up to a burst of calls.
     std::int64_t now = std::max(ticks(clock_.now()), seen_.load(std::memory_order_relaxed));
     bool precise = !has_precise_clock;
+    const std::int64_t refunded = refunds_.refunded();  // before the CAS: see refund_book
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
     for (;;) {
       const std::int64_t base = std::max(tat, now);
@@ -112,17 +117,17 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
         return {false, from_ticks(late)};
       }
       if (tat_.compare_exchange_weak(tat, base + increment, std::memory_order_relaxed))
-        return {true, {}};
+        return {true, {}, detail::refund_book::slot(base + increment, refunded)};
     }
   }
 
-  /// Reserves `n` permits and returns the time at which the caller may use them (now or
-  /// later): reservations are served in the order they are made, and one larger than the
-  /// burst is due when `try_acquire` would admit it. `time_point::max()` when blocked (rate 0)
-  /// or when `n` is not a number of permits: nothing is reserved then. (`wait` and
-  /// asynchronous waits build on it.)
-  time_point reserve(double n = 1) noexcept {
-    if (!valid_permits(n)) return time_point::max();
+  /// Reserves `n` permits: the time `at` which the caller may use them (now or later), and
+  /// the reservation's slot (for `cancel_reservation` and `settle`). Reservations are served in
+  /// the order they are made, and one larger than the burst is due when `try_acquire` would
+  /// admit it. `at` is `time_point::max()` when blocked (rate 0) or when `n` is not a number
+  /// of permits: nothing is reserved then. (`wait` and asynchronous waits build on it.)
+  reservation reserve(double n = 1) noexcept {
+    if (!valid_permits(n)) return {};
     this->count_attempt(n);
     return reserve_uncounted(n);
   }
@@ -141,32 +146,33 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     return wait_until_admitted(n, stop) != time_point::max();
   }
 
-  /// Gives back `n` permits reserved (`reserve`) for `at`, if `at` is still ahead: the caller
-  /// will not use them (a cancelled wait). Reservations made since keep their times; the next
-  /// ones may come up to `n` permits sooner. Whether they were given back (false once `at`
-  /// has come: the permits count as used).
-  bool cancel_reservation(double n, time_point at) noexcept {
+  /// Drops a reservation of `n` permits (`reserve`) whose time is still ahead: the caller
+  /// will not use them (a cancelled wait). Reservations made since keep their times. Its time
+  /// goes back to the schedule as a refund does (`settle`): all of it when no reservation was
+  /// made after it, else none (the permits are lost, never given twice). Whether it was
+  /// dropped: false once its time has come (the permits count as used).
+  bool cancel_reservation(double n, const reservation& r) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     if (!(interval > 0) || std::isinf(interval)) return false;
     const std::int64_t now = ticks(precise_now());
-    if (ticks(at) <= now) return false;
-    const std::int64_t increment = increment_for(n, interval);
-    std::int64_t tat = tat_.load(std::memory_order_relaxed);
-    while (!tat_.compare_exchange_weak(tat, std::max(tat - increment, now),
-                                       std::memory_order_relaxed)) {
-    }
+    if (ticks(r.at) <= now) return false;
+    refunds_.give_back(tat_, r.slot, increment_for(n, interval), now, now);
     return true;
   }
 
-  /// Settles a call admitted for `reserved` permits (by `try_acquire`, `wait` or `reserve`)
-  /// that turned out to use `used`: a call that used more runs the limiter into debt by the
-  /// difference (later calls wait until it is repaid at the rate, as after a call larger than
-  /// the burst); one that used less gives the difference back, never more than makes an idle
-  /// limiter whole (`burst` permits). A use above the reservation counts as attempted (the
-  /// demand measured grows by it); a refund does not lower what was attempted (the counters
-  /// only grow). False, changing nothing, when either is not a number of permits
-  /// (`valid_permits`). Unlimited or blocked: nothing to move in time (true).
-  bool settle(double reserved, double used) noexcept {
+  /// Settles a call admitted for `reserved` permits (by `try_acquire` or `reserve`, whose
+  /// `slot` it passes) that turned out to use `used`. A call that used more runs the limiter
+  /// into debt by the difference (later calls wait until it is repaid at the rate, as after a
+  /// call larger than the burst). One that used less gives back what of the difference no one
+  /// else holds: the part of its span still ahead of now (time passed was the call's), from
+  /// anywhere in the schedule when no reservation is waiting, else only when no call came after
+  /// it; a call open across a change of rate gives nothing back. So over any window W at most
+  /// `rate·W + burst` permits are used, plus what the calls settled at its end used above their
+  /// reservations. A use above the reservation counts as attempted (the demand measured grows
+  /// by it); a refund does not lower what was attempted (the counters only grow). False,
+  /// changing nothing, when either is not a number of permits (`valid_permits`). Unlimited or
+  /// blocked: nothing to move in time (true).
+  bool settle(double reserved, double used, std::int64_t slot) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     // A time already passed (the cheap clock, or the latest precise reading) serves a refund,
     // whose floor it only lowers, and a debt on a limiter busy past it; a debt on a limiter
@@ -179,8 +185,14 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
       }
       return t;
     };
-    return this->settle_schedule(tat_, interval, reserved, used, now,
+    return this->settle_schedule(tat_, refunds_, slot, interval, reserved, used, now,
                                  [&](double n) { return increment_for(n, interval); });
+  }
+
+  /// `settle` of a call whose slot is unknown: its debt only (a use below the reservation
+  /// gives nothing back).
+  bool settle(double reserved, double used) noexcept {
+    return settle(reserved, used, acquire_result::no_slot);
   }
 
   /// Changes the rate, at once: a limiter that was idle holds at most `burst` permits at the
@@ -189,7 +201,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     const double interval = detail::interval_of(rate);
     const double old = interval_.exchange(interval, std::memory_order_relaxed);
     update_steps();
-    detail::rescale_schedule(tat_, old, interval, ticks(precise_now()));
+    refunds_.rescale(tat_, old, interval, ticks(precise_now()));
     notify_change();
   }
 
@@ -247,27 +259,31 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     return n == 1 ? step_.load(std::memory_order_relaxed) : to_ticks(n * interval);
   }
 
-  time_point reserve_uncounted(double n) noexcept {
+  reservation reserve_uncounted(double n) noexcept {
     const double interval = interval_.load(std::memory_order_relaxed);
     const std::int64_t now = ticks(precise_now());
-    if (interval == 0) return from_tick_point(now);
+    if (interval == 0) return {from_tick_point(now)};
     if (std::isinf(interval)) {
       this->count_delay();
-      return time_point::max();
+      return {};
     }
     const std::int64_t tolerance = tolerance_.load(std::memory_order_relaxed);
     const std::int64_t increment = increment_for(n, interval);
     const std::int64_t due = std::min(increment, tolerance);  // as try_acquire admits it
+    const std::int64_t refunded = refunds_.refunded();
     std::int64_t tat = tat_.load(std::memory_order_relaxed);
     std::int64_t base = 0;
     do {
       base = std::max(tat, now);
-    } while (!tat_.compare_exchange_weak(tat, base + increment, std::memory_order_relaxed));
+      refunds_.reserving(base + due - tolerance);  // published before the CAS (release)
+    } while (!tat_.compare_exchange_weak(tat, base + increment, std::memory_order_release,
+                                         std::memory_order_relaxed));
+    const std::int64_t slot = detail::refund_book::slot(base + increment, refunded);
     if (base + due - tolerance > now) {
       this->count_delay();
-      return from_tick_point(base + due - tolerance);
+      return {from_tick_point(base + due - tolerance), slot};
     }
-    return from_tick_point(now);
+    return {from_tick_point(now), slot};
   }
 
   // The one waiting loop of both `wait` forms: the time the permits were due, or max when
@@ -279,9 +295,9 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
     for (;;) {
       if (stop.stop_requested()) return time_point::max();
       const std::uint32_t seen = changes_.seen();
-      const time_point at = reserve_uncounted(n);
-      if (at != time_point::max()) {
-        return sleep_until(at, stop) || !cancel_reservation(n, at) ? at : time_point::max();
+      const reservation r = reserve_uncounted(n);
+      if (r.at != time_point::max()) {
+        return sleep_until(r.at, stop) || !cancel_reservation(n, r) ? r.at : time_point::max();
       }
       changes_.wait(seen, stop);
     }
@@ -335,6 +351,7 @@ class basic_rate_limiter : public detail::limiter_counters<16> {
   alignas(64) std::atomic<std::int64_t> tat_{std::numeric_limits<std::int64_t>::min() / 2};
   // The latest precise reading (any thread's): a time already passed, so never ahead of now.
   std::atomic<std::int64_t> seen_{std::numeric_limits<std::int64_t>::min() / 2};
+  detail::refund_book refunds_;
   detail::change_signal changes_;
 };
 

@@ -66,8 +66,9 @@ namespace detail {
 struct cost_runner : limited_client {
   using limited_client::limited_client;
   bool calling = false;
-  double cost = 0;  // of the call under way
-  double due = 0;   // of the next call
+  std::int64_t slot = 0;  // the call under way's place in the limiter's schedule
+  double cost = 0;        // of the call under way
+  double due = 0;         // of the next call
 };
 
 }  // namespace detail
@@ -106,10 +107,11 @@ class cost_workload : detail::workload<detail::cost_runner> {
     const double now = seconds_of(s_.now());
     r.apply(s_.effective_capacity(r.index));
     if (r.calling) {
-      r.limiter.settle(options_.estimate, r.cost);
+      r.limiter.settle(options_.estimate, r.cost, r.slot);
       r.calling = false;
     }
-    const auto at = r.limiter.reserve(options_.estimate);
+    const auto reserved = r.limiter.reserve(options_.estimate);
+    const auto at = reserved.at;
     if (at == limiter_type::time_point::max()) {
       s_.at(now + options_.poll, [this, i] { next(i); });
       return;
@@ -118,6 +120,7 @@ class cost_workload : detail::workload<detail::cost_runner> {
     r.cost =
         heavy_tailed_cost(draw_.uniform(), options_.min_cost, options_.max_cost, options_.shape);
     r.calling = true;
+    r.slot = reserved.slot;
     calls_.push_back({i, admitted, r.cost, r.due});
     const double share = fair_share_ > 0 ? r.cost / fair_share_ : 0.0;
     r.due = admitted + std::max(options_.latency, share);

@@ -140,7 +140,7 @@ class service_workload : detail::workload<detail::service_runner> {
     runner& r = *runners_[i];
     const double t = now();
     apply(r);
-    const auto at = r.limiter.reserve(1);
+    const auto at = r.limiter.reserve(1).at;
     if (at == limiter_type::time_point::max()) {
       s_.at(t + options_.poll, [this, i] { next(i); });
       return;

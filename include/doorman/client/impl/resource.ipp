@@ -60,8 +60,8 @@ inline asio::awaitable<std::error_code> rate_wait(std::shared_ptr<resource_entry
   if (!e->rate.reserves()) co_return co_await retry_wait(*e, n, *w, listed);
   for (;;) {
     if (w->cancelled || e->stopped()) co_return asio::error::operation_aborted;
-    const auto at = e->rate.reserve(n);
-    if (at == coarse_clock::time_point::max()) {
+    const auto r = e->rate.reserve(n);
+    if (r.at == coarse_clock::time_point::max()) {
       if (e->rate.rate() != 0) co_return asio::error::no_buffer_space;  // a full queue
       e->held_back();  // blocked (capacity 0): until it changes
       co_await listed.until_woken();
@@ -69,11 +69,11 @@ inline asio::awaitable<std::error_code> rate_wait(std::shared_ptr<resource_entry
     }
     // coarse_clock and steady_clock count from the same epoch (CLOCK_MONOTONIC*).
     w->timer.expires_at(std::chrono::steady_clock::time_point(
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(at.time_since_epoch())));
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(r.at.time_since_epoch())));
     std::error_code ec;
     co_await w->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     // Cancelled before its time: the permits go back (after it, they count as used).
-    if (w->cancelled && e->rate.cancel_reservation(n, at)) {
+    if (w->cancelled && e->rate.cancel_reservation(n, r)) {
       co_return asio::error::operation_aborted;
     }
     co_return std::error_code();
