@@ -757,34 +757,36 @@ TEST_CASE("a call open when the root names a new window refunds nothing into it"
   }
 }
 
-TEST_CASE("a budget window's count is never under what its calls spent, over random programs",
-          "[budget][limit][property]") {
-  // The fuzz target `limits` runs the same property on what libFuzzer finds.
-  doorman::detail::splitmix64 draw(80);
+namespace {
+
+// `property` (tests/fuzz/limit_properties.hpp) over 3000 programs of random bytes, each up to
+// `longest` long, drawn from `seed`: the first broken bound fails, with its program and words.
+// The fuzz target `limits` runs the same properties on what libFuzzer finds.
+template <class Property>
+void holds_over_random_programs(std::uint64_t seed, std::uint64_t longest, Property property) {
+  doorman::detail::splitmix64 draw(seed);
   for (int program = 0; program < 3000; ++program) {
-    std::vector<std::uint8_t> bytes(1 + draw.next() % 600);
+    std::vector<std::uint8_t> bytes(1 + draw.next() % longest);
     for (auto& b : bytes)
       b = static_cast<std::uint8_t>(draw.next());
-    const auto broken = doorman_fuzz::budget_window_property(bytes.data(), bytes.size());
-    INFO("program " << program);
-    REQUIRE_FALSE(broken);
+    const auto broken = property(bytes.data(), bytes.size());
+    INFO("program " << program << ": " << broken.value_or(""));
+    REQUIRE_FALSE(broken.has_value());
   }
+}
+
+}  // namespace
+
+TEST_CASE("a budget window's count is never under what its calls spent, over random programs",
+          "[budget][limit][property]") {
+  holds_over_random_programs(80, 600, doorman_fuzz::budget_window_property);
 }
 
 TEST_CASE(
     "a rate limiter's calls, settled and cancelled, keep to rate x W + burst, over random "
     "programs",
     "[limit][costs][property]") {
-  // The fuzz target `limits` runs the same property on what libFuzzer finds.
-  doorman::detail::splitmix64 draw(81);
-  for (int program = 0; program < 3000; ++program) {
-    std::vector<std::uint8_t> bytes(1 + draw.next() % 500);
-    for (auto& b : bytes)
-      b = static_cast<std::uint8_t>(draw.next());
-    const auto broken = doorman_fuzz::rate_window_property(bytes.data(), bytes.size());
-    INFO("program " << program << ": " << broken.value_or(""));
-    REQUIRE_FALSE(broken.has_value());
-  }
+  holds_over_random_programs(81, 500, doorman_fuzz::rate_window_property);
 }
 
 TEST_CASE("a client's budget counter loses no unit to threads racing its driver",
