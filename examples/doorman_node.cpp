@@ -73,8 +73,14 @@ std::vector<flag> tree_flags() {
        shortest(e.ttl.count())},
       {"budget-mark-step", "X",
        "with an etcd election, a root keeps each budget's spend in etcd (KEY/budgets/ID under "
-       "--election-key), stored this fraction of the budget ahead; 0: not kept",
+       "--election-key), with --state-file in that file, stored this fraction of the budget "
+       "ahead; 0: not kept",
        "0.01"},
+      {"state-file", "FILE",
+       "without --etcd-endpoints: where this task keeps the end of the leases it granted (a "
+       "restart with none outstanding grants at once, with no learning mode) and a root its "
+       "budgets' spend (a window continues where it was); docs/operations.md",
+       ""},
       {"id", "ID", "this node's id in status and at its parent (default: the advertised address)",
        ""},
       {"decay-factor", "X", "refresh interval factor per tree level, in [0.001, 1]",
@@ -226,6 +232,18 @@ void read_election(const doorman_examples::flag_values& v, doorman::etcd_electio
   o.engine.budget_mark_step = v.number("budget-mark-step", 0, 1);
   o.budget_marks = {
       .etcd_endpoints = e.endpoints, .etcd_tls = e.tls, .prefix = e.key + "/budgets/"};
+}
+
+// --state-file: a task without an election in etcd keeps its state there.
+void read_state_file(const doorman_examples::flag_values& v, doorman::node_options& o) {
+  if (v.given("etcd-endpoints")) {
+    throw std::invalid_argument(
+        "--state-file: not with --etcd-endpoints (the election and the budget marks keep their "
+        "state in etcd)");
+  }
+  o.state_file = v.at("state-file");
+  if (o.state_file.empty()) throw std::invalid_argument("--state-file: empty");
+  o.engine.budget_mark_step = v.number("budget-mark-step", 0, 1);
 }
 
 // A file flag's value, checked to be readable now (a clear error before TLS setup).
@@ -521,6 +539,7 @@ int main(int argc, char** argv) {
     grpc_listen = read_grpc(v, o);
     check_election_flags(v);
     if (v.given("etcd-endpoints")) read_election(v, election, o);
+    if (v.given("state-file")) read_state_file(v, o);
     if (doorman::config_location::parse(o.config.source).type ==
             doorman::config_location::kind::etcd &&
         o.config.etcd_endpoints.empty()) {

@@ -262,6 +262,36 @@ TEST_CASE("a budget resource spends its allotment, settles, reports and frees th
   CHECK_FALSE(tb.try_acquire(1));  // closed is closed
 }
 
+TEST_CASE("a standalone root with a state file continues a budget's window after a restart",
+          "[client][net][budget][state]") {
+  const std::string dir = scratch_directory("doorman-state");
+  doorman::node_options o;
+  o.state_file = dir + "/state.json";
+  o.engine.budget_mark_step = 0.1;  // marks 100 units ahead: a few writes reach 400
+  {
+    running_node root(budget_config, o);
+    doorman::client a(fast_client(root.address()));
+    doorman::budget_resource tokens(a, "tokens", {.wants = 400});
+    REQUIRE(eventually([&] { return tokens.left() == Approx(400); }));
+    const auto w = tokens.window();
+    REQUIRE(tokens.try_acquire(300));
+    CHECK(tokens.settle(300, 300, w));
+    REQUIRE(eventually([&] { return budget_at(root, "tokens").spent >= 300; }));
+    a.stop();
+  }
+  // Restarted: the window's count starts from the mark the root kept in the file (what was
+  // spent and allotted, a step ahead), so what is left is at most the 700 it had.
+  running_node root(budget_config, o);
+  doorman::client b(fast_client(root.address()));
+  doorman::budget_resource tokens(b, "tokens", {.wants = 5000});
+  REQUIRE(eventually([&] { return tokens.left() > 0; }));
+  const auto info = budget_at(root, "tokens");
+  CHECK(info.spent >= 300);
+  CHECK(tokens.left() <= 700 + 1e-6);
+  b.stop();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a budget's measured wants grow while it refuses, and its allotment ends with its lease",
           "[client][net][budget]") {
   running_node root(budget_config);

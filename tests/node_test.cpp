@@ -109,6 +109,59 @@ TEST_CASE("a restarted root rebuilds its leases in learning mode without over-gr
   CHECK(settled);
 }
 
+TEST_CASE("a root with a state file grants at once when no lease it granted is out",
+          "[net][tree][state]") {
+  const std::string dir = scratch_directory("doorman-state");
+  const std::string path = dir + "/state.json";
+  doorman::node_options o;
+  o.state_file = path;
+  const auto asks = [](const std::string& address) {
+    line_client c(address);
+    return gets(c.call("get_capacity", capacity_params("c", "db", 50)));
+  };
+  const auto learning = [](const std::string& address) {
+    return status_of(address, "db")["resources"][0]["learning"] == true;
+  };
+  {  // Fresh: no file, so no lease out. Learning mode would give a newcomer 0 for 1.5 s.
+    running_node root(fast_config(90, 1.5), o);
+    CHECK(asks(root.address()) == 50);
+    CHECK_FALSE(learning(root.address()));
+  }
+  // The file says how far the leases may last: written ahead, three lease lengths (3 s each).
+  const auto now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auto read = [&] {
+    std::ifstream in(path);
+    return json::parse(in);
+  };
+  CHECK(read()["leases_until"].get<double>() > now + 6);
+  CHECK(read()["leases_until"].get<double>() < now + 10);
+  {  // Restarted at once: a lease may be out, so it learns.
+    running_node root(fast_config(90, 1.5), o);
+    CHECK(asks(root.address()) == 0);
+    CHECK(learning(root.address()));
+  }
+  {  // A file whose leases have ended: at once again.
+    std::ofstream(path) << R"({"leases_until": 1000, "budgets": {}})";
+    running_node root(fast_config(90, 1.5), o);
+    CHECK(asks(root.address()) == 50);
+  }
+  // Hostile files are refused naming the field, and left as they were.
+  for (const std::string bad : {R"({"leases_until": "soon"})", R"([1])",
+                                R"({"leases_until": 1, "budgets": {"b": {"window": 1}}})"}) {
+    std::ofstream(path) << bad;
+    try {
+      running_node root(fast_config(90, 1.5), o);
+      FAIL("a bad state file was accepted: " << bad);
+    } catch (const std::runtime_error& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::StartsWith("state file " + path + ": "));
+    }
+    std::ifstream in(path);
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == bad);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 #ifdef DOORMAN_NODE_BINARY
 
 TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM", "[net][process]") {

@@ -74,6 +74,13 @@ auto run_coroutine_test(asio::io_context& io, Make make, std::chrono::millisecon
   return f.get();
 }
 
+// A new directory under /tmp named `/tmp/STEM-XXXXXX`, for a test's files (it removes it).
+inline std::string scratch_directory(const std::string& stem) {
+  std::string name = "/tmp/" + stem + "-XXXXXX";
+  REQUIRE(::mkdtemp(name.data()) != nullptr);
+  return name;
+}
+
 // A FAIR_SHARE template for every resource, with short leases so that tests run fast.
 inline std::string fast_config(double capacity, double learning = 0) {
   return R"({"resources": [{"identifier_glob": "*", "capacity": )" + std::to_string(capacity) +

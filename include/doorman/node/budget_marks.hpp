@@ -65,26 +65,34 @@ struct stored_budget_mark {
   return stored_budget_mark{w->get<std::int64_t>(), mark};
 }
 
+class state_file;
+
+/// Reads and raises a root's budget marks in etcd, or in a state file (`state_file.hpp`) for a
+/// root without an election in etcd.
 template <class Engine>
 class basic_budget_keeper {
  public:
   using clock = std::chrono::steady_clock;
   using task = typename Engine::budget_mark_task;
 
+  /// Marks in etcd as `options` say, or (`file` not null: the node's) in `file`.
   basic_budget_keeper(const asio::any_io_executor& strand, Engine& target,
-                      budget_mark_options options, std::function<void(std::string_view)> log)
+                      budget_mark_options options, std::function<void(std::string_view)> log,
+                      state_file* file = nullptr)
       : strand_(strand),
         engine_(target),
         options_(std::move(options)),
         log_(std::move(log)),
-        backoff_(strand) {
-    if (active()) etcd_.emplace(strand_, options_.etcd_endpoints, options_.etcd_tls);  // throws
+        backoff_(strand),
+        file_(file) {
+    if (!options_.prefix.empty())
+      etcd_.emplace(strand_, options_.etcd_endpoints, options_.etcd_tls);  // throws
   }
 
   basic_budget_keeper(const basic_budget_keeper&) = delete;
   basic_budget_keeper& operator=(const basic_budget_keeper&) = delete;
 
-  [[nodiscard]] bool active() const noexcept { return !options_.prefix.empty(); }
+  [[nodiscard]] bool active() const noexcept { return !options_.prefix.empty() || file_; }
 
   /// After calls (on the strand): performs the marks that came due, unless already at it.
   void after_calls() {
@@ -125,6 +133,7 @@ class basic_budget_keeper {
 
   // One task: what the key holds for its window now, or nothing when that is not known.
   asio::awaitable<std::optional<double>> perform(const task& t) {
+    if (file_ != nullptr) co_return perform_in_file(t);
     const std::string key = options_.prefix + t.resource_id;
     const auto deadline = clock::now() + to_duration<clock::duration>(options_.timeout.count());
     if (!t.raise) {
@@ -147,6 +156,9 @@ class basic_budget_keeper {
     co_return *t.raise;
   }
 
+  // One task on the state file, at once (a local file's write is a few milliseconds).
+  std::optional<double> perform_in_file(const task& t);
+
   std::optional<double> failed(const std::string& key, const std::string& why) {
     log_throttle_.log(log_,
                       fmt::format("warning: budget mark {}: {}; nothing more of it is allotted "
@@ -167,6 +179,7 @@ class basic_budget_keeper {
   int failures_ = 0;
   bool running_ = false;
   bool stopping_ = false;
+  state_file* file_;
 };
 
 }  // namespace doorman

@@ -17,8 +17,10 @@
 
 #include <fmt/format.h>
 
+#include "doorman/core/log_throttle.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/node/election.hpp"
+#include "doorman/node/state_file.hpp"
 #include "doorman/protocol/service.hpp"
 
 namespace doorman {
@@ -39,13 +41,23 @@ class node_mastership {
   [[nodiscard]] const advertised_doors& own() const noexcept { return own_; }
   void set_own(advertised_doors doors) { own_ = std::move(doors); }
 
+  /// Keeps the leases' end and the budgets' marks in `file` (a task without an election in
+  /// etcd; docs/operations.md, "The state file"): its term lasts only as far as the file says
+  /// no lease outlives. Before `start`; the file must outlive the node.
+  void use_state(state_file* file) noexcept { state_ = file; }
+
   /// The election reported at `now` whether this task is master, and what the master announced
   /// (none: unknown).
   void elected(bool is_master, const std::optional<std::string>& announced, clock::time_point now) {
     elected_ = is_master;
     const bool changed = is_master != engine_.mastership().is_master;
     master_ = announced ? advertised_doors::parse(*announced) : advertised_doors{};
-    engine_.set_mastership(is_master, door_address(master_, rpc_door::json_rpc), now);
+    const double learning = longest([](const auto& a) { return a.learning_mode_duration; });
+    // A state file that shows every lease this task granted has ended: no learning mode.
+    const bool none_out = is_master && state_ != nullptr && !outstanding_at_start();
+    engine_.set_mastership(
+        is_master, door_address(master_, rpc_door::json_rpc), now,
+        none_out ? to_duration<clock::duration>(learning + 1) : clock::duration{});
     apply_term(now);
     if (!changed || engine_.mastership().is_master != is_master) return;
     ++metrics_.master_changes;
@@ -54,11 +66,13 @@ class node_mastership {
                       engine_.mastership().master.value_or("(unknown)")));
       return;
     }
-    double learning = 0;
-    for (const auto& t : engine_.config().templates())
-      learning = std::max(learning, t.algorithm.learning_mode_duration.count());
-    log(learning > 0 ? fmt::format("became master; learning mode starts (up to {} s)", learning)
-                     : std::string("became master; learning mode is off"));
+    if (none_out && learning > 0) {
+      log(fmt::format("became master; no lease outstanding (state file {}): learning mode is off",
+                      state_->path()));
+    } else {
+      log(learning > 0 ? fmt::format("became master; learning mode starts (up to {} s)", learning)
+                       : std::string("became master; learning mode is off"));
+    }
   }
 
   /// Fencing: the engine answers as master only inside the election's term (an election with
@@ -74,6 +88,7 @@ class node_mastership {
         log("mastership confirmed again after the term ended; learning mode starts");
       }
     }
+    if (state_ != nullptr) keep_state_ahead(now);
     fence(now);
   }
 
@@ -115,6 +130,52 @@ class node_mastership {
     if (log_) log_(s);
   }
 
+  // The longest of a duration of the templates' algorithms, in seconds.
+  template <class Of>
+  [[nodiscard]] double longest(Of of) const {
+    double most = 0;
+    for (const auto& t : engine_.config().templates())
+      most = std::max(most, of(t.algorithm).count());
+    return most;
+  }
+
+  [[nodiscard]] static double unix_now() {
+    using namespace std::chrono;
+    return duration<double>(system_clock::now().time_since_epoch()).count();
+  }
+
+  // Whether a lease this task granted before it started may still be out: the file says so.
+  [[nodiscard]] bool outstanding_at_start() const {
+    return !state_->fresh() && state_->state().leases_until > unix_now();
+  }
+
+  // The term a state file gives: grants only while each ends before what the file says (its
+  // `leases_until` less the longest lease). With less than a lease length of it left, the file
+  // is written three lease lengths ahead first; when that fails, the term runs out and the
+  // engine steps down until a write succeeds (then learning mode again, as after a lost term).
+  void keep_state_ahead(clock::time_point now) {
+    const double lease = std::max(1.0, longest([](const auto& a) { return a.lease_length; }));
+    const auto span = to_duration<clock::duration>(lease);
+    if (!(state_until_ - span > now + span)) {
+      std::string error;
+      if (state_->write_leases_until(unix_now() + 3 * lease, error)) {
+        state_until_ = now + 3 * span;
+      } else {
+        state_log_.log(log_,
+                       fmt::format("warning: state file {}: {}; granting stops when its term "
+                                   "ends",
+                                   state_->path(), error),
+                       now);
+      }
+    }
+    const auto term = state_until_ - span;
+    engine_.set_valid_until(term);
+    if (elected_ && !engine_.mastership().is_master && now < term) {
+      engine_.set_mastership(true, own_.json_rpc, now);
+      log("state file written again after the term ended; learning mode starts");
+    }
+  }
+
   Engine& engine_;
   const Election& election_;
   node_metrics& metrics_;
@@ -123,6 +184,9 @@ class node_mastership {
   advertised_doors master_;        // the master's, as it announced them (empty: unknown)
   bool elected_ = false;           // what the election last reported
   std::uint64_t fenced_seen_ = 0;  // engine_.fenced() already counted
+  state_file* state_ = nullptr;    // a task without an election in etcd may keep one
+  clock::time_point state_until_{clock::duration::min() / 2};  // no lease outlives it
+  log_throttle<clock::time_point> state_log_{seconds(10)};
 };
 
 }  // namespace doorman

@@ -18,6 +18,7 @@
 /// it after its io_context has stopped running.
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -286,8 +287,12 @@ class basic_node {
                  ? std::make_shared<net::tls_context>(net::tls_side::server, options_.tls)
                  : nullptr),
         election_(std::move(election)),
+        state_(options_.state_file.empty() ? nullptr
+                                           : std::make_unique<state_file>(options_.state_file)),
         config_(strand_, engine_, options_.config, config.revision, metrics_, options_.log),
-        marks_(strand_, engine_, options_.budget_marks, options_.log) {
+        marks_(strand_, engine_, options_.budget_marks, options_.log,
+               options_.engine.is_root ? state_.get() : nullptr) {
+    mastership_.use_state(state_.get());
     metrics_.count_reload(true);
     if (!options_.admin.empty()) {
       admin_.emplace(
@@ -432,6 +437,7 @@ class basic_node {
   log_throttle<clock::time_point> malformed_log_{seconds(10)};
   node_identity identity_;
   node_metrics metrics_;
+  std::unique_ptr<state_file> state_;  // `node_options::state_file`, read when made
   node_mastership<engine_type, Election> mastership_{engine_, election_, metrics_, options_.log};
   basic_config_driver<engine_type> config_;
   basic_budget_keeper<engine_type> marks_;

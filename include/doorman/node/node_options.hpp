@@ -65,6 +65,12 @@ struct node_options {
   /// "When every root is lost"). Without a prefix and etcd endpoints, none are kept (the step
   /// is then 0).
   budget_mark_options budget_marks{};
+  /// A task without an election in etcd: the file where it keeps the end of the leases it
+  /// granted (so that after a restart with none outstanding it grants at once) and, at a root,
+  /// its budgets' marks, with `engine.budget_mark_step` (so that a window continues where it
+  /// was); docs/operations.md, "The state file". Empty: none (every start is in learning
+  /// mode; a standalone root's budgets start from 0).
+  std::string state_file;
   /// Where the admin endpoint listens, `host:port` (port 0: a free one; see `admin_address`);
   /// empty: no admin endpoint.
   std::string admin;
@@ -151,9 +157,14 @@ inline node_options prepare_node_options(node_options o) {
     o.engine.utc_offset = duration<double>(system_clock::now().time_since_epoch()).count() -
                           duration<double>(steady_clock::now().time_since_epoch()).count();
   }
-  if (o.budget_marks.prefix.empty() || o.budget_marks.etcd_endpoints.empty()) {
-    o.budget_marks.prefix.clear();  // nowhere to keep marks: none
-    o.engine.budget_mark_step = 0;
+  const bool in_etcd = !o.budget_marks.prefix.empty() && !o.budget_marks.etcd_endpoints.empty();
+  if (in_etcd && !o.state_file.empty()) {
+    throw std::invalid_argument(
+        "state_file: only for a task without an election in etcd (budget marks are kept there)");
+  }
+  if (!in_etcd) o.budget_marks.prefix.clear();
+  if (!in_etcd && (o.state_file.empty() || !o.engine.is_root)) {
+    o.engine.budget_mark_step = 0;  // nowhere to keep marks: none
   }
   o.upstream.decay_factor = o.engine.decay_factor;
   if (!net::parse_address(o.listen)) {
