@@ -162,6 +162,46 @@ TEST_CASE("a root with a state file grants at once when no lease it granted is o
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a root whose state file cannot be written steps down when it stops covering, and back",
+          "[net][tree][state]") {
+  const std::string dir = scratch_directory("doorman-state");
+  doorman::node_options o;
+  o.state_file = dir + "/state.json";
+  std::vector<std::string> lines;
+  std::mutex m;
+  o.log = [&](std::string_view line) {
+    const std::lock_guard lock(m);
+    lines.emplace_back(line);
+  };
+  const auto logged = [&](std::string_view what) {
+    const std::lock_guard lock(m);
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  running_node root(fast_config(90, 1.5), o);
+  line_client c(root.address());
+  const auto master = [&] {
+    return c.call("get_capacity",
+                  capacity_params("c", "db", 50))["result"]["mastership"]["is_master"] == true;
+  };
+  REQUIRE(master());
+  // The file written three lease lengths (3 s) ahead; now every write fails (a directory
+  // stands where its temporary file goes: refused to root too).
+  std::filesystem::create_directory(o.state_file + ".new");
+  const auto failing = std::chrono::steady_clock::now();
+  REQUIRE(eventually([&] { return !master(); }, 12s));
+  // Not before what the file covers ran out (6 s of term from the last write, less the time
+  // it took to get here).
+  CHECK(std::chrono::steady_clock::now() - failing > 4s);
+  CHECK(logged("warning: state file " + o.state_file + ": cannot create"));
+  // Writable again: master at the next call, in learning mode (its leases were forgotten).
+  std::filesystem::remove(o.state_file + ".new");
+  REQUIRE(eventually(master, 5s));
+  CHECK(logged("state file written again after the term ended; learning mode starts"));
+  CHECK(status_of(root.address(), "db")["resources"][0]["learning"] == true);
+  std::filesystem::remove_all(dir);
+}
+
 #ifdef DOORMAN_NODE_BINARY
 
 TEST_CASE("doorman-node processes: a tree, SIGHUP reload good and bad, SIGTERM", "[net][process]") {
