@@ -878,7 +878,12 @@ TEST_CASE("a root keeping budget marks allots nothing before its mark is read, n
   mark_store etcd;
   const auto used = [&] { return f.budget().spent + f.engine.store("tokens")->sum_held(); };
   // The window's mark is not read yet: nothing is allotted, and the read is asked for, once.
-  CHECK(f.ask_budget("a", 500).gets.capacity == 0);
+  // The client is asked back as soon as a node waiting for its parent's capacity would (a
+  // mark is read and written in milliseconds), not a whole refresh interval later.
+  const auto first = f.ask_budget("a", 500).gets;
+  CHECK(first.capacity == 0);
+  CHECK(first.refresh_interval == Approx(f.engine.options().no_parent_refresh_interval.count()));
+  CHECK(first.refresh_interval < f.engine.config().find("tokens").algorithm.refresh_interval.count());
   REQUIRE(f.engine.budget_marks_due());
   auto tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);

@@ -895,9 +895,14 @@ class ClientTest(unittest.TestCase):
             text = f.read()
         # The node as the docs start it: their configuration, and their flags.
         shown = text.split("cat > try.json <<'EOF'\n", 1)[1]
-        n = self.node(json.loads(shown.split("\nEOF\n", 1)[0]))
-        self.assertIn("build/tools/examples/doorman-node --listen 127.0.0.1:7700 --config try.json",
-                      shown)
+        command = "build/tools/examples/doorman-node --listen 127.0.0.1:7700 --config try.json"
+        self.assertIn(command, shown)
+        # Its flags after the configuration (the state file, in a directory of the test's own):
+        # a root that never granted grants at once, with learning mode at its default.
+        flags = shown.split(command, 1)[1].split("\n", 1)[0].split()
+        self.assertIn("--state-file", flags)
+        flags = [os.path.join(self.nodes_dir(), f) if f.endswith(".json") else f for f in flags]
+        n = self.node(json.loads(shown.split("\nEOF\n", 1)[0]), *flags)
         code = text.split("```python\n", 1)[1].split("```", 1)[0]
         self.assertIn('"127.0.0.1:7700"', code)
         code = code.replace("127.0.0.1:7700", n.address)
@@ -910,6 +915,30 @@ class ClientTest(unittest.TestCase):
         self.assertIn("one of at most 2 jobs in flight", out.getvalue())
         self.assertEqual(n.leases("api"), {})
         self.assertEqual(n.leases("jobs"), {})
+
+    def test_the_budget_of_docs_budgets_md_allots_at_once(self) -> None:
+        docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "budgets.md")
+        with open(docs) as f:
+            text = f.read()
+        # The docs' first configuration (its comments dropped) and their root's flags.
+        shown = text.split("```json\n", 1)[1].split("```", 1)[0]
+        conf = json.loads("\n".join(l for l in shown.splitlines() if not l.strip().startswith("//")))
+        command = "doorman-node --listen 127.0.0.1:7700 --config budgets.json"
+        self.assertIn(command, text)
+        flags = text.split(command, 1)[1].split("\n", 1)[0].split()
+        self.assertIn("--state-file", flags)
+        flags = [os.path.join(self.nodes_dir(), f) if f.endswith(".json") else f for f in flags]
+        n = self.node(conf, *flags)
+        rid = conf["resources"][0]["identifier_glob"]
+        refresh = conf["resources"][0]["algorithm"]["refresh_interval"]
+        started = time.monotonic()
+        with doorman.Client(n.address) as c:
+            tokens = c.budget(rid, wants=1000)
+            tokens.wait(100, timeout=refresh)  # admitted within the first refresh interval
+            # The first answer (before the root stored its mark) asked it back in 2 s, not 16.
+            self.assertLess(time.monotonic() - started, refresh / 2)
+            self.assertFalse(n.call("status", {"resource_id": rid})["result"]["resources"][0]
+                             ["learning"])
 
     def test_bad_arguments_name_the_field(self) -> None:
         with self.assertRaisesRegex(ValueError, "addresses"):

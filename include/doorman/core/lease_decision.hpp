@@ -52,7 +52,8 @@ struct engine_options {
 
   /// An intermediate without a live lease from its parent grants 0 with this refresh interval
   /// (or the template's, if shorter), so that clients come back soon after the parent answers
-  /// but not in a storm while it is away.
+  /// but not in a storm while it is away; so does a root keeping budget marks whose window's
+  /// first mark is not stored yet.
   seconds no_parent_refresh_interval{2};
 
   /// A server child whose own grants (its reported `outstanding`) exceed its lease (its lease
@@ -481,6 +482,13 @@ class lease_decision {
     const time_point end = d.now + to_duration<duration>(std::max(0.0, left));
     l.expiry = std::min(l.expiry, end);
     l.refresh_interval = std::min(l.refresh_interval, l.expiry - d.now);
+    // A root that has not stored its first mark of the window yet allots nothing of it; the
+    // mark takes a read and a write (milliseconds), so the client comes back as soon as one
+    // waiting for its parent's capacity would, not a whole interval later.
+    if (options_.is_root && mark_bound(d.r) <= 0) {
+      l.refresh_interval =
+          std::min(l.refresh_interval, as_duration(options_.no_parent_refresh_interval));
+    }
   }
 
   // A server child that held a live lease here reports none: it lost its state.
