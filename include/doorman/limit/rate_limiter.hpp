@@ -28,10 +28,12 @@
 /// decided again on the precise clock. The latest precise reading, a time already passed, is
 /// kept as a lower bound too, so one precise reading serves up to a burst of later calls. So
 /// the rate is reached exactly while an admitted `try_acquire` costs one cheap clock read and
-/// one CAS, and the bound above holds in real time but for one case, not yet mended: a call
+/// one CAS, and the bound above holds in real time but for one case, by choice: a call
 /// admitted when the limiter was idle starts its span at the cheap reading, up to `resolution`
 /// before now, so a window may hold up to `rate × resolution` permits more (the property test
-/// of settled costs allows exactly that on its lagging clock).
+/// of settled costs allows exactly that on its lagging clock). A precise reading for every
+/// call that finds the limiter idle would close it at 4.5 times the cost of such a call
+/// (docs/client.md, "Time").
 /// `wait` and `reserve` use the precise clock.
 
 #include <algorithm>
