@@ -883,7 +883,8 @@ TEST_CASE("a root keeping budget marks allots nothing before its mark is read, n
   const auto first = f.ask_budget("a", 500).gets;
   CHECK(first.capacity == 0);
   CHECK(first.refresh_interval == Approx(f.engine.options().no_parent_refresh_interval.count()));
-  CHECK(first.refresh_interval < f.engine.config().find("tokens").algorithm.refresh_interval.count());
+  CHECK(first.refresh_interval <
+        f.engine.config().find("tokens").algorithm.refresh_interval.count());
   REQUIRE(f.engine.budget_marks_due());
   auto tasks = f.engine.budget_mark_tasks(f.clock.now());
   REQUIRE(tasks.size() == 1);

@@ -194,6 +194,9 @@ TEST_CASE("a root whose state file cannot be written steps down when it stops co
   // it took to get here).
   CHECK(std::chrono::steady_clock::now() - failing > 4s);
   CHECK(logged("warning: state file " + o.state_file + ": cannot create"));
+  // The step-down names its cause (not a paused process's lost election term).
+  CHECK(logged("warning: what state file " + o.state_file + " covers has run out"));
+  CHECK_FALSE(logged("the election term ended before a renewal was confirmed"));
   // Writable again: master at the next call, in learning mode (its leases were forgotten).
   std::filesystem::remove(o.state_file + ".new");
   REQUIRE(eventually(master, 5s));

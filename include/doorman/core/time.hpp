@@ -105,4 +105,10 @@ template <class Rep, class Period>
   return std::chrono::duration_cast<seconds>(d).count();
 }
 
+/// The system clock's time now, in seconds since 1970-01-01 00:00 UTC (what budgets' windows, the
+/// state file and the admin pages count in).
+[[nodiscard]] inline double unix_seconds_now() noexcept {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace doorman

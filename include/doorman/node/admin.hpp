@@ -25,6 +25,7 @@
 
 #include "doorman/core/config.hpp"
 #include "doorman/core/messages.hpp"
+#include "doorman/core/time.hpp"
 #include "doorman/net/connection_counts.hpp"
 #include "doorman/protocol/dispatch.hpp"
 #include "doorman/version.hpp"
@@ -100,8 +101,7 @@ struct node_metrics {
       return;
     }
     ++reloads_ok;
-    last_reload_unix =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    last_reload_unix = unix_seconds_now();
   }
 };
 

@@ -33,6 +33,7 @@
 #include "doorman/core/time.hpp"
 #include "doorman/net/etcd.hpp"
 #include "doorman/net/supervise.hpp"
+#include "doorman/node/state_file.hpp"
 
 namespace doorman {
 
@@ -43,29 +44,6 @@ struct budget_mark_options {
   std::string prefix;                       ///< key prefix; empty: no marks are kept
   seconds timeout{2};                       ///< deadline of one read or write
 };
-
-/// A stored mark as read from etcd, or why it is not one (an untrusted value).
-struct stored_budget_mark {
-  std::int64_t window = 0;
-  double mark = 0;
-};
-
-/// Reads a mark's value: `{"window": <integer>, "mark": <number from 0 to 1e15>}`; else the
-/// field at fault, in words.
-[[nodiscard]] inline std::variant<stored_budget_mark, std::string> read_budget_mark(
-    std::string_view text) {
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object()) return std::string("not a JSON object");
-  const auto w = j.find("window");
-  if (w == j.end() || !w->is_number_integer()) return std::string("window: must be an integer");
-  const auto m = j.find("mark");
-  if (m == j.end() || !m->is_number()) return std::string("mark: must be a number");
-  const double mark = m->get<double>();
-  if (!(mark >= 0 && mark <= 1e15)) return std::string("mark: must be from 0 to 1e15");
-  return stored_budget_mark{w->get<std::int64_t>(), mark};
-}
-
-class state_file;
 
 /// Reads and raises a root's budget marks in etcd, or in a state file (`state_file.hpp`) for a
 /// root without an election in etcd.
@@ -157,7 +135,17 @@ class basic_budget_keeper {
   }
 
   // One task on the state file, at once (a local file's write is a few milliseconds).
-  std::optional<double> perform_in_file(const task& t);
+  std::optional<double> perform_in_file(const task& t) {
+    const std::string key = file_->path() + ": budgets." + t.resource_id;
+    if (!t.raise) {
+      const auto& budgets = file_->state().budgets;
+      const auto it = budgets.find(t.resource_id);
+      return it != budgets.end() && it->second.window == t.window ? it->second.mark : 0.0;
+    }
+    std::string error;
+    if (!file_->write_budget(t.resource_id, {t.window, *t.raise}, error)) return failed(key, error);
+    return *t.raise;
+  }
 
   std::optional<double> failed(const std::string& key, const std::string& why) {
     log_throttle_.log(log_,

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "doorman/core/log_throttle.hpp"
+#include "doorman/core/time.hpp"
 #include "doorman/node/admin.hpp"
 #include "doorman/node/election.hpp"
 #include "doorman/node/state_file.hpp"
@@ -99,6 +100,13 @@ class node_mastership {
     fenced_seen_ = engine_.fenced();
     ++metrics_.fenced;
     ++metrics_.master_changes;
+    if (state_ != nullptr && !(now < state_until_ - lease_span())) {
+      log(
+          fmt::format("warning: what state file {} covers has run out (its writes failed); "
+                      "stepping down before answering anything more",
+                      state_->path()));
+      return;
+    }
     log("warning: the election term ended before a renewal was confirmed (was the process "
         "paused?); stepping down before answering anything more");
   }
@@ -139,26 +147,29 @@ class node_mastership {
     return most;
   }
 
-  [[nodiscard]] static double unix_now() {
-    using namespace std::chrono;
-    return duration<double>(system_clock::now().time_since_epoch()).count();
-  }
-
   // Whether a lease this task granted before it started may still be out: the file says so.
   [[nodiscard]] bool outstanding_at_start() const {
-    return !state_->fresh() && state_->state().leases_until > unix_now();
+    return !state_->fresh() && state_->state().leases_until > unix_seconds_now();
   }
 
   // The term a state file gives: grants only while each ends before what the file says (its
   // `leases_until` less the longest lease). With less than a lease length of it left, the file
   // is written three lease lengths ahead first; when that fails, the term runs out and the
   // engine steps down until a write succeeds (then learning mode again, as after a lost term).
+  // The longest lease a template grants (at least 1 s), in seconds and as a duration.
+  [[nodiscard]] double lease_seconds() const {
+    return std::max(1.0, longest([](const auto& a) { return a.lease_length; }));
+  }
+  [[nodiscard]] clock::duration lease_span() const {
+    return to_duration<clock::duration>(lease_seconds());
+  }
+
   void keep_state_ahead(clock::time_point now) {
-    const double lease = std::max(1.0, longest([](const auto& a) { return a.lease_length; }));
+    const double lease = lease_seconds();
     const auto span = to_duration<clock::duration>(lease);
     if (!(state_until_ - span > now + span)) {
       std::string error;
-      if (state_->write_leases_until(unix_now() + 3 * lease, error)) {
+      if (state_->write_leases_until(unix_seconds_now() + 3 * lease, error)) {
         state_until_ = now + 3 * span;
       } else {
         state_log_.log(log_,

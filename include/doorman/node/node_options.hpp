@@ -18,6 +18,7 @@
 #include <asio.hpp>
 
 #include "doorman/core/engine.hpp"
+#include "doorman/core/time.hpp"
 #include "doorman/core/upstream.hpp"
 #include "doorman/net/address.hpp"
 #include "doorman/net/channel.hpp"
@@ -154,8 +155,8 @@ inline node_options prepare_node_options(node_options o) {
   o.engine.is_root = o.parents.empty();
   if (o.engine.utc_offset == 0) {  // budgets count in UTC windows: the steady clock's zero in it
     using namespace std::chrono;
-    o.engine.utc_offset = duration<double>(system_clock::now().time_since_epoch()).count() -
-                          duration<double>(steady_clock::now().time_since_epoch()).count();
+    o.engine.utc_offset =
+        unix_seconds_now() - duration<double>(steady_clock::now().time_since_epoch()).count();
   }
   const bool in_etcd = !o.budget_marks.prefix.empty() && !o.budget_marks.etcd_endpoints.empty();
   if (in_etcd && !o.state_file.empty()) {

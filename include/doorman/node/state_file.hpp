@@ -31,9 +31,29 @@
 
 #include <nlohmann/json.hpp>
 
-#include "doorman/node/budget_marks.hpp"
-
 namespace doorman {
+
+/// A budget's mark as a root stores it, in etcd (`budget_marks.hpp`) or in a state file: the
+/// window's start and the most that may have been spent and allotted in it.
+struct stored_budget_mark {
+  std::int64_t window = 0;
+  double mark = 0;
+};
+
+/// Reads a mark's value: `{"window": <integer>, "mark": <number from 0 to 1e15>}`; else the
+/// field at fault, in words.
+[[nodiscard]] inline std::variant<stored_budget_mark, std::string> read_budget_mark(
+    std::string_view text) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return std::string("not a JSON object");
+  const auto w = j.find("window");
+  if (w == j.end() || !w->is_number_integer()) return std::string("window: must be an integer");
+  const auto m = j.find("mark");
+  if (m == j.end() || !m->is_number()) return std::string("mark: must be a number");
+  const double mark = m->get<double>();
+  if (!(mark >= 0 && mark <= 1e15)) return std::string("mark: must be from 0 to 1e15");
+  return stored_budget_mark{w->get<std::int64_t>(), mark};
+}
 
 /// What a state file holds (see above).
 struct node_state {
@@ -146,18 +166,5 @@ class state_file {
   node_state state_;
   bool fresh_ = true;
 };
-
-template <class Engine>
-std::optional<double> basic_budget_keeper<Engine>::perform_in_file(const task& t) {
-  const std::string key = file_->path() + ": budgets." + t.resource_id;
-  if (!t.raise) {
-    const auto& budgets = file_->state().budgets;
-    const auto it = budgets.find(t.resource_id);
-    return it != budgets.end() && it->second.window == t.window ? it->second.mark : 0.0;
-  }
-  std::string error;
-  if (!file_->write_budget(t.resource_id, {t.window, *t.raise}, error)) return failed(key, error);
-  return *t.raise;
-}
 
 }  // namespace doorman
