@@ -1453,6 +1453,92 @@ TEST_CASE_METHOD(campaign_fixture,
   CHECK(by_outcome.resume(t0 + 1s, kind::done, {}).what == kind::done);  // nothing follows
 }
 
+TEST_CASE("election campaign: a master's record tells the next winner whether a lease may be out",
+          "[core][election]") {
+  using namespace std::chrono_literals;
+  using kind = campaign_kind;
+  using doorman::election_holder;
+  const manual_clock::time_point t0{};
+  // Leases of up to 60 s under a 10 s election: the record outlives the term by them, and a
+  // tenth more for the clocks' rates.
+  CHECK(doorman::record_ttl_for(doorman::seconds(60), doorman::seconds(10)) == 78);
+  CHECK(doorman::record_ttl_for(doorman::seconds(0), doorman::seconds(10)) == 0);
+  CHECK(doorman::record_prefix("/k") == "/k/leases/");
+  const auto with_record = [] {
+    return campaign_t({.key = "/k", .advertise = "a:1", .record_ttl = 78}, 10s);
+  };
+  // The first round grants both leases, and the claim carries the record's.
+  campaign_t c = with_record();
+  auto a = c.start(t0);
+  REQUIRE(a.what == kind::grant);
+  CHECK(a.record_ttl == 78);
+  a = c.resume(t0, kind::grant, {.lease = 42, .ttl = 10, .record_lease = 43, .record_ttl = 78});
+  REQUIRE(a.what == kind::claim);
+  CHECK(a.lease == 42);
+  CHECK(a.record_lease == 43);
+  CHECK(c.leases_may_be_out());  // not master yet: nothing known
+  // It creates the key where no record was alive: no lease of an earlier master can be out.
+  a = c.resume(t0, kind::claim,
+               {.revision = 5, .holder = election_holder{42, "a:1"}, .records = 0});
+  CHECK(c.is_master());
+  CHECK_FALSE(c.leases_may_be_out());
+  // Each round renews the record lease with the election's.
+  a = c.woke(t0 + 2s);
+  REQUIRE(a.what == kind::keep_alive);
+  CHECK(a.record_lease == 43);
+  CHECK(a.record_ttl == 0);
+  a = c.resume(t0 + 2s, kind::keep_alive, {.ttl = 10, .record_lease = 43, .record_ttl = 78});
+  REQUIRE(a.what == kind::claim);
+  CHECK(c.valid_until() == t0 + 2s + 9s);
+  // Another task holds the key now: ours is abandoned (it runs out after our grants), and a
+  // new record lease comes with the next round.
+  a = c.resume(t0 + 2s, kind::claim, {.revision = 9, .holder = election_holder{7, "b:1"}});
+  CHECK_FALSE(c.is_master());
+  CHECK(c.record_lease() == 0);
+  REQUIRE(a.what == kind::watch);
+  a = c.resume(t0 + 4s, kind::watch, {});  // the key changed: a round
+  REQUIRE(a.what == kind::keep_alive);
+  CHECK(a.record_lease == 0);
+  CHECK(a.record_ttl == 78);
+  a = c.resume(t0 + 4s, kind::keep_alive, {.ttl = 10, .record_lease = 44, .record_ttl = 78});
+  REQUIRE(a.what == kind::claim);
+  CHECK(a.record_lease == 44);
+  // It wins again beside a record still alive (b's, or its own abandoned one): learning.
+  a = c.resume(t0 + 4s, kind::claim,
+               {.revision = 12, .holder = election_holder{42, "a:1"}, .records = 1});
+  CHECK(c.is_master());
+  CHECK(c.leases_may_be_out());
+  // A record lease found gone while the election's lives: both are given up and granted anew.
+  a = c.resume(t0 + 6s, kind::keep_alive, {.ttl = 10, .record_lease = 44, .record_ttl = 0});
+  CHECK_FALSE(c.is_master());
+  CHECK(c.lease() == 0);
+  CHECK(c.record_lease() == 0);
+  CHECK_THAT(c.take_log().back(), Contains("our record's lease has expired"));
+  // A record lease granted shorter than asked cannot cover the leases: the round fails.
+  a = c.start(t0 + 8s);
+  REQUIRE(a.what == kind::grant);
+  a = c.resume(t0 + 8s, kind::grant, {.lease = 50, .ttl = 10, .record_lease = 51, .record_ttl = 5});
+  CHECK(a.what == kind::sleep);
+  CHECK(c.record_lease() == 0);
+  CHECK_THAT(c.take_log().back(), Contains("a record lease of 5 s granted for 78 s"));
+  // Won by a claim that did not create the key (an earlier one of ours did, its answer lost):
+  // the count is unknown, so an earlier lease may be out.
+  campaign_t d = with_record();
+  (void)d.start(t0);
+  (void)d.resume(t0, kind::grant, {.lease = 42, .ttl = 10, .record_lease = 43, .record_ttl = 78});
+  (void)d.resume(t0, kind::claim, {.revision = 5, .holder = election_holder{42, "a:1"}});
+  CHECK(d.is_master());
+  CHECK(d.leases_may_be_out());
+  // Without a record, every win may have leases out, and no record lease is asked for.
+  campaign_t e = campaign_of_a();
+  a = e.start(t0);
+  CHECK(a.record_ttl == 0);
+  (void)e.resume(t0, kind::grant, {.lease = 42, .ttl = 10});
+  (void)e.resume(t0, kind::claim, {.revision = 5, .holder = election_holder{42, "a:1"}});
+  CHECK(e.is_master());
+  CHECK(e.leases_may_be_out());
+}
+
 TEST_CASE_METHOD(campaign_fixture,
                  "election campaign: a task wins, renews every period, and reports only changes",
                  "[core][election]") {

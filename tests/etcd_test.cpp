@@ -373,8 +373,12 @@ TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting"
     line_client c(root.addresses[i]);
     const auto r = c.call("get_capacity", capacity_params("probe", "other", 1));
     if (i == *first) {
-      CHECK(gets(r) == 0);  // in learning mode: what the probe has, nothing
+      // A fresh store holds no earlier master's record: no lease can be out, so the first
+      // master grants at once (no learning mode).
+      CHECK(gets(r) == 1);
       CHECK(r["result"]["mastership"]["is_master"] == true);
+      CHECK_THAT(root.nodes[i]->log(),
+                 Catch::Contains("became master; no earlier master's record is alive in etcd"));
     } else {
       CHECK(r["result"]["resources"].empty());
       CHECK(r["result"]["mastership"]["master"] == root.addresses[*first]);
@@ -416,8 +420,9 @@ TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting"
   // (500 ms) and the polls of this test.
   CHECK(takeover < ttl + 0.4 + 1.0);
 
-  // The new master is in learning mode: the client keeps 30 however much it wants, and the sum
-  // of what is granted never exceeds the capacity while the old leases run out.
+  // The new master is in learning mode (the killed master's record outlives its leases): the
+  // client keeps 30 however much it wants, and the sum of what is granted never exceeds the
+  // capacity while the old leases run out.
   const std::string new_master = root.addresses[*second];
   CHECK(eventually([&] {
     sample();
@@ -439,6 +444,16 @@ TEST_CASE("etcd election: one master, failover on SIGKILL without over-granting"
   CHECK(status_of(new_master, "db")["resources"][0]["learning"] == false);
   CHECK(root.nodes[*second]->log().find("became master; learning mode starts") !=
         std::string::npos);
+
+  // The record covers the leases of the configuration the task started with: a reload that
+  // lengthens them is refused, and the old one kept.
+  std::ofstream(etcd.dir() + "/resources.json") << ha_config(100, 60);
+  root.nodes[*second]->signal(SIGHUP);
+  CHECK(eventually([&] {
+    return root.nodes[*second]->log().find(
+               "rejected, keeping the old one: lease_length: 60 s is longer than the leases "
+               "the election's record in etcd covers (5 s") != std::string::npos;
+  }));
 }
 
 TEST_CASE("etcd election: a master stopped by SIGTERM hands over in a fraction of the TTL",
@@ -463,6 +478,12 @@ TEST_CASE("etcd election: a master stopped by SIGTERM hands over in a fraction o
        << root.nodes[*second]->log());
   CHECK(takeover < 1.0);
   CHECK_THAT(root.nodes[first]->log(), Catch::Contains("etcd: lease revoked"));
+  // A stop revokes the election's lease, not the record's: the leases it granted may still
+  // be out, so the new master learns.
+  CHECK(eventually([&] {
+    return root.nodes[*second]->log().find("became master; learning mode starts") !=
+           std::string::npos;
+  }));
 }
 
 TEST_CASE("etcd election: an intermediate position fails over, its parent sees one child",

@@ -419,6 +419,51 @@ TEST_CASE("simulation: tasks elect with the node's campaign machine against a mo
   CHECK_FALSE(root.tasks[1].engine);
 }
 
+TEST_CASE(
+    "simulation: a master's record in the store lets a winner with none alive skip "
+    "learning mode",
+    "[sim][election]") {
+  // Leases of 8 s, learning mode 8 s, an election TTL of 4 s: each record lives 15 s past
+  // its last renewal (record_ttl_for), and invariant 1 is checked tree-wide at every change.
+  doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",
+      "capacity": 100, "algorithm": {"kind": "FAIR_SHARE", "lease_length": 8,
+      "refresh_interval": 2, "learning_mode_duration": 8}}]})",
+                              .network = {.latency = 0.001, .jitter = 0.002, .timeout = 1},
+                              .seed = 3,
+                              .tasks = 2,
+                              .election_ttl = 4,
+                              .election_record = true,
+                              .check_invariants = true,
+                              .check_tree = true});
+  const auto root = s.add_job("root", std::nullopt);
+  for (int i = 0; i < 4; ++i)
+    s.add_client("c" + std::to_string(i), root, 30);
+  const auto& j = s.jobs()[root];
+  // A fresh store: the first master finds no record and grants from its first answer.
+  s.run_until(doorman::sim::at(1));
+  REQUIRE(j.engine);
+  CHECK_FALSE(j.engine->learning("r", s.now()));
+  CHECK(s.total_granted() == Approx(100));
+  CHECK(j.etcd.records() == 1);  // its own
+  // The master restarts: the standby wins beside its record, which outlives its leases, so
+  // it learns; the clients keep exactly what they held.
+  s.at(30, [&] { s.elect_master(root); });
+  s.run_until(doorman::sim::at(30.5));
+  REQUIRE(j.engine);
+  CHECK(j.elections == 2);
+  CHECK(j.engine->learning("r", s.now()));
+  CHECK(j.etcd.records() == 2);
+  s.run_until(doorman::sim::at(60));
+  CHECK(s.total_granted() <= 100 + 1e-9);
+  // Every task down for longer than a record lives: the records are gone (a stop revokes
+  // only the election lease, and nobody renews them), and the next winner grants at once.
+  s.at(60, [&] { s.lose_master(root, 20); });
+  s.run_until(doorman::sim::at(80.5));
+  REQUIRE(j.engine);
+  CHECK(j.etcd.records() == 1);
+  CHECK_FALSE(j.engine->learning("r", s.now()));
+}
+
 TEST_CASE("simulation: a job of one task that stops campaigns again at once and wins",
           "[sim][election]") {
   doorman::sim::simulation s({.config = R"({"resources": [{"identifier_glob": "*",

@@ -407,4 +407,20 @@ class resource_repository {
   bool has_budgets_ = false;  // derived from templates_ when read
 };
 
+/// The longest lease `config`'s templates grant, in seconds (at least 1).
+[[nodiscard]] inline double longest_lease(const resource_repository& config) {
+  double most = 1;
+  for (const auto& t : config.templates())
+    most = std::max(most, t.algorithm.lease_length.count());
+  return most;
+}
+
+/// The longest learning mode of `config`'s templates, in seconds.
+[[nodiscard]] inline double longest_learning(const resource_repository& config) {
+  double most = 0;
+  for (const auto& t : config.templates())
+    most = std::max(most, t.algorithm.learning_mode_duration.count());
+  return most;
+}
+
 }  // namespace doorman

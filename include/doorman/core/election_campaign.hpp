@@ -26,6 +26,7 @@
 /// `standby_poll`) and begins a round at once when the key is freed or changes hands.
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,7 +46,26 @@ struct election_campaign_options {
   std::string advertise;                ///< this task's address, the key's value when it wins
   bool watch = true;                    ///< a standby watches the key between rounds
   seconds standby_poll{0.25};           ///< else reads it this often (0: only the rounds)
+  /// The TTL in whole seconds of the lease that holds a master's record (0: no record). A task
+  /// that wins puts a key under `record_prefix()` attached to it, in the winning transaction,
+  /// after counting the keys there: none means that no earlier master's record is alive, so no
+  /// lease it granted can still be out (its grants end before its record does). The record
+  /// lease is renewed with the election's, so it must outlast the term by the longest lease.
+  std::int64_t record_ttl = 0;
 };
+
+/// The TTL of the record lease that covers leases of up to `cover` seconds under an election
+/// of `ttl`: the term plus the longest lease, a tenth more for the clocks' rates, whole
+/// seconds (0: no record).
+[[nodiscard]] inline std::int64_t record_ttl_for(seconds cover, seconds ttl) noexcept {
+  if (!(cover.count() > 0)) return 0;
+  return static_cast<std::int64_t>(std::ceil(1.1 * (cover.count() + ttl.count()) - 1e-9)) + 1;
+}
+
+/// Where the masters' records of `key`'s election are kept: `key + "/leases/"`.
+[[nodiscard]] inline std::string record_prefix(const std::string& key) {
+  return key + "/leases/";
+}
 
 /// The election key's holder: its lease (0: the key is free) and value.
 struct election_holder {
@@ -84,6 +104,10 @@ class election_campaign {
     time_point until{};
     std::int64_t lease = 0;
     std::int64_t revision = 0;
+    /// keep_alive: renew this record lease too; claim: attach the record to it (0: none).
+    std::int64_t record_lease = 0;
+    /// grant, keep_alive: grant a record lease of this TTL too (0: none).
+    std::int64_t record_ttl = 0;
 
     friend bool operator==(const action&, const action&) = default;
   };
@@ -98,10 +122,18 @@ class election_campaign {
     std::int64_t revision = 0;                ///< claim: the store's revision
     std::optional<election_holder> holder{};  ///< claim: the key's holder (none: our lease is gone)
     std::optional<std::string> value{};       ///< read: the key's value (none: the key is free)
+    /// grant, keep_alive: the record lease granted or renewed, and its TTL (left).
+    std::int64_t record_lease = 0;
+    std::int64_t record_ttl = 0;
+    /// claim with a record, the key created: how many records were alive before ours.
+    std::optional<std::int64_t> records{};
   };
 
   election_campaign(election_campaign_options options, duration ttl)
       : options_(std::move(options)), term_(ttl) {}
+
+  /// The record lease's TTL (`election_campaign_options::record_ttl`), before `start`.
+  void set_record_ttl(std::int64_t ttl) noexcept { options_.record_ttl = ttl; }
 
   /// This task's address (the key's value when it wins), when it is known only at the start.
   void set_advertise(std::string advertise) { options_.advertise = std::move(advertise); }
@@ -115,13 +147,22 @@ class election_campaign {
   action resume(time_point now, kind done, const outcome& o) {
     switch (done) {
       case kind::grant:
-        return o.error ? failed(now, *o.error) : granted(now, o.lease, o.ttl);
+        if (o.error) return failed(now, *o.error);
+        if (auto why = take_record(o)) return failed(now, *why);
+        return granted(now, o.lease, o.ttl);
       case kind::keep_alive:
-        return o.error ? failed(now, *o.error) : kept_alive(now, o.ttl);
+        if (o.error) return failed(now, *o.error);
+        if (o.ttl > 0 && record_lost(o)) {
+          log("warning: etcd: our record's lease has expired; campaigning with new ones");
+          lease_gone();
+          return end_round(now, true);
+        }
+        if (auto why = take_record(o)) return failed(now, *why);
+        return kept_alive(now, o.ttl);
       case kind::claim:
         if (o.error) return failed(now, *o.error);
         if (!o.holder) return claim_lease_gone(now);
-        return claimed(now, o.revision, o.holder->lease, o.holder->value);
+        return claimed(now, o.revision, o.holder->lease, o.holder->value, o.records);
       case kind::watch:
         return watched(now, o.error);
       case kind::read:
@@ -154,9 +195,10 @@ class election_campaign {
     return claim(now);
   }
 
-  /// The claim answered: the key's revision, and the lease and value of its holder.
+  /// The claim answered: the key's revision, and the lease and value of its holder (and with
+  /// a record, when it created the key: how many records were alive before ours).
   action claimed(time_point now, std::int64_t revision, std::int64_t holder_lease,
-                 const std::string& holder_value) {
+                 const std::string& holder_value, std::optional<std::int64_t> records = {}) {
     if (!last_error_.empty()) {
       log("etcd: reachable again");
       last_error_.clear();
@@ -165,10 +207,17 @@ class election_campaign {
     if (holder_lease == lease_) {
       // The key is held by our lease, granted or renewed by a message sent at `sent_`.
       term_.confirmed(sent_);
-      if (!is_master_) log(fmt::format("etcd: won the election on {}", options_.key));
+      if (!is_master_) {
+        log(fmt::format("etcd: won the election on {}", options_.key));
+        // Only a claim that created the key counted the records (an earlier claim of ours
+        // that created it, its answer lost, may have counted some).
+        leases_out_ = !(records && *records == 0);
+      }
+      recorded_ = options_.record_ttl > 0;
       report(true, options_.advertise);
     } else {
       term_.lost();
+      abandon_record();
       // A key left by an earlier run of this task (same address, older lease) names no one to
       // redirect to until it expires.
       std::optional<std::string> m;
@@ -267,6 +316,12 @@ class election_campaign {
   [[nodiscard]] const std::optional<std::string>& master() const noexcept { return master_; }
   [[nodiscard]] std::int64_t lease() const noexcept { return lease_; }
   [[nodiscard]] bool stopping() const noexcept { return stopping_; }
+  /// Whether, when this task last won, an earlier master's lease might still have been out
+  /// (true unless the winning claim counted no record alive: `election_campaign_options::
+  /// record_ttl`).
+  [[nodiscard]] bool leases_may_be_out() const noexcept { return leases_out_; }
+  /// The record lease held (0: none).
+  [[nodiscard]] std::int64_t record_lease() const noexcept { return record_lease_; }
 
   /// The changes of mastership since the last call, oldest first (each one a change).
   [[nodiscard]] std::vector<mastership_change> take_reports() {
@@ -280,12 +335,38 @@ class election_campaign {
     if (stopping_) return finish();
     sent_ = now;
     const auto deadline = term_.round_deadline(sent_, is_master_);
-    if (lease_ == 0) return {kind::grant, deadline, 0, 0};
-    return {kind::keep_alive, deadline, lease_, 0};
+    const std::int64_t new_record = record_lease_ == 0 ? options_.record_ttl : 0;
+    if (lease_ == 0) return {kind::grant, deadline, 0, 0, 0, options_.record_ttl};
+    return {kind::keep_alive, deadline, lease_, 0, record_lease_, new_record};
   }
 
   action claim(time_point now) {
-    return {kind::claim, term_.round_deadline(now, is_master_), lease_, 0};
+    return {kind::claim, term_.round_deadline(now, is_master_), lease_, 0, record_lease_, 0};
+  }
+
+  // A grant or keep-alive's record lease, when one was asked for: taken, or why not.
+  std::optional<std::string> take_record(const outcome& o) {
+    if (options_.record_ttl == 0 || record_lease_ != 0) return std::nullopt;
+    if (o.record_lease == 0) return std::string("no record lease granted");
+    if (o.record_ttl < options_.record_ttl) {
+      return fmt::format("a record lease of {} s granted for {} s", o.record_ttl,
+                         options_.record_ttl);
+    }
+    record_lease_ = o.record_lease;
+    return std::nullopt;
+  }
+
+  // A keep-alive renewed our record lease and found it gone.
+  [[nodiscard]] bool record_lost(const outcome& o) const noexcept {
+    return options_.record_ttl > 0 && record_lease_ != 0 && o.record_ttl <= 0;
+  }
+
+  // Our record (if we won with one) is no longer renewed: it expires a record TTL after its
+  // last renewal, after every lease we granted. A new record lease comes with the next round.
+  void abandon_record() {
+    if (!recorded_) return;
+    recorded_ = false;
+    record_lease_ = 0;
   }
 
   action end_round(time_point now, bool answered) {
@@ -316,6 +397,8 @@ class election_campaign {
 
   void lease_gone() {
     lease_ = 0;
+    recorded_ = false;
+    record_lease_ = 0;
     term_.lost();
     if (is_master_) report(false, std::nullopt);
   }
@@ -340,7 +423,10 @@ class election_campaign {
   time_point next_round_{};  // when the next round begins
   time_point wake_{};        // when the sleep under way ends
   std::int64_t lease_ = 0;
-  std::int64_t revision_ = 0;  // of the last claim's answer: a standby watches after it
+  std::int64_t record_lease_ = 0;  // renewed with lease_; our record is attached when recorded_
+  bool recorded_ = false;          // we won with a record: it holds our grants' end
+  bool leases_out_ = true;         // when we last won, an earlier master's lease might be out
+  std::int64_t revision_ = 0;      // of the last claim's answer: a standby watches after it
   bool is_master_ = false;
   std::optional<std::string> master_;
   bool reported_ = false;

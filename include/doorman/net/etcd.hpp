@@ -172,6 +172,16 @@ struct etcd_claim {
   /// The store's revision the answer reflects (0 when not given): a watch from the next one
   /// sees every later change of the key.
   std::int64_t revision = 0;
+  /// `put_if_absent` with a record, created: how many keys the record's prefix held before.
+  std::optional<std::int64_t> records;
+};
+
+/// A record put beside a claimed key, in the same transaction (`put_if_absent`): `key`,
+/// attached to `lease`, under `prefix`, whose keys are counted first.
+struct etcd_record {
+  std::string prefix;
+  std::string key;
+  std::int64_t lease = 0;
 };
 
 /// Reading etcd's answers, apart from the I/O so that each can be tested (and fuzzed) on its
@@ -271,6 +281,24 @@ struct gateway_answer {
   return r;
 }
 
+/// The rest of `claim`: the holder from the failure branch's range.
+[[nodiscard]] inline etcd_result<etcd_claim> claim_held(const nlohmann::json& a,
+                                                        etcd_result<etcd_claim> r) {
+  const auto responses = a.find("responses");
+  if (responses == a.end() || !responses->is_array() || responses->empty() ||
+      !(*responses)[0].is_object() || !(*responses)[0].contains("response_range")) {
+    return detail::etcd_bad_answer<etcd_claim>(
+        "kv/txn: answer without the range of the failure branch");
+  }
+  if (auto kv = first_kv((*responses)[0]["response_range"])) {
+    r.value.holder = std::move(*kv);
+  } else {  // cannot happen in a txn
+    return detail::etcd_bad_answer<etcd_claim>(
+        "kv/txn: the key vanished between compare and range");
+  }
+  return r;
+}
+
 /// A `kv/txn` answer of `put_if_absent(key, value, lease)` or `put_if_revision` (lease 0).
 [[nodiscard]] inline etcd_result<etcd_claim> claim(const nlohmann::json& a, std::string value,
                                                    std::int64_t lease) {
@@ -287,18 +315,26 @@ struct gateway_answer {
     return r;
   }
   // The failure branch's range: responses[0].response_range.kvs[0].
+  return claim_held(a, std::move(r));
+}
+
+/// A `kv/txn` answer of `put_if_absent` with a record: as `claim`, and when the key was
+/// created, the count of the record's prefix before it (`responses[0].response_range.count`,
+/// omitted when 0).
+[[nodiscard]] inline etcd_result<etcd_claim> claim_with_record(const nlohmann::json& a,
+                                                               std::string value,
+                                                               std::int64_t lease) {
+  auto r = claim(a, std::move(value), lease);
+  if (!r || !r.value.created) return r;
   const auto responses = a.find("responses");
   if (responses == a.end() || !responses->is_array() || responses->empty() ||
       !(*responses)[0].is_object() || !(*responses)[0].contains("response_range")) {
     return detail::etcd_bad_answer<etcd_claim>(
-        "kv/txn: answer without the range of the failure branch");
+        "kv/txn: answer without the count of the success branch");
   }
-  if (auto kv = first_kv((*responses)[0]["response_range"])) {
-    r.value.holder = std::move(*kv);
-  } else {  // cannot happen in a txn
-    return detail::etcd_bad_answer<etcd_claim>(
-        "kv/txn: the key vanished between compare and range");
-  }
+  const auto count = integer((*responses)[0]["response_range"], "count").value_or(0);
+  if (count < 0) return detail::etcd_bad_answer<etcd_claim>("kv/txn: a negative count");
+  r.value.records = count;
   return r;
 }
 
@@ -433,6 +469,14 @@ class etcd_client {
   DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> put_if_absent(std::string key,
                                                                       std::string value,
                                                                       std::int64_t lease,
+                                                                      clock::time_point deadline);
+
+  /// `put_if_absent`, and when it creates the key, `record` too in the same transaction, after
+  /// counting the keys under its prefix (the answer's `records`).
+  DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> put_if_absent(std::string key,
+                                                                      std::string value,
+                                                                      std::int64_t lease,
+                                                                      const etcd_record& record,
                                                                       clock::time_point deadline);
 
   /// Sets `key` = `value` (no lease) if the key's `mod_revision` is still `revision` (0: the key

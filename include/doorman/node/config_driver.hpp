@@ -92,9 +92,21 @@ class basic_config_driver {
     }
   }
 
+  /// A check of every configuration before it is applied (after the node's start): what is
+  /// wrong with it, or nothing. One refused is logged and the old one kept.
+  void set_check(std::function<std::optional<std::string>(const resource_repository&)> check) {
+    check_ = std::move(check);
+  }
+
   /// Applies `config`, read from `from` (empty: given by the embedding program), counted and
-  /// logged.
+  /// logged; unless the check refuses it (logged, the old one kept).
   void apply(resource_repository config, std::string_view from) {
+    if (auto why = check_ ? check_(config) : std::nullopt) {
+      metrics_.count_reload(false);
+      log(fmt::format("warning: configuration{}{} rejected, keeping the old one: {}",
+                      from.empty() ? "" : " ", from, *why));
+      return;
+    }
     engine_.set_config(std::move(config));
     metrics_.count_reload(true);
     const auto n = engine_.config().templates().size();
@@ -141,7 +153,9 @@ class basic_config_driver {
         [this](const source_reading& r) -> std::optional<std::string> {
           std::optional<std::string> rejected;
           try {
-            engine_.set_config(parse_config_text(options_, r.text, location_.name()));
+            auto config = parse_config_text(options_, r.text, location_.name());
+            rejected = check_ ? check_(config) : std::nullopt;
+            if (!rejected) engine_.set_config(std::move(config));
           } catch (const std::exception& e) {
             rejected = e.what();
           }
@@ -158,6 +172,7 @@ class basic_config_driver {
   std::int64_t revision_;  // of the configuration read at the start
   node_metrics& metrics_;
   std::function<void(std::string_view)> log_;
+  std::function<std::optional<std::string>(const resource_repository&)> check_;
   asio::steady_timer wake_;
   std::optional<net::etcd_client> etcd_;
   std::optional<config_follower<follow_clock::time_point>> follower_;

@@ -15,6 +15,11 @@
 /// another task could win, even when it was paused and has not yet heard that its lease is
 /// gone. On a graceful stop the lease is revoked so that another task takes over at once.
 ///
+/// With `record_cover` (a node sets it to its longest lease), every master also keeps a record,
+/// `key + "/leases/<lease>"`, on a second lease that outlives its term by that much: a task
+/// that wins where no record is alive knows that no earlier master's lease is out and skips
+/// learning mode (`leases_may_be_out`; docs/high-availability.md, "The first minute").
+///
 ///     doorman::etcd_election election(io.get_executor(),
 ///                                     {.endpoints = {"127.0.0.1:2379"}, .key = "/doorman/root"});
 ///     doorman::basic_node<doorman::etcd_election> root(io.get_executor(), config, options,
@@ -65,6 +70,11 @@ struct etcd_election_options {
   std::function<void(std::string_view)> log{};
   /// CA and client certificate for `https://` endpoints (docs/security.md).
   net::tls_options tls{};
+  /// The longest lease the node grants, in seconds (0: no record). A master then keeps a
+  /// record in etcd that outlives every lease it granted, and a task that wins where no
+  /// earlier master's record is alive knows that no lease is out: it grants at once, without
+  /// learning mode (`leases_may_be_out`; docs/high-availability.md, "The first minute").
+  seconds record_cover{0};
 };
 
 class etcd_election {
@@ -92,6 +102,23 @@ class etcd_election {
     return clock::time_point(clock::duration(state_->valid_until.load(std::memory_order_acquire)));
   }
 
+  /// Whether, when this task last won, an earlier master's lease might still have been out
+  /// (thread-safe; read when told that this task is master). False only with a record
+  /// (`etcd_election_options::record_cover`) and none alive at the winning claim.
+  [[nodiscard]] bool leases_may_be_out() const noexcept {
+    return state_->leases_out.load(std::memory_order_acquire);
+  }
+
+  /// The longest lease the record covers (`etcd_election_options::record_cover`; 0: none).
+  [[nodiscard]] seconds record_cover() const noexcept { return state_->options.record_cover; }
+
+  /// Sets `etcd_election_options::record_cover` (before `start`): a node sets it to the
+  /// longest lease of its configuration.
+  void set_record_cover(seconds cover) {
+    state_->options.record_cover = cover;
+    state_->campaign.set_record_ttl(record_ttl_for(cover, state_->options.ttl));
+  }
+
   /// No callback after it returns. The election then revokes its lease (within a second) and
   /// ends.
   void stop() {
@@ -116,7 +143,8 @@ class etcd_election {
           campaign({.key = options.key,
                     .advertise = {},
                     .watch = options.watch,
-                    .standby_poll = options.standby_poll},
+                    .standby_poll = options.standby_poll,
+                    .record_ttl = record_ttl_for(options.record_cover, options.ttl)},
                    to_duration<clock::duration>(options.ttl.count())) {}
     asio::strand<asio::any_io_executor> strand;
     net::etcd_client etcd;
@@ -127,6 +155,7 @@ class etcd_election {
     bool stopping = false;
     // The term's end, read by the node's strand (nanoseconds of clock::duration).
     std::atomic<clock::rep> valid_until{clock::time_point::min().time_since_epoch().count()};
+    std::atomic<bool> leases_out{true};  // the campaign's leases_may_be_out()
 
     // Only on the strand:
     election_campaign<clock::time_point> campaign;  // every decision of the campaign
@@ -137,6 +166,7 @@ class etcd_election {
     void publish() {
       valid_until.store(campaign.valid_until().time_since_epoch().count(),
                         std::memory_order_release);
+      leases_out.store(campaign.leases_may_be_out(), std::memory_order_release);
       for (auto& r : campaign.take_reports()) {
         std::lock_guard lock(mutex);
         if (callback) callback(r.is_master, std::move(r.master));
@@ -150,6 +180,14 @@ class etcd_election {
   };
 
   using action = election_campaign<clock::time_point>::action;
+  using outcome = election_campaign<clock::time_point>::outcome;
+
+  // The claim (with the record, when the action carries its lease), into `o`.
+  static DOORMAN_DECL asio::awaitable<void> claim(state& s, const action& a, outcome& o);
+
+  // With a record: renews the record lease with the election's, or grants one (`o`'s record
+  // fields; a failure is the outcome's error).
+  static DOORMAN_DECL asio::awaitable<void> renew_record(state& s, const action& a, outcome& o);
 
   // Performs the campaign's actions on etcd until it is done.
   static DOORMAN_DECL asio::awaitable<void> run(std::shared_ptr<state> s);

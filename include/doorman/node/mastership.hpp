@@ -53,9 +53,11 @@ class node_mastership {
     elected_ = is_master;
     const bool changed = is_master != engine_.mastership().is_master;
     master_ = announced ? advertised_doors::parse(*announced) : advertised_doors{};
-    const double learning = longest([](const auto& a) { return a.learning_mode_duration; });
-    // A state file that shows every lease this task granted has ended: no learning mode.
-    const bool none_out = is_master && state_ != nullptr && !outstanding_at_start();
+    const double learning = longest_learning(engine_.config());
+    // A state file that shows every lease this task granted has ended, or an election that
+    // found no earlier master's record alive when this task won: no learning mode.
+    const bool none_out =
+        is_master && ((state_ != nullptr && !outstanding_at_start()) || !election_leases_out());
     engine_.set_mastership(
         is_master, door_address(master_, rpc_door::json_rpc), now,
         none_out ? to_duration<clock::duration>(learning + 1) : clock::duration{});
@@ -68,8 +70,12 @@ class node_mastership {
       return;
     }
     if (none_out && learning > 0) {
-      log(fmt::format("became master; no lease outstanding (state file {}): learning mode is off",
-                      state_->path()));
+      log(state_ != nullptr
+              ? fmt::format("became master; no lease outstanding (state file {}): learning mode "
+                            "is off",
+                            state_->path())
+              : std::string("became master; no earlier master's record is alive in etcd, so no "
+                            "lease is outstanding: learning mode is off"));
     } else {
       log(learning > 0 ? fmt::format("became master; learning mode starts (up to {} s)", learning)
                        : std::string("became master; learning mode is off"));
@@ -138,13 +144,14 @@ class node_mastership {
     if (log_) log_(s);
   }
 
-  // The longest of a duration of the templates' algorithms, in seconds.
-  template <class Of>
-  [[nodiscard]] double longest(Of of) const {
-    double most = 0;
-    for (const auto& t : engine_.config().templates())
-      most = std::max(most, of(t.algorithm).count());
-    return most;
+  // Whether the election says that an earlier master's lease may be out (always, unless it
+  // keeps records: `etcd_election::leases_may_be_out`).
+  [[nodiscard]] bool election_leases_out() const {
+    if constexpr (requires { election_.leases_may_be_out(); }) {
+      return election_.leases_may_be_out();
+    } else {
+      return true;
+    }
   }
 
   // Whether a lease this task granted before it started may still be out: the file says so.
@@ -157,9 +164,7 @@ class node_mastership {
   // is written three lease lengths ahead first; when that fails, the term runs out and the
   // engine steps down until a write succeeds (then learning mode again, as after a lost term).
   // The longest lease a template grants (at least 1 s), in seconds and as a duration.
-  [[nodiscard]] double lease_seconds() const {
-    return std::max(1.0, longest([](const auto& a) { return a.lease_length; }));
-  }
+  [[nodiscard]] double lease_seconds() const { return longest_lease(engine_.config()); }
   [[nodiscard]] clock::duration lease_span() const {
     return to_duration<clock::duration>(lease_seconds());
   }

@@ -99,6 +99,7 @@ class basic_node {
       log(fmt::format("admin endpoint on {}://{}/status", tls_ ? "https" : "http", admin_local_));
     }
     mastership_.set_own({options_.advertise, options_.advertise_grpc});
+    keep_election_record();
     election_.start(mastership_.own().value(),
                     [this](bool is_master, std::optional<std::string> m) {
                       asio::post(strand_, [this, is_master, m = std::move(m)] {
@@ -267,6 +268,25 @@ class basic_node {
   [[nodiscard]] const node_metrics& metrics() const noexcept { return metrics_; }
 
  private:
+  // An election that keeps a master's record (etcd's) covers the longest lease of the
+  // configuration the node starts with; a later one with longer leases is refused, since the
+  // record could end before them (docs/high-availability.md, "The first minute").
+  void keep_election_record() {
+    if constexpr (requires { election_.set_record_cover(seconds{}); }) {
+      const double cover = longest_lease(engine_.config());
+      election_.set_record_cover(seconds(cover));
+      config_.set_check([cover](const resource_repository& c) -> std::optional<std::string> {
+        const double longest = longest_lease(c);
+        if (longest <= cover) return std::nullopt;
+        return fmt::format(
+            "lease_length: {} s is longer than the leases the election's record "
+            "in etcd covers ({} s, the longest when the node started); restart "
+            "the node to lengthen them",
+            longest, cover);
+      });
+    }
+  }
+
   basic_node(asio::any_io_executor executor, loaded_config config, node_options options,
              Election election)
       : strand_(options.single_threaded ? executor

@@ -37,6 +37,9 @@ struct campaign_options {
   double fault_interval = 20;      ///< mean seconds between two faults
   bool fencing = true;             ///< off only to show that the campaign catches it
   double clock_rate_error = 0.09;  ///< within the bound the election term's margin covers
+  /// Masters keep their record in the election store, as nodes electing in etcd do (a winner
+  /// that finds none alive skips learning mode).
+  bool election_record = true;
 };
 
 /// What a campaign can do to the tree, in the order they are counted.
@@ -159,6 +162,7 @@ class campaign_runner {
     so.tasks = draw.uniform() < 0.5 ? 2 : 3;
     so.election_ttl = 4;
     so.fencing = o.fencing;
+    so.election_record = o.election_record;
     so.clock_rate_error = o.clock_rate_error;
     so.failover.backoff = {seconds(0.05), seconds(2)};
     so.check_invariants = true;

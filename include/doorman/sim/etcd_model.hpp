@@ -55,6 +55,24 @@ class etcd_model {
     return std::pair{revision_, key_};
   }
 
+  /// `put_if_absent` with a master's record attached to `record_lease`: when it takes the key,
+  /// the records alive before it are counted (the answer's third part) and its own is kept.
+  std::optional<std::pair<std::int64_t, holder>> put_if_absent(
+      time_point now, std::int64_t lease, const std::string& value, std::int64_t record_lease,
+      std::optional<std::int64_t>& records) {
+    expire(now);
+    records.reset();
+    if (!find(lease) || !find(record_lease)) return std::nullopt;
+    if (key_.lease == 0) {
+      records = static_cast<std::int64_t>(records_.size());
+      records_.push_back(record_lease);
+    }
+    return put_if_absent(now, lease, value);
+  }
+
+  /// How many masters' records are alive.
+  [[nodiscard]] std::size_t records() const noexcept { return records_.size(); }
+
   /// The key's value, nothing when it is free.
   std::optional<std::string> get(time_point now) {
     expire(now);
@@ -66,12 +84,14 @@ class etcd_model {
   void revoke(time_point now, std::int64_t lease) {
     expire(now);
     std::erase_if(leases_, [&](const lease_entry& l) { return l.id == lease; });
+    std::erase_if(records_, [&](std::int64_t r) { return r == lease; });
     if (key_.lease == lease && lease != 0) free_key();
   }
 
   /// Ends every lease that ran out by `now`, and frees the key if one of them held it.
   void expire(time_point now) {
     std::erase_if(leases_, [&](const lease_entry& l) { return l.expires <= now; });
+    std::erase_if(records_, [&](std::int64_t r) { return !find(r); });
     if (key_.lease != 0 && !find(key_.lease)) free_key();
   }
 
@@ -108,6 +128,7 @@ class etcd_model {
   }
 
   std::vector<lease_entry> leases_;
+  std::vector<std::int64_t> records_;  // the leases that hold a master's record
   std::int64_t last_lease_ = 0;
   std::int64_t revision_ = 1;
   std::int64_t changed_at_ = 0;

@@ -105,6 +105,11 @@ struct simulation_options {
   double election_ttl = 10;
   /// Whether a master answers only inside its term. Off only to show what fencing prevents.
   bool fencing = true;
+  /// Whether every master keeps a record in the election store that outlives its leases, as a
+  /// node electing in etcd does (`etcd_election_options::record_cover`): a task that wins with
+  /// no earlier master's record alive skips learning mode. Off by default, as the published
+  /// scenarios were run.
+  bool election_record = false;
   /// How far a master's clock may run from the election store's, as a fraction (each master
   /// draws its rate in [1 - e, 1 + e] when elected): its term ends when its own clock says,
   /// which is later in real time when its clock is slow. The term's margin covers rates that
@@ -777,7 +782,12 @@ class simulation {
     } else {
       k.engine.reset();
       j.engine = std::make_unique<engine_type>(config_, eo);
-      j.engine->set_mastership(true, j.name, now(), std::exchange(j.quiet, duration::zero()));
+      // A task that won where no earlier master's record was alive: no lease can be out.
+      auto quiet = std::exchange(j.quiet, duration::zero());
+      if (!k.campaign->leases_may_be_out()) {
+        quiet = to_duration<duration>(longest_learning(config_) + 1);
+      }
+      j.engine->set_mastership(true, j.name, now(), quiet);
     }
     j.master_task = t;
     j.elected_at = now();
@@ -1200,6 +1210,7 @@ class simulation {
 
   using campaign_action = task::campaign_type::action;
   using campaign_kind = campaign_action::kind;
+  using campaign_outcome = task::campaign_type::outcome;
   static constexpr std::size_t max_tasks = 256;  // a task's number is 8 bits of an event's tag
 
   [[nodiscard]] static std::uint32_t tag_of(const task& k, std::size_t t) noexcept {
@@ -1254,8 +1265,14 @@ class simulation {
     crash(k);
     std::string key = "/doorman/";
     key += j.name;
-    k.campaign.emplace(election_campaign_options{.key = key, .advertise = std::to_string(t)},
-                       to_duration<duration>(options_.election_ttl));
+    const std::int64_t record_ttl =
+        options_.election_record
+            ? record_ttl_for(seconds(longest_lease(config_)), seconds(options_.election_ttl))
+            : 0;
+    k.campaign.emplace(
+        election_campaign_options{
+            .key = key, .advertise = std::to_string(t), .record_ttl = record_ttl},
+        to_duration<duration>(options_.election_ttl));
     campaign_action a = k.campaign->start(local(k));
     while (at_once && is_call(a)) {
       k.doing = a;
@@ -1329,13 +1346,18 @@ class simulation {
         k.answer.ttl = std::llround(options_.election_ttl);
         k.answer.lease = j.etcd.grant(now(), k.answer.ttl);
         expire_at(index, k.answer.lease);
+        renew_record(index, a, k.answer);
         break;
       case campaign_kind::keep_alive:
         k.answer.ttl = j.etcd.keep_alive(now(), a.lease);
         expire_at(index, a.lease);
+        if (k.answer.ttl > 0) renew_record(index, a, k.answer);
         break;
       case campaign_kind::claim:
-        if (auto r = j.etcd.put_if_absent(now(), a.lease, k.campaign->advertise())) {
+        if (auto r = a.record_lease == 0
+                         ? j.etcd.put_if_absent(now(), a.lease, k.campaign->advertise())
+                         : j.etcd.put_if_absent(now(), a.lease, k.campaign->advertise(),
+                                                a.record_lease, k.answer.records)) {
           k.answer.revision = r->first;
           k.answer.holder = std::move(r->second);
         }
@@ -1350,6 +1372,21 @@ class simulation {
         break;
     }
     if (j.etcd.revision() != before) notify_watchers(index);
+  }
+
+  // A grant or keep-alive renews the record lease too, or grants one, as the action says.
+  void renew_record(std::size_t index, const campaign_action& a, campaign_outcome& o) {
+    job& j = jobs_[index];
+    if (a.record_lease != 0) {
+      o.record_lease = a.record_lease;
+      o.record_ttl = j.etcd.keep_alive(now(), a.record_lease);
+    } else if (a.record_ttl > 0) {
+      o.record_ttl = a.record_ttl;
+      o.record_lease = j.etcd.grant(now(), a.record_ttl);
+    } else {
+      return;
+    }
+    expire_at(index, o.record_lease);
   }
 
   // The campaign hears what its action came to (`answer`), and says what to do next.

@@ -97,7 +97,35 @@ inline nlohmann::json txn_put(std::string_view key, std::string_view value, std:
           {"failure", nlohmann::json::array({{{"request_range", {{"key", k}}}}})}};
 }
 
+// `txn_put` creating `key` (compare `create_revision == 0`), and with it `record`, after
+// counting the keys under the record's prefix (the range's end: the prefix, its last byte + 1).
+inline nlohmann::json txn_put_with_record(std::string_view key, std::string_view value,
+                                          std::int64_t lease, const etcd_record& record) {
+  auto body = txn_put(key, value, lease, "CREATE", 0);
+  std::string end = record.prefix;
+  if (!end.empty()) end.back() = static_cast<char>(end.back() + 1);
+  nlohmann::json count = {{"key", base64_encode(record.prefix)},
+                          {"range_end", base64_encode(end)},
+                          {"count_only", true}};
+  nlohmann::json put = {{"key", base64_encode(record.key)},
+                        {"value", base64_encode("")},
+                        {"lease", std::to_string(record.lease)}};
+  auto& success = body["success"];
+  success.insert(success.begin(), nlohmann::json{{"request_range", std::move(count)}});
+  success.push_back({{"request_put", std::move(put)}});
+  return body;
+}
+
 }  // namespace detail
+
+DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_absent(
+    std::string key, std::string value, std::int64_t lease, const etcd_record& record,
+    clock::time_point deadline) {
+  auto a =
+      co_await call("kv/txn", detail::txn_put_with_record(key, value, lease, record), deadline);
+  if (!a) co_return a.template failure<etcd_claim>();
+  co_return etcd_decode::claim_with_record(a.value, std::move(value), lease);
+}
 
 DOORMAN_DECL asio::awaitable<etcd_result<etcd_claim>> etcd_client::put_if_absent(
     std::string key, std::string value, std::int64_t lease, clock::time_point deadline) {

@@ -44,24 +44,21 @@ DOORMAN_DECL asio::awaitable<etcd_election::action> etcd_election::perform(state
       if (ok(g)) {
         o.lease = g.value.id;
         o.ttl = g.value.ttl;
+        co_await renew_record(s, a, o);
       }
       break;
     }
     case kind::keep_alive: {
       const auto k = co_await s.etcd.keep_alive(a.lease, a.until);
-      if (ok(k)) o.ttl = k.value;
-      break;
-    }
-    case kind::claim: {
-      const auto r = co_await s.etcd.put_if_absent(s.options.key, c.advertise(), a.lease, a.until);
-      if (r) {
-        o.revision = r.value.revision;
-        o.holder = election_holder{r.value.holder.lease, r.value.holder.value};
-      } else if (r.error != net::etcd_errc::not_found) {  // not found: our lease is gone
-        o.error = r.message;
+      if (ok(k)) {
+        o.ttl = k.value;
+        if (o.ttl > 0) co_await renew_record(s, a, o);
       }
       break;
     }
+    case kind::claim:
+      co_await claim(s, a, o);
+      break;
     case kind::watch: {
       const auto w = co_await s.etcd.watch(s.options.key, a.revision, a.until,
                                            [&s](std::function<void()> end) { s.end_watch = end; });
@@ -87,6 +84,48 @@ DOORMAN_DECL asio::awaitable<etcd_election::action> etcd_election::perform(state
       co_return a;
   }
   co_return c.resume(clock::now(), a.what, o);
+}
+
+DOORMAN_DECL asio::awaitable<void> etcd_election::claim(state& s, const action& a, outcome& o) {
+  net::etcd_result<net::etcd_claim> r;
+  if (a.record_lease == 0) {
+    r = co_await s.etcd.put_if_absent(s.options.key, s.campaign.advertise(), a.lease, a.until);
+  } else {
+    net::etcd_record record;
+    record.prefix = record_prefix(s.options.key);
+    record.key = fmt::format("{}{:016x}", record.prefix, a.record_lease);
+    record.lease = a.record_lease;
+    r = co_await s.etcd.put_if_absent(s.options.key, s.campaign.advertise(), a.lease, record,
+                                      a.until);
+  }
+  if (r) {
+    o.revision = r.value.revision;
+    o.holder = election_holder{r.value.holder.lease, r.value.holder.value};
+    o.records = r.value.records;
+  } else if (r.error != net::etcd_errc::not_found) {  // not found: a lease is gone
+    o.error = r.message;
+  }
+}
+
+DOORMAN_DECL asio::awaitable<void> etcd_election::renew_record(state& s, const action& a,
+                                                               outcome& o) {
+  if (a.record_lease != 0) {
+    const auto k = co_await s.etcd.keep_alive(a.record_lease, a.until);
+    if (!k) {
+      o.error = k.message;
+    } else {
+      o.record_lease = a.record_lease;
+      o.record_ttl = k.value;
+    }
+  } else if (a.record_ttl > 0) {
+    const auto g = co_await s.etcd.grant(a.record_ttl, a.until);
+    if (!g) {
+      o.error = g.message;
+    } else {
+      o.record_lease = g.value.id;
+      o.record_ttl = g.value.ttl;
+    }
+  }
 }
 
 DOORMAN_DECL void etcd_election::start(std::string advertise, mastership_callback cb) {
