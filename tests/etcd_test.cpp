@@ -137,6 +137,40 @@ TEST_CASE("etcd watch answers read as they stream in", "[net][etcd]") {
   CHECK(watch_progress(head + "fffffffff\r\n") == state::refused);  // a chunk over 16 MiB
 }
 
+TEST_CASE("a winning claim's answer counts the records alive before it, and a bad count is "
+          "refused",
+          "[net][etcd]") {
+  using doorman::net::etcd_decode::claim_with_record;
+  const auto decode = [](const char* text) {
+    return claim_with_record(json::parse(text), "me", 42);
+  };
+  // Created: the count of the success branch's first range (omitted when 0).
+  const auto two = decode(R"({"header": {"revision": "9"}, "succeeded": true,
+      "responses": [{"response_range": {"count": "2"}}, {"response_put": {}}]})");
+  REQUIRE(two);
+  CHECK(two.value.created);
+  CHECK(two.value.records == 2);
+  CHECK(two.value.holder.lease == 42);
+  const auto none = decode(R"({"succeeded": true, "responses": [{"response_range": {}}]})");
+  REQUIRE(none);
+  CHECK(none.value.records == 0);
+  // Held by another: its holder, and no count.
+  const auto held = decode(R"({"responses": [{"response_range": {"kvs": [{"value": "b3RoZXI=",
+      "lease": "7", "mod_revision": "3"}]}}]})");
+  REQUIRE(held);
+  CHECK_FALSE(held.value.created);
+  CHECK(held.value.holder.value == "other");
+  CHECK_FALSE(held.value.records);
+  // Hostile: a negative count, or no range at all, is not an answer.
+  const auto negative =
+      decode(R"({"succeeded": true, "responses": [{"response_range": {"count": "-1"}}]})");
+  CHECK_FALSE(negative);
+  CHECK_THAT(negative.message, Catch::Contains("a negative count"));
+  const auto bare = decode(R"({"succeeded": true})");
+  CHECK_FALSE(bare);
+  CHECK_THAT(bare.message, Catch::Contains("without the count of the success branch"));
+}
+
 TEST_CASE("the etcd client survives hostile answers with an error each, within its deadline",
           "[net][etcd]") {
   using doorman::net::etcd_client;

@@ -32,6 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)net::etcd_decode::grant(*a.value, 10);
   (void)net::etcd_decode::keep_alive(*a.value);
   (void)net::etcd_decode::claim(*a.value, "10.0.0.7:7700", 42);
+  const auto recorded = net::etcd_decode::claim_with_record(*a.value, "10.0.0.7:7700", 42);
+  DOORMAN_FUZZ_CHECK(!recorded || !recorded.value.records || *recorded.value.records >= 0,
+                     "a count of records is never negative");
   (void)net::etcd_decode::first_kv(*a.value);
   return 0;
 }
