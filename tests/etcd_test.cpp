@@ -137,9 +137,10 @@ TEST_CASE("etcd watch answers read as they stream in", "[net][etcd]") {
   CHECK(watch_progress(head + "fffffffff\r\n") == state::refused);  // a chunk over 16 MiB
 }
 
-TEST_CASE("a winning claim's answer counts the records alive before it, and a bad count is "
-          "refused",
-          "[net][etcd]") {
+TEST_CASE(
+    "a winning claim's answer counts the records alive before it, and a bad count is "
+    "refused",
+    "[net][etcd]") {
   using doorman::net::etcd_decode::claim_with_record;
   const auto decode = [](const char* text) {
     return claim_with_record(json::parse(text), "me", 42);
