@@ -1490,6 +1490,9 @@ TEST_CASE("election campaign: a master's record tells the next winner whether a 
   a = c.resume(t0 + 2s, kind::keep_alive, {.ttl = 10, .record_lease = 43, .record_ttl = 78});
   REQUIRE(a.what == kind::claim);
   CHECK(c.valid_until() == t0 + 2s + 9s);
+  // From the first renewal on, its own grants may be out: were it fenced and elected again
+  // without a new win, it would learn.
+  CHECK(c.leases_may_be_out());
   // Another task holds the key now: ours is abandoned (it runs out after our grants), and a
   // new record lease comes with the next round.
   a = c.resume(t0 + 2s, kind::claim, {.revision = 9, .holder = election_holder{7, "b:1"}});

@@ -191,7 +191,10 @@ class election_campaign {
       lease_gone();
       return end_round(now, true);
     }
-    if (is_master_) term_.confirmed(sent_);  // our lease holds the key: the term runs on
+    if (is_master_) {
+      term_.confirmed(sent_);  // our lease holds the key: the term runs on
+      leases_out_ = true;      // and this master's own grants may be out
+    }
     return claim(now);
   }
 
@@ -207,12 +210,11 @@ class election_campaign {
     if (holder_lease == lease_) {
       // The key is held by our lease, granted or renewed by a message sent at `sent_`.
       term_.confirmed(sent_);
-      if (!is_master_) {
-        log(fmt::format("etcd: won the election on {}", options_.key));
-        // Only a claim that created the key counted the records (an earlier claim of ours
-        // that created it, its answer lost, may have counted some).
-        leases_out_ = !(records && *records == 0);
-      }
+      // "No lease is out" holds at the winning claim only, and only when it created the key
+      // and counted no record (an earlier claim of ours that created it, its answer lost, may
+      // have counted some); from any later confirmation on, this master's own grants may be.
+      leases_out_ = is_master_ || !(records && *records == 0);
+      if (!is_master_) log(fmt::format("etcd: won the election on {}", options_.key));
       recorded_ = options_.record_ttl > 0;
       report(true, options_.advertise);
     } else {
@@ -316,9 +318,10 @@ class election_campaign {
   [[nodiscard]] const std::optional<std::string>& master() const noexcept { return master_; }
   [[nodiscard]] std::int64_t lease() const noexcept { return lease_; }
   [[nodiscard]] bool stopping() const noexcept { return stopping_; }
-  /// Whether, when this task last won, an earlier master's lease might still have been out
-  /// (true unless the winning claim counted no record alive: `election_campaign_options::
-  /// record_ttl`).
+  /// Whether an earlier master's lease, or this one's own, may be out: false only from a
+  /// winning claim that counted no record alive (`election_campaign_options::record_ttl`) to
+  /// the next confirmation of the term, so that a master told of its win starts without
+  /// learning mode, and one that steps down and comes back does not.
   [[nodiscard]] bool leases_may_be_out() const noexcept { return leases_out_; }
   /// The record lease held (0: none).
   [[nodiscard]] std::int64_t record_lease() const noexcept { return record_lease_; }

@@ -102,9 +102,10 @@ class etcd_election {
     return clock::time_point(clock::duration(state_->valid_until.load(std::memory_order_acquire)));
   }
 
-  /// Whether, when this task last won, an earlier master's lease might still have been out
-  /// (thread-safe; read when told that this task is master). False only with a record
-  /// (`etcd_election_options::record_cover`) and none alive at the winning claim.
+  /// Whether a lease may be out that this task, told it won, must learn (thread-safe; read
+  /// when told that this task is master). False only with a record
+  /// (`etcd_election_options::record_cover`), none alive at the winning claim, and no renewal
+  /// since (`election_campaign::leases_may_be_out`).
   [[nodiscard]] bool leases_may_be_out() const noexcept {
     return state_->leases_out.load(std::memory_order_acquire);
   }
