@@ -57,6 +57,7 @@ struct envoy {
   session s;
   std::optional<quota> assigned;
   std::int64_t ttl = 0;
+  double assigned_at = 0;  // when it took its last assignment
 
   // Reports `rate` requests a second over `elapsed` seconds (all allowed up to its quota).
   void report(double rate, double elapsed, double now) {
@@ -82,6 +83,7 @@ struct envoy {
       REQUIRE(act.assign);
       assigned = act.assign;
       ttl = act.ttl;
+      assigned_at = seconds(c);
     }
   }
 
@@ -172,17 +174,24 @@ TEST_CASE("rlqs: uneven Envoys converge to their fair shares, never over the cap
   CHECK(envoys[2].rate() == Approx(130).margin(1));
   CHECK(envoys[2].ttl > 0);
   CHECK(envoys[2].ttl <= 60);
-  // A stream that ends frees its share: the others take it at their next refresh.
-  auto released = f.engine.release_capacity(envoys[2].s.release_all(), f.clock.now());
-  REQUIRE(released);
+  // A stream that ends releases nothing: its Envoy enforces its assignment until its time to
+  // live (`ttl`), and the others take its share only once that has run out.
+  const double ended_rate = envoys[2].rate();
+  const double enforced_until = envoys[2].assigned_at + static_cast<double>(envoys[2].ttl);
   envoys.pop_back();
-  for (int step = 0; step < 10; ++step) {
+  bool moved_early = false;
+  for (int step = 0; step < 80; ++step) {
     f.clock.advance(1s);
+    double sum = seconds(f.clock) < enforced_until ? ended_rate : 0;
     for (std::size_t i = 0; i < envoys.size(); ++i) {
       envoys[i].report(demand[i], 1, seconds(f.clock));
       envoys[i].drive(f.engine, f.clock);
+      sum += envoys[i].rate();
     }
+    CHECK(sum <= 300 + 1e-9);
+    moved_early = moved_early || (seconds(f.clock) < enforced_until && envoys[1].rate() > 131);
   }
+  CHECK_FALSE(moved_early);
   CHECK(envoys[1].rate() == Approx(200).margin(1));
 }
 
@@ -292,7 +301,7 @@ TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][
   CHECK(big.ask(0).value().resources.at(0).wants == 1e15);
 }
 
-TEST_CASE("rlqs: a bucket not reported is abandoned and released, and a stream's end releases all",
+TEST_CASE("rlqs: a bucket not reported is abandoned and released; release_all names every bucket",
           "[rlqs]") {
   session s("rlqs/a/1", {.abandon_after = 30});
   REQUIRE(s.report({"res", {{{{"name", "a"}}, 1, 5, 0}, {{{"name", "b"}}, 1, 5, 0}}}, 0));

@@ -120,21 +120,15 @@ class stream final
     write_next();
   }
 
-  // Everything the stream held goes back to the node.
+  // What the stream held is not released: Envoy keeps enforcing each assignment until its
+  // time to live, whatever ended the stream, and each lease ends with it.
   void OnDone() override {
     {
       std::lock_guard l(st_->mu);
       st_->reactor = nullptr;
-      release(st_);
     }
     gone_();
     delete this;
-  }
-
-  static void release(const state_ptr& st) {
-    auto all = st->session.release_all();
-    if (all.resources.empty()) return;
-    st->h.release_capacity(std::move(all), st->who, [](call_result<release_response>) {});
   }
 
  private:
@@ -166,9 +160,8 @@ void deliver(const state_ptr& st, const result<std::vector<rlqs::bucket_action>>
 void on_answer(const state_ptr& st, call_result<capacity_response> r) {
   std::lock_guard l(st->mu);
   const double now = steady_seconds();
-  if (st->reactor == nullptr) {  // ended meanwhile: what this answer granted goes back too
+  if (st->reactor == nullptr) {  // ended meanwhile: its leases run out as the others do
     (void)st->session.answer(r ? r.value() : capacity_response{}, now);
-    stream::release(st);
     return;
   }
   if (!r) {

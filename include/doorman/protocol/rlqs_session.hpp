@@ -5,7 +5,8 @@
 /// the stream is a client of the engine, each of its buckets a resource. Usage reports become
 /// the measured wants of their buckets; the engine's leases become quota assignments, pushed
 /// when they change or before Envoy's copy runs out; a bucket not reported for
-/// `abandon_after` is released and abandoned; the stream's end releases everything. The gRPC
+/// `abandon_after` is released and abandoned; the stream's end releases nothing (Envoy keeps
+/// each assignment until its time to live, and each lease runs out with it). The gRPC
 /// door (src/grpc/rlqs_door.cpp) only moves messages and time:
 ///
 ///     doorman::rlqs::session s("rlqs/10.0.0.7/1", {});
@@ -262,7 +263,8 @@ class session {
     return t;
   }
 
-  /// Everything the stream holds, for its end.
+  /// Everything the stream holds: what to release when its client is known to enforce none of
+  /// it any more (the gRPC door never does: Envoy keeps its assignments past a stream's end).
   [[nodiscard]] release_request release_all() const {
     release_request r{client_id_, {}};
     for (const auto& [res, b] : buckets_)
