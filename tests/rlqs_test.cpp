@@ -301,7 +301,7 @@ TEST_CASE("rlqs: a hostile report names its field and changes nothing", "[rlqs][
   CHECK(big.ask(0).value().resources.at(0).wants == 1e15);
 }
 
-TEST_CASE("rlqs: a bucket not reported is abandoned and released; release_all names every bucket",
+TEST_CASE("rlqs: a bucket not reported is abandoned and released, and release_all names them all",
           "[rlqs]") {
   session s("rlqs/a/1", {.abandon_after = 30});
   REQUIRE(s.report({"res", {{{{"name", "a"}}, 1, 5, 0}, {{{"name", "b"}}, 1, 5, 0}}}, 0));
